@@ -1,0 +1,60 @@
+//! Error types for the engine.
+
+use std::path::PathBuf;
+
+/// Errors from parsing a GGUF file. Every variant names the file so that a
+/// node operator can tell which model is broken.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    #[error("{path}: I/O error: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a GGUF file (bad magic {magic:#010x})")]
+    BadMagic { path: PathBuf, magic: u32 },
+    #[error("{path}: unsupported GGUF version {version}")]
+    UnsupportedVersion { path: PathBuf, version: u32 },
+    #[error("{path}: truncated while reading {what} at offset {offset}")]
+    Truncated {
+        path: PathBuf,
+        what: &'static str,
+        offset: usize,
+    },
+    #[error("{path}: malformed: {reason}")]
+    Malformed { path: PathBuf, reason: String },
+    #[error("{path}: tensor {name}: unsupported ggml type {ggml_type}")]
+    UnsupportedType {
+        path: PathBuf,
+        name: String,
+        ggml_type: u32,
+    },
+    #[error("{path}: missing metadata key {key}")]
+    MissingKey { path: PathBuf, key: String },
+    #[error("{path}: missing tensor {name}")]
+    MissingTensor { path: PathBuf, name: String },
+}
+
+/// Top-level engine error.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("model {path}: {reason}")]
+    Model { path: PathBuf, reason: String },
+    #[error("{path}: I/O error: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

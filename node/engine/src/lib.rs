@@ -1,0 +1,28 @@
+//! GCS inference engine: a GGUF llama decoder and a BERT embedder on burn.
+//!
+//! Quick tour:
+//! - [`gguf`]: GGUF parser.
+//! - [`quant`]: quantized weights and the CPU matmul kernels over them.
+//! - [`tokenizer`]: tokenizer + chat template from GGUF metadata.
+//! - [`llama`]: the decoder (burn module) and its KV cache.
+//! - [`generate`]: end-to-end chat generation with streaming deltas.
+//! - [`bert`]: sentence embeddings (all-MiniLM-L6-v2).
+
+pub mod bert;
+pub mod error;
+pub mod generate;
+pub mod gguf;
+pub mod llama;
+pub mod quant;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::{EngineError, GgufError, Result};
+pub use generate::{Engine, GenerateRequest, GenerateResult, FinishReason};
+pub use sampling::SamplingParams;
+pub use tokenizer::ChatMessage;
+
+/// The default CPU device (burn's Flex backend).
+pub fn cpu_device() -> burn::tensor::Device {
+    burn::tensor::Device::flex()
+}

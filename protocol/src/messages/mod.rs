@@ -1,0 +1,17 @@
+//! Every message of the specification, with its field names.
+
+mod claim;
+mod enums;
+mod job;
+mod processing;
+mod registration;
+mod result;
+mod stream;
+
+pub use claim::*;
+pub use enums::*;
+pub use job::*;
+pub use processing::*;
+pub use registration::*;
+pub use result::*;
+pub use stream::*;

@@ -1,0 +1,201 @@
+//! Node registration (26.10).
+
+use serde::{Deserialize, Serialize};
+
+use super::enums::{ApiType, NodeStatus};
+use crate::crypto::{NodeId, PublicKey, Signature};
+use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage};
+use crate::error::ProtocolError;
+use crate::ids;
+use crate::validate::{self as v, MAX_LIST, MAX_SHORT};
+
+/// What kinds of work a node takes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Capabilities {
+    pub api_request_job: bool,
+    pub processing_chunk_job: bool,
+    pub chat: bool,
+    pub completion: bool,
+    pub embedding: bool,
+    pub rag: bool,
+    pub code: bool,
+    pub streaming: bool,
+    pub router_planner: bool,
+    pub aggregator: bool,
+}
+
+/// One model a node serves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// Canonical model id, e.g. `smollm2-135m-instruct`.
+    pub model_id: String,
+    /// Aliases it answers to, e.g. `gnus-auto`.
+    pub aliases: Vec<String>,
+    /// Maximum context in tokens.
+    pub context_tokens: u32,
+    /// Weight quantization, e.g. `q4_1`.
+    pub quantization: String,
+    /// Execution backend, e.g. `burn-cpu`.
+    pub backend: String,
+    /// API types it serves.
+    pub tasks: Vec<ApiType>,
+}
+
+impl ModelInfo {
+    /// Whether `name` is this model's id or one of its aliases.
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.model_id == name || self.aliases.iter().any(|a| a == name)
+    }
+}
+
+/// Queue capacity and load.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct QueueInfo {
+    pub max_concurrent_api_jobs: u32,
+    pub max_concurrent_processing_jobs: u32,
+    pub current_api_jobs: u32,
+    pub current_processing_jobs: u32,
+    pub accepts_public_jobs: bool,
+    pub accepts_private_jobs: bool,
+    pub accepts_local_only_jobs: bool,
+    /// Free KV-cache capacity in tokens (extension).
+    #[serde(default)]
+    pub free_kv_tokens: u64,
+    /// Measured single-stream decode throughput, tokens/s (extension).
+    #[serde(default)]
+    pub decode_tokens_per_s: f64,
+}
+
+/// Trust fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Trust {
+    pub reputation_score: f64,
+    pub trust_tier: String,
+    pub attestation_modes: Vec<String>,
+}
+
+impl Default for Trust {
+    fn default() -> Self {
+        Self {
+            reputation_score: 0.5,
+            trust_tier: "C".into(),
+            attestation_modes: vec!["signed_result".into()],
+        }
+    }
+}
+
+/// Heartbeat timing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Heartbeat {
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub ttl_ms: u64,
+}
+
+/// `GCS_NODE_REGISTRATION`: a signed, short-lived capability advertisement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistration {
+    /// Always `GCS_NODE_REGISTRATION`.
+    pub message_type: MessageType,
+    /// Protocol version.
+    pub version: u16,
+    /// `reg_` + ULID, new on every heartbeat.
+    pub registration_id: String,
+    /// The node; also the signer.
+    pub node_id: NodeId,
+    /// The node's public key; must be the key its id encodes.
+    pub public_key: PublicKey,
+    /// Swarm it belongs to (`public` by default).
+    pub swarm_id: String,
+    /// Tenant for private nodes.
+    pub tenant_id: Option<String>,
+    /// Online, draining or offline.
+    pub status: NodeStatus,
+    /// Kinds of work.
+    pub capabilities: Capabilities,
+    /// Models served.
+    pub models: Vec<ModelInfo>,
+    /// Capacity and load.
+    pub queue: QueueInfo,
+    /// Trust fields.
+    pub trust: Trust,
+    /// Timing.
+    pub heartbeat: Heartbeat,
+    /// Multiaddrs the node listens on, for direct streams (extension).
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// ed25519 signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+impl NodeRegistration {
+    /// 26.10.2: fresh while `created <= now + skew` and `now < expires`.
+    pub fn is_fresh(&self, now_ms: u64, limits: &Limits) -> bool {
+        self.status == NodeStatus::Online
+            && self.heartbeat.created_at_ms <= now_ms.saturating_add(limits.max_clock_skew_ms)
+            && now_ms < self.heartbeat.expires_at_ms
+    }
+    /// The model entry answering to `name`.
+    pub fn model(&self, name: &str) -> Option<&ModelInfo> {
+        self.models.iter().find(|m| m.answers_to(name))
+    }
+}
+
+impl SignedMessage for NodeRegistration {
+    const TYPE: MessageType = MessageType::NodeRegistration;
+    impl_signed_common!();
+    fn signer(&self) -> &NodeId {
+        &self.node_id
+    }
+    fn created_at_ms(&self) -> u64 {
+        self.heartbeat.created_at_ms
+    }
+    fn expires_at_ms(&self) -> Option<u64> {
+        Some(self.heartbeat.expires_at_ms)
+    }
+    fn check_fields(&self, limits: &Limits) -> Result<(), ProtocolError> {
+        v::header(self.message_type, Self::TYPE, self.version)?;
+        ids::check_id("registration_id", &self.registration_id, ids::REGISTRATION)?;
+        if NodeId::from_public_key(&self.public_key) != self.node_id {
+            return Err(ProtocolError::field("public_key", "does not match node_id"));
+        }
+        v::short("swarm_id", &self.swarm_id, MAX_SHORT)?;
+        if let Some(t) = &self.tenant_id {
+            v::short("tenant_id", t, MAX_SHORT)?;
+        }
+        v::list("models", &self.models, MAX_LIST)?;
+        for m in &self.models {
+            v::short("models.model_id", &m.model_id, MAX_SHORT)?;
+            v::list("models.aliases", &m.aliases, MAX_LIST)?;
+            for a in &m.aliases {
+                v::short("models.aliases", a, MAX_SHORT)?;
+            }
+            v::text("models.quantization", &m.quantization, MAX_SHORT)?;
+            v::text("models.backend", &m.backend, MAX_SHORT)?;
+            v::list("models.tasks", &m.tasks, 8)?;
+            v::range("models.context_tokens", m.context_tokens, 1, 16 * 1024 * 1024)?;
+        }
+        v::finite("queue.decode_tokens_per_s", self.queue.decode_tokens_per_s, 0.0, 1e9)?;
+        v::finite("trust.reputation_score", self.trust.reputation_score, 0.0, 1.0)?;
+        v::short("trust.trust_tier", &self.trust.trust_tier, 16)?;
+        v::list("trust.attestation_modes", &self.trust.attestation_modes, 16)?;
+        for m in &self.trust.attestation_modes {
+            v::short("trust.attestation_modes", m, MAX_SHORT)?;
+        }
+        let hb = &self.heartbeat;
+        v::lifetime("heartbeat", hb.created_at_ms, hb.expires_at_ms, limits.max_registration_ttl_ms)?;
+        if hb.expires_at_ms - hb.created_at_ms != hb.ttl_ms {
+            return Err(ProtocolError::field("heartbeat.ttl_ms", "must equal expires - created"));
+        }
+        v::list("addresses", &self.addresses, 16)?;
+        for a in &self.addresses {
+            v::short("addresses", a, 256)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,208 @@
+//! Final results and usage records (26.17, 26.21).
+
+use serde::{Deserialize, Serialize};
+
+use super::enums::{ApiType, CancellationReason, ResultStatus, RoutingMode};
+use crate::crypto::{Hash32, NodeId, Signature};
+use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage};
+use crate::error::ProtocolError;
+use crate::ids;
+use crate::validate::{self as v, MAX_SHORT, MAX_TEXT};
+
+/// The OpenAI-shaped response body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResponseBody {
+    /// e.g. `openai.chat.completion`.
+    pub format: String,
+    /// The OpenAI JSON body.
+    pub body: serde_json::Value,
+}
+
+/// A typed error (26.17.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// OpenAI error type, e.g. `service_unavailable`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Machine code, e.g. `gnus_no_capable_nodes`.
+    pub code: String,
+    /// Human-readable message.
+    pub message: String,
+}
+
+/// Worker-side metering.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Metering {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub tokens_sent_to_client: u64,
+    /// Prompt tokens served from a reused KV prefix (extension).
+    #[serde(default)]
+    pub cached_tokens: u64,
+    pub compute_ms: u64,
+    /// Worker-side time to first token (extension).
+    #[serde(default)]
+    pub first_token_ms: u64,
+    pub child_jobs: u32,
+    pub cost_gnus: String,
+}
+
+/// Binding of a result to its claim and registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Attestation {
+    pub claim_id: String,
+    pub registration_id: String,
+    pub result_hash: Hash32,
+}
+
+/// `GCS_API_FINAL_RESULT`: a worker's final result, or an error result from a
+/// worker or (e.g. `gnus_no_capable_nodes`) from the gateway itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FinalResult {
+    /// Always `GCS_API_FINAL_RESULT`.
+    pub message_type: MessageType,
+    /// Protocol version.
+    pub version: u16,
+    /// Job.
+    pub job_id: String,
+    /// Signer: the worker, or the gateway for gateway-side errors.
+    pub node_id: NodeId,
+    /// The lease it was produced under (none for gateway errors).
+    pub lease_id: Option<String>,
+    /// Outcome.
+    pub status: ResultStatus,
+    /// The response body when completed.
+    pub response: Option<ResponseBody>,
+    /// The error when failed.
+    pub error: Option<ErrorInfo>,
+    /// Metering.
+    pub metering: Option<Metering>,
+    /// Attestation.
+    pub attestation: Option<Attestation>,
+    /// Number of stream chunks the worker sent (lets the gateway tell a
+    /// complete stream from a truncated one; extension).
+    #[serde(default)]
+    pub chunks_sent: u64,
+    /// Creation time.
+    pub created_at_ms: u64,
+    /// Signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+impl SignedMessage for FinalResult {
+    const TYPE: MessageType = MessageType::FinalResult;
+    impl_signed_common!();
+    fn signer(&self) -> &NodeId {
+        &self.node_id
+    }
+    fn created_at_ms(&self) -> u64 {
+        self.created_at_ms
+    }
+    fn check_fields(&self, _: &Limits) -> Result<(), ProtocolError> {
+        v::header(self.message_type, Self::TYPE, self.version)?;
+        ids::check_id("job_id", &self.job_id, ids::JOB)?;
+        if let Some(l) = &self.lease_id {
+            ids::check_id("lease_id", l, ids::LEASE)?;
+        }
+        match (self.status, &self.response, &self.error) {
+            (ResultStatus::Completed, Some(r), None) => v::short("response.format", &r.format, MAX_SHORT)?,
+            (ResultStatus::Completed, _, _) => {
+                return Err(ProtocolError::field("response", "completed needs a response and no error"))
+            }
+            (ResultStatus::Failed | ResultStatus::Cancelled, None, Some(e)) => {
+                v::short("error.type", &e.kind, MAX_SHORT)?;
+                v::short("error.code", &e.code, MAX_SHORT)?;
+                v::text("error.message", &e.message, MAX_TEXT)?;
+            }
+            _ => return Err(ProtocolError::field("error", "failed/cancelled needs an error and no response")),
+        }
+        if let Some(a) = &self.attestation {
+            ids::check_id("attestation.claim_id", &a.claim_id, ids::CLAIM)?;
+            ids::check_id("attestation.registration_id", &a.registration_id, ids::REGISTRATION)?;
+        }
+        if let Some(m) = &self.metering {
+            v::short("metering.cost_gnus", &m.cost_gnus, 32)?;
+            if m.tokens_sent_to_client > m.output_tokens {
+                return Err(ProtocolError::field("metering.tokens_sent_to_client", "exceeds output_tokens"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `GCS_API_USAGE_RECORD` (26.21.1), one per job, signed by the gateway that
+/// saw both what the worker generated and what the client received.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct UsageRecord {
+    /// Always `GCS_API_USAGE_RECORD`.
+    pub message_type: MessageType,
+    pub version: u16,
+    pub job_id: String,
+    pub tenant_id: String,
+    pub project_id: String,
+    pub api_key_id: String,
+    /// The worker that executed (last lease holder), if any.
+    pub node_id: Option<NodeId>,
+    /// The gateway that recorded it; signer (extension).
+    pub recorded_by: NodeId,
+    pub model: String,
+    pub api_type: ApiType,
+    pub network: RoutingMode,
+    pub input_tokens: u64,
+    /// Prompt tokens served from the reused KV prefix (extension).
+    #[serde(default)]
+    pub cached_tokens: u64,
+    pub output_tokens_generated: u64,
+    pub output_tokens_sent_to_client: u64,
+    pub embedding_tokens: u64,
+    pub retrieval_chunks: u32,
+    pub child_jobs: u32,
+    pub compute_ms: u64,
+    pub first_token_ms: Option<u64>,
+    pub wall_ms: u64,
+    /// Times the job was requeued (extension).
+    #[serde(default)]
+    pub requeue_count: u32,
+    pub cost_gnus: String,
+    pub cancellation_reason: Option<CancellationReason>,
+    /// Whether the stream failed after partial output (26.16.10, extension).
+    #[serde(default)]
+    pub failed_after_partial_output: bool,
+    pub created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+impl SignedMessage for UsageRecord {
+    const TYPE: MessageType = MessageType::UsageRecord;
+    impl_signed_common!();
+    fn signer(&self) -> &NodeId {
+        &self.recorded_by
+    }
+    fn created_at_ms(&self) -> u64 {
+        self.created_at_ms
+    }
+    fn check_fields(&self, _: &Limits) -> Result<(), ProtocolError> {
+        v::header(self.message_type, Self::TYPE, self.version)?;
+        ids::check_id("job_id", &self.job_id, ids::JOB)?;
+        v::short("tenant_id", &self.tenant_id, MAX_SHORT)?;
+        v::short("project_id", &self.project_id, MAX_SHORT)?;
+        v::short("api_key_id", &self.api_key_id, MAX_SHORT)?;
+        v::short("model", &self.model, MAX_SHORT)?;
+        v::short("cost_gnus", &self.cost_gnus, 32)?;
+        if self.output_tokens_sent_to_client > self.output_tokens_generated {
+            return Err(ProtocolError::field(
+                "output_tokens_sent_to_client",
+                "exceeds output_tokens_generated",
+            ));
+        }
+        if self.cached_tokens > self.input_tokens {
+            return Err(ProtocolError::field("cached_tokens", "exceeds input_tokens"));
+        }
+        Ok(())
+    }
+}
