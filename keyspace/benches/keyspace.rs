@@ -35,9 +35,9 @@ fn bench(c: &mut Criterion) {
         b.iter_batched(
             || {
                 i += 1;
-                format!("/gcs/api/jobs/gcsapi_{i:08}")
+                (format!("/gcs/api/jobs/gcsapi_{i:08}"), 3_000_000 + i)
             },
-            |key| ks.put(&key, vec![2u8; 300], 3_000_000 + i).unwrap(),
+            |(key, now)| ks.put(&key, vec![2u8; 300], now).unwrap(),
             BatchSize::SmallInput,
         )
     });

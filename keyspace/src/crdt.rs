@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crdts::{CvRDT, LWWReg, VClock};
+use crdts::{CmRDT, CvRDT, LWWReg, VClock};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -37,7 +37,7 @@ impl Register {
     }
     /// The value, or `None` if deleted.
     pub fn value(&self) -> Option<&[u8]> {
-        self.0.val.as_deref()
+        self.0.val.as_ref().map(|b| b.as_slice())
     }
     /// When it was written.
     pub fn hlc(&self) -> Hlc {
@@ -81,12 +81,12 @@ impl AwSet {
     }
     /// Removes `element` (the dots observed so far).
     pub fn remove(&mut self, element: &[u8], hlc: Hlc) {
-        self.entries.remove(element);
+        self.entries.remove(&ByteBuf::from(element.to_vec()));
         self.updated = self.updated.max(hlc);
     }
     /// Whether `element` is present.
     pub fn contains(&self, element: &[u8]) -> bool {
-        self.entries.contains_key(element)
+        self.entries.contains_key(&ByteBuf::from(element.to_vec()))
     }
     /// The elements, in byte order.
     pub fn elements(&self) -> impl Iterator<Item = &[u8]> {

@@ -8,6 +8,7 @@
 //! - [`generate`]: end-to-end chat generation with streaming deltas.
 //! - [`bert`]: sentence embeddings (all-MiniLM-L6-v2).
 
+pub mod attn;
 pub mod bert;
 pub mod error;
 pub mod generate;

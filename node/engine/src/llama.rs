@@ -2,16 +2,20 @@
 //!
 //! Burn 0.22 tensors are backend-agnostic (`Tensor<D>`); the backend is
 //! chosen by the [`Device`] at runtime (Flex on CPU, CUDA with the `cuda`
-//! feature). Norms, RoPE, attention and activations run as burn ops; the
-//! quantized projections run in [`crate::quant`]'s kernels because burn has
-//! no matmul over GGUF blocks. The KV cache lives in [`KvCache`], outside the
-//! immutable weights, so one model serves many sequences.
+//! feature). The residual stream, RMSNorms, embedding gather and final
+//! selection run as burn ops; the quantized projections run in
+//! [`crate::quant`]'s kernels (burn has no matmul over GGUF blocks) and
+//! RoPE + attention + SwiGLU run as host kernels ([`crate::attn`]), because
+//! at batch 1 the per-op cost of small burn ops dominates a 135M model.
+//! The KV cache lives in [`KvCache`], outside the immutable weights, so one
+//! model serves many sequences.
 
 use std::sync::Arc;
 
 use burn::module::{Module, Param};
-use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::attn::{attend, AttnShape, LayerKv, Rope};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -106,16 +110,15 @@ pub struct Llama {
     pub lm_head: Arc<QMatrix>,
     #[module(skip)]
     pub config: LlamaConfig,
-    /// RoPE tables `[context, head_dim / 2]`.
-    rope_cos: Tensor<2>,
-    rope_sin: Tensor<2>,
+    #[module(skip)]
+    rope: Arc<Rope>,
 }
 
 /// Per-sequence key/value cache, kept outside the model weights.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    /// Per layer: K and V, each `[n_kv_heads, len, head_dim]`.
-    layers: Vec<Option<(Tensor<3>, Tensor<3>)>>,
+    /// Per layer: K and V, each `[len, n_kv_heads, head_dim]`.
+    layers: Vec<LayerKv>,
     len: usize,
 }
 
@@ -164,12 +167,18 @@ fn fuse(g: &GgufFile, parts: Vec<QMatrix>, what: &str) -> Result<QMatrix> {
     QMatrix::concat_rows(&refs).ok_or_else(|| model_err(g, format!("{what}: mixed quantization types")))
 }
 
+/// Copy a float tensor to host memory.
+fn host<const D: usize>(x: Tensor<D>) -> Vec<f32> {
+    // The model only ever creates f32 tensors, so the cast cannot fail.
+    x.into_data().try_into_vec::<f32>().expect("f32 activations")
+}
+
 /// `y[n, rows] = x[n, cols] · Wᵀ` through the quantized CPU kernel.
 fn qlinear(x: Tensor<2>, w: &QMatrix) -> Tensor<2> {
     let device = x.device();
     let [n, cols] = x.dims();
     debug_assert_eq!(cols, w.cols);
-    let xd = x.into_data().try_into_vec::<f32>().expect("f32 activations");
+    let xd = host(x);
     let mut out = vec![0f32; n * w.rows];
     w.matmul(&xd, n, &mut out);
     Tensor::from_data(TensorData::new(out, [n, w.rows]), &device)
@@ -205,7 +214,7 @@ impl Llama {
             Ok(_) => Arc::new(load_matrix(g, "output.weight")?),
             Err(_) => embed.clone(),
         };
-        let (rope_cos, rope_sin) = rope_tables(&config, device);
+        let rope = Arc::new(Rope::new(config.head_dim, config.rope_base, config.context_length));
         tracing::info!(path = %g.path.display(), layers = config.n_layers, hidden = config.hidden, "loaded llama model");
         Ok(Self {
             blocks,
@@ -213,8 +222,7 @@ impl Llama {
             embed,
             lm_head,
             config,
-            rope_cos,
-            rope_sin,
+            rope,
         })
     }
 
@@ -258,25 +266,55 @@ impl Llama {
             self.embed.row_f32(t as usize, &mut emb[i * c.hidden..(i + 1) * c.hidden]);
         }
         let mut x: Tensor<2> = Tensor::from_data(TensorData::new(emb, [total, c.hidden]), &device);
-        // Positions of every row, for RoPE.
-        let positions: Vec<i64> = seqs
-            .iter()
-            .flat_map(|s| (s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as i64))
-            .collect();
-        let pos = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(positions, [total]), &device);
-        let cos = self.rope_cos.clone().select(0, pos.clone()); // [total, head_dim/2]
-        let sin = self.rope_sin.clone().select(0, pos);
-
+        for s in seqs.iter_mut() {
+            if s.cache.layers.len() < c.n_layers {
+                s.cache.layers.resize(c.n_layers, LayerKv::default());
+            }
+        }
+        let sh = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
+        let mut attn = vec![0f32; total * qd];
         for (li, blk) in self.blocks.iter().enumerate() {
-            let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
-            let qkv = qlinear(h, &blk.q.wqkv);
-            let attn = self.attention(li, qkv, &cos, &sin, seqs);
-            x = x + qlinear(attn, &blk.q.wo);
-            let h = rms_norm(x.clone(), &blk.ffn_norm, c.rms_eps);
-            let gu = qlinear(h, &blk.q.w_gate_up);
-            let g = gu.clone().slice([0..total, 0..c.intermediate]);
-            let u = gu.slice([0..total, c.intermediate..2 * c.intermediate]);
-            x = x + qlinear(silu(g) * u, &blk.q.w_down);
+            // Attention: x += Wo · attn(rope(Wqkv · norm(x)))
+            let h = host(rms_norm(x.clone(), &blk.attn_norm, c.rms_eps));
+            let mut qkv = vec![0f32; total * width];
+            blk.q.wqkv.matmul(&h, total, &mut qkv);
+            let mut row = 0;
+            for s in seqs.iter_mut() {
+                let t = s.tokens.len();
+                let past = s.cache.len;
+                attend(
+                    sh,
+                    &self.rope,
+                    &mut qkv[row * width..(row + t) * width],
+                    past,
+                    &mut s.cache.layers[li],
+                    &mut attn[row * qd..(row + t) * qd],
+                );
+                row += t;
+            }
+            let mut o = vec![0f32; total * c.hidden];
+            blk.q.wo.matmul(&attn, total, &mut o);
+            x = x + Tensor::from_data(TensorData::new(o, [total, c.hidden]), &device);
+
+            // Feed-forward: x += W_down · (silu(W_gate · h) * (W_up · h))
+            let h = host(rms_norm(x.clone(), &blk.ffn_norm, c.rms_eps));
+            let mut gu = vec![0f32; total * 2 * c.intermediate];
+            blk.q.w_gate_up.matmul(&h, total, &mut gu);
+            let mut act = vec![0f32; total * c.intermediate];
+            for (a, r) in act.chunks_exact_mut(c.intermediate).zip(gu.chunks_exact(2 * c.intermediate)) {
+                let (g, u) = r.split_at(c.intermediate);
+                for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
+                    *a = g / (1.0 + (-g).exp()) * u;
+                }
+            }
+            let mut d = vec![0f32; total * c.hidden];
+            blk.q.w_down.matmul(&act, total, &mut d);
+            x = x + Tensor::from_data(TensorData::new(d, [total, c.hidden]), &device);
         }
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();
@@ -294,114 +332,4 @@ impl Llama {
         let x = rms_norm(x, &self.output_norm, c.rms_eps);
         Ok(qlinear(x, &self.lm_head))
     }
-
-    /// Self-attention for all sequences of the batch at layer `li`.
-    ///
-    /// `qkv`: `[total, q_dim + 2 kv_dim]`; `cos`/`sin`: `[total, head_dim/2]`.
-    /// Returns `[total, q_dim]`.
-    fn attention(&self, li: usize, qkv: Tensor<2>, cos: &Tensor<2>, sin: &Tensor<2>, seqs: &mut [SeqInput<'_>]) -> Tensor<2> {
-        let c = &self.config;
-        let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let total = qkv.dims()[0];
-        let q = qkv.clone().slice([0..total, 0..qd]).reshape([total, nh, hd]);
-        let k = qkv.clone().slice([0..total, qd..qd + kvd]).reshape([total, nkv, hd]);
-        let v = qkv.slice([0..total, qd + kvd..qd + 2 * kvd]).reshape([total, nkv, hd]);
-        let q = rope(q, cos, sin);
-        let k = rope(k, cos, sin);
-        let group = nh / nkv;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let device = q.device();
-
-        let mut outs = Vec::with_capacity(seqs.len());
-        let mut row = 0;
-        for s in seqs.iter_mut() {
-            let t = s.tokens.len();
-            let past = s.cache.len;
-            // [t, nkv, hd] -> [nkv, t, hd]
-            let kn = k.clone().slice([row..row + t, 0..nkv, 0..hd]).swap_dims(0, 1);
-            let vn = v.clone().slice([row..row + t, 0..nkv, 0..hd]).swap_dims(0, 1);
-            if s.cache.layers.len() < c.n_layers {
-                s.cache.layers.resize(c.n_layers, None);
-            }
-            let (kc, vc) = match s.cache.layers[li].take() {
-                Some((kc, vc)) => (Tensor::cat(vec![kc, kn], 1), Tensor::cat(vec![vc, vn], 1)),
-                None => (kn, vn),
-            };
-            s.cache.layers[li] = Some((kc.clone(), vc.clone()));
-            let l = past + t;
-            // Heads sharing a KV head are stacked along the row axis:
-            // q [t, nh, hd] -> [t, nkv, group, hd] -> [nkv, group*t, hd].
-            let qs = q
-                .clone()
-                .slice([row..row + t, 0..nh, 0..hd])
-                .reshape([t, nkv, group, hd])
-                .permute([1, 2, 0, 3])
-                .reshape([nkv, group * t, hd]);
-            let scores = qs.matmul(kc.swap_dims(1, 2)).mul_scalar(scale); // [nkv, group*t, l]
-            let scores = if t > 1 {
-                // Causal mask: query i (absolute past+i) sees keys 0..=past+i.
-                let mut m = vec![0f32; group * t * l];
-                for gi in 0..group {
-                    for i in 0..t {
-                        for j in past + i + 1..l {
-                            m[(gi * t + i) * l + j] = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                let mask = Tensor::<2>::from_data(TensorData::new(m, [group * t, l]), &device);
-                scores + mask.unsqueeze::<3>()
-            } else {
-                scores
-            };
-            let probs = softmax(scores, 2);
-            let o = probs.matmul(vc); // [nkv, group*t, hd]
-            let o = o.reshape([nkv, group, t, hd]).permute([2, 0, 1, 3]).reshape([t, qd]);
-            outs.push(o);
-            row += t;
-        }
-        if outs.len() == 1 {
-            outs.pop().expect("one output")
-        } else {
-            Tensor::cat(outs, 0)
-        }
-    }
-}
-
-/// Precompute RoPE cos/sin `[context, head_dim/2]`.
-fn rope_tables(c: &LlamaConfig, device: &Device) -> (Tensor<2>, Tensor<2>) {
-    let half = c.head_dim / 2;
-    let n = c.context_length;
-    let mut cos = Vec::with_capacity(n * half);
-    let mut sin = Vec::with_capacity(n * half);
-    for p in 0..n {
-        for i in 0..half {
-            let freq = c.rope_base.powf(-2.0 * i as f32 / c.head_dim as f32);
-            let a = p as f32 * freq;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-    (
-        Tensor::from_data(TensorData::new(cos, [n, half]), device),
-        Tensor::from_data(TensorData::new(sin, [n, half]), device),
-    )
-}
-
-/// Rotary embedding in llama.cpp's "normal" style: adjacent pairs
-/// `(x[2i], x[2i+1])` rotate together. GGUF conversion permuted the q/k
-/// weights so that this matches the HF "rotate half" formulation.
-///
-/// `x`: `[t, heads, hd]`; `cos`/`sin`: `[t, hd/2]`.
-fn rope(x: Tensor<3>, cos: &Tensor<2>, sin: &Tensor<2>) -> Tensor<3> {
-    let [t, h, hd] = x.dims();
-    let half = hd / 2;
-    let x = x.reshape([t, h, half, 2]);
-    let x0 = x.clone().slice([0..t, 0..h, 0..half, 0..1]);
-    let x1 = x.slice([0..t, 0..h, 0..half, 1..2]);
-    let c = cos.clone().reshape([t, 1, half, 1]);
-    let s = sin.clone().reshape([t, 1, half, 1]);
-    let o0 = x0.clone() * c.clone() - x1.clone() * s.clone();
-    let o1 = x0 * s + x1 * c;
-    Tensor::cat(vec![o0, o1], 3).reshape([t, h, hd])
 }

@@ -228,6 +228,16 @@ impl QMatrix {
         if let QData::F32(w) = &self.data {
             return matmul_f32(w, self.rows, self.cols, x, n, out);
         }
+        if std::env::var("GCS_EXACT").is_ok() {
+            let mut row = vec![0f32; self.cols];
+            for r in 0..self.rows {
+                self.row_f32(r, &mut row);
+                for t in 0..n {
+                    out[t * self.rows + r] = row.iter().zip(&x[t * self.cols..][..self.cols]).map(|(a, b)| a * b).sum();
+                }
+            }
+            return;
+        }
         let acts = QActs::quantize(x, n, self.cols);
         // Row-major over weights: each weight row is read once and dotted
         // with all n activation rows while it is in L1.
@@ -317,8 +327,10 @@ impl QActs {
                 *q = qi as i8;
                 sum += qi;
             }
-            d[b] = db;
-            s[b] = db * sum as f32;
+            // llama.cpp stores the activation scale and sum as f16 (block_q8_1);
+            // rounding the same way keeps logits bit-close to it.
+            d[b] = f16::from_f32(db).to_f32();
+            s[b] = f16::from_f32(db * sum as f32).to_f32();
         }
         Self { d, s, qs }
     }

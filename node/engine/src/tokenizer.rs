@@ -32,6 +32,9 @@ impl ChatMessage {
 /// Byte-level BPE tokenizer plus chat template, as llama.cpp would use them.
 pub struct GgufTokenizer {
     inner: Tokenizer,
+    /// Same tokenizer without the special tokens, for text that must not
+    /// have them parsed (llama.cpp's parse_special = false).
+    plain: Tokenizer,
     /// Raw bytes each token stands for (empty for control tokens), so that
     /// streaming can emit text without splitting UTF-8 characters.
     token_bytes: Vec<Vec<u8>>,
@@ -136,6 +139,7 @@ impl GgufTokenizer {
             .filter(|(_, &t)| t == 3 || t == 4)
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
+        let plain = inner.clone();
         inner.add_special_tokens(&specials);
 
         let u2b = unicode_to_byte();
@@ -179,6 +183,7 @@ impl GgufTokenizer {
         tracing::debug!(vocab = tokens.len(), pre, eos_id, ?stop_ids, "built tokenizer from gguf");
         Ok(Self {
             inner,
+            plain,
             token_bytes,
             is_control,
             bos_id,
@@ -195,9 +200,15 @@ impl GgufTokenizer {
 
     /// Tokenize text, parsing special tokens, adding BOS if the model wants it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(tok_err)?;
+        self.encode_with(text, true, self.add_bos)
+    }
+
+    /// Tokenize with explicit llama.cpp-style flags.
+    pub fn encode_with(&self, text: &str, parse_special: bool, add_bos: bool) -> Result<Vec<u32>> {
+        let tk = if parse_special { &self.inner } else { &self.plain };
+        let enc = tk.encode(text, false).map_err(tok_err)?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
-        if self.add_bos {
+        if add_bos {
             if let Some(b) = self.bos_id {
                 ids.push(b);
             }
@@ -222,6 +233,22 @@ impl GgufTokenizer {
     /// Decode ids to text, dropping control tokens.
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.token_bytes(i).iter().copied()).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Decode ids to text; with `special`, control tokens are rendered as
+    /// their literal text (like llama.cpp's detokenize(special = true)).
+    pub fn decode_with(&self, ids: &[u32], special: bool) -> String {
+        let mut bytes = Vec::new();
+        for &i in ids {
+            if special && self.is_control(i) {
+                if let Some(t) = self.inner.id_to_token(i) {
+                    bytes.extend_from_slice(t.as_bytes());
+                }
+            } else {
+                bytes.extend_from_slice(self.token_bytes(i));
+            }
+        }
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
