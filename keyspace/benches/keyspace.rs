@@ -2,6 +2,8 @@
 //! Run: `cargo bench -p gcs-keyspace --bench keyspace`
 //! (under `cargo test --benches` it runs once on 2k keys as a smoke test).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use gcs_keyspace::{Keyspace, KeyspaceOptions};
 
@@ -12,14 +14,29 @@ fn bench(c: &mut Criterion) {
     let ks = Keyspace::open(dir.path(), "bench", KeyspaceOptions::default()).unwrap();
     // 100k keys spread over 1,000 jobs' stream chunks of 100 sequences each.
     for i in 0..n {
-        ks.put(&format!("/gcs/api/streams/gcsapi_{:05}/{:06}", i / 100, i % 100), vec![0u8; 200], 1_000 + i).unwrap();
+        ks.put(
+            &format!("/gcs/api/streams/gcsapi_{:05}/{:06}", i / 100, i % 100),
+            vec![0u8; 200],
+            1_000 + i,
+        )
+        .unwrap();
     }
     let src_dir = tempfile::tempdir().unwrap();
     let src = Keyspace::open(src_dir.path(), "peer", KeyspaceOptions::default()).unwrap();
     let mut deltas = Vec::new();
     for i in 0..10_000u64 {
-        deltas.push(src.put(&format!("/gcs/api/leases/gcsapi_{i:06}"), vec![1u8; 150], 2_000_000 + i).unwrap());
-        deltas.push(src.set_add(&format!("/gcs/api/claims/gcsapi_{:06}", i / 4), &i.to_be_bytes(), 2_000_000 + i).unwrap());
+        deltas.push(
+            src.put(&format!("/gcs/api/leases/gcsapi_{i:06}"), vec![1u8; 150], 2_000_000 + i)
+                .unwrap(),
+        );
+        deltas.push(
+            src.set_add(
+                &format!("/gcs/api/claims/gcsapi_{:06}", i / 4),
+                &i.to_be_bytes(),
+                2_000_000 + i,
+            )
+            .unwrap(),
+        );
     }
     let mut group = c.benchmark_group("keyspace");
     group.throughput(Throughput::Elements(1));
@@ -49,7 +66,9 @@ fn bench(c: &mut Criterion) {
             assert_eq!(r.len(), 100);
         })
     });
-    group.bench_function("digest", |b| b.iter(|| ks.digest(gcs_keyspace::Namespace::ApiStreams).unwrap()));
+    group.bench_function("digest", |b| {
+        b.iter(|| ks.digest(gcs_keyspace::Namespace::ApiStreams).unwrap())
+    });
     group.finish();
 }
 

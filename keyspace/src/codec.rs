@@ -26,8 +26,9 @@ pub fn decode_value(key: &str, bytes: &[u8]) -> Result<CrdtValue, KeyspaceError>
     let corrupt = |reason: String| KeyspaceError::Corrupt { key: key.into(), reason };
     match bytes.first() {
         None => Err(corrupt("empty".into())),
-        Some(&FORMAT_VERSION) => gcs_protocol::codec::from_cbor_bytes(&bytes[1..])
-            .map_err(|e| corrupt(e.to_string())),
+        Some(&FORMAT_VERSION) => {
+            gcs_protocol::codec::from_cbor_bytes(&bytes[1..]).map_err(|e| corrupt(e.to_string()))
+        }
         Some(&v) => Err(KeyspaceError::UnsupportedFormat(v)),
     }
 }
@@ -52,7 +53,10 @@ impl Delta {
     /// Parses wire bytes; never panics on garbage.
     pub fn decode(bytes: &[u8]) -> Result<Delta, KeyspaceError> {
         if bytes.len() > MAX_DELTA_BYTES {
-            return Err(KeyspaceError::MalformedDelta(format!("{} bytes is too large", bytes.len())));
+            return Err(KeyspaceError::MalformedDelta(format!(
+                "{} bytes is too large",
+                bytes.len()
+            )));
         }
         match bytes.first() {
             None => Err(KeyspaceError::MalformedDelta("empty".into())),

@@ -33,7 +33,10 @@ pub struct Register(pub LWWReg<Option<ByteBuf>, Marker>);
 impl Register {
     /// A register written by `actor` at `hlc`.
     pub fn new(value: Option<Vec<u8>>, hlc: Hlc, actor: &str) -> Self {
-        Register(LWWReg { val: value.map(ByteBuf::from), marker: Marker { hlc, actor: actor.into() } })
+        Register(LWWReg {
+            val: value.map(ByteBuf::from),
+            marker: Marker { hlc, actor: actor.into() },
+        })
     }
     /// The value, or `None` if deleted.
     pub fn value(&self) -> Option<&[u8]> {
@@ -102,7 +105,8 @@ impl AwSet {
     }
 
     fn join(&mut self, other: AwSet) {
-        let seen = |clock: &VClock<String>, actor: &String, counter: u64| clock.get(actor) >= counter;
+        let seen =
+            |clock: &VClock<String>, actor: &String, counter: u64| clock.get(actor) >= counter;
         let mut out = BTreeMap::new();
         let mut theirs = other.entries;
         for (elem, mine) in std::mem::take(&mut self.entries) {

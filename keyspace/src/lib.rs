@@ -22,4 +22,7 @@ pub use crdt::{AwSet, CrdtValue, Marker, Register};
 pub use error::KeyspaceError;
 pub use hlc::{Hlc, HlcClock};
 pub use namespace::{Namespace, Scope, ValueKind};
-pub use store::{Change, CompactStats, Digest, Keyspace, KeyspaceOptions, MergeOutcome, Since, WatchError, Watcher};
+pub use store::{
+    Change, CompactStats, Digest, Keyspace, KeyspaceOptions, MergeOutcome, Since, WatchError,
+    Watcher,
+};

@@ -133,7 +133,10 @@ mod tests {
             Namespace::of_key("/gcs/api/jobs_by_tenant/t/j").unwrap(),
             Namespace::ApiJobsByTenant
         );
-        assert!(matches!(Namespace::of_key("/gcs/other/x"), Err(KeyspaceError::UnknownNamespace(_))));
+        assert!(matches!(
+            Namespace::of_key("/gcs/other/x"),
+            Err(KeyspaceError::UnknownNamespace(_))
+        ));
         assert!(Namespace::of_key("/gcs/api/jobs/").is_err());
         assert!(Namespace::of_key("/gcs/api/jobs/a//b").is_err());
         assert!(Namespace::of_key("/gcs/api/jobs/a/../b").is_err());

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
 use tokio::sync::broadcast;
 
 use crate::codec::{decode_value, encode_value, Delta};
@@ -201,7 +204,9 @@ impl Keyspace {
     }
 
     fn cf(&self, name: &str) -> Result<&ColumnFamily, KeyspaceError> {
-        self.db.cf_handle(name).ok_or_else(|| KeyspaceError::Db(format!("missing column family {name}")))
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| KeyspaceError::Db(format!("missing column family {name}")))
     }
 
     fn lock(&self) -> MutexGuard<'_, WriteState> {
@@ -252,7 +257,12 @@ impl Keyspace {
         self.write_register(key, None, now_ms)
     }
 
-    fn write_register(&self, key: &str, value: Option<Vec<u8>>, now_ms: u64) -> Result<Delta, KeyspaceError> {
+    fn write_register(
+        &self,
+        key: &str,
+        value: Option<Vec<u8>>,
+        now_ms: u64,
+    ) -> Result<Delta, KeyspaceError> {
         let ns = Self::expect_kind(key, ValueKind::Register)?;
         let mut st = self.lock();
         let hlc = st.clock.tick(now_ms);
@@ -267,7 +277,12 @@ impl Keyspace {
     }
 
     /// Removes `element` from the set at `key`.
-    pub fn set_remove(&self, key: &str, element: &[u8], now_ms: u64) -> Result<Delta, KeyspaceError> {
+    pub fn set_remove(
+        &self,
+        key: &str,
+        element: &[u8],
+        now_ms: u64,
+    ) -> Result<Delta, KeyspaceError> {
         self.write_set(key, now_ms, |s, _, hlc| s.remove(element, hlc))
     }
 
@@ -316,7 +331,10 @@ impl Keyspace {
     }
 
     fn is_expired(&self, ns: Namespace, updated: Hlc, now_ms: u64) -> bool {
-        self.opts.retention_ms.get(&ns).is_some_and(|max| updated.wall_ms.saturating_add(*max) < now_ms)
+        self.opts
+            .retention_ms
+            .get(&ns)
+            .is_some_and(|max| updated.wall_ms.saturating_add(*max) < now_ms)
     }
 
     fn read_raw(&self, ns: Namespace, key: &str) -> Result<Option<Vec<u8>>, KeyspaceError> {
@@ -360,7 +378,8 @@ impl Keyspace {
         }
         let seq = st.next_seq;
         let meta = self.cf(META_CF)?;
-        let mut digest = Digest::from_bytes(&self.db.get_cf(meta, Self::digest_key(ns))?.unwrap_or_default());
+        let mut digest =
+            Digest::from_bytes(&self.db.get_cf(meta, Self::digest_key(ns))?.unwrap_or_default());
         if let Some(old) = &old_bytes {
             digest.toggle(key.as_bytes(), old, false);
         }
@@ -372,11 +391,19 @@ impl Keyspace {
         batch.put_cf(self.cf(LOG_CF)?, seq.to_be_bytes(), delta.encode());
         batch.put_cf(meta, META_SEQ, (seq + 1).to_be_bytes());
         let hlc = st.clock.last().max(merged.updated());
-        batch.put_cf(meta, META_HLC, gcs_protocol::codec::to_canonical_bytes(&hlc).unwrap_or_default());
+        batch.put_cf(
+            meta,
+            META_HLC,
+            gcs_protocol::codec::to_canonical_bytes(&hlc).unwrap_or_default(),
+        );
         let mut new_log_start = st.log_start;
         if seq + 1 - st.log_start > self.opts.log_capacity {
             new_log_start = seq + 1 - self.opts.log_capacity;
-            batch.delete_range_cf(self.cf(LOG_CF)?, st.log_start.to_be_bytes(), new_log_start.to_be_bytes());
+            batch.delete_range_cf(
+                self.cf(LOG_CF)?,
+                st.log_start.to_be_bytes(),
+                new_log_start.to_be_bytes(),
+            );
             batch.put_cf(meta, META_LOG_START, new_log_start.to_be_bytes());
         }
         self.write(batch)?;
@@ -397,7 +424,10 @@ impl Keyspace {
     /// values are logged and skipped, so one corrupt key never hides the rest.
     pub fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, CrdtValue)>, KeyspaceError> {
         let mut out = Vec::new();
-        for ns in Namespace::ALL.iter().filter(|ns| ns.prefix().starts_with(prefix) || prefix.starts_with(ns.prefix())) {
+        for ns in Namespace::ALL
+            .iter()
+            .filter(|ns| ns.prefix().starts_with(prefix) || prefix.starts_with(ns.prefix()))
+        {
             self.for_each_raw(*ns, prefix, |k, v| {
                 match decode_value(k, v) {
                     Ok(val) => out.push((k.to_string(), val)),
@@ -416,7 +446,10 @@ impl Keyspace {
         mut f: impl FnMut(&str, &[u8]) -> Result<(), KeyspaceError>,
     ) -> Result<(), KeyspaceError> {
         let start = if prefix.len() > ns.prefix().len() { prefix } else { ns.prefix() };
-        let iter = self.db.iterator_cf(self.cf(ns.cf())?, IteratorMode::From(start.as_bytes(), Direction::Forward));
+        let iter = self.db.iterator_cf(
+            self.cf(ns.cf())?,
+            IteratorMode::From(start.as_bytes(), Direction::Forward),
+        );
         for item in iter {
             let (k, v) = item?;
             if !k.starts_with(start.as_bytes()) {
@@ -432,7 +465,9 @@ impl Keyspace {
 
     /// The digest of a namespace (O(1): maintained on every write).
     pub fn digest(&self, ns: Namespace) -> Result<Digest, KeyspaceError> {
-        Ok(Digest::from_bytes(&self.db.get_cf(self.cf(META_CF)?, Self::digest_key(ns))?.unwrap_or_default()))
+        Ok(Digest::from_bytes(
+            &self.db.get_cf(self.cf(META_CF)?, Self::digest_key(ns))?.unwrap_or_default(),
+        ))
     }
 
     /// The sequence number of the newest logged change (0 if none).
@@ -448,9 +483,13 @@ impl Keyspace {
         }
         let from = (seq + 1).to_be_bytes();
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(LOG_CF)?, IteratorMode::From(&from, Direction::Forward)) {
+        for item in
+            self.db.iterator_cf(self.cf(LOG_CF)?, IteratorMode::From(&from, Direction::Forward))
+        {
             let (k, v) = item?;
-            let s = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| KeyspaceError::Db("bad log key".into()))?);
+            let s = u64::from_be_bytes(
+                k.as_ref().try_into().map_err(|_| KeyspaceError::Db("bad log key".into()))?,
+            );
             match Delta::decode(&v) {
                 Ok(d) => out.push((s, d)),
                 Err(e) => tracing::warn!(seq = s, error = %e, "skipping unreadable log entry"),
@@ -481,7 +520,7 @@ impl Keyspace {
         let mut stats = CompactStats::default();
         let _st = self.lock();
         let meta = self.cf(META_CF)?;
-        for (&ns, _) in &self.opts.retention_ms {
+        for &ns in self.opts.retention_ms.keys() {
             let mut batch = WriteBatch::default();
             let mut digest = self.digest(ns)?;
             let mut removed = 0u64;
@@ -551,7 +590,9 @@ impl Watcher {
                 Ok(c) if c.key.starts_with(&self.prefix) => return Ok(Some(c)),
                 Ok(_) => continue,
                 Err(broadcast::error::TryRecvError::Empty) => return Ok(None),
-                Err(broadcast::error::TryRecvError::Lagged(n)) => return Err(WatchError::Lagged(n)),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    return Err(WatchError::Lagged(n))
+                }
                 Err(broadcast::error::TryRecvError::Closed) => return Err(WatchError::Closed),
             }
         }

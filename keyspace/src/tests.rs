@@ -78,7 +78,10 @@ fn merge_is_idempotent_and_logs_only_changes() {
     assert!(matches!(b.merge(delta.clone(), 5000).unwrap(), MergeOutcome::Changed(_)));
     assert_eq!(b.merge(delta, 5000).unwrap(), MergeOutcome::Unchanged);
     assert_eq!(b.last_seq(), 1);
-    assert_eq!(a.digest(Namespace::NodeRegistrations).unwrap(), b.digest(Namespace::NodeRegistrations).unwrap());
+    assert_eq!(
+        a.digest(Namespace::NodeRegistrations).unwrap(),
+        b.digest(Namespace::NodeRegistrations).unwrap()
+    );
 }
 
 #[test]

@@ -1,12 +1,18 @@
 //! CRDT laws and convergence, property-tested. Seeds are printed by
 //! proptest on failure (and persisted under proptest-regressions/).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use gcs_keyspace::*;
 use proptest::prelude::*;
 
 const ACTORS: [&str; 3] = ["a", "b", "c"];
-const KEYS: [&str; 4] =
-    ["/gcs/api/claims/j1", "/gcs/api/claims/j2", "/gcs/api/leases/j1", "/gcs/nodes/registrations/n1"];
+const KEYS: [&str; 4] = [
+    "/gcs/api/claims/j1",
+    "/gcs/api/claims/j2",
+    "/gcs/api/leases/j1",
+    "/gcs/nodes/registrations/n1",
+];
 
 /// One local operation by one replica.
 #[derive(Clone, Debug)]
@@ -44,7 +50,11 @@ fn value() -> impl Strategy<Value = CrdtValue> {
 
 fn reg() -> impl Strategy<Value = CrdtValue> {
     (0usize..3, prop::option::of(0u8..4), 0u64..5, 0u32..3).prop_map(|(a, v, w, l)| {
-        CrdtValue::Register(Register::new(v.map(|v| vec![v]), Hlc { wall_ms: w, logical: l }, ACTORS[a]))
+        CrdtValue::Register(Register::new(
+            v.map(|v| vec![v]),
+            Hlc { wall_ms: w, logical: l },
+            ACTORS[a],
+        ))
     })
 }
 
@@ -132,8 +142,14 @@ fn converge(ops: Vec<(usize, Op)>, order_seed: u64, dups: usize) {
     }
     for ns in [Namespace::ApiClaims, Namespace::ApiLeases, Namespace::NodeRegistrations] {
         let states: Vec<_> = reps.iter().map(|r| r.scan_prefix(ns.prefix()).unwrap()).collect();
-        assert_eq!(states[0], states[1], "replicas a and b differ in {ns:?} (order seed {order_seed})");
-        assert_eq!(states[1], states[2], "replicas b and c differ in {ns:?} (order seed {order_seed})");
+        assert_eq!(
+            states[0], states[1],
+            "replicas a and b differ in {ns:?} (order seed {order_seed})"
+        );
+        assert_eq!(
+            states[1], states[2],
+            "replicas b and c differ in {ns:?} (order seed {order_seed})"
+        );
         let digests: Vec<_> = reps.iter().map(|r| r.digest(ns).unwrap()).collect();
         assert_eq!(digests[0], digests[1]);
         assert_eq!(digests[1], digests[2]);

@@ -4,6 +4,8 @@
 //! prints each acknowledged key; the parent kills it mid-loop, reopens the
 //! keyspace and checks every acknowledged key is there.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -15,7 +17,8 @@ const CHILD_ENV: &str = "GCS_KEYSPACE_DURABILITY_CHILD";
 fn acknowledged_writes_survive_kill_9() {
     if let Some(dir) = std::env::var_os(CHILD_ENV) {
         // Child: write until killed.
-        let ks = Keyspace::open(std::path::Path::new(&dir), "child", KeyspaceOptions::default()).unwrap();
+        let ks = Keyspace::open(std::path::Path::new(&dir), "child", KeyspaceOptions::default())
+            .unwrap();
         for i in 0u64.. {
             ks.put(&format!("/gcs/api/jobs/k{i:08}"), i.to_be_bytes().to_vec(), 1_000 + i).unwrap();
             println!("acked {i}");

@@ -1,9 +1,21 @@
 //! sign+encode and decode+verify throughput per message type.
 //! Run: `cargo bench -p gcs-protocol --bench envelopes`
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::{encode, open, Limits};
+
+/// Unique labels: the final result appears twice (completed and error).
+fn label(m: &gcs_protocol::Message) -> String {
+    match m {
+        gcs_protocol::Message::FinalResult(r) if r.error.is_some() => {
+            format!("{}(error)", m.message_type())
+        }
+        _ => m.message_type().to_string(),
+    }
+}
 
 fn bench(c: &mut Criterion) {
     let (w, g) = samples::keys();
@@ -15,7 +27,7 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for m in &unsigned {
         let key = if m.signer() == &w.node_id() { &w } else { &g };
-        group.bench_with_input(BenchmarkId::from_parameter(m.message_type()), m, |b, m| {
+        group.bench_with_input(BenchmarkId::from_parameter(label(m)), m, |b, m| {
             b.iter(|| {
                 let mut m = m.clone();
                 m.sign(key).unwrap();
@@ -28,9 +40,11 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for m in &signed {
         let bytes = m.encode().unwrap();
-        group.bench_with_input(BenchmarkId::from_parameter(m.message_type()), &bytes, |b, bytes| {
-            b.iter(|| open(bytes, p.now_ms, &limits).unwrap())
-        });
+        group.bench_with_input(
+            BenchmarkId::from_parameter(label(m)),
+            &bytes,
+            |b, bytes| b.iter(|| open(bytes, p.now_ms, &limits).unwrap()),
+        );
     }
     group.finish();
     let _ = encode::<u8>;

@@ -74,10 +74,9 @@ pub fn from_cbor_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ProtocolE
 /// Looks up a text key in a CBOR map.
 pub fn map_get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
     match v {
-        Value::Map(entries) => entries
-            .iter()
-            .find(|(k, _)| matches!(k, Value::Text(t) if t == key))
-            .map(|(_, v)| v),
+        Value::Map(entries) => {
+            entries.iter().find(|(k, _)| matches!(k, Value::Text(t) if t == key)).map(|(_, v)| v)
+        }
         _ => None,
     }
 }

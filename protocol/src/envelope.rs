@@ -132,7 +132,10 @@ fn digest_of<T: SignedMessage>(msg: &T, without_sig: &Value) -> Result<[u8; 32],
 /// Signs `msg` with `key`; the key must be the message's signer.
 pub fn sign<T: SignedMessage>(msg: &mut T, key: &NodeKey) -> Result<(), ProtocolError> {
     if &key.node_id() != msg.signer() {
-        return Err(ProtocolError::field("signer", "signing key does not match the signer node id"));
+        return Err(ProtocolError::field(
+            "signer",
+            "signing key does not match the signer node id",
+        ));
     }
     let v = canonical_without_signature(msg)?;
     let sig = key.sign_digest(&digest_of(msg, &v)?);
@@ -161,9 +164,8 @@ fn check_header(v: &Value) -> Result<MessageType, ProtocolError> {
     };
     let ty = MessageType::parse(mt).ok_or_else(|| ProtocolError::UnknownMessageType(mt.into()))?;
     let version = match map_get(v, "version") {
-        Some(Value::Integer(i)) => u64::try_from(*i).map_err(|_| {
-            ProtocolError::Malformed("version is negative or too large".into())
-        })?,
+        Some(Value::Integer(i)) => u64::try_from(*i)
+            .map_err(|_| ProtocolError::Malformed("version is negative or too large".into()))?,
         Some(_) => return Err(ProtocolError::Malformed("version is not an integer".into())),
         None => return Err(ProtocolError::Malformed("missing version".into())),
     };
@@ -257,6 +259,9 @@ fn check_size(bytes: &[u8], limits: &Limits) -> Result<(), ProtocolError> {
 macro_rules! message_enum {
     ($($variant:ident($ty:ty)),* $(,)?) => {
         /// Any signed GCS message.
+        // Variants are sized like the messages; boxing would cost an
+        // allocation per decode on the gossip hot path for no benefit.
+        #[allow(clippy::large_enum_variant)]
         #[derive(Clone, Debug, PartialEq)]
         pub enum Message {
             $(

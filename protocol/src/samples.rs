@@ -94,7 +94,8 @@ pub fn registration(worker: &NodeKey, p: &Params) -> NodeRegistration {
 /// A streamed chat job with an inline payload.
 pub fn api_job(gateway: &NodeKey, p: &Params) -> ApiRequestJob {
     let id = job_id(p);
-    let payload = format!(r#"{{"messages":[{{"role":"user","content":{:?}}}]}}"#, p.text).into_bytes();
+    let payload =
+        format!(r#"{{"messages":[{{"role":"user","content":{:?}}}]}}"#, p.text).into_bytes();
     ApiRequestJob {
         message_type: MessageType::ApiRequestJob,
         version: PROTOCOL_VERSION,
@@ -298,7 +299,9 @@ pub fn error_result(gateway: &NodeKey, p: &Params) -> FinalResult {
         error: Some(ErrorInfo {
             kind: "service_unavailable".into(),
             code: "gnus_no_capable_nodes".into(),
-            message: "No GNUS nodes are currently available for the requested model and routing policy.".into(),
+            message:
+                "No GNUS nodes are currently available for the requested model and routing policy."
+                    .into(),
         }),
         metering: None,
         attestation: None,
@@ -334,7 +337,11 @@ pub fn usage(worker: &NodeKey, gateway: &NodeKey, p: &Params) -> UsageRecord {
         wall_ms: 7000,
         requeue_count: 0,
         cost_gnus: "0.0031".into(),
-        cancellation_reason: if p.n > 0 { Some(CancellationReason::ClientDisconnected) } else { None },
+        cancellation_reason: if p.n > 0 {
+            Some(CancellationReason::ClientDisconnected)
+        } else {
+            None
+        },
         failed_after_partial_output: false,
         created_at_ms: p.now_ms + 7_100,
         signature: None,

@@ -1,5 +1,7 @@
 //! Property tests: round trips, signatures, bit flips, arbitrary bytes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::*;
 use proptest::prelude::*;

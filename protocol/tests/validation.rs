@@ -1,5 +1,7 @@
 //! One test per validation rule.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use ciborium::value::Value;
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::*;
@@ -22,7 +24,10 @@ fn node_id_is_the_public_key_and_cannot_be_forged() {
     assert!(id.as_str().starts_with("gnusnode_") && id.as_str().len() == 9 + 64);
     assert_eq!(id.public_key(), w.public_key());
     assert!("gnusnode_xyz".parse::<NodeId>().is_err());
-    assert!(format!("gnusnode_{}", "A".repeat(64)).parse::<NodeId>().is_err(), "uppercase hex is not canonical");
+    assert!(
+        format!("gnusnode_{}", "A".repeat(64)).parse::<NodeId>().is_err(),
+        "uppercase hex is not canonical"
+    );
     // The gateway cannot sign a chunk that names the worker.
     let mut c = samples::chunk(&w, &Params::default());
     assert!(sign(&mut c, &g).is_err());
@@ -56,7 +61,10 @@ fn registration_freshness_and_ttl_bounds() {
     let mut long = r.clone();
     long.heartbeat.expires_at_ms = NOW + 3_600_000;
     long.heartbeat.ttl_ms = 3_600_000;
-    assert!(matches!(long.check_fields(&lim()), Err(ProtocolError::Field { field: "heartbeat", .. })));
+    assert!(matches!(
+        long.check_fields(&lim()),
+        Err(ProtocolError::Field { field: "heartbeat", .. })
+    ));
     let mut inconsistent = r;
     inconsistent.heartbeat.ttl_ms = 1;
     assert!(inconsistent.check_fields(&lim()).is_err());
@@ -85,7 +93,10 @@ fn oversized_messages_are_refused_before_decoding() {
     assert!(open(&bytes, NOW + 2000, &lim()).is_ok());
     let huge = Params { text: "x".repeat(20_000), ..Params::default() };
     let c = signed(samples::chunk(&w, &huge), &w);
-    assert!(matches!(c.check_fields(&lim()), Err(ProtocolError::Field { field: "delta.content", .. })));
+    assert!(matches!(
+        c.check_fields(&lim()),
+        Err(ProtocolError::Field { field: "delta.content", .. })
+    ));
 }
 
 fn with_field(m: &impl serde::Serialize, key: &str, value: Value) -> Value {
@@ -169,7 +180,10 @@ fn field_bounds_are_enforced() {
     assert!(matches!(j.check_fields(&lim()), Err(ProtocolError::Field { field: "job_id", .. })));
     let mut j = samples::api_job(&g, &p);
     j.request.payload_ref.content_hash = Hash32::of(b"other");
-    assert!(matches!(j.check_fields(&lim()), Err(ProtocolError::Field { field: "request.payload_ref.content_hash", .. })));
+    assert!(matches!(
+        j.check_fields(&lim()),
+        Err(ProtocolError::Field { field: "request.payload_ref.content_hash", .. })
+    ));
     let mut j = samples::api_job(&g, &p);
     j.request.payload_ref.mode = PayloadMode::GatewayRef;
     assert!(j.check_fields(&lim()).is_err(), "a reference mode must not carry the payload");
@@ -218,7 +232,8 @@ fn chunk_signature_covers_the_26_16_11_fields() {
 
 #[test]
 fn domain_tags_stop_cross_type_replay() {
-    let tags: std::collections::HashSet<_> = MessageType::ALL.iter().map(|t| t.domain_tag()).collect();
+    let tags: std::collections::HashSet<_> =
+        MessageType::ALL.iter().map(|t| t.domain_tag()).collect();
     assert_eq!(tags.len(), MessageType::ALL.len());
 }
 

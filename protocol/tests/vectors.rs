@@ -3,6 +3,8 @@
 //! change of encoding or signing fails here. Regenerate deliberately with
 //! `GCS_UPDATE_VECTORS=1 cargo test -p gcs-protocol --test vectors`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::*;
 use serde_json::{json, Value};
@@ -57,7 +59,10 @@ fn vectors_match_the_committed_file() {
     if std::env::var_os("GCS_UPDATE_VECTORS").is_some() {
         std::fs::write(path(), serde_json::to_string_pretty(&fresh).unwrap() + "\n").unwrap();
     }
-    let committed: Value = serde_json::from_str(&std::fs::read_to_string(path()).expect("specs/vectors/messages.json")).unwrap();
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(path()).expect("specs/vectors/messages.json"),
+    )
+    .unwrap();
     let (a, b) = (&committed["vectors"], &fresh["vectors"]);
     assert_eq!(a.as_array().unwrap().len(), b.as_array().unwrap().len());
     for (c, f) in a.as_array().unwrap().iter().zip(b.as_array().unwrap()) {
@@ -73,12 +78,20 @@ fn committed_vectors_decode_and_verify_independently() {
         let bytes = hex::decode(v["canonical_cbor_hex"].as_str().unwrap()).unwrap();
         let m = open(&bytes, 1_783_468_800_000, &limits).unwrap();
         assert_eq!(m.message_type().as_str(), v["message_type"]);
-        let key = NodeKey::from_seed(hex::decode(v["signer_seed"].as_str().unwrap()).unwrap().try_into().unwrap());
+        let key = NodeKey::from_seed(
+            hex::decode(v["signer_seed"].as_str().unwrap()).unwrap().try_into().unwrap(),
+        );
         assert_eq!(m.signer(), &key.node_id());
         // The JSON form decodes to the same message.
         let from_json: Vec<u8> = match m.message_type() {
-            MessageType::StreamChunk => encode(&serde_json::from_value::<StreamChunk>(v["message"].clone()).unwrap()).unwrap(),
-            MessageType::ApiRequestJob => encode(&serde_json::from_value::<ApiRequestJob>(v["message"].clone()).unwrap()).unwrap(),
+            MessageType::StreamChunk => {
+                encode(&serde_json::from_value::<StreamChunk>(v["message"].clone()).unwrap())
+                    .unwrap()
+            }
+            MessageType::ApiRequestJob => {
+                encode(&serde_json::from_value::<ApiRequestJob>(v["message"].clone()).unwrap())
+                    .unwrap()
+            }
             _ => bytes.clone(),
         };
         assert_eq!(from_json, bytes);

@@ -11,6 +11,14 @@ fn main() {
         let ids = e.prompt_tokens(&msgs).unwrap();
         let mut cache = KvCache::new();
         let l = e.step(&ids, &mut cache).unwrap();
+        if std::env::var("CMP_EXACT").is_ok() {
+            std::env::set_var("GCS_EXACT", "1");
+            let mut c2 = KvCache::new();
+            let l2 = e.step(&ids, &mut c2).unwrap();
+            std::env::remove_var("GCS_EXACT");
+            let d = l.iter().zip(&l2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            println!("  quantized vs exact: max |dlogit| {d:.4}");
+        }
         let max = l.iter().cloned().fold(f32::MIN, f32::max);
         let lse = max + l.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
         let mut err = 0.0f32;

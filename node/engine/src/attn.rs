@@ -9,6 +9,8 @@
 use half::f16;
 use rayon::prelude::*;
 
+use crate::numerics::{dot16, ggml_expf, reduce16};
+
 /// RoPE cos/sin tables `[context, head_dim / 2]`, computed with llama.cpp's
 /// recurrence (`theta *= base^(-2/d)`) for bit-compatible angles.
 #[derive(Debug, Clone)]
@@ -77,6 +79,24 @@ pub struct AttnShape {
 /// `qkv`: `[t, (n_heads + 2 n_kv_heads) * head_dim]` (modified in place by
 /// RoPE); `out`: `[t, n_heads * head_dim]`.
 pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: FMA support was detected above.
+        return unsafe { attend_fma(sh, rope, qkv, past, kv, out) };
+    }
+    attend_impl(sh, rope, qkv, past, kv, out)
+}
+
+/// The same code compiled with FMA enabled, so `mul_add` is one instruction
+/// instead of a libm call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn attend_fma(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
+    attend_impl(sh, rope, qkv, past, kv, out)
+}
+
+#[inline(always)]
+fn attend_impl(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
     let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
     let (qd, kvd) = (nh * hd, nkv * hd);
     let width = qd + 2 * kvd;
@@ -97,32 +117,45 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
     let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
     let qkv = &*qkv;
+    let simd = hd % 16 == 0;
     let work = |(idx, o): (usize, &mut [f32])| {
         let (i, h) = (idx / nh, idx % nh);
         let q = &qkv[i * width + h * hd..][..hd];
         let kvh = h / group;
         let n = past + i + 1; // causal: keys 0..=past+i
-        let mut scores = Vec::with_capacity(n);
+        // Scores padded to a multiple of 16 with exact zeros after softmax,
+        // mirroring llama.cpp's padded, masked KV rows.
+        let padded = n.div_ceil(16) * 16;
+        let mut p = vec![0f32; padded];
         let mut max = f32::NEG_INFINITY;
-        for j in 0..n {
+        for (j, pj) in p[..n].iter_mut().enumerate() {
             let kj = &kf[(j * nkv + kvh) * hd..][..hd];
-            let s = dot(q, kj) * scale;
-            max = max.max(s);
-            scores.push(s);
+            let dot = if simd { dot16(q, kj) } else { q.iter().zip(kj).map(|(a, b)| a * b).sum() };
+            *pj = dot * scale;
+            max = max.max(*pj);
+        }
+        for pj in p[..n].iter_mut() {
+            *pj = ggml_expf(*pj - max);
         }
         let mut sum = 0f64;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s as f64;
+        for c in p.chunks_exact(16) {
+            sum += reduce16(c.try_into().expect("16 lanes")) as f64;
         }
         let inv = (1.0 / sum) as f32;
-        o.iter_mut().for_each(|x| *x = 0.0);
-        for (j, s) in scores.iter().enumerate() {
-            let p = r16(s * inv);
+        // Probabilities are rounded to f16 for llama.cpp's f16 V product.
+        p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
+        // out[d] = Σ_j p_j v_j[d]; lane (j mod 16) accumulates with FMA in
+        // ascending j, then a tree reduction (tinyBLAS order).
+        let mut acc = vec![0f32; hd * 16];
+        for (j, &pj) in p[..n].iter().enumerate() {
+            let l = j % 16;
             let vj = &vf[(j * nkv + kvh) * hd..][..hd];
-            for (od, &vd) in o.iter_mut().zip(vj) {
-                *od += p * vd;
+            for (dd, &vd) in vj.iter().enumerate() {
+                acc[dd * 16 + l] = vd.mul_add(pj, acc[dd * 16 + l]);
             }
+        }
+        for (dd, od) in o.iter_mut().enumerate() {
+            *od = reduce16(acc[dd * 16..][..16].try_into().expect("16 lanes"));
         }
     };
     // out rows are [t, nh, hd]: one chunk per (row, head).
@@ -132,24 +165,6 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
         out.chunks_mut(hd).enumerate().for_each(work);
     }
     debug_assert_eq!(kv.k.len(), len * kvd);
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler vectorise the loop.
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
 }
 
 #[cfg(test)]

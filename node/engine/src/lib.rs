@@ -14,6 +14,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
+pub mod numerics;
 pub mod quant;
 pub mod sampling;
 pub mod tokenizer;

@@ -19,6 +19,7 @@ use crate::attn::{attend, AttnShape, LayerKv, Rope};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
+use crate::numerics::{rms_norm_rows, swiglu_rows};
 use crate::quant::QMatrix;
 
 /// Hyper-parameters read from GGUF metadata (`llama.*`).
@@ -173,21 +174,13 @@ fn host<const D: usize>(x: Tensor<D>) -> Vec<f32> {
     x.into_data().try_into_vec::<f32>().expect("f32 activations")
 }
 
-/// `y[n, rows] = x[n, cols] · Wᵀ` through the quantized CPU kernel.
-fn qlinear(x: Tensor<2>, w: &QMatrix) -> Tensor<2> {
-    let device = x.device();
-    let [n, cols] = x.dims();
-    debug_assert_eq!(cols, w.cols);
-    let xd = host(x);
-    let mut out = vec![0f32; n * w.rows];
-    w.matmul(&xd, n, &mut out);
-    Tensor::from_data(TensorData::new(out, [n, w.rows]), &device)
-}
-
-/// RMSNorm over the last dim: `x / sqrt(mean(x²) + eps) * w`.
-fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f32) -> Tensor<2> {
-    let inv = x.clone().square().mean_dim(1).add_scalar(eps).sqrt().recip();
-    x.mul(inv).mul(w.val().unsqueeze::<2>())
+/// RMSNorm over the last dim, `x / sqrt(mean(x²) + eps) * w`, returned on
+/// the host (it feeds a quantized matmul). Computed with llama.cpp's exact
+/// arithmetic (f64 sum) rather than burn ops: greedy parity depends on it.
+fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f32) -> Vec<f32> {
+    let mut v = host(x);
+    rms_norm_rows(&mut v, &host(w.val()), eps);
+    v
 }
 
 impl Llama {
@@ -280,7 +273,7 @@ impl Llama {
         let mut attn = vec![0f32; total * qd];
         for (li, blk) in self.blocks.iter().enumerate() {
             // Attention: x += Wo · attn(rope(Wqkv · norm(x)))
-            let h = host(rms_norm(x.clone(), &blk.attn_norm, c.rms_eps));
+            let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
             let mut qkv = vec![0f32; total * width];
             blk.q.wqkv.matmul(&h, total, &mut qkv);
             let mut row = 0;
@@ -302,16 +295,11 @@ impl Llama {
             x = x + Tensor::from_data(TensorData::new(o, [total, c.hidden]), &device);
 
             // Feed-forward: x += W_down · (silu(W_gate · h) * (W_up · h))
-            let h = host(rms_norm(x.clone(), &blk.ffn_norm, c.rms_eps));
+            let h = rms_norm(x.clone(), &blk.ffn_norm, c.rms_eps);
             let mut gu = vec![0f32; total * 2 * c.intermediate];
             blk.q.w_gate_up.matmul(&h, total, &mut gu);
             let mut act = vec![0f32; total * c.intermediate];
-            for (a, r) in act.chunks_exact_mut(c.intermediate).zip(gu.chunks_exact(2 * c.intermediate)) {
-                let (g, u) = r.split_at(c.intermediate);
-                for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
-                    *a = g / (1.0 + (-g).exp()) * u;
-                }
-            }
+            swiglu_rows(&gu, &mut act, c.intermediate);
             let mut d = vec![0f32; total * c.hidden];
             blk.q.w_down.matmul(&act, total, &mut d);
             x = x + Tensor::from_data(TensorData::new(d, [total, c.hidden]), &device);
@@ -329,7 +317,9 @@ impl Llama {
         let n = last.len();
         let idx = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(last, [n]), &device);
         let x = x.select(0, idx);
-        let x = rms_norm(x, &self.output_norm, c.rms_eps);
-        Ok(qlinear(x, &self.lm_head))
+        let h = rms_norm(x, &self.output_norm, c.rms_eps);
+        let mut logits = vec![0f32; n * self.lm_head.rows];
+        self.lm_head.matmul(&h, n, &mut logits);
+        Ok(Tensor::from_data(TensorData::new(logits, [n, self.lm_head.rows]), &device))
     }
 }

@@ -228,16 +228,6 @@ impl QMatrix {
         if let QData::F32(w) = &self.data {
             return matmul_f32(w, self.rows, self.cols, x, n, out);
         }
-        if std::env::var("GCS_EXACT").is_ok() {
-            let mut row = vec![0f32; self.cols];
-            for r in 0..self.rows {
-                self.row_f32(r, &mut row);
-                for t in 0..n {
-                    out[t * self.rows + r] = row.iter().zip(&x[t * self.cols..][..self.cols]).map(|(a, b)| a * b).sum();
-                }
-            }
-            return;
-        }
         let acts = QActs::quantize(x, n, self.cols);
         // Row-major over weights: each weight row is read once and dotted
         // with all n activation rows while it is in L1.
@@ -268,6 +258,7 @@ impl QMatrix {
         let nb = self.cols / QK;
         let xd = &a.d[t * nb..][..nb];
         let xs = &a.s[t * nb..][..nb];
+        let xsum = &a.sum_q[t * nb..][..nb];
         let xq = &a.qs[t * self.cols..][..self.cols];
         match &self.data {
             QData::Q4_1 { d, m, qs } => {
@@ -276,7 +267,7 @@ impl QMatrix {
             }
             QData::Q4_0 { d, qs } => {
                 let (d, q) = (&d[r * nb..][..nb], &qs[r * nb * 16..][..nb * 16]);
-                kernels::dot_q4_0(d, q, xd, xs, xq)
+                kernels::dot_q4_0(d, q, xd, xsum, xq)
             }
             QData::Q8_0 { d, qs } => {
                 let (d, q) = (&d[r * nb..][..nb], &qs[r * nb * QK..][..nb * QK]);
@@ -308,6 +299,8 @@ fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &mu
 pub struct QActs {
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    /// Exact integer Σq per block (for Q4_0's offset of 8).
+    pub sum_q: Vec<i32>,
     pub qs: Vec<i8>,
 }
 
@@ -316,14 +309,17 @@ impl QActs {
         let nb = n * cols / QK;
         let mut d = vec![0f32; nb];
         let mut s = vec![0f32; nb];
+        let mut sum_q = vec![0i32; nb];
         let mut qs = vec![0i8; n * cols];
         for (b, (xb, qb)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
             let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs()));
             let db = amax / 127.0;
-            let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+            // Same rounding as llama.cpp's AVX2 quantizer: multiply by
+            // 127/amax and round half to even.
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                let qi = (v * id).round() as i32;
+                let qi = (v * id).round_ties_even() as i32;
                 *q = qi as i8;
                 sum += qi;
             }
@@ -331,25 +327,31 @@ impl QActs {
             // rounding the same way keeps logits bit-close to it.
             d[b] = f16::from_f32(db).to_f32();
             s[b] = f16::from_f32(db * sum as f32).to_f32();
+            sum_q[b] = sum;
         }
-        Self { d, s, qs }
+        Self { d, s, sum_q, qs }
     }
 }
 
 mod kernels {
-    //! Block dot products. Each public fn dispatches to an AVX2 version when
-    //! the CPU has it, otherwise to a portable scalar loop.
+    //! Block dot products. Per row, the float accumulation is sequential
+    //! over blocks (`acc = fma(isum, d_w*d_x, acc)`, then the Q4_1 min
+    //! term), the order of llama.cpp's AMX/VNNI kernels on this CPU family;
+    //! integer block sums are exact in any order. Each public fn dispatches
+    //! to AVX2 when available, otherwise to a scalar loop with the same
+    //! float order.
 
     pub fn dot_q4_1(d: &[f32], m: &[f32], q: &[u8], xd: &[f32], xs: &[f32], xq: &[i8]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the required CPU features were detected above.
+            if let Ok(v) = std::env::var("Q41") { return unsafe { avx2::dot_q4_1_lanes(d, m, q, xd, xs, xq, v == "fma") }; }
             return unsafe { avx2::dot_q4_1(d, m, q, xd, xs, xq) };
         }
         scalar_dot_q4_1(d, m, q, xd, xs, xq)
     }
 
-    pub fn dot_q4_0(d: &[f32], q: &[u8], xd: &[f32], xs: &[f32], xq: &[i8]) -> f32 {
+    pub fn dot_q4_0(d: &[f32], q: &[u8], xd: &[f32], xs: &[i32], xq: &[i8]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the required CPU features were detected above.
@@ -362,6 +364,7 @@ mod kernels {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the required CPU features were detected above.
+            if std::env::var("Q80").is_ok() { return unsafe { avx2::dot_q8_0_lanes(d, q, xd, xq) }; }
             return unsafe { avx2::dot_q8_0(d, q, xd, xq) };
         }
         scalar_dot_q8_0(d, q, xd, xq)
@@ -379,16 +382,18 @@ mod kernels {
         let mut acc = 0f32;
         for b in 0..d.len() {
             let i = nib_dot(&q[b * 16..][..16], &xq[b * 32..][..32]);
-            acc += d[b] * xd[b] * i as f32 + m[b] * xs[b];
+            acc = (i as f32).mul_add(d[b] * xd[b], acc);
+            acc = m[b].mul_add(xs[b], acc);
         }
         acc
     }
 
-    pub fn scalar_dot_q4_0(d: &[f32], q: &[u8], xd: &[f32], xs: &[f32], xq: &[i8]) -> f32 {
+    pub fn scalar_dot_q4_0(d: &[f32], q: &[u8], xd: &[f32], xs: &[i32], xq: &[i8]) -> f32 {
         let mut acc = 0f32;
         for b in 0..d.len() {
             let i = nib_dot(&q[b * 16..][..16], &xq[b * 32..][..32]);
-            acc += d[b] * (xd[b] * i as f32 - 8.0 * xs[b]);
+            // Subtract the offset in the integer domain: exact.
+            acc = ((i - 8 * xs[b]) as f32).mul_add(d[b] * xd[b], acc);
         }
         acc
     }
@@ -400,7 +405,7 @@ mod kernels {
             for j in 0..32 {
                 i += q[b * 32 + j] as i32 * xq[b * 32 + j] as i32;
             }
-            acc += d[b] * xd[b] * i as f32;
+            acc = (i as f32).mul_add(d[b] * xd[b], acc);
         }
         acc
     }
@@ -410,13 +415,11 @@ mod kernels {
         use std::arch::x86_64::*;
 
         #[inline(always)]
-        unsafe fn hsum(v: __m256) -> f32 {
-            let lo = _mm256_castps256_ps128(v);
-            let hi = _mm256_extractf128_ps(v, 1);
-            let s = _mm_add_ps(lo, hi);
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-            _mm_cvtss_f32(s)
+        unsafe fn hsum_i32(v: __m256i) -> i32 {
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            _mm_cvtsi128_si32(s)
         }
 
         /// Expand 16 packed nibble bytes to 32 u8 lanes in element order.
@@ -429,60 +432,90 @@ mod kernels {
             _mm256_set_m128i(hi, lo)
         }
 
-        /// Integer dot of 32 unsigned bytes with 32 signed bytes, as 8 i32 lanes
-        /// converted to f32.
+        /// Exact integer dot of 32 unsigned bytes with 32 signed bytes
+        /// (no i16 saturation: |u| <= 127 here).
         #[inline(always)]
-        unsafe fn udot(u: __m256i, s: __m256i) -> __m256 {
+        unsafe fn udot(u: __m256i, s: __m256i) -> i32 {
             let p16 = _mm256_maddubs_epi16(u, s);
-            let p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-            _mm256_cvtepi32_ps(p32)
+            hsum_i32(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+        }
+
+        #[inline(always)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+            let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            _mm_cvtss_f32(r)
+        }
+
+        #[inline(always)]
+        unsafe fn udot8(u: __m256i, s: __m256i) -> __m256 {
+            let p16 = _mm256_maddubs_epi16(u, s);
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+        }
+
+        /// llama.cpp's AVX2 `ggml_vec_dot_q4_1_q8_1` order (8 lanes).
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_q4_1_lanes(d: &[f32], m: &[f32], q: &[u8], xd: &[f32], xs: &[f32], xq: &[i8], fma_mins: bool) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            for b in 0..d.len() {
+                let w = unpack_nibbles(q.as_ptr().add(b * 16));
+                let x = _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i);
+                if fma_mins { summs = m[b].mul_add(xs[b], summs); } else { summs += m[b] * xs[b]; }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[b]), udot8(w, x), acc);
+            }
+            hsum(acc) + summs
+        }
+
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_q8_0_lanes(d: &[f32], q: &[i8], xd: &[f32], xq: &[i8]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..d.len() {
+                let w = _mm256_loadu_si256(q.as_ptr().add(b * 32) as *const __m256i);
+                let x = _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[b]), udot8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), acc);
+            }
+            hsum(acc)
         }
 
         #[target_feature(enable = "avx2,fma")]
         pub unsafe fn dot_q4_1(d: &[f32], m: &[f32], q: &[u8], xd: &[f32], xs: &[f32], xq: &[i8]) -> f32 {
-            let nb = d.len();
-            let mut acc = _mm256_setzero_ps();
-            let mut mins = 0f32;
-            for b in 0..nb {
+            let mut acc = 0f32;
+            for b in 0..d.len() {
                 let w = unpack_nibbles(q.as_ptr().add(b * 16));
                 let x = _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i);
-                let p = udot(w, x);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[b]), p, acc);
-                mins += m[b] * xs[b];
+                let i = udot(w, x);
+                acc = (i as f32).mul_add(d[b] * xd[b], acc);
+                acc = m[b].mul_add(xs[b], acc);
             }
-            hsum(acc) + mins
+            acc
         }
 
         #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn dot_q4_0(d: &[f32], q: &[u8], xd: &[f32], xs: &[f32], xq: &[i8]) -> f32 {
-            let nb = d.len();
-            let mut acc = _mm256_setzero_ps();
-            let mut off = 0f32;
-            for b in 0..nb {
+        pub unsafe fn dot_q4_0(d: &[f32], q: &[u8], xd: &[f32], xs: &[i32], xq: &[i8]) -> f32 {
+            let mut acc = 0f32;
+            for b in 0..d.len() {
                 let w = unpack_nibbles(q.as_ptr().add(b * 16));
                 let x = _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i);
-                let p = udot(w, x);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[b]), p, acc);
-                off += d[b] * xs[b];
+                let i = udot(w, x);
+                acc = ((i - 8 * xs[b]) as f32).mul_add(d[b] * xd[b], acc);
             }
-            hsum(acc) - 8.0 * off
+            acc
         }
 
         #[target_feature(enable = "avx2,fma")]
         pub unsafe fn dot_q8_0(d: &[f32], q: &[i8], xd: &[f32], xq: &[i8]) -> f32 {
-            let nb = d.len();
-            let mut acc = _mm256_setzero_ps();
-            for b in 0..nb {
+            let mut acc = 0f32;
+            for b in 0..d.len() {
                 let w = _mm256_loadu_si256(q.as_ptr().add(b * 32) as *const __m256i);
                 let x = _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i);
                 // maddubs needs one unsigned operand: use |w| and move w's
                 // sign onto x (weights are in -127..=127 so |w| fits).
-                let aw = _mm256_sign_epi8(w, w);
-                let sx = _mm256_sign_epi8(x, w);
-                let p = udot(aw, sx);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[b]), p, acc);
+                let i = udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                acc = (i as f32).mul_add(d[b] * xd[b], acc);
             }
-            hsum(acc)
+            acc
         }
     }
 }
@@ -544,7 +577,7 @@ mod tests {
                 QData::Q4_1 { d, m, qs } => kernels::scalar_dot_q4_1(
                     &d[r * nb..][..nb], &m[r * nb..][..nb], &qs[r * nb * 16..][..nb * 16], &a.d[..nb], &a.s[..nb], &a.qs[..cols]),
                 QData::Q4_0 { d, qs } => kernels::scalar_dot_q4_0(
-                    &d[r * nb..][..nb], &qs[r * nb * 16..][..nb * 16], &a.d[..nb], &a.s[..nb], &a.qs[..cols]),
+                    &d[r * nb..][..nb], &qs[r * nb * 16..][..nb * 16], &a.d[..nb], &a.sum_q[..nb], &a.qs[..cols]),
                 QData::Q8_0 { d, qs } => kernels::scalar_dot_q8_0(
                     &d[r * nb..][..nb], &qs[r * nb * 32..][..nb * 32], &a.d[..nb], &a.qs[..cols]),
                 QData::F32(_) => unreachable!(),

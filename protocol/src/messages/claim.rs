@@ -178,7 +178,12 @@ impl SignedMessage for LeaseGrant {
         ids::check_id("claim_id", &self.claim_id, ids::CLAIM)?;
         v::range("attempt", self.attempt, 0, 64)?;
         v::lifetime("expires_at_ms", self.created_at_ms, self.expires_at_ms, MAX_LEASE_TERM_MS)?;
-        v::range("renew_interval_ms", self.renew_interval_ms, 1, self.expires_at_ms - self.created_at_ms)
+        v::range(
+            "renew_interval_ms",
+            self.renew_interval_ms,
+            1,
+            self.expires_at_ms - self.created_at_ms,
+        )
     }
 }
 

@@ -68,7 +68,10 @@ wire_enum!(
 impl JobState {
     /// No transition leaves a terminal state.
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Expired)
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Expired
+        )
     }
 
     /// Whether `self -> next` is a legal lifecycle transition (26.13.2). Any

@@ -232,7 +232,9 @@ impl SignedMessage for ApiRequestJob {
             }
             (_, None) => match &p.location {
                 Some(l) => v::short("request.payload_ref.location", l, 512)?,
-                None => return Err(ProtocolError::field("request.payload_ref.location", "missing")),
+                None => {
+                    return Err(ProtocolError::field("request.payload_ref.location", "missing"))
+                }
             },
         }
         let r = &self.routing;
@@ -248,8 +250,18 @@ impl SignedMessage for ApiRequestJob {
         }
         let l = &self.limits;
         v::range("limits.claim_timeout_ms", l.claim_timeout_ms, 1, MAX_JOB_LIFETIME_MS)?;
-        v::range("limits.first_token_timeout_ms", l.first_token_timeout_ms, 1, MAX_JOB_LIFETIME_MS)?;
-        v::range("limits.idle_stream_timeout_ms", l.idle_stream_timeout_ms, 1, MAX_JOB_LIFETIME_MS)?;
+        v::range(
+            "limits.first_token_timeout_ms",
+            l.first_token_timeout_ms,
+            1,
+            MAX_JOB_LIFETIME_MS,
+        )?;
+        v::range(
+            "limits.idle_stream_timeout_ms",
+            l.idle_stream_timeout_ms,
+            1,
+            MAX_JOB_LIFETIME_MS,
+        )?;
         v::range("limits.wall_timeout_ms", l.wall_timeout_ms, 1, MAX_JOB_LIFETIME_MS)?;
         v::short("limits.max_cost_gnus", &l.max_cost_gnus, 32)?;
         v::range("limits.max_requeues", l.max_requeues, 0, 16)?;

@@ -188,7 +188,12 @@ impl SignedMessage for NodeRegistration {
             v::short("trust.attestation_modes", m, MAX_SHORT)?;
         }
         let hb = &self.heartbeat;
-        v::lifetime("heartbeat", hb.created_at_ms, hb.expires_at_ms, limits.max_registration_ttl_ms)?;
+        v::lifetime(
+            "heartbeat",
+            hb.created_at_ms,
+            hb.expires_at_ms,
+            limits.max_registration_ttl_ms,
+        )?;
         if hb.expires_at_ms - hb.created_at_ms != hb.ttl_ms {
             return Err(ProtocolError::field("heartbeat.ttl_ms", "must equal expires - created"));
         }

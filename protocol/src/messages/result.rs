@@ -108,16 +108,26 @@ impl SignedMessage for FinalResult {
             ids::check_id("lease_id", l, ids::LEASE)?;
         }
         match (self.status, &self.response, &self.error) {
-            (ResultStatus::Completed, Some(r), None) => v::short("response.format", &r.format, MAX_SHORT)?,
+            (ResultStatus::Completed, Some(r), None) => {
+                v::short("response.format", &r.format, MAX_SHORT)?
+            }
             (ResultStatus::Completed, _, _) => {
-                return Err(ProtocolError::field("response", "completed needs a response and no error"))
+                return Err(ProtocolError::field(
+                    "response",
+                    "completed needs a response and no error",
+                ))
             }
             (ResultStatus::Failed | ResultStatus::Cancelled, None, Some(e)) => {
                 v::short("error.type", &e.kind, MAX_SHORT)?;
                 v::short("error.code", &e.code, MAX_SHORT)?;
                 v::text("error.message", &e.message, MAX_TEXT)?;
             }
-            _ => return Err(ProtocolError::field("error", "failed/cancelled needs an error and no response")),
+            _ => {
+                return Err(ProtocolError::field(
+                    "error",
+                    "failed/cancelled needs an error and no response",
+                ))
+            }
         }
         if let Some(a) = &self.attestation {
             ids::check_id("attestation.claim_id", &a.claim_id, ids::CLAIM)?;
@@ -126,7 +136,10 @@ impl SignedMessage for FinalResult {
         if let Some(m) = &self.metering {
             v::short("metering.cost_gnus", &m.cost_gnus, 32)?;
             if m.tokens_sent_to_client > m.output_tokens {
-                return Err(ProtocolError::field("metering.tokens_sent_to_client", "exceeds output_tokens"));
+                return Err(ProtocolError::field(
+                    "metering.tokens_sent_to_client",
+                    "exceeds output_tokens",
+                ));
             }
         }
         Ok(())
