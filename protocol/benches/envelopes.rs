@@ -40,11 +40,9 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for m in &signed {
         let bytes = m.encode().unwrap();
-        group.bench_with_input(
-            BenchmarkId::from_parameter(label(m)),
-            &bytes,
-            |b, bytes| b.iter(|| open(bytes, p.now_ms, &limits).unwrap()),
-        );
+        group.bench_with_input(BenchmarkId::from_parameter(label(m)), &bytes, |b, bytes| {
+            b.iter(|| open(bytes, p.now_ms, &limits).unwrap())
+        });
     }
     group.finish();
     let _ = encode::<u8>;

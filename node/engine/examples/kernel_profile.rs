@@ -14,7 +14,7 @@ fn cpu_ms() -> f64 {
 
 fn main() {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
-        "/root/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf".into()
+        format!("{}/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
     });
     let g = GgufFile::open(&path).unwrap();
     let dev = gcs_engine::cpu_device();

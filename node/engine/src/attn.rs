@@ -79,24 +79,6 @@ pub struct AttnShape {
 /// `qkv`: `[t, (n_heads + 2 n_kv_heads) * head_dim]` (modified in place by
 /// RoPE); `out`: `[t, n_heads * head_dim]`.
 pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("fma") {
-        // SAFETY: FMA support was detected above.
-        return unsafe { attend_fma(sh, rope, qkv, past, kv, out) };
-    }
-    attend_impl(sh, rope, qkv, past, kv, out)
-}
-
-/// The same code compiled with FMA enabled, so `mul_add` is one instruction
-/// instead of a libm call.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma,avx2")]
-unsafe fn attend_fma(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
-    attend_impl(sh, rope, qkv, past, kv, out)
-}
-
-#[inline(always)]
-fn attend_impl(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
     let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
     let (qd, kvd) = (nh * hd, nkv * hd);
     let width = qd + 2 * kvd;
@@ -113,50 +95,22 @@ fn attend_impl(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mu
         kv.v.extend(v.iter().map(|&x| r16(x)));
     }
     let len = past + t;
-    let (kf, vf) = (&kv.k, &kv.v);
-    let group = nh / nkv;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let qkv = &*qkv;
-    let simd = hd % 16 == 0;
+    #[cfg(target_arch = "x86_64")]
+    let fma = std::is_x86_feature_detected!("fma");
+    let ctx = HeadCtx {
+        qkv: &*qkv,
+        k: &kv.k,
+        v: &kv.v,
+        sh,
+        past,
+    };
     let work = |(idx, o): (usize, &mut [f32])| {
-        let (i, h) = (idx / nh, idx % nh);
-        let q = &qkv[i * width + h * hd..][..hd];
-        let kvh = h / group;
-        let n = past + i + 1; // causal: keys 0..=past+i
-        // Scores padded to a multiple of 16 with exact zeros after softmax,
-        // mirroring llama.cpp's padded, masked KV rows.
-        let padded = n.div_ceil(16) * 16;
-        let mut p = vec![0f32; padded];
-        let mut max = f32::NEG_INFINITY;
-        for (j, pj) in p[..n].iter_mut().enumerate() {
-            let kj = &kf[(j * nkv + kvh) * hd..][..hd];
-            let dot = if simd { dot16(q, kj) } else { q.iter().zip(kj).map(|(a, b)| a * b).sum() };
-            *pj = dot * scale;
-            max = max.max(*pj);
+        #[cfg(target_arch = "x86_64")]
+        if fma {
+            // SAFETY: FMA support was detected above.
+            return unsafe { head_fma(&ctx, idx, o) };
         }
-        for pj in p[..n].iter_mut() {
-            *pj = ggml_expf(*pj - max);
-        }
-        let mut sum = 0f64;
-        for c in p.chunks_exact(16) {
-            sum += reduce16(c.try_into().expect("16 lanes")) as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        // Probabilities are rounded to f16 for llama.cpp's f16 V product.
-        p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
-        // out[d] = Σ_j p_j v_j[d]; lane (j mod 16) accumulates with FMA in
-        // ascending j, then a tree reduction (tinyBLAS order).
-        let mut acc = vec![0f32; hd * 16];
-        for (j, &pj) in p[..n].iter().enumerate() {
-            let l = j % 16;
-            let vj = &vf[(j * nkv + kvh) * hd..][..hd];
-            for (dd, &vd) in vj.iter().enumerate() {
-                acc[dd * 16 + l] = vd.mul_add(pj, acc[dd * 16 + l]);
-            }
-        }
-        for (dd, od) in o.iter_mut().enumerate() {
-            *od = reduce16(acc[dd * 16..][..16].try_into().expect("16 lanes"));
-        }
+        head(&ctx, idx, o)
     };
     // out rows are [t, nh, hd]: one chunk per (row, head).
     if t * len > 4096 {
@@ -165,6 +119,67 @@ fn attend_impl(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mu
         out.chunks_mut(hd).enumerate().for_each(work);
     }
     debug_assert_eq!(kv.k.len(), len * kvd);
+}
+
+struct HeadCtx<'a> {
+    qkv: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    sh: AttnShape,
+    past: usize,
+}
+
+/// Same code compiled with FMA so `mul_add` is one instruction, not a libm call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn head_fma(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
+    head(c, idx, o)
+}
+
+/// Attention output of one (row, head) pair into `o` (`[head_dim]`).
+#[inline(always)]
+fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
+    let (nh, nkv, hd) = (c.sh.n_heads, c.sh.n_kv_heads, c.sh.head_dim);
+    let width = (nh + 2 * nkv) * hd;
+    let (i, h) = (idx / nh, idx % nh);
+    let q = &c.qkv[i * width + h * hd..][..hd];
+    let kvh = h / (nh / nkv);
+    let n = c.past + i + 1; // causal: keys 0..=past+i
+    let scale = 1.0 / (hd as f32).sqrt();
+    // Scores padded to a multiple of 16 with exact zeros after softmax,
+    // mirroring llama.cpp's padded, masked KV rows.
+    let padded = n.div_ceil(16) * 16;
+    let mut p = vec![0f32; padded];
+    let mut max = f32::NEG_INFINITY;
+    for (j, pj) in p[..n].iter_mut().enumerate() {
+        let kj = &c.k[(j * nkv + kvh) * hd..][..hd];
+        let dot = if hd % 16 == 0 { dot16(q, kj) } else { q.iter().zip(kj).map(|(a, b)| a * b).sum() };
+        *pj = dot * scale;
+        max = max.max(*pj);
+    }
+    for pj in p[..n].iter_mut() {
+        *pj = ggml_expf(*pj - max);
+    }
+    let mut sum = 0f64;
+    for ch in p.chunks_exact(16) {
+        sum += reduce16(ch.try_into().expect("16 lanes")) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    // Probabilities are rounded to f16 for llama.cpp's f16 V product.
+    p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
+    // out[d] = Σ_j p_j v_j[d]; lane (j mod 16) accumulates with FMA in
+    // ascending j, then a tree reduction (tinyBLAS order).
+    let mut acc = vec![0f32; hd * 16];
+    for (j, &pj) in p[..n].iter().enumerate() {
+        let l = j % 16;
+        let vj = &c.v[(j * nkv + kvh) * hd..][..hd];
+        for (dd, &vd) in vj.iter().enumerate() {
+            acc[dd * 16 + l] = vd.mul_add(pj, acc[dd * 16 + l]);
+        }
+    }
+    for (dd, od) in o.iter_mut().enumerate() {
+        *od = reduce16(acc[dd * 16..][..16].try_into().expect("16 lanes"));
+    }
 }
 
 #[cfg(test)]

@@ -155,7 +155,6 @@ impl Bert {
     pub fn forward(&self, ids: Tensor<2, Int>, mask: Tensor<2>) -> Tensor<2> {
         let [b, l] = ids.dims();
         let hidden = self.word.val().dims()[1];
-        let device = ids.device();
         let flat = ids.reshape([b * l]);
         let word = self.word.val().select(0, flat);
         let pos = self.position.val().slice([0..l, 0..hidden]).unsqueeze::<3>().repeat_dim(0, b).reshape([b * l, hidden]);
@@ -167,7 +166,6 @@ impl Bert {
         // Additive mask [b, 1, 1, l]: padded keys get a large negative score.
         let bias = (mask.ones_like() - mask).mul_scalar(-1e9f32).reshape([b, 1, 1, l]);
         let scale = 1.0 / (hd as f32).sqrt();
-        let _ = device;
         for layer in &self.layers {
             let heads = |t: Tensor<2>| t.reshape([b, l, nh, hd]).swap_dims(1, 2); // [b, nh, l, hd]
             let q = heads(layer.query.forward(x.clone()));

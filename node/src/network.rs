@@ -1,0 +1,389 @@
+//! The libp2p side of a node: one event loop owns the swarm; the rest of the
+//! node talks to it through a small cloneable handle (commands with one-shot
+//! replies) and a bounded event stream — the shape of rust-libp2p's
+//! file-sharing example.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gcs_protocol::{Limits, Message};
+use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity, TopicHash};
+use libp2p::swarm::{behaviour::toggle::Toggle, NetworkBehaviour, SwarmEvent};
+use libp2p::{
+    identify, kad, mdns, multiaddr::Protocol, noise, ping, tcp, yamux, Multiaddr, PeerId, Swarm,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::NodeError;
+use crate::identity::Identity;
+
+/// Identify / kad protocol name.
+pub const PROTOCOL_NAME: &str = "/gcs/1.0.0";
+/// Bound of the command and event channels.
+const CHANNEL_BOUND: usize = 1024;
+
+/// Network settings.
+#[derive(Clone, Debug)]
+pub struct NetworkConfig {
+    /// Listen addresses.
+    pub listen: Vec<Multiaddr>,
+    /// Peers to dial at start (with or without `/p2p/<id>`).
+    pub bootstrap: Vec<Multiaddr>,
+    /// mDNS discovery on the LAN.
+    pub mdns: bool,
+    /// Envelope validation bounds.
+    pub limits: Limits,
+    /// Gossipsub heartbeat.
+    pub gossip_heartbeat: Duration,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        Self {
+            listen: vec!["/ip4/0.0.0.0/tcp/0".parse().unwrap_or_else(|_| Multiaddr::empty())],
+            bootstrap: vec![],
+            mdns: true,
+            limits: Limits::default(),
+            gossip_heartbeat: Duration::from_millis(700),
+        }
+    }
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    gossipsub: gossipsub::Behaviour,
+    identify: identify::Behaviour,
+    kad: kad::Behaviour<kad::store::MemoryStore>,
+    mdns: Toggle<mdns::tokio::Behaviour>,
+    ping: ping::Behaviour,
+}
+
+/// What the network tells the node.
+#[derive(Debug, Clone)]
+pub enum NetEvent {
+    /// A gossip message that passed validation.
+    Message {
+        /// Topic.
+        topic: String,
+        /// The verified envelope.
+        message: Box<Message>,
+        /// The peer that forwarded it.
+        source: PeerId,
+    },
+    /// A gossip message was refused.
+    Refused {
+        /// Topic.
+        topic: String,
+        /// Why.
+        reason: String,
+        /// Whether the sender is penalised (Reject) or not (Ignore).
+        penalised: bool,
+        /// The peer that forwarded it.
+        source: PeerId,
+    },
+    /// Now listening on an address.
+    Listening(Multiaddr),
+    /// A connection to a peer opened.
+    PeerConnected(PeerId),
+    /// The last connection to a peer closed.
+    PeerDisconnected(PeerId),
+}
+
+enum Command {
+    Subscribe(String, oneshot::Sender<Result<(), NodeError>>),
+    Publish(String, Vec<u8>, oneshot::Sender<Result<(), NodeError>>),
+    Dial(Multiaddr, oneshot::Sender<Result<(), NodeError>>),
+    ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
+    Peers(oneshot::Sender<Vec<PeerId>>),
+}
+
+/// Handle to the network event loop.
+#[derive(Clone, Debug)]
+pub struct Network {
+    tx: mpsc::Sender<Command>,
+    peer_id: PeerId,
+}
+
+impl Network {
+    /// Builds the swarm, starts listening and dialling, and spawns the event
+    /// loop. Returns the handle and the event stream.
+    pub async fn start(
+        identity: &Identity,
+        config: NetworkConfig,
+    ) -> Result<(Network, mpsc::Receiver<NetEvent>), NodeError> {
+        let mut swarm = build_swarm(identity, &config)?;
+        for addr in &config.listen {
+            swarm
+                .listen_on(addr.clone())
+                .map_err(|e| NodeError::Network(format!("listen on {addr}: {e}")))?;
+        }
+        for addr in &config.bootstrap {
+            if let Some(Protocol::P2p(peer)) = addr.iter().last() {
+                swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
+            }
+            swarm
+                .dial(addr.clone())
+                .map_err(|e| NodeError::Network(format!("dial {addr}: {e}")))?;
+        }
+        let (tx, rx) = mpsc::channel(CHANNEL_BOUND);
+        let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_BOUND);
+        let peer_id = *swarm.local_peer_id();
+        let lp = EventLoop {
+            swarm,
+            rx,
+            events: ev_tx,
+            limits: config.limits,
+            subscribed: HashSet::new(),
+        };
+        tokio::spawn(lp.run());
+        Ok((Network { tx, peer_id }, ev_rx))
+    }
+
+    /// This node's peer id.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| NodeError::NetworkStopped)?;
+        rx.await.map_err(|_| NodeError::NetworkStopped)
+    }
+
+    /// Subscribes to a gossip topic.
+    pub async fn subscribe(&self, topic: &str) -> Result<(), NodeError> {
+        self.call(|r| Command::Subscribe(topic.into(), r)).await?
+    }
+
+    /// Publishes bytes on a topic. `InsufficientPeers` is not an error here:
+    /// with nobody subscribed yet there is nobody to tell.
+    pub async fn publish(&self, topic: &str, data: Vec<u8>) -> Result<(), NodeError> {
+        self.call(|r| Command::Publish(topic.into(), data, r)).await?
+    }
+
+    /// Dials an address.
+    pub async fn dial(&self, addr: Multiaddr) -> Result<(), NodeError> {
+        self.call(|r| Command::Dial(addr, r)).await?
+    }
+
+    /// Addresses being listened on.
+    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, NodeError> {
+        self.call(Command::ListenAddrs).await
+    }
+
+    /// Connected peers.
+    pub async fn peers(&self) -> Result<Vec<PeerId>, NodeError> {
+        self.call(Command::Peers).await
+    }
+}
+
+fn gossip_message_id(m: &gossipsub::Message) -> gossipsub::MessageId {
+    // Content-addressed per topic: the same envelope forwarded by different
+    // peers is one message, but a copy on another topic is judged on its own.
+    let mut h = blake3::Hasher::new();
+    h.update(m.topic.as_str().as_bytes()).update(&[0]).update(&m.data);
+    gossipsub::MessageId::from(h.finalize().as_bytes()[..20].to_vec())
+}
+
+fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Behaviour>, NodeError> {
+    let net = |e: &dyn std::fmt::Display| NodeError::Network(e.to_string());
+    let gossip_config = gossipsub::ConfigBuilder::default()
+        .heartbeat_interval(config.gossip_heartbeat)
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        .validate_messages()
+        .max_transmit_size(config.limits.max_message_bytes)
+        .message_id_fn(gossip_message_id)
+        .build()
+        .map_err(|e| net(&e))?;
+    let mdns_on = config.mdns;
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(identity.keypair.clone())
+        .with_tokio()
+        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
+        .map_err(|e| net(&e))?
+        .with_quic()
+        .with_behaviour(|key| {
+            let peer = key.public().to_peer_id();
+            let mut gossipsub =
+                gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)?;
+            let (params, thresholds) = crate::scoring::peer_score();
+            gossipsub.with_peer_score(params, thresholds)?;
+            let mut kad_cfg = kad::Config::new(libp2p::StreamProtocol::new("/gcs/kad/1.0.0"));
+            kad_cfg.set_query_timeout(Duration::from_secs(30));
+            let kad =
+                kad::Behaviour::with_config(peer, kad::store::MemoryStore::new(peer), kad_cfg);
+            let mdns = if mdns_on {
+                Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer)?)
+            } else {
+                None
+            };
+            Ok(Behaviour {
+                gossipsub,
+                identify: identify::Behaviour::new(identify::Config::new(
+                    PROTOCOL_NAME.into(),
+                    key.public(),
+                )),
+                kad,
+                mdns: Toggle::from(mdns),
+                ping: ping::Behaviour::default(),
+            })
+        })
+        .map_err(|e| net(&e))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(120)))
+        .build();
+    Ok(swarm)
+}
+
+struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    rx: mpsc::Receiver<Command>,
+    events: mpsc::Sender<NetEvent>,
+    limits: Limits,
+    subscribed: HashSet<TopicHash>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Bounded: a slow consumer slows the loop rather than growing memory.
+async fn emit(events: &mpsc::Sender<NetEvent>, ev: NetEvent) {
+    let _ = events.send(ev).await;
+}
+
+impl EventLoop {
+    async fn run(mut self) {
+        loop {
+            tokio::select! {
+                ev = self.swarm.select_next_some() => self.on_swarm(ev).await,
+                cmd = self.rx.recv() => match cmd {
+                    Some(c) => self.on_command(c),
+                    // Every handle dropped: the node is shutting down.
+                    None => break,
+                },
+            }
+        }
+        tracing::debug!("network event loop stopped");
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Subscribe(topic, reply) => {
+                let t = IdentTopic::new(topic);
+                let r = self.swarm.behaviour_mut().gossipsub.subscribe(&t).map(|_| ());
+                self.subscribed.insert(t.hash());
+                let _ = reply.send(r.map_err(|e| NodeError::Network(format!("subscribe: {e:?}"))));
+            }
+            Command::Publish(topic, data, reply) => {
+                let r = match self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .publish(IdentTopic::new(topic), data)
+                {
+                    Ok(_) | Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => Ok(()),
+                    Err(gossipsub::PublishError::Duplicate) => Ok(()),
+                    Err(e) => Err(NodeError::Network(format!("publish: {e:?}"))),
+                };
+                let _ = reply.send(r);
+            }
+            Command::Dial(addr, reply) => {
+                let _ = reply
+                    .send(self.swarm.dial(addr).map_err(|e| NodeError::Network(e.to_string())));
+            }
+            Command::ListenAddrs(reply) => {
+                let _ = reply.send(self.swarm.listeners().cloned().collect());
+            }
+            Command::Peers(reply) => {
+                let _ = reply.send(self.swarm.connected_peers().copied().collect());
+            }
+        }
+    }
+
+    async fn on_swarm(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+        match ev {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                tracing::info!(%address, "listening");
+                emit(&self.events, NetEvent::Listening(address)).await;
+            }
+            SwarmEvent::ConnectionEstablished { peer_id, num_established, endpoint, .. } => {
+                if num_established.get() == 1 {
+                    tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
+                    emit(&self.events, NetEvent::PeerConnected(peer_id)).await;
+                }
+            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
+                emit(&self.events, NetEvent::PeerDisconnected(peer_id)).await;
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            })) => self.on_gossip(propagation_source, message_id, message).await,
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) => {
+                for addr in info.listen_addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(list))) => {
+                for (peer, addr) in list {
+                    self.swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
+                    let _ = self.swarm.dial(addr);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Application-level gossip validation: decode, version, size, fields,
+    /// signature and clock, then topic fit. Invalid → Reject (penalised by
+    /// peer scoring); stale or from a newer version → Ignore. Only accepted
+    /// messages are forwarded.
+    async fn on_gossip(
+        &mut self,
+        source: PeerId,
+        id: gossipsub::MessageId,
+        msg: gossipsub::Message,
+    ) {
+        let topic = msg.topic.to_string();
+        let verdict = gcs_protocol::open(&msg.data, now_ms(), &self.limits).and_then(|m| {
+            if crate::topics::allows(&topic, m.message_type()) {
+                Ok(m)
+            } else {
+                Err(gcs_protocol::ProtocolError::Malformed(format!(
+                    "{} not allowed on {topic}",
+                    m.message_type()
+                )))
+            }
+        });
+        let gs = &mut self.swarm.behaviour_mut().gossipsub;
+        match verdict {
+            Ok(m) => {
+                gs.report_message_validation_result(&id, &source, MessageAcceptance::Accept);
+                emit(&self.events, NetEvent::Message { topic, message: Box::new(m), source }).await;
+            }
+            Err(e) => {
+                let penalised = e.is_penalisable();
+                let acceptance =
+                    if penalised { MessageAcceptance::Reject } else { MessageAcceptance::Ignore };
+                gs.report_message_validation_result(&id, &source, acceptance);
+                tracing::debug!(%source, %topic, error = %e, penalised, "refused gossip message");
+                emit(
+                    &self.events,
+                    NetEvent::Refused { topic, reason: e.to_string(), penalised, source },
+                )
+                .await;
+            }
+        }
+    }
+}
