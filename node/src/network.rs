@@ -84,6 +84,13 @@ pub enum NetEvent {
     },
     /// Now listening on an address.
     Listening(Multiaddr),
+    /// A peer subscribed to a topic (a cue to announce ourselves there).
+    PeerSubscribed {
+        /// Peer.
+        peer: PeerId,
+        /// Topic.
+        topic: String,
+    },
     /// A connection to a peer opened.
     PeerConnected(PeerId),
     /// The last connection to a peer closed.
@@ -312,11 +319,21 @@ impl EventLoop {
                 tracing::info!(%address, "listening");
                 emit(&self.events, NetEvent::Listening(address)).await;
             }
-            SwarmEvent::ConnectionEstablished { peer_id, num_established, endpoint, .. } => {
-                if num_established.get() == 1 {
-                    tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
-                    emit(&self.events, NetEvent::PeerConnected(peer_id)).await;
-                }
+            SwarmEvent::ConnectionEstablished { peer_id, num_established, endpoint, .. }
+                if num_established.get() == 1 =>
+            {
+                tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
+                emit(&self.events, NetEvent::PeerConnected(peer_id)).await;
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
+                peer_id,
+                topic,
+            })) => {
+                emit(
+                    &self.events,
+                    NetEvent::PeerSubscribed { peer: peer_id, topic: topic.to_string() },
+                )
+                .await;
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
                 emit(&self.events, NetEvent::PeerDisconnected(peer_id)).await;

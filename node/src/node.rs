@@ -181,6 +181,14 @@ impl Runtime {
             tokio::select! {
                 _ = &mut stop => break,
                 ev = events.recv() => match ev {
+                    // A new subscriber to the capability topic: announce at
+                    // once rather than at the next heartbeat, so a worker that
+                    // joins is known within a round trip, not 10 s.
+                    Some(NetEvent::PeerSubscribed { topic, .. })
+                        if topic == topics::CAPABILITIES_ALL && self.config.role.is_worker() =>
+                    {
+                        self.publish_registration(NodeStatus::Online).await;
+                    }
                     Some(ev) => self.on_event(ev),
                     None => break,
                 },
@@ -296,7 +304,7 @@ impl Runtime {
             }
             NetEvent::PeerConnected(p) => tracing::info!(peer = %p, "peer connected"),
             NetEvent::PeerDisconnected(p) => tracing::info!(peer = %p, "peer disconnected"),
-            NetEvent::Listening(_) => {}
+            NetEvent::Listening(_) | NetEvent::PeerSubscribed { .. } => {}
         }
     }
 }

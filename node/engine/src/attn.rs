@@ -52,13 +52,41 @@ impl Rope {
     }
 }
 
-/// One layer's cached keys and values, `[len, n_kv_heads, head_dim]` each.
-/// Values are rounded to f16 precision (llama.cpp's default cache type) but
-/// kept as f32 so the hot loop does no conversions.
+/// One layer's cached keys and values. Values are rounded to f16 precision
+/// (llama.cpp's default cache type) but kept as f32 so the hot loop does no
+/// conversions.
 #[derive(Debug, Clone, Default)]
 pub struct LayerKv {
+    /// Keys `[len, n_kv_heads, head_dim]`.
     k: Vec<f32>,
-    v: Vec<f32>,
+    /// Values transposed, `[n_kv_heads * head_dim, cap]`: each row runs
+    /// over positions, so the probability-weighted sum is contiguous (the
+    /// layout llama.cpp uses without flash attention).
+    v_t: Vec<f32>,
+    cap: usize,
+    len: usize,
+}
+
+impl LayerKv {
+    /// Append one position's values (`[n_kv_heads * head_dim]`).
+    fn push_v(&mut self, v: &[f32]) {
+        if self.len == self.cap {
+            // Grow in multiples of 16 so padded 16-lane loops stay in bounds.
+            let cap = (self.cap * 2).max(64);
+            let mut nv = vec![0f32; v.len() * cap];
+            if self.cap > 0 {
+                for (dst, src) in nv.chunks_exact_mut(cap).zip(self.v_t.chunks_exact(self.cap)) {
+                    dst[..self.cap].copy_from_slice(src);
+                }
+            }
+            self.v_t = nv;
+            self.cap = cap;
+        }
+        for (row, &x) in v.iter().enumerate() {
+            self.v_t[row * self.cap + self.len] = r16(x);
+        }
+        self.len += 1;
+    }
 }
 
 fn r16(x: f32) -> f32 {
@@ -92,7 +120,7 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
         // Q is rounded to f16 because llama.cpp converts it for the f16 K dot.
         q.iter_mut().for_each(|x| *x = r16(*x));
         kv.k.extend(k.iter().map(|&x| r16(x)));
-        kv.v.extend(v.iter().map(|&x| r16(x)));
+        kv.push_v(v);
     }
     let len = past + t;
     #[cfg(target_arch = "x86_64")]
@@ -100,7 +128,8 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
     let ctx = HeadCtx {
         qkv: &*qkv,
         k: &kv.k,
-        v: &kv.v,
+        v_t: &kv.v_t,
+        cap: kv.cap,
         sh,
         past,
     };
@@ -113,7 +142,7 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
         head(&ctx, idx, o)
     };
     // out rows are [t, nh, hd]: one chunk per (row, head).
-    if t * len > 4096 {
+    if t * len * nh >= 2048 {
         out.par_chunks_mut(hd).enumerate().for_each(work);
     } else {
         out.chunks_mut(hd).enumerate().for_each(work);
@@ -124,7 +153,8 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
 struct HeadCtx<'a> {
     qkv: &'a [f32],
     k: &'a [f32],
-    v: &'a [f32],
+    v_t: &'a [f32],
+    cap: usize,
     sh: AttnShape,
     past: usize,
 }
@@ -168,17 +198,11 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     // Probabilities are rounded to f16 for llama.cpp's f16 V product.
     p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
     // out[d] = Σ_j p_j v_j[d]; lane (j mod 16) accumulates with FMA in
-    // ascending j, then a tree reduction (tinyBLAS order).
-    let mut acc = vec![0f32; hd * 16];
-    for (j, &pj) in p[..n].iter().enumerate() {
-        let l = j % 16;
-        let vj = &c.v[(j * nkv + kvh) * hd..][..hd];
-        for (dd, &vd) in vj.iter().enumerate() {
-            acc[dd * 16 + l] = vd.mul_add(pj, acc[dd * 16 + l]);
-        }
-    }
+    // ascending j, then a tree reduction (tinyBLAS order). Padding keys have
+    // p = 0 and zeroed V, adding exact zeros.
     for (dd, od) in o.iter_mut().enumerate() {
-        *od = reduce16(acc[dd * 16..][..16].try_into().expect("16 lanes"));
+        let row = &c.v_t[(kvh * hd + dd) * c.cap..][..padded];
+        *od = dot16(row, &p);
     }
 }
 

@@ -28,6 +28,24 @@ pub fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) 
     scalar_dot_group(kind, d, m, q, a)
 }
 
+/// Several activation rows against one group: `out` is `[acts.len(), 8]`.
+/// For 4-bit weights the unpacked block is reused across rows (prefill);
+/// per-row results are identical to [`dot_group`].
+pub fn dot_group_multi(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kind != QKind::Q8_0
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::dot_group_q4_multi(kind, d, m, q, acts, out) };
+    }
+    for (a, o) in acts.iter().zip(out.chunks_exact_mut(GROUP)) {
+        o.copy_from_slice(&dot_group(kind, d, m, q, a));
+    }
+}
+
 /// Portable reference with the same float operation order.
 pub fn scalar_dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
     let nb = a.d.len();
@@ -38,10 +56,11 @@ pub fn scalar_dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBloc
             let k = b * GROUP + i;
             let isum = match kind {
                 QKind::Q4_0 | QKind::Q4_1 => {
-                    let w = &q[k * 16..][..16];
+                    let blk = &q[b * GROUP * 16..][..GROUP * 16];
                     let mut s = 0i32;
-                    for j in 0..16 {
-                        s += (w[j] & 15) as i32 * x[j] as i32 + (w[j] >> 4) as i32 * x[j + 16] as i32;
+                    for e in 0..16 {
+                        let w = blk[((e / 4) * GROUP + i) * 4 + e % 4];
+                        s += (w & 15) as i32 * x[e] as i32 + (w >> 4) as i32 * x[e + 16] as i32;
                     }
                     if kind == QKind::Q4_0 {
                         s - 8 * a.sum_q[b]
@@ -69,16 +88,6 @@ mod avx2 {
 
     use super::{ActBlock, QKind, GROUP, QK};
 
-    /// 32 unsigned 4-bit weights of one block in element order.
-    #[inline(always)]
-    unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
-        let qs = _mm_loadu_si128(p as *const __m128i);
-        let m = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(qs, m);
-        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m);
-        _mm256_set_m128i(hi, lo)
-    }
-
     /// 8 partial i32 sums of u8×i8 products (exact: |products| stay far
     /// from i16 saturation for 4-bit and sign-folded 8-bit weights).
     #[inline(always)]
@@ -104,8 +113,96 @@ mod avx2 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
+    /// `acc + Σ4 u8×i8` per i32 lane: AVX-VNNI when present, else
+    /// maddubs + madd (exact here: 4-bit unsigned weights).
+    #[inline(always)]
+    unsafe fn dp(vnni: bool, acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        if vnni {
+            dp_vnni(acc, u, s)
+        } else {
+            _mm256_add_epi32(acc, udot(u, s))
+        }
+    }
+
+    #[target_feature(enable = "avxvnni,avx2")]
+    unsafe fn dp_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
+
     pub unsafe fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+        if std::is_x86_feature_detected!("avxvnni") {
+            dot_group_vnni(kind, d, m, q, a)
+        } else {
+            dot_group_avx2(kind, d, m, q, a)
+        }
+    }
+
+    pub unsafe fn dot_group_q4_multi(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+        if std::is_x86_feature_detected!("avxvnni") {
+            q4_multi_vnni(kind, d, m, q, acts, out)
+        } else {
+            q4_multi_avx2(kind, d, m, q, acts, out)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn q4_multi_vnni(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+        q4_multi_impl(true, kind, d, m, q, acts, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_multi_avx2(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+        q4_multi_impl(false, kind, d, m, q, acts, out)
+    }
+
+    #[inline(always)]
+    unsafe fn q4_multi_impl(vnni: bool, kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+        let nb = acts[0].d.len();
+        let mask = _mm256_set1_epi8(0x0f);
+        out.iter_mut().for_each(|x| *x = 0.0);
+        for b in 0..nb {
+            let base = q.as_ptr().add(b * GROUP * 16);
+            let mut w = [_mm256_setzero_si256(); 8];
+            for j in 0..4 {
+                let v = _mm256_loadu_si256(base.add(j * 32) as *const __m256i);
+                w[j] = _mm256_and_si256(v, mask);
+                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            }
+            let dw = load_f16x8(d.as_ptr().add(b * GROUP));
+            let mw = if kind == QKind::Q4_1 { load_f16x8(m.as_ptr().add(b * GROUP)) } else { _mm256_setzero_ps() };
+            for (a, o) in acts.iter().zip(out.chunks_exact_mut(GROUP)) {
+                let xa = a.qs.as_ptr().add(b * QK) as *const i32;
+                let mut isum = _mm256_setzero_si256();
+                for j in 0..4 {
+                    isum = dp(vnni, isum, w[j], _mm256_set1_epi32(xa.add(j).read_unaligned()));
+                    isum = dp(vnni, isum, w[j + 4], _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
+                }
+                if kind == QKind::Q4_0 {
+                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
+                }
+                let mut acc = _mm256_loadu_ps(o.as_ptr());
+                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[b]));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+                if kind == QKind::Q4_1 {
+                    acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[b]), acc);
+                }
+                _mm256_storeu_ps(o.as_mut_ptr(), acc);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn dot_group_vnni(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+        dot_group_impl(true, kind, d, m, q, a)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_group_avx2(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+        dot_group_impl(false, kind, d, m, q, a)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_group_impl(vnni: bool, kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
         let nb = a.d.len();
         debug_assert!(d.len() >= nb * GROUP && q.len() >= nb * GROUP * kind.qbytes());
         let mut acc = _mm256_setzero_ps();
@@ -114,10 +211,19 @@ mod avx2 {
             let x = _mm256_loadu_si256(a.qs.as_ptr().add(b * QK) as *const __m256i);
             match kind {
                 QKind::Q4_0 | QKind::Q4_1 => {
+                    // Lanes are rows already: no horizontal sums needed.
                     let base = q.as_ptr().add(b * GROUP * 16);
-                    for (i, pi) in p.iter_mut().enumerate() {
-                        *pi = udot(unpack_nibbles(base.add(i * 16)), x);
+                    let xa = a.qs.as_ptr().add(b * QK) as *const i32;
+                    let mask = _mm256_set1_epi8(0x0f);
+                    let mut isum = _mm256_setzero_si256();
+                    for j in 0..4 {
+                        let v = _mm256_loadu_si256(base.add(j * 32) as *const __m256i);
+                        let lo = _mm256_and_si256(v, mask);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                        isum = dp(vnni, isum, lo, _mm256_set1_epi32(xa.add(j).read_unaligned()));
+                        isum = dp(vnni, isum, hi, _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
                     }
+                    p[0] = isum;
                 }
                 QKind::Q8_0 => {
                     let base = q.as_ptr().add(b * GROUP * 32);
@@ -128,7 +234,7 @@ mod avx2 {
                     }
                 }
             }
-            let mut isum = transpose_sum(&p);
+            let mut isum = if kind == QKind::Q8_0 { transpose_sum(&p) } else { p[0] };
             if kind == QKind::Q4_0 {
                 isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
             }

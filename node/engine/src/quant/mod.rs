@@ -74,6 +74,9 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
 
 /// Quantized weight kinds. Arrays use the packed group layout: block-row
 /// index `k = ((row / 8) * nb + b) * 8 + row % 8` for row `row`, block `b`.
+/// 4-bit quants of a group block are stored as `[quad 0..4][row 0..8][4 bytes]`
+/// (byte `e` of a row holds elements `e` and `e + 16`), 8-bit quants as
+/// `[row][32]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QKind {
     /// w = d * (q - 8); 16 nibble bytes per block (low nibbles are
@@ -152,7 +155,17 @@ impl QMatrix {
                     }
                     _ => &blk[2..],
                 };
-                qs[k * qb..(k + 1) * qb].copy_from_slice(q);
+                match kind {
+                    // VNNI-style order inside a group block: 4-byte quads
+                    // [quad][row][4], so one 32-byte load feeds 8 rows.
+                    QKind::Q4_0 | QKind::Q4_1 => {
+                        let base = (k - r % GROUP) * 16;
+                        for (e, &byte) in q[..16].iter().enumerate() {
+                            qs[base + ((e / 4) * GROUP + r % GROUP) * 4 + e % 4] = byte;
+                        }
+                    }
+                    QKind::Q8_0 => qs[k * qb..(k + 1) * qb].copy_from_slice(q),
+                }
             }
         }
         Self { rows, cols, data: QData::Quant { kind, d, m, qs } }
@@ -211,7 +224,13 @@ impl QMatrix {
                 let qb = kind.qbytes();
                 for b in 0..nb {
                     let k = bidx(nb, r, b);
-                    let q = &qs[k * qb..][..qb];
+                    let q: Vec<u8> = match kind {
+                        QKind::Q4_0 | QKind::Q4_1 => {
+                            let base = (k - r % GROUP) * 16;
+                            (0..16).map(|e| qs[base + ((e / 4) * GROUP + r % GROUP) * 4 + e % 4]).collect()
+                        }
+                        QKind::Q8_0 => qs[k * qb..][..qb].to_vec(),
+                    };
                     let o = &mut out[b * QK..][..QK];
                     let dk = f16::from_bits(d[k]).to_f32();
                     let mk = m.get(k).map(|&v| f16::from_bits(v).to_f32()).unwrap_or(0.0);
@@ -267,15 +286,18 @@ impl QMatrix {
                 let gd = &d[k0..k0 + nb * GROUP];
                 let gm = if m.is_empty() { &m[..] } else { &m[k0..k0 + nb * GROUP] };
                 let gq = &qs[k0 * qb..(k0 + nb * GROUP) * qb];
-                for (t, ot) in og.chunks_mut(GROUP).enumerate() {
-                    let a = kernels::ActBlock {
+                let rows: Vec<kernels::ActBlock<'_>> = (0..n)
+                    .map(|t| kernels::ActBlock {
                         d: &acts.d[t * nb..][..nb],
                         s: &acts.s[t * nb..][..nb],
                         sum_q: &acts.sum_q[t * nb..][..nb],
                         qs: &acts.qs[t * self.cols..][..self.cols],
-                    };
-                    let res = kernels::dot_group(kind, gd, gm, gq, &a);
-                    ot.copy_from_slice(&res);
+                    })
+                    .collect();
+                if n == 1 {
+                    og.copy_from_slice(&kernels::dot_group(kind, gd, gm, gq, &rows[0]));
+                } else {
+                    kernels::dot_group_multi(kind, gd, gm, gq, &rows, og);
                 }
             }
         });

@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use super::kernels::{dot_group, scalar_dot_group, ActBlock};
+use super::kernels::{dot_group, dot_group_multi, scalar_dot_group, ActBlock};
 use super::*;
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -49,6 +49,16 @@ fn check(ty: GgmlType) {
         let fast = dot_group(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], &act);
         let slow = scalar_dot_group(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], &act);
         assert_eq!(fast, slow, "{ty:?} group {g}");
+        // The multi-row (prefill) kernel gives the same per-row results.
+        let rows: Vec<ActBlock<'_>> = (0..n)
+            .map(|t| ActBlock { d: &a.d[t * nb..][..nb], s: &a.s[t * nb..][..nb], sum_q: &a.sum_q[t * nb..][..nb], qs: &a.qs[t * cols..][..cols] })
+            .collect();
+        let mut multi = vec![0f32; n * GROUP];
+        dot_group_multi(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], &rows, &mut multi);
+        for (t, r) in rows.iter().enumerate() {
+            let single = dot_group(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], r);
+            assert_eq!(&multi[t * GROUP..(t + 1) * GROUP], &single[..], "{ty:?} multi row {t}");
+        }
     }
     let mut out = vec![0f32; n * rows];
     w.matmul(&x, n, &mut out);
