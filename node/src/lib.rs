@@ -7,6 +7,7 @@ pub mod identity;
 pub mod network;
 pub mod node;
 pub mod registry;
+pub mod replication;
 pub mod scoring;
 pub mod topics;
 

@@ -4,19 +4,24 @@
 //! file-sharing example.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use gcs_keyspace::Keyspace;
 use gcs_protocol::{Limits, Message};
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity, TopicHash};
+use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{behaviour::toggle::Toggle, NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    identify, kad, mdns, multiaddr::Protocol, noise, ping, tcp, yamux, Multiaddr, PeerId, Swarm,
+    identify, kad, mdns, multiaddr::Protocol, noise, ping, tcp, yamux, Multiaddr, PeerId,
+    StreamProtocol, Swarm,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::NodeError;
 use crate::identity::Identity;
+use crate::replication::{self, DigestRequest, DigestResponse};
 
 /// Identify / kad protocol name.
 pub const PROTOCOL_NAME: &str = "/gcs/1.0.0";
@@ -36,6 +41,8 @@ pub struct NetworkConfig {
     pub limits: Limits,
     /// Gossipsub heartbeat.
     pub gossip_heartbeat: Duration,
+    /// How often to run anti-entropy with one connected peer.
+    pub anti_entropy_interval: Duration,
 }
 
 impl Default for NetworkConfig {
@@ -46,6 +53,7 @@ impl Default for NetworkConfig {
             mdns: true,
             limits: Limits::default(),
             gossip_heartbeat: Duration::from_millis(700),
+            anti_entropy_interval: Duration::from_secs(10),
         }
     }
 }
@@ -57,6 +65,7 @@ struct Behaviour {
     kad: kad::Behaviour<kad::store::MemoryStore>,
     mdns: Toggle<mdns::tokio::Behaviour>,
     ping: ping::Behaviour,
+    anti_entropy: request_response::cbor::Behaviour<DigestRequest, DigestResponse>,
 }
 
 /// What the network tells the node.
@@ -103,6 +112,7 @@ enum Command {
     Dial(Multiaddr, oneshot::Sender<Result<(), NodeError>>),
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Peers(oneshot::Sender<Vec<PeerId>>),
+    Shutdown(oneshot::Sender<()>),
 }
 
 /// Handle to the network event loop.
@@ -118,6 +128,7 @@ impl Network {
     pub async fn start(
         identity: &Identity,
         config: NetworkConfig,
+        keyspace: Arc<Keyspace>,
     ) -> Result<(Network, mpsc::Receiver<NetEvent>), NodeError> {
         let mut swarm = build_swarm(identity, &config)?;
         for addr in &config.listen {
@@ -142,6 +153,9 @@ impl Network {
             events: ev_tx,
             limits: config.limits,
             subscribed: HashSet::new(),
+            keyspace,
+            anti_entropy_interval: config.anti_entropy_interval,
+            ae_round: 0,
         };
         tokio::spawn(lp.run());
         Ok((Network { tx, peer_id }, ev_rx))
@@ -185,6 +199,12 @@ impl Network {
     /// Connected peers.
     pub async fn peers(&self) -> Result<Vec<PeerId>, NodeError> {
         self.call(Command::Peers).await
+    }
+
+    /// Stops the event loop and waits until it has released the swarm (its
+    /// ports) and the keyspace.
+    pub async fn shutdown(&self) {
+        let _ = self.call(Command::Shutdown).await;
     }
 }
 
@@ -236,6 +256,11 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
                 kad,
                 mdns: Toggle::from(mdns),
                 ping: ping::Behaviour::default(),
+                anti_entropy: request_response::cbor::Behaviour::new(
+                    [(StreamProtocol::new("/gcs/anti-entropy/1.0.0"), ProtocolSupport::Full)],
+                    request_response::Config::default()
+                        .with_request_timeout(Duration::from_secs(30)),
+                ),
             })
         })
         .map_err(|e| net(&e))?
@@ -250,6 +275,9 @@ struct EventLoop {
     events: mpsc::Sender<NetEvent>,
     limits: Limits,
     subscribed: HashSet<TopicHash>,
+    keyspace: Arc<Keyspace>,
+    anti_entropy_interval: Duration,
+    ae_round: usize,
 }
 
 fn now_ms() -> u64 {
@@ -259,6 +287,11 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// `run` handles `Shutdown` before dispatching commands.
+fn unreachable_shutdown() {
+    tracing::error!("shutdown command reached the dispatcher");
+}
+
 /// Bounded: a slow consumer slows the loop rather than growing memory.
 async fn emit(events: &mpsc::Sender<NetEvent>, ev: NetEvent) {
     let _ = events.send(ev).await;
@@ -266,17 +299,24 @@ async fn emit(events: &mpsc::Sender<NetEvent>, ev: NetEvent) {
 
 impl EventLoop {
     async fn run(mut self) {
-        loop {
+        let mut ae = tokio::time::interval(self.anti_entropy_interval);
+        let ack = loop {
             tokio::select! {
+                _ = ae.tick() => self.anti_entropy_round(),
                 ev = self.swarm.select_next_some() => self.on_swarm(ev).await,
                 cmd = self.rx.recv() => match cmd {
+                    Some(Command::Shutdown(ack)) => break Some(ack),
                     Some(c) => self.on_command(c),
                     // Every handle dropped: the node is shutting down.
-                    None => break,
+                    None => break None,
                 },
             }
-        }
+        };
+        drop(self);
         tracing::debug!("network event loop stopped");
+        if let Some(ack) = ack {
+            let _ = ack.send(());
+        }
     }
 
     fn on_command(&mut self, cmd: Command) {
@@ -310,6 +350,7 @@ impl EventLoop {
             Command::Peers(reply) => {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
+            Command::Shutdown(_) => unreachable_shutdown(),
         }
     }
 
@@ -323,6 +364,8 @@ impl EventLoop {
                 if num_established.get() == 1 =>
             {
                 tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
+                // A new peer may hold what we missed (late join, healed partition).
+                self.request_anti_entropy(peer_id);
                 emit(&self.events, NetEvent::PeerConnected(peer_id)).await;
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
@@ -358,6 +401,60 @@ impl EventLoop {
                     let _ = self.swarm.dial(addr);
                 }
             }
+            SwarmEvent::Behaviour(BehaviourEvent::AntiEntropy(ev)) => self.on_anti_entropy(ev),
+            _ => {}
+        }
+    }
+
+    fn request_anti_entropy(&mut self, peer: PeerId) {
+        match replication::digest_request(&self.keyspace) {
+            Ok(req) => {
+                self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot compute keyspace digests"),
+        }
+    }
+
+    /// One round: ask the next connected peer (round-robin) for what differs.
+    fn anti_entropy_round(&mut self) {
+        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        if peers.is_empty() {
+            return;
+        }
+        self.ae_round = self.ae_round.wrapping_add(1);
+        self.request_anti_entropy(peers[self.ae_round % peers.len()]);
+    }
+
+    fn on_anti_entropy(&mut self, ev: request_response::Event<DigestRequest, DigestResponse>) {
+        use request_response::{Event, Message as RrMessage};
+        match ev {
+            Event::Message {
+                peer, message: RrMessage::Request { request, channel, .. }, ..
+            } => match replication::answer(&self.keyspace, &request) {
+                Ok(resp) => {
+                    let _ = self.swarm.behaviour_mut().anti_entropy.send_response(channel, resp);
+                }
+                Err(e) => tracing::warn!(%peer, error = %e, "cannot answer anti-entropy"),
+            },
+            Event::Message { peer, message: RrMessage::Response { response, .. }, .. } => {
+                let (mut changed, mut refused) = (0usize, 0usize);
+                for d in &response.deltas {
+                    match replication::merge_validated(&self.keyspace, d, now_ms()) {
+                        Ok(gcs_keyspace::MergeOutcome::Changed(_)) => changed += 1,
+                        Ok(_) => {}
+                        Err(_) => refused += 1,
+                    }
+                }
+                if changed > 0 || refused > 0 {
+                    tracing::info!(%peer, changed, refused, "anti-entropy merged");
+                }
+                if !response.truncated.is_empty() {
+                    self.request_anti_entropy(peer);
+                }
+            }
+            Event::OutboundFailure { peer, error, .. } => {
+                tracing::debug!(%peer, %error, "anti-entropy request failed");
+            }
             _ => {}
         }
     }
@@ -373,6 +470,19 @@ impl EventLoop {
         msg: gossipsub::Message,
     ) {
         let topic = msg.topic.to_string();
+        if topic == crate::topics::KEYSPACE_DELTAS {
+            let r = replication::merge_validated(&self.keyspace, &msg.data, now_ms());
+            let acceptance =
+                if r.is_ok() { MessageAcceptance::Accept } else { MessageAcceptance::Reject };
+            if let Err(e) = &r {
+                tracing::debug!(%source, error = %e, "refused keyspace delta");
+            }
+            self.swarm
+                .behaviour_mut()
+                .gossipsub
+                .report_message_validation_result(&id, &source, acceptance);
+            return;
+        }
         let verdict = gcs_protocol::open(&msg.data, now_ms(), &self.limits).and_then(|m| {
             if crate::topics::allows(&topic, m.message_type()) {
                 Ok(m)

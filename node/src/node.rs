@@ -124,6 +124,16 @@ impl NodeHandle {
         &self.keyspace
     }
 
+    /// Writes `value` at `key` and, for a globally replicated namespace,
+    /// gossips the delta to every node.
+    pub async fn put_replicated(&self, key: &str, value: Vec<u8>) -> Result<(), NodeError> {
+        let delta = self.keyspace.put(key, value, now_ms())?;
+        if gcs_keyspace::Namespace::of_key(key)?.scope() == gcs_keyspace::Scope::Global {
+            self.network.publish(topics::KEYSPACE_DELTAS, delta.encode()).await?;
+        }
+        Ok(())
+    }
+
     /// Graceful shutdown: a worker publishes an offline registration first.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -154,8 +164,9 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         node_id.as_str(),
         KeyspaceOptions::default(),
     )?);
-    let (network, events) = Network::start(&identity, config.network.clone()).await?;
-    for t in [topics::CAPABILITIES_ALL, topics::API_JOBS_ALL] {
+    let (network, events) =
+        Network::start(&identity, config.network.clone(), keyspace.clone()).await?;
+    for t in [topics::CAPABILITIES_ALL, topics::API_JOBS_ALL, topics::KEYSPACE_DELTAS] {
         network.subscribe(t).await?;
     }
     let registry = Arc::new(Mutex::new(Registry::new(config.network.limits.clone())));
@@ -205,7 +216,11 @@ impl Runtime {
         }
         if self.config.role.is_worker() {
             self.publish_registration(NodeStatus::Offline).await;
+            // Give the swarm a moment to flush the offline registration
+            // before its connections close.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        self.network.shutdown().await;
         tracing::info!("node stopped");
     }
 

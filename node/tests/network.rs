@@ -201,3 +201,37 @@ async fn a_restarted_node_keeps_its_identity_and_keyspace() {
         assert_eq!(mode & 0o077, 0, "identity key must not be readable by others");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyspace_deltas_replicate_and_a_late_joiner_converges() {
+    use gcs_keyspace::Namespace;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let fast = |mut c: NodeConfig| {
+        c.network.anti_entropy_interval = Duration::from_millis(500);
+        c
+    };
+    let a = start(fast(config(Role::Gateway, &dirs[0], vec![]))).await.unwrap();
+    let boot = addr(&a).await;
+    let b = start(fast(config(Role::Worker, &dirs[1], vec![boot.clone()]))).await.unwrap();
+    wait_for("b to register at a", || knows(&a, &b)).await;
+    for i in 0..20u8 {
+        a.put_replicated(&format!("/gcs/api/states/gcsapi_{i:02}"), vec![i]).await.unwrap();
+    }
+    // Job-private data never leaves the node that wrote it.
+    a.put_replicated("/gcs/api/payloads/gcsapi_00", b"secret prompt".to_vec()).await.unwrap();
+    let count = |n: &NodeHandle| n.keyspace().scan_prefix("/gcs/api/states/").unwrap().len();
+    wait_for("b to receive all deltas", || count(&b) == 20).await;
+    // A late joiner, which saw none of the gossip, converges by anti-entropy.
+    let c = start(fast(config(Role::Worker, &dirs[2], vec![boot]))).await.unwrap();
+    wait_for("the late joiner to converge", || count(&c) == 20).await;
+    for n in [&b, &c] {
+        assert_eq!(
+            n.keyspace().digest(Namespace::ApiJobStates).unwrap(),
+            a.keyspace().digest(Namespace::ApiJobStates).unwrap()
+        );
+        assert_eq!(n.keyspace().get("/gcs/api/payloads/gcsapi_00").unwrap(), None);
+    }
+    for n in [a, b, c] {
+        n.shutdown().await;
+    }
+}

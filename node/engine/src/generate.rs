@@ -85,7 +85,10 @@ impl Engine {
 
     /// Logits for the last position of one sequence after feeding `tokens`.
     pub fn step(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
-        let logits = self.model.forward(&mut [SeqInput { tokens, cache }])?;
+        // Run the forward pass on a rayon worker so that this thread takes
+        // part in every parallel matmul: each of the ~120 parallel regions
+        // per token then wakes one thread instead of two.
+        let logits = rayon::scope(|_| self.model.forward(&mut [SeqInput { tokens, cache }]))?;
         logits
             .into_data()
             .try_into_vec::<f32>()

@@ -279,6 +279,14 @@ impl QMatrix {
         let per_task = if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
         // tmp: [groups, n, 8] so each task writes a contiguous slice.
         let mut tmp = vec![0f32; groups * n * GROUP];
+        let rows: Vec<kernels::ActBlock<'_>> = (0..n)
+            .map(|t| kernels::ActBlock {
+                d: &acts.d[t * nb..][..nb],
+                s: &acts.s[t * nb..][..nb],
+                sum_q: &acts.sum_q[t * nb..][..nb],
+                qs: &acts.qs[t * self.cols..][..self.cols],
+            })
+            .collect();
         tmp.par_chunks_mut(per_task * n * GROUP).enumerate().for_each(|(ti, o)| {
             for (gi, og) in o.chunks_mut(n * GROUP).enumerate() {
                 let g = ti * per_task + gi;
@@ -286,14 +294,6 @@ impl QMatrix {
                 let gd = &d[k0..k0 + nb * GROUP];
                 let gm = if m.is_empty() { &m[..] } else { &m[k0..k0 + nb * GROUP] };
                 let gq = &qs[k0 * qb..(k0 + nb * GROUP) * qb];
-                let rows: Vec<kernels::ActBlock<'_>> = (0..n)
-                    .map(|t| kernels::ActBlock {
-                        d: &acts.d[t * nb..][..nb],
-                        s: &acts.s[t * nb..][..nb],
-                        sum_q: &acts.sum_q[t * nb..][..nb],
-                        qs: &acts.qs[t * self.cols..][..self.cols],
-                    })
-                    .collect();
                 if n == 1 {
                     og.copy_from_slice(&kernels::dot_group(kind, gd, gm, gq, &rows[0]));
                 } else {
