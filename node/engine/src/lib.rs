@@ -28,3 +28,10 @@ pub use tokenizer::ChatMessage;
 pub fn cpu_device() -> burn::tensor::Device {
     burn::tensor::Device::flex()
 }
+
+/// A CUDA device (burn's CUDA backend). The quantized matmul and attention
+/// kernels still run on the host, so this is for experiments only.
+#[cfg(feature = "cuda")]
+pub fn cuda_device(index: usize) -> burn::tensor::Device {
+    burn::tensor::Device::cuda(index)
+}

@@ -149,13 +149,22 @@ fn model_err(g: &GgufFile, reason: String) -> EngineError {
     }
 }
 
-fn load_matrix(g: &GgufFile, name: &str) -> Result<QMatrix> {
+/// Load a `[rows, cols]` matrix, checking its shape against the config so a
+/// corrupt file is an error here rather than a panic in a kernel.
+fn load_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
     let info = g.tensor_info(name)?;
-    if info.dims.len() != 2 {
-        return Err(model_err(g, format!("{name}: expected 2 dims, got {:?}", info.dims)));
+    if info.dims.len() != 2 || info.dims[0] as usize != cols || info.dims[1] as usize != rows {
+        return Err(model_err(g, format!("{name}: expected [{cols}, {rows}], got {:?}", info.dims)));
     }
-    let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
     Ok(QMatrix::from_gguf(info.ggml_type, rows, cols, g.tensor_bytes(info)))
+}
+
+fn load_norm(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+    let v = g.tensor_f32(name)?;
+    if v.len() != n {
+        return Err(model_err(g, format!("{name}: expected {n} values, got {}", v.len())));
+    }
+    Ok(v)
 }
 
 fn vec1(v: Vec<f32>, device: &Device) -> Param<Tensor<1>> {
@@ -189,29 +198,39 @@ impl Llama {
         let mut blocks = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
-            let wqkv = fuse(g, vec![load_matrix(g, &p("attn_q"))?, load_matrix(g, &p("attn_k"))?, load_matrix(g, &p("attn_v"))?], "qkv")?;
-            let w_gate_up = fuse(g, vec![load_matrix(g, &p("ffn_gate"))?, load_matrix(g, &p("ffn_up"))?], "gate/up")?;
+            let (h, qd, kvd, ff) = (
+                config.hidden,
+                config.n_heads * config.head_dim,
+                config.n_kv_heads * config.head_dim,
+                config.intermediate,
+            );
+            let wqkv = fuse(
+                g,
+                vec![load_matrix(g, &p("attn_q"), qd, h)?, load_matrix(g, &p("attn_k"), kvd, h)?, load_matrix(g, &p("attn_v"), kvd, h)?],
+                "qkv",
+            )?;
+            let w_gate_up = fuse(g, vec![load_matrix(g, &p("ffn_gate"), ff, h)?, load_matrix(g, &p("ffn_up"), ff, h)?], "gate/up")?;
             blocks.push(LlamaBlock {
-                attn_norm: vec1(g.tensor_f32(&p("attn_norm"))?, device),
-                ffn_norm: vec1(g.tensor_f32(&p("ffn_norm"))?, device),
+                attn_norm: vec1(load_norm(g, &p("attn_norm"), h)?, device),
+                ffn_norm: vec1(load_norm(g, &p("ffn_norm"), h)?, device),
                 q: BlockWeights {
                     wqkv: Arc::new(wqkv),
-                    wo: Arc::new(load_matrix(g, &p("attn_output"))?),
+                    wo: Arc::new(load_matrix(g, &p("attn_output"), h, qd)?),
                     w_gate_up: Arc::new(w_gate_up),
-                    w_down: Arc::new(load_matrix(g, &p("ffn_down"))?),
+                    w_down: Arc::new(load_matrix(g, &p("ffn_down"), h, ff)?),
                 },
             });
         }
-        let embed = Arc::new(load_matrix(g, "token_embd.weight")?);
+        let embed = Arc::new(load_matrix(g, "token_embd.weight", config.vocab, config.hidden)?);
         let lm_head = match g.tensor_info("output.weight") {
-            Ok(_) => Arc::new(load_matrix(g, "output.weight")?),
+            Ok(_) => Arc::new(load_matrix(g, "output.weight", config.vocab, config.hidden)?),
             Err(_) => embed.clone(),
         };
         let rope = Arc::new(Rope::new(config.head_dim, config.rope_base, config.context_length));
         tracing::info!(path = %g.path.display(), layers = config.n_layers, hidden = config.hidden, "loaded llama model");
         Ok(Self {
             blocks,
-            output_norm: vec1(g.tensor_f32("output_norm.weight")?, device),
+            output_norm: vec1(load_norm(g, "output_norm.weight", config.hidden)?, device),
             embed,
             lm_head,
             config,
