@@ -41,11 +41,27 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("keyspace");
     group.throughput(Throughput::Elements(1));
     let mut k = 0usize;
-    group.bench_function("merge_remote_delta", |b| {
+    group.bench_function("merge_duplicate_remote_delta", |b| {
         b.iter(|| {
             k = (k + 1) % deltas.len();
             ks.merge(deltas[k].clone(), 3_000_000).unwrap()
         })
+    });
+    let mut fresh = 0u64;
+    group.bench_function("merge_new_remote_delta", |b| {
+        b.iter_batched(
+            || {
+                fresh += 1;
+                src.put(
+                    &format!("/gcs/api/states/gcsapi_{fresh:08}"),
+                    vec![3u8; 150],
+                    2_500_000 + fresh,
+                )
+                .unwrap()
+            },
+            |d| ks.merge(d, 3_000_000).unwrap(),
+            BatchSize::SmallInput,
+        )
     });
     let mut i = 0u64;
     group.bench_function("local_put", |b| {

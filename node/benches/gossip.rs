@@ -32,7 +32,9 @@ async fn main() {
     for i in 0..n_nodes {
         let dir = tempfile::tempdir().unwrap();
         let id = Identity::from_seed([i as u8 + 1; 32]).unwrap();
-        let ks = Arc::new(Keyspace::open(dir.path(), id.node_id().as_str(), Default::default()).unwrap());
+        let ks = Arc::new(
+            Keyspace::open(dir.path(), id.node_id().as_str(), Default::default()).unwrap(),
+        );
         let mut cfg = NetworkConfig { mdns: false, ..NetworkConfig::default() };
         cfg.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
         // A sparse topology: each node dials the first node and its predecessor.

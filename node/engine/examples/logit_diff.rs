@@ -3,11 +3,30 @@ use gcs_engine::llama::KvCache;
 use gcs_engine::{cpu_device, ChatMessage, Engine};
 
 fn main() {
-    let fx: serde_json::Value = serde_json::from_slice(&std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/smollm2_llamacpp.json")).unwrap()).unwrap();
-    let e = Engine::load(&format!("{}/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", std::env::var("HOME").unwrap_or_else(|_| "/root".into())), &cpu_device()).unwrap();
+    let fx: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/smollm2_llamacpp.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let e = Engine::load(
+        &format!(
+            "{}/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+            std::env::var("HOME").unwrap_or_else(|_| "/root".into())
+        ),
+        &cpu_device(),
+    )
+    .unwrap();
     let mut tot = 0.0;
     for p in fx["prompts"].as_array().unwrap() {
-        let msgs: Vec<ChatMessage> = p["messages"].as_array().unwrap().iter().map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
+        let msgs: Vec<ChatMessage> = p["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
         let ids = e.prompt_tokens(&msgs).unwrap();
         let mut cache = KvCache::new();
         let l = e.step(&ids, &mut cache).unwrap();

@@ -45,6 +45,8 @@ impl Rope {
         for head in x.chunks_exact_mut(2 * self.half) {
             for i in 0..self.half {
                 let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                // Contracting these into FMAs was tried: no effect on
+                // results, since Q and K are rounded to f16 right after.
                 head[2 * i] = x0 * c[i] - x1 * s[i];
                 head[2 * i + 1] = x0 * s[i] + x1 * c[i];
             }
@@ -106,7 +108,14 @@ pub struct AttnShape {
 ///
 /// `qkv`: `[t, (n_heads + 2 n_kv_heads) * head_dim]` (modified in place by
 /// RoPE); `out`: `[t, n_heads * head_dim]`.
-pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut LayerKv, out: &mut [f32]) {
+pub fn attend(
+    sh: AttnShape,
+    rope: &Rope,
+    qkv: &mut [f32],
+    past: usize,
+    kv: &mut LayerKv,
+    out: &mut [f32],
+) {
     let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
     let (qd, kvd) = (nh * hd, nkv * hd);
     let width = qd + 2 * kvd;
@@ -125,14 +134,7 @@ pub fn attend(sh: AttnShape, rope: &Rope, qkv: &mut [f32], past: usize, kv: &mut
     let len = past + t;
     #[cfg(target_arch = "x86_64")]
     let fma = std::is_x86_feature_detected!("fma");
-    let ctx = HeadCtx {
-        qkv: &*qkv,
-        k: &kv.k,
-        v_t: &kv.v_t,
-        cap: kv.cap,
-        sh,
-        past,
-    };
+    let ctx = HeadCtx { qkv: &*qkv, k: &kv.k, v_t: &kv.v_t, cap: kv.cap, sh, past };
     let work = |(idx, o): (usize, &mut [f32])| {
         #[cfg(target_arch = "x86_64")]
         if fma {
@@ -183,7 +185,8 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     let mut max = f32::NEG_INFINITY;
     for (j, pj) in p[..n].iter_mut().enumerate() {
         let kj = &c.k[(j * nkv + kvh) * hd..][..hd];
-        let dot = if hd % 16 == 0 { dot16(q, kj) } else { q.iter().zip(kj).map(|(a, b)| a * b).sum() };
+        let dot =
+            if hd % 16 == 0 { dot16(q, kj) } else { q.iter().zip(kj).map(|(a, b)| a * b).sum() };
         *pj = dot * scale;
         max = max.max(*pj);
     }

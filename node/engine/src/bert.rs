@@ -90,10 +90,7 @@ impl std::fmt::Debug for Embedder {
 }
 
 fn model_err(path: &Path, reason: impl std::fmt::Display) -> EngineError {
-    EngineError::Model {
-        path: path.to_path_buf(),
-        reason: reason.to_string(),
-    }
+    EngineError::Model { path: path.to_path_buf(), reason: reason.to_string() }
 }
 
 struct Loader<'a> {
@@ -106,9 +103,16 @@ impl Loader<'_> {
     fn raw(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
         let t = self.st.tensor(name).map_err(|e| model_err(&self.path, format!("{name}: {e}")))?;
         if t.dtype() != safetensors::Dtype::F32 {
-            return Err(model_err(&self.path, format!("{name}: expected F32, got {:?}", t.dtype())));
+            return Err(model_err(
+                &self.path,
+                format!("{name}: expected F32, got {:?}", t.dtype()),
+            ));
         }
-        let v = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let v = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         Ok((v, t.shape().to_vec()))
     }
     fn t1(&self, name: &str) -> Result<Param<Tensor<1>>> {
@@ -129,16 +133,10 @@ impl Loader<'_> {
         // PyTorch stores [out, in]; transpose once at load time.
         let w = self.t2(&format!("{p}.weight"))?.transpose();
         let w = Tensor::from_data(w.into_data(), &self.device);
-        Ok(Dense {
-            weight: Param::from_tensor(w),
-            bias: self.t1(&format!("{p}.bias"))?,
-        })
+        Ok(Dense { weight: Param::from_tensor(w), bias: self.t1(&format!("{p}.bias"))? })
     }
     fn norm(&self, p: &str) -> Result<Norm> {
-        Ok(Norm {
-            gamma: self.t1(&format!("{p}.weight"))?,
-            beta: self.t1(&format!("{p}.bias"))?,
-        })
+        Ok(Norm { gamma: self.t1(&format!("{p}.weight"))?, beta: self.t1(&format!("{p}.bias"))? })
     }
 }
 
@@ -146,7 +144,8 @@ fn layer_norm(x: Tensor<2>, n: &Norm, eps: f32) -> Tensor<2> {
     let mean = x.clone().mean_dim(1);
     let xc = x - mean;
     let var = xc.clone().square().mean_dim(1);
-    xc.div(var.add_scalar(eps).sqrt()) * n.gamma.val().unsqueeze::<2>() + n.beta.val().unsqueeze::<2>()
+    xc.div(var.add_scalar(eps).sqrt()) * n.gamma.val().unsqueeze::<2>()
+        + n.beta.val().unsqueeze::<2>()
 }
 
 impl Bert {
@@ -157,7 +156,13 @@ impl Bert {
         let hidden = self.word.val().dims()[1];
         let flat = ids.reshape([b * l]);
         let word = self.word.val().select(0, flat);
-        let pos = self.position.val().slice([0..l, 0..hidden]).unsqueeze::<3>().repeat_dim(0, b).reshape([b * l, hidden]);
+        let pos = self
+            .position
+            .val()
+            .slice([0..l, 0..hidden])
+            .unsqueeze::<3>()
+            .repeat_dim(0, b)
+            .reshape([b * l, hidden]);
         let tt = self.token_type.val().slice([0..1, 0..hidden]);
         let mut x = layer_norm(word + pos + tt, &self.emb_norm, self.eps);
 
@@ -191,17 +196,15 @@ impl Embedder {
             std::fs::read(&p).map_err(|source| EngineError::Io { path: p, source })
         };
         let cfg_path = dir.join("config.json");
-        let cfg: BertConfig = serde_json::from_slice(&read("config.json")?).map_err(|e| model_err(&cfg_path, e))?;
+        let cfg: BertConfig =
+            serde_json::from_slice(&read("config.json")?).map_err(|e| model_err(&cfg_path, e))?;
         let st_path = dir.join("model.safetensors");
         let bytes = read("model.safetensors")?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| model_err(&st_path, e))?;
-        let ld = Loader {
-            st,
-            path: st_path,
-            device: device.clone(),
-        };
+        let ld = Loader { st, path: st_path, device: device.clone() };
         // Some exports prefix every name with "bert.".
-        let pre = if ld.st.tensor("embeddings.word_embeddings.weight").is_ok() { "" } else { "bert." };
+        let pre =
+            if ld.st.tensor("embeddings.word_embeddings.weight").is_ok() { "" } else { "bert." };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("{pre}encoder.layer.{i}");
@@ -218,8 +221,12 @@ impl Embedder {
         }
         let model = Bert {
             word: Param::from_tensor(ld.t2(&format!("{pre}embeddings.word_embeddings.weight"))?),
-            position: Param::from_tensor(ld.t2(&format!("{pre}embeddings.position_embeddings.weight"))?),
-            token_type: Param::from_tensor(ld.t2(&format!("{pre}embeddings.token_type_embeddings.weight"))?),
+            position: Param::from_tensor(
+                ld.t2(&format!("{pre}embeddings.position_embeddings.weight"))?,
+            ),
+            token_type: Param::from_tensor(
+                ld.t2(&format!("{pre}embeddings.token_type_embeddings.weight"))?,
+            ),
             emb_norm: ld.norm(&format!("{pre}embeddings.LayerNorm"))?,
             layers,
             n_heads: cfg.num_attention_heads,
@@ -227,7 +234,8 @@ impl Embedder {
         };
 
         let tok_path = dir.join("tokenizer.json");
-        let mut tokenizer = Tokenizer::from_bytes(read("tokenizer.json")?).map_err(|e| model_err(&tok_path, e))?;
+        let mut tokenizer =
+            Tokenizer::from_bytes(read("tokenizer.json")?).map_err(|e| model_err(&tok_path, e))?;
         // sentence-transformers truncates at max_seq_length (256 for this
         // model) and pads per batch, not to the fixed 128 in tokenizer.json.
         let max_len = std::fs::read(dir.join("sentence_bert_config.json"))
@@ -238,22 +246,14 @@ impl Embedder {
             .unwrap_or(cfg.max_position_embeddings)
             .min(cfg.max_position_embeddings);
         tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: max_len,
-                ..Default::default()
-            }))
+            .with_truncation(Some(TruncationParams { max_length: max_len, ..Default::default() }))
             .map_err(|e| model_err(&tok_path, e))?;
         tokenizer.with_padding(Some(PaddingParams {
             strategy: PaddingStrategy::BatchLongest,
             ..Default::default()
         }));
         tracing::info!(dir = %dir.display(), layers = cfg.num_hidden_layers, "loaded bert embedder");
-        Ok(Self {
-            model,
-            tokenizer,
-            device: device.clone(),
-            dim: cfg.hidden_size,
-        })
+        Ok(Self { model, tokenizer, device: device.clone(), dim: cfg.hidden_size })
     }
 
     /// Embed a batch of texts: mean-pooled, L2-normalised vectors.

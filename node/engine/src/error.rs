@@ -17,19 +17,11 @@ pub enum GgufError {
     #[error("{path}: unsupported GGUF version {version}")]
     UnsupportedVersion { path: PathBuf, version: u32 },
     #[error("{path}: truncated while reading {what} at offset {offset}")]
-    Truncated {
-        path: PathBuf,
-        what: &'static str,
-        offset: usize,
-    },
+    Truncated { path: PathBuf, what: &'static str, offset: usize },
     #[error("{path}: malformed: {reason}")]
     Malformed { path: PathBuf, reason: String },
     #[error("{path}: tensor {name}: unsupported ggml type {ggml_type}")]
-    UnsupportedType {
-        path: PathBuf,
-        name: String,
-        ggml_type: u32,
-    },
+    UnsupportedType { path: PathBuf, name: String, ggml_type: u32 },
     #[error("{path}: missing metadata key {key}")]
     MissingKey { path: PathBuf, key: String },
     #[error("{path}: missing tensor {name}")]

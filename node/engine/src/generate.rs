@@ -63,11 +63,7 @@ impl Engine {
         let g = GgufFile::open(path)?;
         let tokenizer = GgufTokenizer::from_gguf(&g)?;
         let model = Llama::from_gguf(&g, device)?;
-        Ok(Self {
-            model,
-            tokenizer,
-            device: device.clone(),
-        })
+        Ok(Self { model, tokenizer, device: device.clone() })
     }
 
     /// Render the chat template and tokenize.
@@ -78,9 +74,19 @@ impl Engine {
 
     /// Generate a chat completion. `on_delta` receives text deltas (never a
     /// split UTF-8 character); returning `false` cancels generation.
-    pub fn generate(&self, req: &GenerateRequest, on_delta: impl FnMut(&str) -> bool) -> Result<GenerateResult> {
+    pub fn generate(
+        &self,
+        req: &GenerateRequest,
+        on_delta: impl FnMut(&str) -> bool,
+    ) -> Result<GenerateResult> {
         let ids = self.prompt_tokens(&req.messages)?;
-        self.generate_from_tokens(&ids, req.max_tokens, &req.sampling, &req.extra_stop_ids, on_delta)
+        self.generate_from_tokens(
+            &ids,
+            req.max_tokens,
+            &req.sampling,
+            &req.extra_stop_ids,
+            on_delta,
+        )
     }
 
     /// Logits for the last position of one sequence after feeding `tokens`.
@@ -109,7 +115,10 @@ impl Engine {
         }
         let ctx = self.model.config.context_length;
         if prompt.len() >= ctx {
-            return Err(EngineError::InvalidRequest(format!("prompt of {} tokens exceeds context {ctx}", prompt.len())));
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt of {} tokens exceeds context {ctx}",
+                prompt.len()
+            )));
         }
         let max_tokens = max_tokens.min(ctx - prompt.len());
         let mut sampler = Sampler::new(sampling.clone());
@@ -148,7 +157,13 @@ impl Engine {
             on_delta(&tail);
         }
         let decode_secs = t1.elapsed().as_secs_f64();
-        tracing::debug!(prompt = prompt.len(), generated = out_ids.len(), prefill_secs, decode_secs, "generation done");
+        tracing::debug!(
+            prompt = prompt.len(),
+            generated = out_ids.len(),
+            prefill_secs,
+            decode_secs,
+            "generation done"
+        );
         Ok(GenerateResult {
             text,
             completion_tokens: out_ids.len(),

@@ -155,11 +155,9 @@ impl<'a> Cursor<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            None => Err(GgufError::Truncated {
-                path: self.path.to_path_buf(),
-                what,
-                offset: self.pos,
-            }),
+            None => {
+                Err(GgufError::Truncated { path: self.path.to_path_buf(), what, offset: self.pos })
+            }
         }
     }
     fn u8(&mut self, what: &'static str) -> Result<u8, GgufError> {
@@ -237,10 +235,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn malformed(&self, reason: String) -> GgufError {
-        GgufError::Malformed {
-            path: self.path.to_path_buf(),
-            reason,
-        }
+        GgufError::Malformed { path: self.path.to_path_buf(), reason }
     }
 }
 
@@ -248,34 +243,22 @@ impl GgufFile {
     /// Read and parse a GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let data = std::fs::read(path).map_err(|source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let data = std::fs::read(path)
+            .map_err(|source| GgufError::Io { path: path.to_path_buf(), source })?;
         Self::from_bytes(path, data)
     }
 
     /// Parse GGUF bytes; `path` is only used in error messages.
     pub fn from_bytes(path: impl AsRef<Path>, data: Vec<u8>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let mut c = Cursor {
-            buf: &data,
-            pos: 0,
-            path,
-        };
+        let mut c = Cursor { buf: &data, pos: 0, path };
         let magic = c.u32("magic")?;
         if magic != GGUF_MAGIC {
-            return Err(GgufError::BadMagic {
-                path: path.to_path_buf(),
-                magic,
-            });
+            return Err(GgufError::BadMagic { path: path.to_path_buf(), magic });
         }
         let version = c.u32("version")?;
         if !(2..=3).contains(&version) {
-            return Err(GgufError::UnsupportedVersion {
-                path: path.to_path_buf(),
-                version,
-            });
+            return Err(GgufError::UnsupportedVersion { path: path.to_path_buf(), version });
         }
         // Minimum encoded sizes: a tensor info is >= 8+4+4+8 bytes, a kv >= 8+4+1.
         let n_tensors = c.len("tensor count", 24)?;
@@ -311,11 +294,12 @@ impl GgufFile {
             }
             let raw_ty = c.u32("tensor type")?;
             let offset = c.u64("tensor offset")?;
-            let ggml_type = GgmlType::from_u32(raw_ty).ok_or_else(|| GgufError::UnsupportedType {
-                path: path.to_path_buf(),
-                name: name.clone(),
-                ggml_type: raw_ty,
-            })?;
+            let ggml_type =
+                GgmlType::from_u32(raw_ty).ok_or_else(|| GgufError::UnsupportedType {
+                    path: path.to_path_buf(),
+                    name: name.clone(),
+                    ggml_type: raw_ty,
+                })?;
             let n_el = dims
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
@@ -330,13 +314,7 @@ impl GgufFile {
             }
             let size = (n_el / blk as u64) as usize * blk_bytes;
             tensor_index.insert(name.clone(), tensors.len());
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-                size,
-            });
+            tensors.push(TensorInfo { name, dims, ggml_type, offset, size });
         }
 
         let data_start = c.pos.div_ceil(alignment) * alignment;
@@ -371,10 +349,7 @@ impl GgufFile {
     }
 
     fn missing(&self, key: &str) -> GgufError {
-        GgufError::MissingKey {
-            path: self.path.clone(),
-            key: key.to_string(),
-        }
+        GgufError::MissingKey { path: self.path.clone(), key: key.to_string() }
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
@@ -384,10 +359,7 @@ impl GgufFile {
             .ok_or_else(|| self.missing(key))
     }
     pub fn get_f32(&self, key: &str) -> Result<f32, GgufError> {
-        self.get(key)
-            .and_then(Value::as_f64)
-            .map(|v| v as f32)
-            .ok_or_else(|| self.missing(key))
+        self.get(key).and_then(Value::as_f64).map(|v| v as f32).ok_or_else(|| self.missing(key))
     }
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
         self.get(key).and_then(Value::as_str).ok_or_else(|| self.missing(key))
@@ -397,13 +369,9 @@ impl GgufFile {
     }
 
     pub fn tensor_info(&self, name: &str) -> Result<&TensorInfo, GgufError> {
-        self.tensor_index
-            .get(name)
-            .map(|&i| &self.tensors[i])
-            .ok_or_else(|| GgufError::MissingTensor {
-                path: self.path.clone(),
-                name: name.to_string(),
-            })
+        self.tensor_index.get(name).map(|&i| &self.tensors[i]).ok_or_else(|| {
+            GgufError::MissingTensor { path: self.path.clone(), name: name.to_string() }
+        })
     }
 
     /// Raw bytes of a tensor (bounds were validated at parse time).

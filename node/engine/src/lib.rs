@@ -8,19 +8,24 @@
 //! - [`generate`]: end-to-end chat generation with streaming deltas.
 //! - [`bert`]: sentence embeddings (all-MiniLM-L6-v2).
 
+// SIMD kernels (x86 intrinsics behind runtime feature detection) need
+// `unsafe`; the workspace denies it by default.
+#[allow(unsafe_code)]
 pub mod attn;
 pub mod bert;
 pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
+#[allow(unsafe_code)]
 pub mod numerics;
+#[allow(unsafe_code)]
 pub mod quant;
 pub mod sampling;
 pub mod tokenizer;
 
 pub use error::{EngineError, GgufError, Result};
-pub use generate::{Engine, GenerateRequest, GenerateResult, FinishReason};
+pub use generate::{Engine, FinishReason, GenerateRequest, GenerateResult};
 pub use sampling::SamplingParams;
 pub use tokenizer::ChatMessage;
 

@@ -2,11 +2,12 @@
 //!
 //! Burn 0.22 tensors are backend-agnostic (`Tensor<D>`); the backend is
 //! chosen by the [`Device`] at runtime (Flex on CPU, CUDA with the `cuda`
-//! feature). The residual stream, RMSNorms, embedding gather and final
-//! selection run as burn ops; the quantized projections run in
-//! [`crate::quant`]'s kernels (burn has no matmul over GGUF blocks) and
-//! RoPE + attention + SwiGLU run as host kernels ([`crate::attn`]), because
-//! at batch 1 the per-op cost of small burn ops dominates a 135M model.
+//! feature). The module holds the norm weights as burn `Param`s and keeps
+//! the residual stream and final row selection as burn tensors. The
+//! quantized projections run in [`crate::quant`]'s kernels, because burn has
+//! no matmul over GGUF blocks. RMSNorm, RoPE, attention and SwiGLU run as
+//! host kernels ([`crate::attn`], [`crate::numerics`]) that follow
+//! llama.cpp's float arithmetic, so that greedy outputs agree with it.
 //! The KV cache lives in [`KvCache`], outside the immutable weights, so one
 //! model serves many sequences.
 
@@ -49,8 +50,12 @@ impl LlamaConfig {
         let k = |s: &str| format!("{arch}.{s}");
         let hidden = g.get_u64(&k("embedding_length"))? as usize;
         let n_heads = g.get_u64(&k("attention.head_count"))? as usize;
-        let n_kv_heads = g.get_u64(&k("attention.head_count_kv")).unwrap_or(n_heads as u64) as usize;
-        let head_dim = g.get_u64(&k("rope.dimension_count")).map(|v| v as usize).unwrap_or(hidden / n_heads.max(1));
+        let n_kv_heads =
+            g.get_u64(&k("attention.head_count_kv")).unwrap_or(n_heads as u64) as usize;
+        let head_dim = g
+            .get_u64(&k("rope.dimension_count"))
+            .map(|v| v as usize)
+            .unwrap_or(hidden / n_heads.max(1));
         let tok = g.tensor_info("token_embd.weight")?;
         let cfg = Self {
             n_layers: g.get_u64(&k("block_count"))? as usize,
@@ -64,7 +69,11 @@ impl LlamaConfig {
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             context_length: g.get_u64(&k("context_length")).unwrap_or(2048) as usize,
         };
-        if cfg.n_heads == 0 || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 || cfg.head_dim % 2 != 0 {
+        if cfg.n_heads == 0
+            || cfg.n_kv_heads == 0
+            || cfg.n_heads % cfg.n_kv_heads != 0
+            || cfg.head_dim % 2 != 0
+        {
             return Err(EngineError::Model {
                 path: g.path.clone(),
                 reason: format!("inconsistent head configuration {cfg:?}"),
@@ -118,7 +127,7 @@ pub struct Llama {
 /// Per-sequence key/value cache, kept outside the model weights.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    /// Per layer: K and V, each `[len, n_kv_heads, head_dim]`.
+    /// Per layer: keys `[len, n_kv_heads, head_dim]` and values (transposed).
     layers: Vec<LayerKv>,
     len: usize,
 }
@@ -137,16 +146,14 @@ impl KvCache {
 }
 
 /// One sequence's slice of a forward batch.
+#[derive(Debug)]
 pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     pub cache: &'a mut KvCache,
 }
 
 fn model_err(g: &GgufFile, reason: String) -> EngineError {
-    EngineError::Model {
-        path: g.path.clone(),
-        reason,
-    }
+    EngineError::Model { path: g.path.clone(), reason }
 }
 
 /// Load a `[rows, cols]` matrix, checking its shape against the config so a
@@ -154,7 +161,10 @@ fn model_err(g: &GgufFile, reason: String) -> EngineError {
 fn load_matrix(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
     let info = g.tensor_info(name)?;
     if info.dims.len() != 2 || info.dims[0] as usize != cols || info.dims[1] as usize != rows {
-        return Err(model_err(g, format!("{name}: expected [{cols}, {rows}], got {:?}", info.dims)));
+        return Err(model_err(
+            g,
+            format!("{name}: expected [{cols}, {rows}], got {:?}", info.dims),
+        ));
     }
     Ok(QMatrix::from_gguf(info.ggml_type, rows, cols, g.tensor_bytes(info)))
 }
@@ -174,7 +184,8 @@ fn vec1(v: Vec<f32>, device: &Device) -> Param<Tensor<1>> {
 
 fn fuse(g: &GgufFile, parts: Vec<QMatrix>, what: &str) -> Result<QMatrix> {
     let refs: Vec<&QMatrix> = parts.iter().collect();
-    QMatrix::concat_rows(&refs).ok_or_else(|| model_err(g, format!("{what}: mixed quantization types")))
+    QMatrix::concat_rows(&refs)
+        .ok_or_else(|| model_err(g, format!("{what}: mixed quantization types")))
 }
 
 /// Copy a float tensor to host memory.
@@ -206,10 +217,18 @@ impl Llama {
             );
             let wqkv = fuse(
                 g,
-                vec![load_matrix(g, &p("attn_q"), qd, h)?, load_matrix(g, &p("attn_k"), kvd, h)?, load_matrix(g, &p("attn_v"), kvd, h)?],
+                vec![
+                    load_matrix(g, &p("attn_q"), qd, h)?,
+                    load_matrix(g, &p("attn_k"), kvd, h)?,
+                    load_matrix(g, &p("attn_v"), kvd, h)?,
+                ],
                 "qkv",
             )?;
-            let w_gate_up = fuse(g, vec![load_matrix(g, &p("ffn_gate"), ff, h)?, load_matrix(g, &p("ffn_up"), ff, h)?], "gate/up")?;
+            let w_gate_up = fuse(
+                g,
+                vec![load_matrix(g, &p("ffn_gate"), ff, h)?, load_matrix(g, &p("ffn_up"), ff, h)?],
+                "gate/up",
+            )?;
             blocks.push(LlamaBlock {
                 attn_norm: vec1(load_norm(g, &p("attn_norm"), h)?, device),
                 ffn_norm: vec1(load_norm(g, &p("ffn_norm"), h)?, device),
@@ -243,9 +262,12 @@ impl Llama {
         let b: usize = self
             .blocks
             .iter()
-            .map(|b| b.q.wqkv.nbytes() + b.q.wo.nbytes() + b.q.w_gate_up.nbytes() + b.q.w_down.nbytes())
+            .map(|b| {
+                b.q.wqkv.nbytes() + b.q.wo.nbytes() + b.q.w_gate_up.nbytes() + b.q.w_down.nbytes()
+            })
             .sum();
-        b + self.embed.nbytes() + if Arc::ptr_eq(&self.embed, &self.lm_head) { 0 } else { self.lm_head.nbytes() }
+        b + self.embed.nbytes()
+            + if Arc::ptr_eq(&self.embed, &self.lm_head) { 0 } else { self.lm_head.nbytes() }
     }
 
     /// Run a batch of sequences. Each sequence contributes `tokens.len()`
@@ -283,11 +305,7 @@ impl Llama {
                 s.cache.layers.resize(c.n_layers, LayerKv::default());
             }
         }
-        let sh = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-        };
+        let sh = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
         let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
         let mut attn = vec![0f32; total * qd];
         for (li, blk) in self.blocks.iter().enumerate() {

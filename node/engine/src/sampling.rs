@@ -21,12 +21,7 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
-        }
+        Self { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }
     }
 }
 
@@ -59,7 +54,8 @@ impl Sampler {
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
@@ -103,8 +99,14 @@ mod tests {
         let logits = vec![0.1, 2.0, 1.9, -1.0];
         assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&logits), 1);
         let p = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 3, seed: 42 };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..20).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p); (0..20).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
         assert!(a.iter().all(|&t| t == 1 || t == 2), "top-p/top-k keep only the two best: {a:?}");
     }

@@ -22,10 +22,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -59,10 +56,8 @@ impl std::fmt::Debug for GgufTokenizer {
 
 /// GPT-2's reversible byte <-> printable-char mapping.
 fn unicode_to_byte() -> HashMap<char, u8> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
+    let mut bs: Vec<u32> =
+        (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -72,10 +67,7 @@ fn unicode_to_byte() -> HashMap<char, u8> {
             n += 1;
         }
     }
-    bs.into_iter()
-        .zip(cs)
-        .map(|(b, c)| (char::from_u32(c).expect("valid char"), b as u8))
-        .collect()
+    bs.into_iter().zip(cs).map(|(b, c)| (char::from_u32(c).expect("valid char"), b as u8)).collect()
 }
 
 fn tok_err(e: impl std::fmt::Display) -> EngineError {
@@ -86,7 +78,9 @@ impl GgufTokenizer {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let model = g.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(tok_err(format!("unsupported tokenizer model {model:?} (only byte-level BPE)")));
+            return Err(tok_err(format!(
+                "unsupported tokenizer model {model:?} (only byte-level BPE)"
+            )));
         }
         let tokens: Vec<String> = g
             .get_array("tokenizer.ggml.tokens")?
@@ -102,26 +96,27 @@ impl GgufTokenizer {
             .iter()
             .map(|v| {
                 let s = v.as_str().ok_or_else(|| tok_err("non-string merge"))?;
-                let (a, b) = s.split_once(' ').ok_or_else(|| tok_err(format!("bad merge {s:?}")))?;
+                let (a, b) =
+                    s.split_once(' ').ok_or_else(|| tok_err(format!("bad merge {s:?}")))?;
                 Ok((a.to_owned(), b.to_owned()))
             })
             .collect::<Result<_>>()?;
         let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
 
-        let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(tok_err)?;
+        let vocab: tokenizers::models::bpe::Vocab =
+            tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
         let mut inner = Tokenizer::new(bpe);
         // llama.cpp's pre-tokenizer regexes: the "smollm"/"starcoder"/"refact"
         // family split every digit on its own before the GPT-2 regex; plain
         // "gpt2"/"default" do not.
         let byte_level: PreTokenizerWrapper = ByteLevel::new(false, true, true).into();
         let pretok = match pre {
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
-                PreTokenizerWrapper::Sequence(Sequence::new(vec![Digits::new(true).into(), byte_level]))
-            }
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+            | "minerva-7b" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                Digits::new(true).into(),
+                byte_level,
+            ])),
             "gpt2" | "default" => byte_level,
             other => {
                 tracing::warn!(pre = other, "unknown tokenizer.ggml.pre; using GPT-2 regex");
@@ -165,7 +160,8 @@ impl GgufTokenizer {
 
         let eos_id = g.get_u64("tokenizer.ggml.eos_token_id")? as u32;
         let bos_id = g.get_u64("tokenizer.ggml.bos_token_id").ok().map(|v| v as u32);
-        let add_bos = matches!(g.get("tokenizer.ggml.add_bos_token"), Some(crate::gguf::Value::Bool(true)));
+        let add_bos =
+            matches!(g.get("tokenizer.ggml.add_bos_token"), Some(crate::gguf::Value::Bool(true)));
         let mut stop_ids = vec![eos_id];
         for name in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>"] {
             if let Some(id) = inner.token_to_id(name) {
@@ -179,7 +175,8 @@ impl GgufTokenizer {
                 stop_ids.push(id as u32);
             }
         }
-        let chat_template = g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_owned);
+        let chat_template =
+            g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_owned);
         tracing::debug!(vocab = tokens.len(), pre, eos_id, ?stop_ids, "built tokenizer from gguf");
         Ok(Self {
             inner,
@@ -232,7 +229,8 @@ impl GgufTokenizer {
 
     /// Decode ids to text, dropping control tokens.
     pub fn decode(&self, ids: &[u32]) -> String {
-        let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.token_bytes(i).iter().copied()).collect();
+        let bytes: Vec<u8> =
+            ids.iter().flat_map(|&i| self.token_bytes(i).iter().copied()).collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
@@ -253,18 +251,26 @@ impl GgufTokenizer {
     }
 
     /// Render the GGUF's own chat template (`tokenizer.chat_template`).
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tpl = self
             .chat_template
             .as_deref()
             .ok_or_else(|| EngineError::Template("model has no tokenizer.chat_template".into()))?;
         let mut env = minijinja::Environment::new();
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template("chat", tpl).map_err(|e| EngineError::Template(e.to_string()))?;
         let t = env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
-        let bos = self.bos_id.map(|i| self.inner.id_to_token(i).unwrap_or_default()).unwrap_or_default();
+        let bos =
+            self.bos_id.map(|i| self.inner.id_to_token(i).unwrap_or_default()).unwrap_or_default();
         let eos = self.inner.id_to_token(self.eos_id).unwrap_or_default();
         t.render(minijinja::context! {
             messages => messages,

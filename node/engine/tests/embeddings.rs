@@ -19,9 +19,13 @@ fn vecf(v: &Value) -> Vec<f64> {
 
 #[test]
 fn embeddings_match_reference() {
-    let (Some(dir), Some(fx)) = (common::minilm_dir(), common::fixture("minilm_reference.json")) else { return };
+    let (Some(dir), Some(fx)) = (common::minilm_dir(), common::fixture("minilm_reference.json"))
+    else {
+        return;
+    };
     let emb = Embedder::load(&dir, &cpu_device()).unwrap();
-    let sentences: Vec<&str> = fx["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    let sentences: Vec<&str> =
+        fx["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
     let want: Vec<Vec<f64>> = fx["embeddings"].as_array().unwrap().iter().map(vecf).collect();
 
     // One at a time (no padding).
@@ -36,7 +40,12 @@ fn embeddings_match_reference() {
         assert!(c >= 0.999, "sentence {i}: cosine {c}");
     }
     // Batched with padding: must equal the unpadded results.
-    let idx: Vec<usize> = fx["batched"]["indices"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let idx: Vec<usize> = fx["batched"]["indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
     let batch: Vec<&str> = idx.iter().map(|&i| sentences[i]).collect();
     let got = emb.embed(&batch).unwrap();
     for (k, &i) in idx.iter().enumerate() {
@@ -56,13 +65,23 @@ fn embeddings_match_reference() {
 
 #[test]
 fn bert_token_ids_match_reference() {
-    let (Some(dir), Some(fx)) = (common::minilm_dir(), common::fixture("minilm_reference.json")) else { return };
+    let (Some(dir), Some(fx)) = (common::minilm_dir(), common::fixture("minilm_reference.json"))
+    else {
+        return;
+    };
     let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-    for (s, ids) in fx["sentences"].as_array().unwrap().iter().zip(fx["token_ids"].as_array().unwrap()) {
-        let want: Vec<u32> = ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    for (s, ids) in
+        fx["sentences"].as_array().unwrap().iter().zip(fx["token_ids"].as_array().unwrap())
+    {
+        let want: Vec<u32> =
+            ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let mut t = tok.clone();
         t.with_padding(None);
-        t.with_truncation(Some(tokenizers::TruncationParams { max_length: 256, ..Default::default() })).unwrap();
+        t.with_truncation(Some(tokenizers::TruncationParams {
+            max_length: 256,
+            ..Default::default()
+        }))
+        .unwrap();
         let got = t.encode(s.as_str().unwrap(), true).unwrap().get_ids().to_vec();
         assert_eq!(got, want);
     }

@@ -51,7 +51,10 @@ fn parses_synthetic_file() {
     assert_eq!(g.version, 3);
     assert_eq!(g.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(g.get_u64("test.u32").unwrap(), 7);
-    assert_eq!(g.get("test.arr"), Some(&Value::Array(vec![Value::String("a".into()), Value::String("bc".into())])));
+    assert_eq!(
+        g.get("test.arr"),
+        Some(&Value::Array(vec![Value::String("a".into()), Value::String("bc".into())]))
+    );
     let t = g.tensor_info("w").unwrap();
     assert_eq!(t.ggml_type, GgmlType::F32);
     assert_eq!(g.tensor_f32("w").unwrap(), (0..8).map(|i| i as f32).collect::<Vec<_>>());

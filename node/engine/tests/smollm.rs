@@ -26,14 +26,21 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn tokenizer_and_template_match_llamacpp() {
-    let (Some(path), Some(fx)) = (common::smollm_path(), common::fixture("smollm2_llamacpp.json")) else { return };
+    let (Some(path), Some(fx)) = (common::smollm_path(), common::fixture("smollm2_llamacpp.json"))
+    else {
+        return;
+    };
     let g = GgufFile::open(&path).unwrap();
     let tok = GgufTokenizer::from_gguf(&g).unwrap();
     let mut bad = Vec::new();
     for p in fx["prompts"].as_array().unwrap() {
         let idx = p["index"].as_u64().unwrap();
         let rendered = tok.apply_chat_template(&messages(p), true).unwrap();
-        assert_eq!(rendered, p["rendered"].as_str().unwrap(), "prompt {idx}: template render differs");
+        assert_eq!(
+            rendered,
+            p["rendered"].as_str().unwrap(),
+            "prompt {idx}: template render differs"
+        );
         let got = tok.encode(&rendered).unwrap();
         if got != ids(&p["prompt_tokens"]) {
             bad.push(format!("prompt {idx}: got {got:?}\n want {:?}", ids(&p["prompt_tokens"])));
@@ -56,7 +63,10 @@ fn tokenizer_and_template_match_llamacpp() {
 
 #[test]
 fn greedy_matches_llamacpp() {
-    let (Some(path), Some(fx)) = (common::smollm_path(), common::fixture("smollm2_llamacpp.json")) else { return };
+    let (Some(path), Some(fx)) = (common::smollm_path(), common::fixture("smollm2_llamacpp.json"))
+    else {
+        return;
+    };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
     let prompts = fx["prompts"].as_array().unwrap();
     let mut matched = 0;
@@ -87,7 +97,9 @@ fn greedy_matches_llamacpp() {
             if gap < 0.3 {
                 near_ties += 1;
             }
-            report.push(format!("prompt {idx}: we chose {ours}, llama.cpp's top-2 gap there {gap:.3} nats"));
+            report.push(format!(
+                "prompt {idx}: we chose {ours}, llama.cpp's top-2 gap there {gap:.3} nats"
+            ));
             report.push(format!(
                 "prompt {idx}: diverges at step {at} (llama.cpp top2 there: {top2})\n  got  {:?}\n  want {:?}",
                 r.text,
@@ -117,7 +129,10 @@ fn greedy_matches_llamacpp() {
 /// at every step that our next-token distribution agrees with its top-2.
 #[test]
 fn teacher_forced_logits_match_llamacpp() {
-    let (Some(path), Some(fx)) = (common::smollm_path(), common::fixture("smollm2_llamacpp.json")) else { return };
+    let (Some(path), Some(fx)) = (common::smollm_path(), common::fixture("smollm2_llamacpp.json"))
+    else {
+        return;
+    };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
     let (mut steps, mut top1_agree, mut sum_err, mut max_err) = (0usize, 0usize, 0f64, 0f32);
     let mut near_tie_misses = 0usize;
@@ -169,7 +184,9 @@ fn batched_decode_matches_single_sequence() {
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
     let a = engine.prompt_tokens(&[ChatMessage::new("user", "Name a colour.")]).unwrap();
-    let b = engine.prompt_tokens(&[ChatMessage::new("user", "What is two plus two? Answer briefly please.")]).unwrap();
+    let b = engine
+        .prompt_tokens(&[ChatMessage::new("user", "What is two plus two? Answer briefly please.")])
+        .unwrap();
     let (mut ca, mut cb) = (gcs_engine::llama::KvCache::new(), gcs_engine::llama::KvCache::new());
     let la = engine.step(&a, &mut ca).unwrap();
     let lb = engine.step(&b, &mut cb).unwrap();
@@ -194,4 +211,43 @@ fn batched_decode_matches_single_sequence() {
     assert_eq!(&v[vocab..], &single_b[..]);
     assert_eq!(ca.len(), a.len() + 1);
     assert_eq!(cb.len(), b.len() + 1);
+}
+
+/// End-to-end chat generation with sampling: seeded runs are reproducible,
+/// deltas add up to the text, counts are reported and max_tokens holds.
+#[test]
+fn sampled_generation_is_reproducible() {
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let req = gcs_engine::GenerateRequest {
+        messages: vec![ChatMessage::new("user", "Tell me a short fact about the moon.")],
+        max_tokens: 24,
+        sampling: SamplingParams { temperature: 0.8, top_p: 0.95, top_k: 40, seed: 7 },
+        extra_stop_ids: vec![],
+    };
+    let run = || {
+        let mut deltas = Vec::new();
+        let r = engine
+            .generate(&req, |d| {
+                deltas.push(d.to_string());
+                true
+            })
+            .unwrap();
+        assert_eq!(deltas.concat(), r.text);
+        r
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a.token_ids, b.token_ids);
+    assert!(a.completion_tokens > 0 && a.completion_tokens <= 24);
+    assert_eq!(a.prompt_tokens, engine.prompt_tokens(&req.messages).unwrap().len());
+    assert!(!a.text.trim().is_empty());
+    // Cancelling from the callback stops generation.
+    let mut n = 0;
+    let r = engine
+        .generate(&req, |_| {
+            n += 1;
+            n < 3
+        })
+        .unwrap();
+    assert_eq!(r.finish_reason, gcs_engine::FinishReason::Cancelled);
 }

@@ -24,10 +24,13 @@ fn peak_rss_mib() -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let mut gguf = format!("{home}/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut gguf =
+        format!("{home}/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
     let mut bert = format!("{home}/.cache/gcs/models/all-minilm-l6-v2");
     let mut n_tokens = 128usize;
-    let mut prompt = "Write a detailed story about a lighthouse keeper who finds a message in a bottle.".to_string();
+    let mut prompt =
+        "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
+            .to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -43,7 +46,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let engine = Engine::load(&gguf, &device)?;
-    println!("load: {:.2}s, quantized weights {:.1} MB", t.elapsed().as_secs_f64(), engine.model.weight_bytes() as f64 / 1e6);
+    println!(
+        "load: {:.2}s, quantized weights {:.1} MB",
+        t.elapsed().as_secs_f64(),
+        engine.model.weight_bytes() as f64 / 1e6
+    );
 
     // Prefill throughput on a longer prompt (the chat prompt repeated).
     let long: String = std::iter::repeat(prompt.as_str()).take(8).collect::<Vec<_>>().join(" ");
@@ -79,12 +86,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         r.prefill_secs * 1e3,
         first.unwrap_or(f64::NAN) * 1e3
     );
-    println!("decode: {:.1} tok/s single stream ({} steps in {:.3}s)", decoded as f64 / r.decode_secs, decoded, r.decode_secs);
+    println!(
+        "decode: {:.1} tok/s single stream ({} steps in {:.3}s)",
+        decoded as f64 / r.decode_secs,
+        decoded,
+        r.decode_secs
+    );
     println!("sample output: {:?}", r.text.chars().take(200).collect::<String>());
 
     if std::path::Path::new(&bert).join("model.safetensors").exists() {
         let emb = Embedder::load(&bert, &device)?;
-        let texts: Vec<String> = (0..32).map(|i| format!("This is sentence number {i} about distributed inference networks.")).collect();
+        let texts: Vec<String> = (0..32)
+            .map(|i| format!("This is sentence number {i} about distributed inference networks."))
+            .collect();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         emb.embed(&refs[..4])?;
         let t = Instant::now();

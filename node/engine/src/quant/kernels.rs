@@ -21,7 +21,10 @@ pub struct ActBlock<'a> {
 /// `d`/`m`: `[nb, 8]`; `q`: `[nb, 8, qbytes]`.
 pub fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
+    if std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+    {
         // SAFETY: the required CPU features were detected above.
         return unsafe { avx2::dot_group(kind, d, m, q, a) };
     }
@@ -31,7 +34,14 @@ pub fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) 
 /// Several activation rows against one group: `out` is `[acts.len(), 8]`.
 /// For 4-bit weights the unpacked block is reused across rows (prefill);
 /// per-row results are identical to [`dot_group`].
-pub fn dot_group_multi(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+pub fn dot_group_multi(
+    kind: QKind,
+    d: &[u16],
+    m: &[u16],
+    q: &[u8],
+    acts: &[ActBlock<'_>],
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if kind != QKind::Q8_0
         && std::is_x86_feature_detected!("avx2")
@@ -47,7 +57,13 @@ pub fn dot_group_multi(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActB
 }
 
 /// Portable reference with the same float operation order.
-pub fn scalar_dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+pub fn scalar_dot_group(
+    kind: QKind,
+    d: &[u16],
+    m: &[u16],
+    q: &[u8],
+    a: &ActBlock<'_>,
+) -> [f32; GROUP] {
     let nb = a.d.len();
     let mut acc = [0f32; GROUP];
     for b in 0..nb {
@@ -104,7 +120,10 @@ mod avx2 {
         let t3 = _mm256_hadd_epi32(p[6], p[7]);
         let u0 = _mm256_hadd_epi32(t0, t1);
         let u1 = _mm256_hadd_epi32(t2, t3);
-        _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31))
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(u0, u1, 0x20),
+            _mm256_permute2x128_si256(u0, u1, 0x31),
+        )
     }
 
     /// 8 f16 scales → f32 (exact).
@@ -129,7 +148,13 @@ mod avx2 {
         _mm256_dpbusd_avx_epi32(acc, u, s)
     }
 
-    pub unsafe fn dot_group(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+    pub unsafe fn dot_group(
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        a: &ActBlock<'_>,
+    ) -> [f32; GROUP] {
         if std::is_x86_feature_detected!("avxvnni") {
             dot_group_vnni(kind, d, m, q, a)
         } else {
@@ -137,7 +162,14 @@ mod avx2 {
         }
     }
 
-    pub unsafe fn dot_group_q4_multi(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+    pub unsafe fn dot_group_q4_multi(
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        acts: &[ActBlock<'_>],
+        out: &mut [f32],
+    ) {
         if std::is_x86_feature_detected!("avxvnni") {
             q4_multi_vnni(kind, d, m, q, acts, out)
         } else {
@@ -146,17 +178,39 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn q4_multi_vnni(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+    unsafe fn q4_multi_vnni(
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        acts: &[ActBlock<'_>],
+        out: &mut [f32],
+    ) {
         q4_multi_impl(true, kind, d, m, q, acts, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_multi_avx2(kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+    unsafe fn q4_multi_avx2(
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        acts: &[ActBlock<'_>],
+        out: &mut [f32],
+    ) {
         q4_multi_impl(false, kind, d, m, q, acts, out)
     }
 
     #[inline(always)]
-    unsafe fn q4_multi_impl(vnni: bool, kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]) {
+    unsafe fn q4_multi_impl(
+        vnni: bool,
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        acts: &[ActBlock<'_>],
+        out: &mut [f32],
+    ) {
         let nb = acts[0].d.len();
         let mask = _mm256_set1_epi8(0x0f);
         out.iter_mut().for_each(|x| *x = 0.0);
@@ -169,13 +223,18 @@ mod avx2 {
                 w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
             }
             let dw = load_f16x8(d.as_ptr().add(b * GROUP));
-            let mw = if kind == QKind::Q4_1 { load_f16x8(m.as_ptr().add(b * GROUP)) } else { _mm256_setzero_ps() };
+            let mw = if kind == QKind::Q4_1 {
+                load_f16x8(m.as_ptr().add(b * GROUP))
+            } else {
+                _mm256_setzero_ps()
+            };
             for (a, o) in acts.iter().zip(out.chunks_exact_mut(GROUP)) {
                 let xa = a.qs.as_ptr().add(b * QK) as *const i32;
                 let mut isum = _mm256_setzero_si256();
                 for j in 0..4 {
                     isum = dp(vnni, isum, w[j], _mm256_set1_epi32(xa.add(j).read_unaligned()));
-                    isum = dp(vnni, isum, w[j + 4], _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
+                    isum =
+                        dp(vnni, isum, w[j + 4], _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
                 }
                 if kind == QKind::Q4_0 {
                     isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
@@ -192,17 +251,36 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn dot_group_vnni(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+    unsafe fn dot_group_vnni(
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        a: &ActBlock<'_>,
+    ) -> [f32; GROUP] {
         dot_group_impl(true, kind, d, m, q, a)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_group_avx2(kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+    unsafe fn dot_group_avx2(
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        a: &ActBlock<'_>,
+    ) -> [f32; GROUP] {
         dot_group_impl(false, kind, d, m, q, a)
     }
 
     #[inline(always)]
-    unsafe fn dot_group_impl(vnni: bool, kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>) -> [f32; GROUP] {
+    unsafe fn dot_group_impl(
+        vnni: bool,
+        kind: QKind,
+        d: &[u16],
+        m: &[u16],
+        q: &[u8],
+        a: &ActBlock<'_>,
+    ) -> [f32; GROUP] {
         let nb = a.d.len();
         debug_assert!(d.len() >= nb * GROUP && q.len() >= nb * GROUP * kind.qbytes());
         let mut acc = _mm256_setzero_ps();
@@ -221,7 +299,8 @@ mod avx2 {
                         let lo = _mm256_and_si256(v, mask);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
                         isum = dp(vnni, isum, lo, _mm256_set1_epi32(xa.add(j).read_unaligned()));
-                        isum = dp(vnni, isum, hi, _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
+                        isum =
+                            dp(vnni, isum, hi, _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
                     }
                     p[0] = isum;
                 }
@@ -241,7 +320,11 @@ mod avx2 {
             let dd = _mm256_mul_ps(load_f16x8(d.as_ptr().add(b * GROUP)), _mm256_set1_ps(a.d[b]));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
             if kind == QKind::Q4_1 {
-                acc = _mm256_fmadd_ps(load_f16x8(m.as_ptr().add(b * GROUP)), _mm256_set1_ps(a.s[b]), acc);
+                acc = _mm256_fmadd_ps(
+                    load_f16x8(m.as_ptr().add(b * GROUP)),
+                    _mm256_set1_ps(a.s[b]),
+                    acc,
+                );
             }
         }
         let mut out = [0f32; GROUP];

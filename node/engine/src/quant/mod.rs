@@ -27,10 +27,9 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 /// Decode any supported GGUF tensor payload to f32.
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     match ty {
-        GgmlType::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        GgmlType::F32 => {
+            bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        }
         GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16_at(c, 0)).collect(),
         GgmlType::Q4_0 => {
             let mut out = Vec::with_capacity(bytes.len() / 18 * QK);
@@ -227,7 +226,9 @@ impl QMatrix {
                     let q: Vec<u8> = match kind {
                         QKind::Q4_0 | QKind::Q4_1 => {
                             let base = (k - r % GROUP) * 16;
-                            (0..16).map(|e| qs[base + ((e / 4) * GROUP + r % GROUP) * 4 + e % 4]).collect()
+                            (0..16)
+                                .map(|e| qs[base + ((e / 4) * GROUP + r % GROUP) * 4 + e % 4])
+                                .collect()
                         }
                         QKind::Q8_0 => qs[k * qb..][..qb].to_vec(),
                     };
@@ -276,7 +277,8 @@ impl QMatrix {
         // One task per thread for decode-sized work (fewer wake-ups); finer
         // tasks when there is more work so both cores stay balanced.
         let threads = rayon::current_num_threads().max(1);
-        let per_task = if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
+        let per_task =
+            if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
         // tmp: [groups, n, 8] so each task writes a contiguous slice.
         let mut tmp = vec![0f32; groups * n * GROUP];
         let rows: Vec<kernels::ActBlock<'_>> = (0..n)
@@ -332,6 +334,7 @@ fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &mu
 /// Activations quantized to 8 bits per 32-element block (like block_q8_1):
 /// `x ≈ d * q`, and `s = d * Σq` so that Q4_1's min and Q4_0's offset can be
 /// applied once per block.
+#[derive(Debug)]
 pub struct QActs {
     pub d: Vec<f32>,
     pub s: Vec<f32>,

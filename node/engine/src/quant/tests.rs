@@ -46,17 +46,47 @@ fn check(ty: GgmlType) {
     for g in 0..rows.div_ceil(GROUP) {
         let k0 = g * nb * GROUP;
         let gm = if m.is_empty() { &m[..] } else { &m[k0..k0 + nb * GROUP] };
-        let fast = dot_group(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], &act);
-        let slow = scalar_dot_group(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], &act);
+        let fast = dot_group(
+            *kind,
+            &d[k0..k0 + nb * GROUP],
+            gm,
+            &qs[k0 * qb..(k0 + nb * GROUP) * qb],
+            &act,
+        );
+        let slow = scalar_dot_group(
+            *kind,
+            &d[k0..k0 + nb * GROUP],
+            gm,
+            &qs[k0 * qb..(k0 + nb * GROUP) * qb],
+            &act,
+        );
         assert_eq!(fast, slow, "{ty:?} group {g}");
         // The multi-row (prefill) kernel gives the same per-row results.
         let rows: Vec<ActBlock<'_>> = (0..n)
-            .map(|t| ActBlock { d: &a.d[t * nb..][..nb], s: &a.s[t * nb..][..nb], sum_q: &a.sum_q[t * nb..][..nb], qs: &a.qs[t * cols..][..cols] })
+            .map(|t| ActBlock {
+                d: &a.d[t * nb..][..nb],
+                s: &a.s[t * nb..][..nb],
+                sum_q: &a.sum_q[t * nb..][..nb],
+                qs: &a.qs[t * cols..][..cols],
+            })
             .collect();
         let mut multi = vec![0f32; n * GROUP];
-        dot_group_multi(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], &rows, &mut multi);
+        dot_group_multi(
+            *kind,
+            &d[k0..k0 + nb * GROUP],
+            gm,
+            &qs[k0 * qb..(k0 + nb * GROUP) * qb],
+            &rows,
+            &mut multi,
+        );
         for (t, r) in rows.iter().enumerate() {
-            let single = dot_group(*kind, &d[k0..k0 + nb * GROUP], gm, &qs[k0 * qb..(k0 + nb * GROUP) * qb], r);
+            let single = dot_group(
+                *kind,
+                &d[k0..k0 + nb * GROUP],
+                gm,
+                &qs[k0 * qb..(k0 + nb * GROUP) * qb],
+                r,
+            );
             assert_eq!(&multi[t * GROUP..(t + 1) * GROUP], &single[..], "{ty:?} multi row {t}");
         }
     }
@@ -96,13 +126,23 @@ fn q8_0_matches_reference() {
 #[test]
 fn concat_keeps_rows() {
     let mut seed = 3u64;
-    let (a, b) = (make_blocks(GgmlType::Q4_1, 16, 64, &mut seed), make_blocks(GgmlType::Q4_1, 8, 64, &mut seed));
-    let (ma, mb) = (QMatrix::from_gguf(GgmlType::Q4_1, 16, 64, &a), QMatrix::from_gguf(GgmlType::Q4_1, 8, 64, &b));
+    let (a, b) = (
+        make_blocks(GgmlType::Q4_1, 16, 64, &mut seed),
+        make_blocks(GgmlType::Q4_1, 8, 64, &mut seed),
+    );
+    let (ma, mb) = (
+        QMatrix::from_gguf(GgmlType::Q4_1, 16, 64, &a),
+        QMatrix::from_gguf(GgmlType::Q4_1, 8, 64, &b),
+    );
     let c = QMatrix::concat_rows(&[&ma, &mb]).unwrap();
     let (mut r1, mut r2) = (vec![0f32; 64], vec![0f32; 64]);
     for r in 0..24 {
         c.row_f32(r, &mut r1);
-        if r < 16 { ma.row_f32(r, &mut r2) } else { mb.row_f32(r - 16, &mut r2) }
+        if r < 16 {
+            ma.row_f32(r, &mut r2)
+        } else {
+            mb.row_f32(r - 16, &mut r2)
+        }
         assert_eq!(r1, r2);
     }
 }

@@ -1,0 +1,243 @@
+//! First-valid-claim validation (26.12.1): a claim wins only if it is valid
+//! on all eleven counts; otherwise the claimant is told which count failed.
+
+use gcs_protocol::{
+    verify, ApiRequestJob, ApiType, ClaimRejectReason, JobClaim, Limits, NodeId, NodeRegistration,
+    RoutingMode,
+};
+
+/// What the gateway knows when a claim arrives.
+#[derive(Debug)]
+pub struct ClaimContext<'a> {
+    /// The job, if the gateway knows it.
+    pub job: Option<&'a ApiRequestJob>,
+    /// The claimant's latest registration, if any.
+    pub registration: Option<&'a NodeRegistration>,
+    /// Workers attached to this gateway (for `gateway_local`).
+    pub local_workers: &'a [NodeId],
+    /// A claim already won, or the job finished.
+    pub already_claimed: bool,
+    /// Receiver clock.
+    pub now_ms: u64,
+    /// Freshness bounds.
+    pub limits: &'a Limits,
+}
+
+fn private_ok(job: &ApiRequestJob, reg: &NodeRegistration) -> bool {
+    reg.queue.accepts_private_jobs
+        && reg.tenant_id.as_deref() == Some(job.tenant.tenant_id.as_str())
+        && (job.routing.allowed_nodes.is_empty()
+            || job.routing.allowed_nodes.contains(&reg.node_id))
+}
+
+fn public_ok(reg: &NodeRegistration) -> bool {
+    reg.queue.accepts_public_jobs
+}
+
+/// Checks a claim against the eleven counts. The signature is checked first
+/// so an unsigned or forged claim learns nothing about the job's policy.
+pub fn validate_claim(claim: &JobClaim, ctx: &ClaimContext<'_>) -> Result<(), ClaimRejectReason> {
+    use ClaimRejectReason as R;
+    verify(claim).map_err(|_| R::BadSignature)?;
+    let job = ctx.job.filter(|j| j.job_id == claim.job_id).ok_or(R::JobNotFound)?;
+    if ctx.now_ms > job.expires_at_ms {
+        return Err(R::JobExpired);
+    }
+    let reg = ctx
+        .registration
+        .filter(|r| r.node_id == claim.node_id && r.is_fresh(ctx.now_ms, ctx.limits))
+        .ok_or(R::RegistrationStale)?;
+    let caps = &reg.capabilities;
+    let type_ok = caps.api_request_job
+        && match job.request.api_type {
+            ApiType::ChatCompletion => caps.chat,
+            ApiType::Completion => caps.completion,
+            ApiType::Embedding => caps.embedding,
+        };
+    if !type_ok {
+        return Err(R::JobTypeUnsupported);
+    }
+    let model = reg
+        .model(&job.request.model)
+        .filter(|m| m.tasks.contains(&job.request.api_type))
+        .filter(|m| m.model_id == claim.capability_match.model_id)
+        .ok_or(R::ModelUnsupported)?;
+    if (job.request.stream || job.requirements.supports_streaming) && !caps.streaming {
+        return Err(R::StreamingUnsupported);
+    }
+    if model.context_tokens < job.requirements.min_context_tokens {
+        return Err(R::ContextTooSmall);
+    }
+    let r = &job.routing;
+    let policy = !r.excluded_nodes.contains(&reg.node_id)
+        && match r.network {
+            RoutingMode::Public => public_ok(reg),
+            RoutingMode::Private => private_ok(job, reg),
+            // Private first is a preference the gateway applies while the
+            // claim window is open; either kind of node is valid.
+            RoutingMode::Hybrid => private_ok(job, reg) || public_ok(reg),
+            RoutingMode::LocalOnly => {
+                reg.queue.accepts_local_only_jobs && reg.swarm_id == r.swarm_id
+            }
+            RoutingMode::GatewayLocal => ctx.local_workers.contains(&reg.node_id),
+        };
+    if !policy {
+        return Err(R::PolicyDenied);
+    }
+    if reg.queue.current_api_jobs >= reg.queue.max_concurrent_api_jobs {
+        return Err(R::NoCapacity);
+    }
+    if ctx.already_claimed {
+        return Err(R::AlreadyClaimed);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gcs_protocol::samples::{self, Params};
+    use gcs_protocol::{sign, NodeKey};
+
+    struct Case {
+        job: ApiRequestJob,
+        reg: NodeRegistration,
+        claim: JobClaim,
+        key: NodeKey,
+        local: Vec<NodeId>,
+        claimed: bool,
+        now: u64,
+    }
+
+    impl Case {
+        fn new() -> Self {
+            let (w, g) = samples::keys();
+            let p = Params::default();
+            Case {
+                job: samples::api_job(&g, &p),
+                reg: samples::registration(&w, &p),
+                claim: samples::claim(&w, &p),
+                key: w,
+                local: vec![],
+                claimed: false,
+                now: p.now_ms + 200,
+            }
+        }
+        fn check(&mut self) -> Result<(), ClaimRejectReason> {
+            let mut c = self.claim.clone();
+            if c.signature.is_none() {
+                sign(&mut c, &self.key).unwrap();
+            }
+            let limits = Limits::default();
+            validate_claim(
+                &c,
+                &ClaimContext {
+                    job: Some(&self.job),
+                    registration: Some(&self.reg),
+                    local_workers: &self.local,
+                    already_claimed: self.claimed,
+                    now_ms: self.now,
+                    limits: &limits,
+                },
+            )
+        }
+    }
+
+    use ClaimRejectReason as R;
+
+    #[test]
+    fn a_claim_valid_on_all_counts_wins() {
+        assert_eq!(Case::new().check(), Ok(()));
+    }
+    #[test]
+    fn count_1_unknown_job() {
+        let mut c = Case::new();
+        c.claim.job_id = gcs_protocol::ids::id_from_parts(gcs_protocol::ids::JOB, 1, 1);
+        assert_eq!(c.check(), Err(R::JobNotFound));
+    }
+    #[test]
+    fn count_2_expired_job() {
+        let mut c = Case::new();
+        c.now = c.job.expires_at_ms + 1;
+        assert_eq!(c.check(), Err(R::JobExpired));
+    }
+    #[test]
+    fn count_3_stale_registration() {
+        let mut c = Case::new();
+        c.now = c.reg.heartbeat.expires_at_ms;
+        c.job.expires_at_ms = c.now + 1;
+        assert_eq!(c.check(), Err(R::RegistrationStale));
+    }
+    #[test]
+    fn count_4_job_type() {
+        let mut c = Case::new();
+        c.reg.capabilities.chat = false;
+        assert_eq!(c.check(), Err(R::JobTypeUnsupported));
+    }
+    #[test]
+    fn count_5_model_or_alias() {
+        let mut c = Case::new();
+        c.job.request.model = "gnus-code".into();
+        assert_eq!(c.check(), Err(R::ModelUnsupported));
+        let mut c = Case::new();
+        c.job.request.model = "smollm2-135m-instruct".into();
+        assert_eq!(c.check(), Ok(()), "the canonical id works as well as an alias");
+    }
+    #[test]
+    fn count_6_streaming() {
+        let mut c = Case::new();
+        c.reg.capabilities.streaming = false;
+        assert_eq!(c.check(), Err(R::StreamingUnsupported));
+    }
+    #[test]
+    fn count_7_context() {
+        let mut c = Case::new();
+        c.job.requirements.min_context_tokens = 16_384;
+        assert_eq!(c.check(), Err(R::ContextTooSmall));
+    }
+    #[test]
+    fn count_8_routing_and_privacy_policy() {
+        let mut c = Case::new();
+        c.job.routing.network = RoutingMode::Private;
+        assert_eq!(c.check(), Err(R::PolicyDenied), "a public node cannot take a private job");
+        c.reg.tenant_id = Some(c.job.tenant.tenant_id.clone());
+        c.reg.queue.accepts_private_jobs = true;
+        assert_eq!(c.check(), Ok(()));
+        c.job.routing.allowed_nodes = vec![NodeKey::from_seed([9; 32]).node_id()];
+        assert_eq!(c.check(), Err(R::PolicyDenied), "not on the tenant's allow-list");
+        let mut c = Case::new();
+        c.job.routing.network = RoutingMode::LocalOnly;
+        c.reg.queue.accepts_local_only_jobs = true;
+        c.reg.swarm_id = "other".into();
+        assert_eq!(c.check(), Err(R::PolicyDenied), "outside the swarm");
+        let mut c = Case::new();
+        c.job.routing.network = RoutingMode::GatewayLocal;
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+        c.local = vec![c.reg.node_id.clone()];
+        assert_eq!(c.check(), Ok(()));
+        let mut c = Case::new();
+        c.job.routing.network = RoutingMode::Hybrid;
+        assert_eq!(c.check(), Ok(()), "hybrid falls back to public");
+        c.job.routing.excluded_nodes = vec![c.reg.node_id.clone()];
+        assert_eq!(c.check(), Err(R::PolicyDenied), "excluded after a failure");
+    }
+    #[test]
+    fn count_9_capacity() {
+        let mut c = Case::new();
+        c.reg.queue.current_api_jobs = c.reg.queue.max_concurrent_api_jobs;
+        assert_eq!(c.check(), Err(R::NoCapacity));
+    }
+    #[test]
+    fn count_10_signature() {
+        let mut c = Case::new();
+        sign(&mut c.claim, &c.key).unwrap();
+        c.claim.estimated.wall_ms += 1;
+        assert_eq!(c.check(), Err(R::BadSignature));
+    }
+    #[test]
+    fn count_11_already_claimed() {
+        let mut c = Case::new();
+        c.claimed = true;
+        assert_eq!(c.check(), Err(R::AlreadyClaimed));
+    }
+}
