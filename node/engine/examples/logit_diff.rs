@@ -12,7 +12,7 @@ fn main() {
     )
     .unwrap();
     let e = Engine::load(
-        &format!(
+        format!(
             "{}/.cache/gcs/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
             std::env::var("HOME").unwrap_or_else(|_| "/root".into())
         ),

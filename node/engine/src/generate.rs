@@ -175,3 +175,15 @@ impl Engine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The node shares one loaded model across request threads.
+    #[test]
+    fn engine_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::Engine>();
+        check::<crate::bert::Embedder>();
+        check::<crate::llama::KvCache>();
+    }
+}

@@ -217,7 +217,7 @@ impl<'a> Cursor<'a> {
                 let min = match elem_ty {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
-                    4 | 5 | 6 => 4,
+                    4..=6 => 4,
                     _ => 8,
                 };
                 let n = self.len("array length", min)?;
@@ -328,7 +328,7 @@ impl GgufFile {
                     offset: data_start.saturating_add(t.offset as usize),
                 });
             }
-            if t.offset as usize % alignment != 0 {
+            if !(t.offset as usize).is_multiple_of(alignment) {
                 return Err(c.malformed(format!("tensor {} offset not aligned", t.name)));
             }
         }

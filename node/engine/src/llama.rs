@@ -71,8 +71,8 @@ impl LlamaConfig {
         };
         if cfg.n_heads == 0
             || cfg.n_kv_heads == 0
-            || cfg.n_heads % cfg.n_kv_heads != 0
-            || cfg.head_dim % 2 != 0
+            || !cfg.n_heads.is_multiple_of(cfg.n_kv_heads)
+            || !cfg.head_dim.is_multiple_of(2)
         {
             return Err(EngineError::Model {
                 path: g.path.clone(),

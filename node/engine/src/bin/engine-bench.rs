@@ -53,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Prefill throughput on a longer prompt (the chat prompt repeated).
-    let long: String = std::iter::repeat(prompt.as_str()).take(8).collect::<Vec<_>>().join(" ");
+    let long: String = std::iter::repeat_n(prompt.as_str(), 8).collect::<Vec<_>>().join(" ");
     let ids = engine.prompt_tokens(&[ChatMessage::new("user", long)])?;
     let mut cache = gcs_engine::llama::KvCache::new();
     let t = Instant::now();

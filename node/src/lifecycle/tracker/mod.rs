@@ -1,0 +1,535 @@
+//! The gateway's per-job tracker (26.12–26.19): publish, first valid claim,
+//! lease and renewal, fenced stream, requeue before the first token, failure
+//! after it, cancellation, usage. Inputs in, effects out, time as an input;
+//! the node runtime performs the effects.
+
+use gcs_protocol::{
+    ids, sign, ApiRequestJob, Cancellation, CancellationReason, ClaimRejection, ErrorInfo,
+    FinalResult, JobClaim, JobState, LeaseGrant, LeaseRenewal, Limits, MessageType, NodeId,
+    NodeKey, NodeRegistration, PartialUsage, ProtocolError, Requeue, RequeueReason, ResultStatus,
+    StreamChunk, UsageRecord, PROTOCOL_VERSION,
+};
+
+use super::claims::{validate_claim, ClaimContext};
+use super::fence::{FenceConfig, StreamFence, Verdict};
+
+/// Lease timing.
+#[derive(Clone, Copy, Debug)]
+pub struct TrackerConfig {
+    /// Lease term before renewal is due.
+    pub lease_term_ms: u64,
+    /// How often the holder renews.
+    pub renew_interval_ms: u64,
+    /// Reorder buffer.
+    pub fence: FenceConfig,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        Self { lease_term_ms: 10_000, renew_interval_ms: 2_000, fence: FenceConfig::default() }
+    }
+}
+
+/// Something that happened to the job.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// A claim, with the claimant's latest registration.
+    Claim(Box<JobClaim>, Option<Box<NodeRegistration>>),
+    /// A lease renewal.
+    Renewal(LeaseRenewal),
+    /// A stream chunk.
+    Chunk(Box<StreamChunk>),
+    /// A final result.
+    Result(Box<FinalResult>),
+    /// The connection to a worker closed.
+    WorkerDisconnected(NodeId),
+    /// The client went away, timed out, ran out of quota, or an admin cancelled.
+    Cancel(CancellationReason),
+    /// Time passed.
+    Tick,
+}
+
+/// Something the runtime must do.
+#[derive(Clone, Debug)]
+pub enum Effect {
+    /// Announce the job (first publish or after a requeue).
+    Publish(Box<ApiRequestJob>),
+    /// Send a lease (grant or renewal) to its holder.
+    Lease(LeaseGrant),
+    /// Tell a claimant it lost, and why.
+    RejectClaim(ClaimRejection),
+    /// Forward chunks to the client, in order.
+    Forward(Vec<StreamChunk>),
+    /// Record a requeue.
+    Requeue(Requeue),
+    /// Tell the worker to stop.
+    Cancel(Cancellation),
+    /// The job finished: answer the client.
+    Complete(Box<FinalResult>),
+    /// The job failed; `after_partial_output` decides JSON error vs SSE error event.
+    Fail {
+        /// OpenAI-shaped error.
+        error: ErrorInfo,
+        /// Whether tokens already reached the client.
+        after_partial_output: bool,
+    },
+    /// The job's usage record (exactly one per job, at its end).
+    Usage(Box<UsageRecord>),
+}
+
+/// Per-job state at the gateway.
+#[derive(Debug)]
+pub struct JobTracker {
+    job: ApiRequestJob,
+    config: TrackerConfig,
+    state: JobState,
+    fence: StreamFence,
+    lease: Option<LeaseGrant>,
+    attempt: u32,
+    excluded: Vec<NodeId>,
+    attempt_started_ms: u64,
+    lease_granted_ms: u64,
+    first_token_ms: Option<u64>,
+    last_chunk_ms: u64,
+    generated_tokens: u64,
+    input_tokens: u64,
+    cached_tokens: u64,
+    compute_ms: u64,
+    cancellation: Option<CancellationReason>,
+    ever_leased: bool,
+}
+
+fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
+    ErrorInfo { kind: kind.into(), code: code.into(), message: message.into() }
+}
+
+impl JobTracker {
+    /// Starts tracking a signed job; the first effect publishes it.
+    pub fn new(job: ApiRequestJob, config: TrackerConfig, now_ms: u64) -> (Self, Vec<Effect>) {
+        let t = Self {
+            fence: StreamFence::new(&job.job_id, config.fence),
+            config,
+            state: JobState::Published,
+            lease: None,
+            attempt: 0,
+            excluded: job.routing.excluded_nodes.clone(),
+            attempt_started_ms: now_ms,
+            lease_granted_ms: 0,
+            first_token_ms: None,
+            last_chunk_ms: now_ms,
+            generated_tokens: 0,
+            input_tokens: 0,
+            cached_tokens: 0,
+            compute_ms: 0,
+            cancellation: None,
+            ever_leased: false,
+            job,
+        };
+        let publish = Effect::Publish(Box::new(t.job.clone()));
+        (t, vec![publish])
+    }
+
+    /// Current state (26.13.1).
+    pub fn state(&self) -> JobState {
+        self.state
+    }
+
+    /// The current lease.
+    pub fn lease(&self) -> Option<&LeaseGrant> {
+        self.lease.as_ref()
+    }
+
+    /// Tokens forwarded to the client.
+    pub fn delivered_tokens(&self) -> u64 {
+        self.fence.delivered_tokens()
+    }
+
+    fn set(&mut self, s: JobState) {
+        if self.state != s && self.state.can_transition_to(s) {
+            self.state = s;
+        }
+    }
+
+    /// Feeds one input; `key` is the gateway's signing key.
+    pub fn handle(
+        &mut self,
+        input: Input,
+        now_ms: u64,
+        key: &NodeKey,
+        limits: &Limits,
+    ) -> Vec<Effect> {
+        if self.state.is_terminal() {
+            return match input {
+                Input::Claim(c, _) => {
+                    self.reject(&c, gcs_protocol::ClaimRejectReason::AlreadyClaimed, key, now_ms)
+                }
+                _ => vec![],
+            };
+        }
+        let r = match input {
+            Input::Claim(c, reg) => self.on_claim(&c, reg.as_deref(), now_ms, key, limits),
+            Input::Renewal(r) => self.on_renewal(&r, now_ms, key),
+            Input::Chunk(c) => Ok(self.on_chunk(*c, now_ms, key)),
+            Input::Result(r) => Ok(self.on_result(*r, now_ms, key)),
+            Input::WorkerDisconnected(n) => {
+                Ok(self.on_worker_lost(&n, RequeueReason::WorkerDisconnected, now_ms, key))
+            }
+            Input::Cancel(reason) => Ok(self.cancel(reason, now_ms, key)),
+            Input::Tick => Ok(self.on_tick(now_ms, key)),
+        };
+        r.unwrap_or_else(|e| {
+            tracing::error!(job = %self.job.job_id, error = %e, "cannot sign a lifecycle message");
+            self.fail(err("server_error", "gnus_internal", "internal signing error"), now_ms, key)
+        })
+    }
+
+    fn reject(
+        &self,
+        c: &JobClaim,
+        reason: gcs_protocol::ClaimRejectReason,
+        key: &NodeKey,
+        now: u64,
+    ) -> Vec<Effect> {
+        let mut r = ClaimRejection {
+            message_type: MessageType::ClaimRejection,
+            version: PROTOCOL_VERSION,
+            job_id: c.job_id.clone(),
+            claim_id: c.claim_id.clone(),
+            node_id: c.node_id.clone(),
+            gateway_node_id: key.node_id(),
+            reason,
+            detail: String::new(),
+            created_at_ms: now,
+            signature: None,
+        };
+        match sign(&mut r, key) {
+            Ok(()) => vec![Effect::RejectClaim(r)],
+            Err(_) => vec![],
+        }
+    }
+
+    fn on_claim(
+        &mut self,
+        c: &JobClaim,
+        reg: Option<&NodeRegistration>,
+        now: u64,
+        key: &NodeKey,
+        limits: &Limits,
+    ) -> Result<Vec<Effect>, ProtocolError> {
+        let mut job = self.job.clone();
+        job.routing.excluded_nodes = self.excluded.clone();
+        let ctx = ClaimContext {
+            job: Some(&job),
+            registration: reg,
+            local_workers: &[],
+            already_claimed: self.lease.is_some(),
+            now_ms: now,
+            limits,
+        };
+        if let Err(reason) = validate_claim(c, &ctx) {
+            return Ok(self.reject(c, reason, key, now));
+        }
+        let mut lease = LeaseGrant {
+            message_type: MessageType::LeaseGrant,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            lease_id: ids::new_id(ids::LEASE, now)?,
+            claim_id: c.claim_id.clone(),
+            node_id: c.node_id.clone(),
+            gateway_node_id: key.node_id(),
+            attempt: self.attempt,
+            renew_interval_ms: self.config.renew_interval_ms,
+            created_at_ms: now,
+            expires_at_ms: now + self.config.lease_term_ms,
+            signature: None,
+        };
+        sign(&mut lease, key)?;
+        self.fence.grant(&lease.lease_id, lease.node_id.clone());
+        self.lease = Some(lease.clone());
+        self.lease_granted_ms = now;
+        self.ever_leased = true;
+        self.set(JobState::Claimed);
+        self.set(JobState::Accepted);
+        Ok(vec![Effect::Lease(lease)])
+    }
+
+    fn holder_matches(&self, node: &NodeId, lease_id: &str) -> bool {
+        self.lease.as_ref().is_some_and(|l| &l.node_id == node && l.lease_id == lease_id)
+    }
+
+    fn on_renewal(
+        &mut self,
+        r: &LeaseRenewal,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, ProtocolError> {
+        if !self.holder_matches(&r.node_id, &r.lease_id) || gcs_protocol::verify(r).is_err() {
+            return Ok(vec![]);
+        }
+        let Some(mut lease) = self.lease.clone() else { return Ok(vec![]) };
+        lease.created_at_ms = now;
+        lease.expires_at_ms = now + self.config.lease_term_ms;
+        lease.signature = None;
+        sign(&mut lease, key)?;
+        self.lease = Some(lease.clone());
+        Ok(vec![Effect::Lease(lease)])
+    }
+
+    fn on_chunk(&mut self, c: StreamChunk, now: u64, key: &NodeKey) -> Vec<Effect> {
+        match self.fence.on_chunk(c, now) {
+            Verdict::Deliver(cs) => {
+                self.first_token_ms.get_or_insert(now);
+                self.last_chunk_ms = now;
+                self.generated_tokens = self.generated_tokens.max(self.fence.delivered_tokens());
+                self.set(JobState::Executing);
+                self.set(JobState::Streaming);
+                vec![Effect::Forward(cs)]
+            }
+            Verdict::Failed(f) => {
+                let msg = format!("the worker's stream broke ({f:?})");
+                self.fail(err("server_error", "gnus_stream_broken", &msg), now, key)
+            }
+            Verdict::Buffered | Verdict::Duplicate | Verdict::Rejected(_) => vec![],
+        }
+    }
+
+    fn on_result(&mut self, r: FinalResult, now: u64, key: &NodeKey) -> Vec<Effect> {
+        let from_holder = r.lease_id.as_deref().is_some_and(|l| self.holder_matches(&r.node_id, l));
+        if !from_holder || gcs_protocol::verify(&r).is_err() {
+            return vec![];
+        }
+        if let Some(m) = &r.metering {
+            self.generated_tokens = self.generated_tokens.max(m.output_tokens);
+            self.input_tokens = m.input_tokens;
+            self.cached_tokens = m.cached_tokens.min(m.input_tokens);
+            self.compute_ms = m.compute_ms;
+        }
+        match r.status {
+            ResultStatus::Completed => {
+                self.fence.close();
+                self.set(JobState::Executing);
+                self.set(JobState::Completed);
+                let mut out = vec![Effect::Complete(Box::new(r))];
+                out.extend(self.usage(now, key));
+                out
+            }
+            _ => {
+                let e = r
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| err("server_error", "gnus_worker_failed", "worker failed"));
+                let node = r.node_id.clone();
+                if self.fence.started() {
+                    self.fail(e, now, key)
+                } else {
+                    self.on_worker_lost(&node, RequeueReason::InvalidResult, now, key)
+                }
+            }
+        }
+    }
+
+    /// The holder is gone or failed: requeue before the first token (26.16.9),
+    /// fail after it — never switch workers silently mid-stream.
+    fn on_worker_lost(
+        &mut self,
+        node: &NodeId,
+        reason: RequeueReason,
+        now: u64,
+        key: &NodeKey,
+    ) -> Vec<Effect> {
+        if !self.lease.as_ref().is_some_and(|l| &l.node_id == node) {
+            return vec![];
+        }
+        if self.fence.started() {
+            return self.fail(
+                err("server_error", "gnus_worker_lost", "the worker failed mid-stream"),
+                now,
+                key,
+            );
+        }
+        self.requeue(reason, now, key)
+    }
+
+    fn requeue(&mut self, reason: RequeueReason, now: u64, key: &NodeKey) -> Vec<Effect> {
+        let wall_left =
+            (self.job.created_at_ms + self.job.limits.wall_timeout_ms).saturating_sub(now);
+        if self.attempt >= self.job.limits.max_requeues || wall_left == 0 {
+            let e = if !self.ever_leased {
+                no_capable_nodes()
+            } else {
+                err(
+                    "server_error",
+                    "gnus_requeue_exhausted",
+                    "the job failed on every worker that took it",
+                )
+            };
+            return self.fail(e, now, key);
+        }
+        if let Some(l) = self.lease.take() {
+            self.excluded.push(l.node_id);
+        }
+        self.attempt += 1;
+        self.attempt_started_ms = now;
+        self.fence = StreamFence::new(&self.job.job_id, self.config.fence);
+        self.set(JobState::Requeued);
+        let mut rq = Requeue {
+            message_type: MessageType::Requeue,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            issued_by: key.node_id(),
+            requeue_count: self.attempt,
+            reason,
+            excluded_nodes: self.excluded.clone(),
+            remaining_wall_timeout_ms: wall_left,
+            created_at_ms: now,
+            signature: None,
+        };
+        if sign(&mut rq, key).is_err() {
+            return vec![];
+        }
+        let mut job = self.job.clone();
+        job.routing.excluded_nodes = self.excluded.clone();
+        vec![Effect::Requeue(rq), Effect::Publish(Box::new(job))]
+    }
+
+    fn on_tick(&mut self, now: u64, key: &NodeKey) -> Vec<Effect> {
+        let l = &self.job.limits;
+        if now >= self.job.created_at_ms + l.wall_timeout_ms {
+            let mut out = self.cancel_worker(CancellationReason::Timeout, now, key);
+            out.extend(self.fail(
+                err("timeout", "gnus_wall_timeout", "the request exceeded its wall-clock timeout"),
+                now,
+                key,
+            ));
+            return out;
+        }
+        if let Some(f) = self.fence.on_tick(now) {
+            let msg = format!("the worker's stream broke ({f:?})");
+            return self.fail(err("server_error", "gnus_stream_broken", &msg), now, key);
+        }
+        match &self.lease {
+            None if now >= self.attempt_started_ms + l.claim_timeout_ms => {
+                self.requeue(RequeueReason::NoValidClaim, now, key)
+            }
+            None => vec![],
+            Some(lease) => {
+                let holder = lease.node_id.clone();
+                if now > lease.expires_at_ms {
+                    self.on_worker_lost(&holder, RequeueReason::WorkerTimeout, now, key)
+                } else if !self.fence.started()
+                    && now >= self.lease_granted_ms + l.first_token_timeout_ms
+                {
+                    self.on_worker_lost(
+                        &holder,
+                        RequeueReason::WorkerFailedBeforeFirstToken,
+                        now,
+                        key,
+                    )
+                } else if self.fence.started()
+                    && now >= self.last_chunk_ms + l.idle_stream_timeout_ms
+                {
+                    let mut out = self.cancel_worker(CancellationReason::Timeout, now, key);
+                    out.extend(self.fail(
+                        err("timeout", "gnus_idle_timeout", "the stream went idle"),
+                        now,
+                        key,
+                    ));
+                    out
+                } else {
+                    vec![]
+                }
+            }
+        }
+    }
+
+    fn cancel_worker(
+        &mut self,
+        reason: CancellationReason,
+        now: u64,
+        key: &NodeKey,
+    ) -> Vec<Effect> {
+        self.cancellation = Some(reason);
+        let mut c = Cancellation {
+            message_type: MessageType::Cancellation,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            issued_by: key.node_id(),
+            lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()),
+            reason,
+            last_sequence_sent: self.fence.next_seq().checked_sub(1),
+            partial_usage: PartialUsage { output_tokens_sent: self.fence.delivered_tokens() },
+            created_at_ms: now,
+            signature: None,
+        };
+        match sign(&mut c, key) {
+            Ok(()) => vec![Effect::Cancel(c)],
+            Err(_) => vec![],
+        }
+    }
+
+    fn cancel(&mut self, reason: CancellationReason, now: u64, key: &NodeKey) -> Vec<Effect> {
+        let mut out = self.cancel_worker(reason, now, key);
+        self.fence.close();
+        self.set(JobState::Cancelled);
+        out.extend(self.usage(now, key));
+        out
+    }
+
+    fn fail(&mut self, error: ErrorInfo, now: u64, key: &NodeKey) -> Vec<Effect> {
+        let after = self.fence.started();
+        self.fence.close();
+        self.set(JobState::Failed);
+        let mut out = vec![Effect::Fail { error, after_partial_output: after }];
+        out.extend(self.usage(now, key));
+        out
+    }
+
+    fn usage(&self, now: u64, key: &NodeKey) -> Vec<Effect> {
+        let j = &self.job;
+        let mut u = UsageRecord {
+            message_type: MessageType::UsageRecord,
+            version: PROTOCOL_VERSION,
+            job_id: j.job_id.clone(),
+            tenant_id: j.tenant.tenant_id.clone(),
+            project_id: j.tenant.project_id.clone(),
+            api_key_id: j.tenant.api_key_id.clone(),
+            node_id: self.lease.as_ref().map(|l| l.node_id.clone()),
+            recorded_by: key.node_id(),
+            model: j.request.model.clone(),
+            api_type: j.request.api_type,
+            network: j.routing.network,
+            input_tokens: self.input_tokens,
+            cached_tokens: self.cached_tokens,
+            output_tokens_generated: self.generated_tokens.max(self.fence.delivered_tokens()),
+            output_tokens_sent_to_client: self.fence.delivered_tokens(),
+            embedding_tokens: 0,
+            retrieval_chunks: 0,
+            child_jobs: 0,
+            compute_ms: self.compute_ms,
+            first_token_ms: self.first_token_ms.map(|t| t.saturating_sub(j.created_at_ms)),
+            wall_ms: now.saturating_sub(j.created_at_ms),
+            requeue_count: self.attempt,
+            cost_gnus: "0".into(),
+            cancellation_reason: self.cancellation,
+            failed_after_partial_output: self.state == JobState::Failed && self.fence.started(),
+            created_at_ms: now,
+            signature: None,
+        };
+        match sign(&mut u, key) {
+            Ok(()) => vec![Effect::Usage(Box::new(u))],
+            Err(_) => vec![],
+        }
+    }
+}
+
+/// 26.17.2.
+pub fn no_capable_nodes() -> ErrorInfo {
+    err(
+        "service_unavailable",
+        "gnus_no_capable_nodes",
+        "No GNUS nodes are currently available for the requested model and routing policy.",
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,287 @@
+use super::*;
+use gcs_protocol::samples::{self, Params};
+use gcs_protocol::{FinishReason, Metering, NodeKey, ResponseBody};
+use proptest::prelude::*;
+
+const T0: u64 = 1_783_468_800_000;
+
+struct World {
+    gw: NodeKey,
+    workers: Vec<NodeKey>,
+    tracker: JobTracker,
+    limits: Limits,
+    now: u64,
+    effects: Vec<Effect>,
+}
+
+impl World {
+    fn new() -> Self {
+        let gw = samples::keys().1;
+        let mut job = samples::api_job(&gw, &Params::default());
+        sign(&mut job, &gw).unwrap();
+        let (tracker, effects) = JobTracker::new(job, TrackerConfig::default(), T0);
+        let workers = (1..=3u8).map(|i| NodeKey::from_seed([i; 32])).collect();
+        World { gw, workers, tracker, limits: Limits::default(), now: T0, effects }
+    }
+    fn feed(&mut self, input: Input) -> Vec<Effect> {
+        let out = self.tracker.handle(input, self.now, &self.gw, &self.limits);
+        self.effects.extend(out.clone());
+        out
+    }
+    fn claim(&mut self, w: usize) -> Vec<Effect> {
+        let key = &self.workers[w];
+        let p = Params { now_ms: self.now - 100, ..Params::default() };
+        let mut reg = samples::registration(key, &p);
+        sign(&mut reg, key).unwrap();
+        let mut c = samples::claim(key, &p);
+        c.job_id = self.tracker.job.job_id.clone();
+        c.claim_id = ids::new_id(ids::CLAIM, self.now).unwrap();
+        sign(&mut c, key).unwrap();
+        self.feed(Input::Claim(Box::new(c), Some(Box::new(reg))))
+    }
+    fn chunk(&mut self, w: usize, seq: u64, last: bool) -> Vec<Effect> {
+        let key = &self.workers[w];
+        let lease = self.tracker.lease().map(|l| l.lease_id.clone()).unwrap_or_default();
+        self.chunk_under(w, &lease, seq, last, key.node_id())
+    }
+    fn chunk_under(
+        &mut self,
+        w: usize,
+        lease: &str,
+        seq: u64,
+        last: bool,
+        _n: NodeId,
+    ) -> Vec<Effect> {
+        let key = &self.workers[w];
+        let mut c =
+            samples::chunk(key, &Params { text: format!("t{seq}"), n: seq, now_ms: self.now });
+        c.job_id = self.tracker.job.job_id.clone();
+        c.lease_id = lease.into();
+        c.finish_reason = last.then_some(FinishReason::Stop);
+        sign(&mut c, key).unwrap();
+        self.feed(Input::Chunk(Box::new(c)))
+    }
+    fn result(&mut self, w: usize, tokens: u64) -> Vec<Effect> {
+        let key = &self.workers[w];
+        let mut r = samples::final_result(
+            key,
+            &Params { n: tokens, now_ms: self.now, ..Params::default() },
+        );
+        r.job_id = self.tracker.job.job_id.clone();
+        r.lease_id = self.tracker.lease().map(|l| l.lease_id.clone());
+        r.response = Some(ResponseBody {
+            format: "openai.chat.completion".into(),
+            body: serde_json::Value::Null,
+        });
+        r.metering = Some(Metering {
+            input_tokens: 10,
+            output_tokens: tokens,
+            tokens_sent_to_client: 0,
+            cached_tokens: 4,
+            compute_ms: 5,
+            first_token_ms: 1,
+            child_jobs: 0,
+            cost_gnus: "0".into(),
+        });
+        sign(&mut r, key).unwrap();
+        self.feed(Input::Result(Box::new(r)))
+    }
+    fn tick(&mut self, ms: u64) -> Vec<Effect> {
+        self.now += ms;
+        self.feed(Input::Tick)
+    }
+    fn usages(&self) -> Vec<&UsageRecord> {
+        self.effects
+            .iter()
+            .filter_map(|e| if let Effect::Usage(u) = e { Some(u.as_ref()) } else { None })
+            .collect()
+    }
+}
+
+fn leases(e: &[Effect]) -> usize {
+    e.iter().filter(|e| matches!(e, Effect::Lease(_))).count()
+}
+fn rejection(e: &[Effect]) -> Option<gcs_protocol::ClaimRejectReason> {
+    e.iter().find_map(|e| if let Effect::RejectClaim(r) = e { Some(r.reason) } else { None })
+}
+
+#[test]
+fn the_first_valid_claim_wins_and_later_ones_are_told_why_they_lost() {
+    let mut w = World::new();
+    assert!(matches!(w.effects[0], Effect::Publish(_)));
+    w.now += 50;
+    assert_eq!(leases(&w.claim(0)), 1);
+    assert_eq!(w.tracker.state(), JobState::Accepted);
+    assert_eq!(rejection(&w.claim(1)), Some(gcs_protocol::ClaimRejectReason::AlreadyClaimed));
+}
+
+#[test]
+fn no_claim_requeues_then_fails_with_no_capable_nodes() {
+    let mut w = World::new();
+    let mut requeues = 0;
+    for _ in 0..10 {
+        let out = w.tick(1_001);
+        requeues += out.iter().filter(|e| matches!(e, Effect::Requeue(_))).count();
+        if w.tracker.state().is_terminal() {
+            break;
+        }
+    }
+    assert_eq!(requeues, 2, "max_requeues = 2");
+    let fail = w.effects.iter().find_map(|e| {
+        if let Effect::Fail { error, after_partial_output } = e {
+            Some((error.code.clone(), *after_partial_output))
+        } else {
+            None
+        }
+    });
+    assert_eq!(fail, Some(("gnus_no_capable_nodes".into(), false)));
+    assert_eq!(w.usages().len(), 1);
+}
+
+#[test]
+fn a_worker_lost_before_its_first_token_is_replaced_transparently() {
+    let mut w = World::new();
+    w.now += 10;
+    w.claim(0);
+    let lost = w.workers[0].node_id();
+    let out = w.feed(Input::WorkerDisconnected(lost.clone()));
+    assert!(out
+        .iter()
+        .any(|e| matches!(e, Effect::Requeue(r) if r.excluded_nodes.contains(&lost))));
+    assert!(out
+        .iter()
+        .any(|e| matches!(e, Effect::Publish(j) if j.routing.excluded_nodes.contains(&lost))));
+    assert_eq!(
+        rejection(&w.claim(0)),
+        Some(gcs_protocol::ClaimRejectReason::PolicyDenied),
+        "the failed node is excluded"
+    );
+    assert_eq!(leases(&w.claim(1)), 1);
+    // A chunk from the old holder is not forwarded; the new holder's are.
+    let old_lease = "lease_00000000000000000000000000".to_string();
+    assert!(w.chunk_under(0, &old_lease, 0, false, lost).is_empty());
+    assert!(matches!(w.chunk(1, 0, false)[..], [Effect::Forward(_)]));
+    assert!(matches!(w.chunk(1, 1, true)[..], [Effect::Forward(_)]));
+    let out = w.result(1, 2);
+    assert!(matches!(out[0], Effect::Complete(_)));
+    assert_eq!(w.tracker.state(), JobState::Completed);
+    let u = w.usages();
+    assert_eq!(u.len(), 1);
+    assert_eq!(
+        (u[0].requeue_count, u[0].output_tokens_sent_to_client, u[0].cached_tokens),
+        (1, 2, 4)
+    );
+    assert_eq!(u[0].node_id, Some(w.workers[1].node_id()));
+}
+
+#[test]
+fn a_worker_lost_after_its_first_token_ends_the_stream_with_an_error() {
+    let mut w = World::new();
+    w.claim(0);
+    w.chunk(0, 0, false);
+    w.chunk(0, 1, false);
+    let out = w.feed(Input::WorkerDisconnected(w.workers[0].node_id()));
+    assert!(out.iter().any(|e| matches!(e, Effect::Fail { after_partial_output: true, .. })));
+    assert!(
+        !out.iter().any(|e| matches!(e, Effect::Requeue(_) | Effect::Publish(_))),
+        "never switch workers mid-stream"
+    );
+    let u = w.usages()[0].clone();
+    assert_eq!(u.output_tokens_sent_to_client, 2);
+    assert!(u.failed_after_partial_output);
+}
+
+#[test]
+fn an_unrenewed_lease_expires_and_a_renewed_one_does_not() {
+    let mut w = World::new();
+    w.claim(0);
+    let lease = w.tracker.lease().unwrap().clone();
+    w.now += 8_000;
+    let mut r = samples::renewal(&w.workers[0], &Params { now_ms: w.now, ..Params::default() });
+    r.job_id = lease.job_id.clone();
+    r.lease_id = lease.lease_id.clone();
+    sign(&mut r, &w.workers[0]).unwrap();
+    assert_eq!(leases(&w.feed(Input::Renewal(r))), 1);
+    w.chunk(0, 0, false);
+    assert!(w.tick(5_000).is_empty(), "renewed to now + 10 s");
+    let out = w.tick(6_000);
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Fail { after_partial_output: true, .. })),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn client_cancel_tells_the_worker_and_stops_forwarding() {
+    let mut w = World::new();
+    w.claim(0);
+    w.chunk(0, 0, false);
+    let out = w.feed(Input::Cancel(CancellationReason::ClientDisconnected));
+    assert!(out.iter().any(|e| matches!(e, Effect::Cancel(c) if c.last_sequence_sent == Some(0) && c.partial_usage.output_tokens_sent == 1)));
+    assert!(w.chunk(0, 1, false).is_empty());
+    assert_eq!(w.tracker.state(), JobState::Cancelled);
+    let u = w.usages()[0].clone();
+    assert_eq!(u.cancellation_reason, Some(CancellationReason::ClientDisconnected));
+    // The worker's result reports more generated than delivered.
+    w.result(0, 7);
+    assert_eq!(w.usages().len(), 1, "one usage record per job");
+}
+
+#[test]
+fn requeues_exhausted_after_leases_is_not_no_capable_nodes() {
+    let mut w = World::new();
+    for who in 0..3 {
+        w.claim(who);
+        w.feed(Input::WorkerDisconnected(w.workers[who].node_id()));
+    }
+    let fail = w.effects.iter().find_map(|e| {
+        if let Effect::Fail { error, .. } = e {
+            Some(error.code.clone())
+        } else {
+            None
+        }
+    });
+    assert_eq!(fail.as_deref(), Some("gnus_requeue_exhausted"));
+}
+
+#[test]
+fn first_token_timeout_requeues() {
+    let mut w = World::new();
+    w.claim(0);
+    let out = w.tick(10_000);
+    assert!(out.iter().any(|e| matches!(e, Effect::Requeue(r) if r.reason == RequeueReason::WorkerFailedBeforeFirstToken)));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Random schedules of claims, chunks, results, disconnects, cancels and
+    /// ticks: every job ends in exactly one terminal state with exactly one
+    /// usage record, and delivered tokens never exceed generated ones.
+    #[test]
+    fn every_job_ends_once_with_one_usage_record(events in prop::collection::vec((0u8..7, 0usize..3, 0u64..6), 1..60)) {
+        let mut w = World::new();
+        let mut seqs = [0u64; 3];
+        for (kind, who, arg) in events {
+            match kind {
+                0 => { w.claim(who); }
+                1 | 2 => { let s = seqs[who]; seqs[who] += 1; w.chunk(who, s, kind == 2 && arg == 0); }
+                3 => { w.result(who, arg + seqs[who]); }
+                4 => { w.feed(Input::WorkerDisconnected(w.workers[who].node_id())); }
+                5 => { if arg == 0 { w.feed(Input::Cancel(CancellationReason::ClientDisconnected)); } }
+                _ => { w.tick(arg * 2_000); }
+            }
+        }
+        for _ in 0..200 {
+            if w.tracker.state().is_terminal() { break; }
+            w.tick(5_000);
+        }
+        prop_assert!(w.tracker.state().is_terminal());
+        let terminals = w.effects.iter().filter(|e| matches!(e, Effect::Complete(_) | Effect::Fail { .. })).count()
+            + usize::from(w.tracker.state() == JobState::Cancelled);
+        prop_assert_eq!(terminals, 1);
+        let u = w.usages();
+        prop_assert_eq!(u.len(), 1);
+        prop_assert!(u[0].output_tokens_sent_to_client <= u[0].output_tokens_generated);
+    }
+}
