@@ -4,7 +4,7 @@
 //! Run: `cargo bench -p gcs-node --bench gossip`
 //! (under `cargo test --benches` it runs a 3-node smoke version).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::type_complexity)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod identity;
+pub mod jobs;
 pub mod lifecycle;
 pub mod network;
 pub mod node;

@@ -21,7 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::NodeError;
 use crate::identity::Identity;
+use crate::jobs::wire::{JobRequest, JobResponse};
 use crate::replication::{self, DigestRequest, DigestResponse};
+use std::collections::HashMap;
 
 /// Identify / kad protocol name.
 pub const PROTOCOL_NAME: &str = "/gcs/1.0.0";
@@ -66,6 +68,7 @@ struct Behaviour {
     mdns: Toggle<mdns::tokio::Behaviour>,
     ping: ping::Behaviour,
     anti_entropy: request_response::cbor::Behaviour<DigestRequest, DigestResponse>,
+    jobs: request_response::cbor::Behaviour<JobRequest, JobResponse>,
 }
 
 /// What the network tells the node.
@@ -93,6 +96,16 @@ pub enum NetEvent {
     },
     /// Now listening on an address.
     Listening(Multiaddr),
+    /// A request on the per-job direct protocol; answer with
+    /// [`Network::respond`].
+    JobRequest {
+        /// Requesting peer.
+        peer: PeerId,
+        /// Id to answer.
+        id: u64,
+        /// The request.
+        request: JobRequest,
+    },
     /// A peer subscribed to a topic (a cue to announce ourselves there).
     PeerSubscribed {
         /// Peer.
@@ -113,6 +126,8 @@ enum Command {
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
     Peers(oneshot::Sender<Vec<PeerId>>),
     Shutdown(oneshot::Sender<()>),
+    Request(PeerId, JobRequest, oneshot::Sender<Result<JobResponse, NodeError>>),
+    Respond(u64, JobResponse),
 }
 
 /// Handle to the network event loop.
@@ -156,6 +171,9 @@ impl Network {
             keyspace,
             anti_entropy_interval: config.anti_entropy_interval,
             ae_round: 0,
+            outbound: HashMap::new(),
+            inbound: HashMap::new(),
+            next_inbound: 0,
         };
         tokio::spawn(lp.run());
         Ok((Network { tx, peer_id }, ev_rx))
@@ -199,6 +217,16 @@ impl Network {
     /// Connected peers.
     pub async fn peers(&self) -> Result<Vec<PeerId>, NodeError> {
         self.call(Command::Peers).await
+    }
+
+    /// Sends a request on the per-job protocol and waits for the answer.
+    pub async fn request(&self, peer: PeerId, req: JobRequest) -> Result<JobResponse, NodeError> {
+        self.call(|r| Command::Request(peer, req, r)).await?
+    }
+
+    /// Answers an inbound [`NetEvent::JobRequest`].
+    pub async fn respond(&self, id: u64, resp: JobResponse) -> Result<(), NodeError> {
+        self.tx.send(Command::Respond(id, resp)).await.map_err(|_| NodeError::NetworkStopped)
     }
 
     /// Stops the event loop and waits until it has released the swarm (its
@@ -256,6 +284,11 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
                 kad,
                 mdns: Toggle::from(mdns),
                 ping: ping::Behaviour::default(),
+                jobs: request_response::cbor::Behaviour::new(
+                    [(StreamProtocol::new("/gcs/job/1.0.0"), ProtocolSupport::Full)],
+                    request_response::Config::default()
+                        .with_request_timeout(Duration::from_secs(30)),
+                ),
                 anti_entropy: request_response::cbor::Behaviour::new(
                     [(StreamProtocol::new("/gcs/anti-entropy/1.0.0"), ProtocolSupport::Full)],
                     request_response::Config::default()
@@ -278,6 +311,12 @@ struct EventLoop {
     keyspace: Arc<Keyspace>,
     anti_entropy_interval: Duration,
     ae_round: usize,
+    outbound: HashMap<
+        request_response::OutboundRequestId,
+        oneshot::Sender<Result<JobResponse, NodeError>>,
+    >,
+    inbound: HashMap<u64, request_response::ResponseChannel<JobResponse>>,
+    next_inbound: u64,
 }
 
 fn now_ms() -> u64 {
@@ -351,6 +390,15 @@ impl EventLoop {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
             Command::Shutdown(_) => unreachable_shutdown(),
+            Command::Request(peer, req, reply) => {
+                let id = self.swarm.behaviour_mut().jobs.send_request(&peer, req);
+                self.outbound.insert(id, reply);
+            }
+            Command::Respond(id, resp) => {
+                if let Some(ch) = self.inbound.remove(&id) {
+                    let _ = self.swarm.behaviour_mut().jobs.send_response(ch, resp);
+                }
+            }
         }
     }
 
@@ -402,7 +450,33 @@ impl EventLoop {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::AntiEntropy(ev)) => self.on_anti_entropy(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Jobs(ev)) => self.on_job_protocol(ev).await,
             _ => {}
+        }
+    }
+
+    async fn on_job_protocol(&mut self, ev: request_response::Event<JobRequest, JobResponse>) {
+        use request_response::{Event, Message as RrMessage};
+        match ev {
+            Event::Message {
+                peer, message: RrMessage::Request { request, channel, .. }, ..
+            } => {
+                let id = self.next_inbound;
+                self.next_inbound += 1;
+                self.inbound.insert(id, channel);
+                emit(&self.events, NetEvent::JobRequest { peer, id, request }).await;
+            }
+            Event::Message { message: RrMessage::Response { request_id, response }, .. } => {
+                if let Some(r) = self.outbound.remove(&request_id) {
+                    let _ = r.send(Ok(response));
+                }
+            }
+            Event::OutboundFailure { request_id, error, peer, .. } => {
+                if let Some(r) = self.outbound.remove(&request_id) {
+                    let _ = r.send(Err(NodeError::Network(format!("request to {peer}: {error}"))));
+                }
+            }
+            Event::InboundFailure { .. } | Event::ResponseSent { .. } => {}
         }
     }
 

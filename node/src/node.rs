@@ -16,6 +16,12 @@ use tokio::task::JoinHandle;
 
 use crate::error::NodeError;
 use crate::identity::Identity;
+use crate::jobs::executor::Executor;
+use crate::jobs::gateway::{Ctx, GatewayState};
+use crate::jobs::wire::{JobRequest, JobResponse};
+use crate::jobs::worker::WorkerState;
+use crate::jobs::{JobEvent, JobSpec};
+use crate::lifecycle::tracker::TrackerConfig;
 use crate::network::{NetEvent, Network, NetworkConfig};
 use crate::registry::{Accepted, Registry};
 use crate::topics;
@@ -41,6 +47,13 @@ impl Role {
 /// Node settings.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
+    /// The inference engine a worker runs jobs on; a worker without one
+    /// advertises no API-job capability and claims nothing.
+    pub executor: Option<Arc<dyn Executor>>,
+    /// Jobs a worker runs at once.
+    pub max_concurrent_jobs: usize,
+    /// Gateway lease timing.
+    pub tracker: TrackerConfig,
     /// Role.
     pub role: Role,
     /// Data directory (identity, keyspace).
@@ -68,6 +81,9 @@ impl NodeConfig {
             registration_ttl: Duration::from_secs(30),
             models: vec![],
             swarm_id: "public".into(),
+            executor: None,
+            max_concurrent_jobs: 4,
+            tracker: TrackerConfig::default(),
         }
     }
 }
@@ -84,6 +100,12 @@ pub struct NodeHandle {
     keyspace: Arc<Keyspace>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    commands: mpsc::Sender<RuntimeCommand>,
+}
+
+enum RuntimeCommand {
+    Submit(Box<JobSpec>, oneshot::Sender<Result<(String, mpsc::Receiver<JobEvent>), NodeError>>),
+    Cancel(String, gcs_protocol::CancellationReason),
 }
 
 /// Wall-clock milliseconds (the one place the runtime reads the clock).
@@ -124,6 +146,32 @@ impl NodeHandle {
         &self.keyspace
     }
 
+    /// Submits a job (gateway roles): signs and publishes it, and returns its
+    /// id and the fenced event stream for the client.
+    pub async fn submit(
+        &self,
+        spec: JobSpec,
+    ) -> Result<(String, mpsc::Receiver<JobEvent>), NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(RuntimeCommand::Submit(Box::new(spec), tx))
+            .await
+            .map_err(|_| NodeError::NetworkStopped)?;
+        rx.await.map_err(|_| NodeError::NetworkStopped)?
+    }
+
+    /// Cancels a job on the client's behalf.
+    pub async fn cancel(
+        &self,
+        job_id: &str,
+        reason: gcs_protocol::CancellationReason,
+    ) -> Result<(), NodeError> {
+        self.commands
+            .send(RuntimeCommand::Cancel(job_id.into(), reason))
+            .await
+            .map_err(|_| NodeError::NetworkStopped)
+    }
+
     /// Writes `value` at `key` and, for a globally replicated namespace,
     /// gossips the delta to every node.
     pub async fn put_replicated(&self, key: &str, value: Vec<u8>) -> Result<(), NodeError> {
@@ -149,6 +197,9 @@ struct Runtime {
     network: Network,
     registry: Arc<Mutex<Registry>>,
     keyspace: Arc<Keyspace>,
+    gateway: Option<GatewayState>,
+    worker: Option<WorkerState>,
+    registration_id: Arc<Mutex<String>>,
 }
 
 /// Starts a node.
@@ -172,25 +223,121 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
     let registry = Arc::new(Mutex::new(Registry::new(config.network.limits.clone())));
     tracing::info!(node_id = %node_id, peer_id = %identity.peer_id(), role = ?config.role, "node started");
     let (stop_tx, stop_rx) = oneshot::channel();
+    let (cmd_tx, cmd_rx) = mpsc::channel(256);
     let peer_id = identity.peer_id();
+    let registration_id = Arc::new(Mutex::new(ids::new_id(ids::REGISTRATION, now_ms())?));
+    let worker = match (&config.executor, config.role.is_worker()) {
+        (Some(exec), true) => Some(WorkerState {
+            executor: exec.clone(),
+            key: Arc::new(gcs_protocol::NodeKey::from_seed(identity.key.seed())),
+            network: network.clone(),
+            models: config.models.clone(),
+            max_jobs: config.max_concurrent_jobs,
+            active: Arc::default(),
+            registration_id: registration_id.clone(),
+            limits: config.network.limits.clone(),
+        }),
+        _ => None,
+    };
     let rt = Runtime {
+        gateway: (config.role != Role::Worker).then(GatewayState::default),
+        worker,
+        registration_id,
         identity,
         config,
         network: network.clone(),
         registry: registry.clone(),
         keyspace: keyspace.clone(),
     };
-    let task = tokio::spawn(rt.run(events, stop_rx));
-    Ok(NodeHandle { node_id, peer_id, network, registry, keyspace, stop: Some(stop_tx), task })
+    let task = tokio::spawn(rt.run(events, stop_rx, cmd_rx));
+    Ok(NodeHandle {
+        node_id,
+        peer_id,
+        network,
+        registry,
+        keyspace,
+        stop: Some(stop_tx),
+        task,
+        commands: cmd_tx,
+    })
 }
 
 impl Runtime {
-    async fn run(self, mut events: mpsc::Receiver<NetEvent>, mut stop: oneshot::Receiver<()>) {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            key: &self.identity.key,
+            network: &self.network,
+            keyspace: &self.keyspace,
+            registry: &self.registry,
+            limits: &self.config.network.limits,
+            tracker: self.config.tracker,
+        }
+    }
+
+    async fn on_command(&mut self, cmd: RuntimeCommand) {
+        let mut gw = self.gateway.take();
+        match (cmd, gw.as_mut()) {
+            (RuntimeCommand::Submit(spec, reply), Some(g)) => {
+                let r = g.submit(*spec, &self.ctx()).await;
+                let _ = reply.send(r);
+            }
+            (RuntimeCommand::Submit(_, reply), None) => {
+                let _ = reply.send(Err(NodeError::Network("this node has no gateway role".into())));
+            }
+            (RuntimeCommand::Cancel(job, reason), Some(g)) => {
+                g.cancel(&job, reason, &self.ctx()).await
+            }
+            (RuntimeCommand::Cancel(..), None) => {}
+        }
+        self.gateway = gw;
+    }
+
+    async fn on_job_request(&mut self, peer: PeerId, id: u64, req: JobRequest) {
+        // Cancellations are for the worker side; everything else for the gateway.
+        if let JobRequest::Envelope(bytes) = &req {
+            if let Ok(Message::Cancellation(c)) =
+                gcs_protocol::open(bytes, now_ms(), &self.config.network.limits)
+            {
+                let ok = crate::jobs::peer_of(&c.issued_by) == Some(peer)
+                    && self.worker.as_ref().is_some_and(|w| w.on_cancel(&c));
+                let resp = if ok {
+                    JobResponse::Ack
+                } else {
+                    JobResponse::Refused("no such job here".into())
+                };
+                let _ = self.network.respond(id, resp).await;
+                return;
+            }
+        }
+        let mut gw = self.gateway.take();
+        let resp = match gw.as_mut() {
+            Some(g) => g.on_request(peer, req, &self.ctx()).await,
+            None => JobResponse::Refused("not a gateway".into()),
+        };
+        self.gateway = gw;
+        let _ = self.network.respond(id, resp).await;
+    }
+
+    async fn run(
+        mut self,
+        mut events: mpsc::Receiver<NetEvent>,
+        mut stop: oneshot::Receiver<()>,
+        mut commands: mpsc::Receiver<RuntimeCommand>,
+    ) {
         let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
         let mut prune = tokio::time::interval(Duration::from_secs(1));
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tokio::select! {
                 _ = &mut stop => break,
+                Some(cmd) = commands.recv() => self.on_command(cmd).await,
+                _ = tick.tick(), if self.gateway.is_some() => {
+                    let mut gw = self.gateway.take();
+                    if let Some(g) = gw.as_mut() {
+                        g.tick(&self.ctx()).await;
+                    }
+                    self.gateway = gw;
+                }
                 ev = events.recv() => match ev {
                     // A new subscriber to the capability topic: announce at
                     // once rather than at the next heartbeat, so a worker that
@@ -199,6 +346,15 @@ impl Runtime {
                         if topic == topics::CAPABILITIES_ALL && self.config.role.is_worker() =>
                     {
                         self.publish_registration(NodeStatus::Online).await;
+                    }
+                    Some(NetEvent::JobRequest { peer, id, request }) => self.on_job_request(peer, id, request).await,
+                    Some(NetEvent::PeerDisconnected(peer)) if self.gateway.is_some() => {
+                        tracing::info!(%peer, "peer disconnected");
+                        let mut gw = self.gateway.take();
+                        if let Some(g) = gw.as_mut() {
+                            g.on_peer_disconnected(peer, &self.ctx()).await;
+                        }
+                        self.gateway = gw;
                     }
                     Some(ev) => self.on_event(ev),
                     None => break,
@@ -228,17 +384,19 @@ impl Runtime {
         let now = now_ms();
         let ttl = self.config.registration_ttl.as_millis() as u64;
         let key = &self.identity.key;
+        let registration_id = ids::new_id(ids::REGISTRATION, now)?;
+        *self.registration_id.lock().unwrap_or_else(|p| p.into_inner()) = registration_id.clone();
         let mut reg = NodeRegistration {
             message_type: gcs_protocol::MessageType::NodeRegistration,
             version: PROTOCOL_VERSION,
-            registration_id: ids::new_id(ids::REGISTRATION, now)?,
+            registration_id,
             node_id: key.node_id(),
             public_key: key.public_key(),
             swarm_id: self.config.swarm_id.clone(),
             tenant_id: None,
             status,
             capabilities: Capabilities {
-                api_request_job: true,
+                api_request_job: self.worker.is_some(),
                 chat: self
                     .config
                     .models
@@ -258,7 +416,12 @@ impl Runtime {
                 ..Default::default()
             },
             models: self.config.models.clone(),
-            queue: QueueInfo { accepts_public_jobs: true, ..Default::default() },
+            queue: QueueInfo {
+                accepts_public_jobs: true,
+                max_concurrent_api_jobs: self.config.max_concurrent_jobs as u32,
+                current_api_jobs: self.worker.as_ref().map_or(0, |w| w.load()) as u32,
+                ..Default::default()
+            },
             trust: Trust::default(),
             heartbeat: Heartbeat { created_at_ms: now, expires_at_ms: now + ttl, ttl_ms: ttl },
             addresses: vec![],
@@ -291,7 +454,11 @@ impl Runtime {
     fn on_event(&self, ev: NetEvent) {
         match ev {
             NetEvent::Message { message, topic, source } => {
-                if let Message::NodeRegistration(reg) = *message {
+                if let Message::ApiRequestJob(job) = *message {
+                    if let Some(w) = &self.worker {
+                        w.consider(job);
+                    }
+                } else if let Message::NodeRegistration(reg) = *message {
                     let node = reg.node_id.clone();
                     let models: Vec<String> =
                         reg.models.iter().map(|m| m.model_id.clone()).collect();
@@ -319,7 +486,9 @@ impl Runtime {
             }
             NetEvent::PeerConnected(p) => tracing::info!(peer = %p, "peer connected"),
             NetEvent::PeerDisconnected(p) => tracing::info!(peer = %p, "peer disconnected"),
-            NetEvent::Listening(_) | NetEvent::PeerSubscribed { .. } => {}
+            NetEvent::Listening(_)
+            | NetEvent::PeerSubscribed { .. }
+            | NetEvent::JobRequest { .. } => {}
         }
     }
 }

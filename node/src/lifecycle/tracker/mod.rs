@@ -337,7 +337,7 @@ impl JobTracker {
         now: u64,
         key: &NodeKey,
     ) -> Vec<Effect> {
-        if !self.lease.as_ref().is_some_and(|l| &l.node_id == node) {
+        if self.lease.as_ref().is_none_or(|l| &l.node_id != node) {
             return vec![];
         }
         if self.fence.started() {
@@ -387,8 +387,13 @@ impl JobTracker {
         if sign(&mut rq, key).is_err() {
             return vec![];
         }
+        // The announcement changes (excluded nodes), so it is signed anew.
         let mut job = self.job.clone();
         job.routing.excluded_nodes = self.excluded.clone();
+        job.signature = None;
+        if sign(&mut job, key).is_err() {
+            return vec![];
+        }
         vec![Effect::Requeue(rq), Effect::Publish(Box::new(job))]
     }
 

@@ -1,0 +1,47 @@
+//! The interface between a worker and its inference engine. The engine
+//! implements it; the worker drives it on a blocking thread.
+
+use std::sync::atomic::AtomicBool;
+
+use gcs_protocol::{ApiType, FinishReason};
+
+/// One request for the engine.
+#[derive(Clone, Debug)]
+pub struct ExecRequest {
+    /// API surface.
+    pub api_type: ApiType,
+    /// Model id or alias as requested.
+    pub model: String,
+    /// The OpenAI request body (JSON bytes).
+    pub body: Vec<u8>,
+    /// Tenant, for prefix-cache salting.
+    pub tenant_id: String,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct ExecOutcome {
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Tokens generated.
+    pub output_tokens: u64,
+    /// Prompt tokens served from a reused KV prefix.
+    pub cached_tokens: u64,
+    /// The full OpenAI response body (for non-streamed answers).
+    pub body: serde_json::Value,
+}
+
+/// An inference engine as a worker sees it.
+pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs one request, calling `emit(text, tokens)` for each text delta;
+    /// `emit` returns false when the consumer is gone. Must return promptly
+    /// (within one decode step) once `cancel` is set.
+    fn run(
+        &self,
+        req: &ExecRequest,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32) -> bool,
+    ) -> Result<ExecOutcome, String>;
+}

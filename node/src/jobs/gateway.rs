@@ -1,0 +1,333 @@
+//! Gateway side of jobs: submit, answer claims and renewals, fence the
+//! stream into the client's bounded channel, serve the payload to the lease
+//! holder only, record usage.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use gcs_keyspace::Keyspace;
+use gcs_protocol::{
+    ids, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
+    MessageType, NodeKey, PayloadMode, PayloadRef, PrivacyLevel, ReplyTo, RequestInfo,
+    Requirements, Routing, RoutingMode, Source, TenantRef, PROTOCOL_VERSION,
+};
+use libp2p::PeerId;
+use tokio::sync::mpsc;
+
+use super::wire::{JobRequest, JobResponse};
+use super::{peer_of, JobEvent, JobSpec};
+use crate::error::NodeError;
+use crate::lifecycle::tracker::{Effect, Input, JobTracker, TrackerConfig};
+use crate::network::Network;
+use crate::node::now_ms;
+use crate::registry::Registry;
+use crate::topics;
+
+/// Chunks buffered per client before it counts as too slow (26.16.7).
+pub const CLIENT_BUFFER: usize = 256;
+
+struct Active {
+    tracker: JobTracker,
+    events: mpsc::Sender<JobEvent>,
+    payload: Vec<u8>,
+}
+
+/// What the gateway needs from the node.
+pub(crate) struct Ctx<'a> {
+    pub key: &'a NodeKey,
+    pub network: &'a Network,
+    pub keyspace: &'a Keyspace,
+    pub registry: &'a Mutex<Registry>,
+    pub limits: &'a Limits,
+    pub tracker: TrackerConfig,
+}
+
+/// Jobs this gateway is tracking.
+#[derive(Default)]
+pub(crate) struct GatewayState {
+    active: HashMap<String, Active>,
+}
+
+fn build_job(
+    spec: &JobSpec,
+    key: &NodeKey,
+    payload: &[u8],
+    now: u64,
+) -> Result<ApiRequestJob, NodeError> {
+    let job_id = ids::new_id(ids::JOB, now)?;
+    let endpoint = match spec.api_type {
+        gcs_protocol::ApiType::ChatCompletion => "/v1/chat/completions",
+        gcs_protocol::ApiType::Completion => "/v1/completions",
+        gcs_protocol::ApiType::Embedding => "/v1/embeddings",
+    };
+    let limits = JobLimits { ..spec.limits.clone() };
+    let mut job = ApiRequestJob {
+        message_type: MessageType::ApiRequestJob,
+        version: PROTOCOL_VERSION,
+        idempotency_key: spec.idempotency_key.clone(),
+        gateway_node_id: key.node_id(),
+        source: Source {
+            kind: "openai_compatible_api".into(),
+            endpoint: endpoint.into(),
+            method: "POST".into(),
+            client_request_id: String::new(),
+        },
+        tenant: TenantRef {
+            tenant_id: spec.tenant_id.clone(),
+            project_id: spec.project_id.clone(),
+            api_key_id: spec.api_key_id.clone(),
+        },
+        // Prompt privacy by default (26.20.4): gossip carries only the hash;
+        // the lease holder fetches the body from this gateway directly.
+        request: RequestInfo {
+            api_type: spec.api_type,
+            model: spec.model.clone(),
+            stream: spec.stream,
+            payload_ref: PayloadRef {
+                mode: PayloadMode::GatewayRef,
+                encrypted: false,
+                content_hash: Hash32::of(payload),
+                size_bytes: payload.len() as u64,
+                inline: None,
+                location: Some(key.node_id().to_string()),
+            },
+        },
+        routing: Routing {
+            network: RoutingMode::Public,
+            swarm_id: "public".into(),
+            privacy_mode: PrivacyLevel::Standard,
+            claim_policy: gcs_protocol::ClaimPolicy::FirstValidClaim,
+            requires_router_planner: false,
+            requires_aggregator: false,
+            replication_factor: 1,
+            verification_mode: "none".into(),
+            allowed_nodes: vec![],
+            excluded_nodes: vec![],
+        },
+        requirements: Requirements {
+            min_context_tokens: 0,
+            supports_streaming: spec.stream,
+            supports_chat: spec.api_type != gcs_protocol::ApiType::Embedding,
+            supports_embeddings: spec.api_type == gcs_protocol::ApiType::Embedding,
+            allowed_model_aliases: vec![spec.model.clone()],
+            max_input_tokens: 0,
+            max_output_tokens: spec.max_output_tokens,
+        },
+        reply_to: ReplyTo::for_job(&job_id),
+        created_at_ms: now,
+        expires_at_ms: now + limits.wall_timeout_ms,
+        limits,
+        job_id,
+        signature: None,
+    };
+    sign(&mut job, key)?;
+    Ok(job)
+}
+
+impl GatewayState {
+    /// Publishes a job and returns its id and the client's event stream.
+    pub async fn submit(
+        &mut self,
+        spec: JobSpec,
+        ctx: &Ctx<'_>,
+    ) -> Result<(String, mpsc::Receiver<JobEvent>), NodeError> {
+        let now = now_ms();
+        let job = build_job(&spec, ctx.key, &spec.body, now)?;
+        let job_id = job.job_id.clone();
+        ctx.keyspace.put(&format!("/gcs/api/jobs/{job_id}"), gcs_protocol::encode(&job)?, now)?;
+        ctx.keyspace.put(&format!("/gcs/api/payloads/{job_id}"), spec.body.clone(), now)?;
+        let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
+        let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
+        self.active.insert(job_id.clone(), Active { tracker, events: tx, payload: spec.body });
+        self.apply(&job_id, effects, ctx).await;
+        Ok((job_id, rx))
+    }
+
+    /// Feeds an input to one job and applies the effects; returns the
+    /// envelope to answer a claim or renewal with, if any.
+    async fn feed(&mut self, job_id: &str, input: Input, ctx: &Ctx<'_>) -> Option<Vec<u8>> {
+        let a = self.active.get_mut(job_id)?;
+        let effects = a.tracker.handle(input, now_ms(), ctx.key, ctx.limits);
+        self.apply(job_id, effects, ctx).await
+    }
+
+    /// A client cancel (disconnect, timeout, quota, admin).
+    pub async fn cancel(&mut self, job_id: &str, reason: CancellationReason, ctx: &Ctx<'_>) {
+        self.feed(job_id, Input::Cancel(reason), ctx).await;
+    }
+
+    /// A connection closed: every job whose lease holder it was loses its worker.
+    pub async fn on_peer_disconnected(&mut self, peer: PeerId, ctx: &Ctx<'_>) {
+        let hit: Vec<(String, gcs_protocol::NodeId)> = self
+            .active
+            .iter()
+            .filter_map(|(id, a)| {
+                let l = a.tracker.lease()?;
+                (peer_of(&l.node_id) == Some(peer)).then(|| (id.clone(), l.node_id.clone()))
+            })
+            .collect();
+        for (id, node) in hit {
+            self.feed(&id, Input::WorkerDisconnected(node), ctx).await;
+        }
+    }
+
+    /// Time passes for every job.
+    pub async fn tick(&mut self, ctx: &Ctx<'_>) {
+        let ids: Vec<String> = self.active.keys().cloned().collect();
+        for id in ids {
+            self.feed(&id, Input::Tick, ctx).await;
+        }
+    }
+
+    /// Handles a direct request; returns the response.
+    pub async fn on_request(
+        &mut self,
+        peer: PeerId,
+        req: JobRequest,
+        ctx: &Ctx<'_>,
+    ) -> JobResponse {
+        match req {
+            JobRequest::FetchPayload { job_id, lease_id } => {
+                let Some(a) = self.active.get(&job_id) else {
+                    return JobResponse::Refused("unknown job".into());
+                };
+                match a.tracker.lease() {
+                    Some(l) if l.lease_id == lease_id && peer_of(&l.node_id) == Some(peer) => {
+                        JobResponse::Payload(a.payload.clone())
+                    }
+                    _ => JobResponse::Refused("only the lease holder may fetch the payload".into()),
+                }
+            }
+            JobRequest::Envelope(bytes) => {
+                let msg = match open(&bytes, now_ms(), ctx.limits) {
+                    Ok(m) => m,
+                    Err(e) => return JobResponse::Refused(e.to_string()),
+                };
+                if peer_of(msg.signer()) != Some(peer) {
+                    return JobResponse::Refused("the sender must be the signer".into());
+                }
+                let (job_id, input) = match msg {
+                    Message::JobClaim(c) => {
+                        let reg = ctx
+                            .registry
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get(&c.node_id)
+                            .cloned();
+                        (c.job_id.clone(), Input::Claim(Box::new(c), reg.map(Box::new)))
+                    }
+                    Message::LeaseRenewal(r) => (r.job_id.clone(), Input::Renewal(r)),
+                    Message::StreamChunk(c) => (c.job_id.clone(), Input::Chunk(Box::new(c))),
+                    Message::FinalResult(r) => (r.job_id.clone(), Input::Result(Box::new(r))),
+                    other => {
+                        return JobResponse::Refused(format!(
+                            "{} is not a job-channel message",
+                            other.message_type()
+                        ))
+                    }
+                };
+                if !self.active.contains_key(&job_id) {
+                    return JobResponse::Refused("unknown or finished job".into());
+                }
+                match self.feed(&job_id, input, ctx).await {
+                    Some(envelope) => JobResponse::Envelope(envelope),
+                    None => JobResponse::Ack,
+                }
+            }
+        }
+    }
+
+    async fn apply(
+        &mut self,
+        job_id: &str,
+        effects: Vec<Effect>,
+        ctx: &Ctx<'_>,
+    ) -> Option<Vec<u8>> {
+        let mut reply = None;
+        let mut client_gone = None;
+        // The client hears of the end only after the usage record is stored.
+        let mut terminal = None;
+        let now = now_ms();
+        for e in effects {
+            let Some(a) = self.active.get(job_id) else { break };
+            match e {
+                Effect::Publish(job) => {
+                    if let Ok(b) = gcs_protocol::encode(job.as_ref()) {
+                        if let Err(err) = ctx.network.publish(topics::API_JOBS_ALL, b).await {
+                            tracing::warn!(job_id, error = %err, "cannot publish job");
+                        }
+                    }
+                }
+                Effect::Lease(l) => {
+                    let _ = ctx.keyspace.put(
+                        &format!("/gcs/api/leases/{job_id}"),
+                        gcs_protocol::encode(&l).unwrap_or_default(),
+                        now,
+                    );
+                    reply = gcs_protocol::encode(&l).ok();
+                }
+                Effect::RejectClaim(r) => reply = gcs_protocol::encode(&r).ok(),
+                Effect::Forward(chunks) => {
+                    for c in chunks {
+                        match a.events.try_send(JobEvent::Chunk(Box::new(c))) {
+                            Ok(()) => {}
+                            Err(mpsc::error::TrySendError::Full(_)) => {
+                                client_gone = Some(CancellationReason::ClientBackpressure)
+                            }
+                            Err(mpsc::error::TrySendError::Closed(_)) => {
+                                client_gone = Some(CancellationReason::ClientDisconnected)
+                            }
+                        }
+                    }
+                }
+                Effect::Requeue(r) => {
+                    let key = format!("/gcs/api/requeue/{job_id}/{}", r.requeue_count);
+                    let _ =
+                        ctx.keyspace.put(&key, gcs_protocol::encode(&r).unwrap_or_default(), now);
+                    tracing::info!(job_id, reason = %r.reason, attempt = r.requeue_count, "job requeued");
+                }
+                Effect::Cancel(c) => {
+                    let holder = a.tracker.lease().and_then(|l| peer_of(&l.node_id));
+                    if let (Some(peer), Ok(bytes)) = (holder, gcs_protocol::encode(&c)) {
+                        let net = ctx.network.clone();
+                        tokio::spawn(async move {
+                            let _ = net.request(peer, JobRequest::Envelope(bytes)).await;
+                        });
+                    }
+                }
+                Effect::Complete(r) => {
+                    let _ = ctx.keyspace.put(
+                        &format!("/gcs/api/results/{job_id}"),
+                        gcs_protocol::encode(r.as_ref()).unwrap_or_default(),
+                        now,
+                    );
+                    terminal = Some(JobEvent::Completed(r));
+                }
+                Effect::Fail { error, after_partial_output } => {
+                    terminal = Some(JobEvent::Failed { error, after_partial_output });
+                }
+                Effect::Usage(u) => {
+                    let _ = ctx.keyspace.put(
+                        &format!("/gcs/api/usage/{job_id}"),
+                        gcs_protocol::encode(u.as_ref()).unwrap_or_default(),
+                        now,
+                    );
+                }
+            }
+        }
+        if let (Some(ev), Some(a)) = (terminal, self.active.get(job_id)) {
+            let _ = a.events.try_send(ev);
+        }
+        if let Some(reason) = client_gone {
+            if let Some(a) = self.active.get_mut(job_id) {
+                let effects = a.tracker.handle(Input::Cancel(reason), now, ctx.key, ctx.limits);
+                let _ = a.events.try_send(JobEvent::Cancelled);
+                Box::pin(self.apply(job_id, effects, ctx)).await;
+            }
+        }
+        if self.active.get(job_id).is_some_and(|a| a.tracker.state().is_terminal()) {
+            self.active.remove(job_id);
+        }
+        reply
+    }
+}

@@ -1,0 +1,351 @@
+//! Worker side of jobs: claim what it can serve, fetch the payload from the
+//! gateway, run the engine, stream signed sequenced chunks, renew the lease,
+//! send the signed final result, and stop within one decode step on
+//! cancellation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gcs_protocol::{
+    ids, open, sign, ApiRequestJob, Attestation, Cancellation, CapabilityMatch, ClaimPolicy, Delta,
+    ErrorInfo, Estimates, FinalResult, FinishReason, Hash32, JobClaim, LeaseGrant, LeaseRenewal,
+    Limits, Message, MessageType, Metering, ModelInfo, NodeKey, ResponseBody, ResultStatus,
+    StreamChunk, UsageDelta, PROTOCOL_VERSION,
+};
+use libp2p::PeerId;
+use tokio::sync::mpsc;
+
+use super::executor::{ExecOutcome, ExecRequest, Executor};
+use super::peer_of;
+use super::wire::{JobRequest, JobResponse};
+use crate::error::NodeError;
+use crate::network::Network;
+use crate::node::now_ms;
+
+/// Jobs this worker is running: job id → cancel flag.
+pub(crate) type ActiveJobs = Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>;
+
+/// Worker settings and state shared with job tasks.
+#[derive(Clone)]
+pub(crate) struct WorkerState {
+    pub executor: Arc<dyn Executor>,
+    pub key: Arc<NodeKey>,
+    pub network: Network,
+    pub models: Vec<ModelInfo>,
+    pub max_jobs: usize,
+    pub active: ActiveJobs,
+    pub registration_id: Arc<Mutex<String>>,
+    pub limits: Limits,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl WorkerState {
+    /// Jobs running now.
+    pub fn load(&self) -> usize {
+        lock(&self.active).len()
+    }
+
+    /// A job appeared on gossip: claim it if this worker can serve it.
+    pub fn consider(&self, job: ApiRequestJob) {
+        let me = self.key.node_id();
+        if job.routing.excluded_nodes.contains(&me) || lock(&self.active).contains_key(&job.job_id)
+        {
+            return;
+        }
+        if self.load() >= self.max_jobs {
+            return;
+        }
+        let Some(model) = self
+            .models
+            .iter()
+            .find(|m| m.answers_to(&job.request.model) && m.tasks.contains(&job.request.api_type))
+            .cloned()
+        else {
+            return;
+        };
+        let w = self.clone();
+        tokio::spawn(async move {
+            let job_id = job.job_id.clone();
+            if let Err(e) = w.work(job, model).await {
+                tracing::info!(job_id, error = %e, "job not completed here");
+            }
+            lock(&w.active).remove(&job_id);
+        });
+    }
+
+    /// A cancellation from the job's gateway.
+    pub fn on_cancel(&self, c: &Cancellation) -> bool {
+        match lock(&self.active).get(&c.job_id) {
+            Some(flag) => {
+                flag.store(true, Ordering::SeqCst);
+                tracing::info!(job_id = %c.job_id, reason = %c.reason, "job cancelled by the gateway");
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn send(&self, gateway: PeerId, bytes: Vec<u8>) -> Result<JobResponse, NodeError> {
+        self.network.request(gateway, JobRequest::Envelope(bytes)).await
+    }
+
+    async fn work(&self, job: ApiRequestJob, model: ModelInfo) -> Result<(), NodeError> {
+        let gateway = peer_of(&job.gateway_node_id)
+            .ok_or_else(|| NodeError::Network("bad gateway id".into()))?;
+        let now = now_ms();
+        let cancel = Arc::new(AtomicBool::new(false));
+        lock(&self.active).insert(job.job_id.clone(), cancel.clone());
+        // 1. Claim.
+        let mut claim = JobClaim {
+            message_type: MessageType::JobClaim,
+            version: PROTOCOL_VERSION,
+            job_id: job.job_id.clone(),
+            claim_id: ids::new_id(ids::CLAIM, now)?,
+            node_id: self.key.node_id(),
+            registration_id: lock(&self.registration_id).clone(),
+            claim_policy: ClaimPolicy::FirstValidClaim,
+            capability_match: CapabilityMatch {
+                model_id: model.model_id.clone(),
+                supports_streaming: true,
+                context_tokens: model.context_tokens,
+                api_request_job: true,
+            },
+            estimated: Estimates::default(),
+            created_at_ms: now,
+            expires_at_ms: now + 10_000,
+            signature: None,
+        };
+        sign(&mut claim, &self.key)?;
+        let lease: LeaseGrant = match self.send(gateway, gcs_protocol::encode(&claim)?).await? {
+            JobResponse::Envelope(b) => match open(&b, now_ms(), &self.limits)? {
+                Message::LeaseGrant(l)
+                    if l.node_id == claim.node_id && l.claim_id == claim.claim_id =>
+                {
+                    l
+                }
+                Message::ClaimRejection(r) => {
+                    tracing::debug!(job_id = %job.job_id, reason = %r.reason, "claim lost");
+                    return Ok(());
+                }
+                other => {
+                    return Err(NodeError::Network(format!("unexpected {}", other.message_type())))
+                }
+            },
+            other => return Err(NodeError::Network(format!("claim answered with {other:?}"))),
+        };
+        tracing::info!(job_id = %job.job_id, lease = %lease.lease_id, "lease granted");
+        // 2. Payload, verified against the hash the job announced.
+        let body = match self
+            .network
+            .request(
+                gateway,
+                JobRequest::FetchPayload {
+                    job_id: job.job_id.clone(),
+                    lease_id: lease.lease_id.clone(),
+                },
+            )
+            .await?
+        {
+            JobResponse::Payload(p) if Hash32::of(&p) == job.request.payload_ref.content_hash => p,
+            other => return Err(NodeError::Network(format!("payload fetch failed: {other:?}"))),
+        };
+        // 3. Renew the lease while running.
+        let done = Arc::new(AtomicBool::new(false));
+        self.spawn_renewals(gateway, lease.clone(), done.clone());
+        // 4. Run the engine on a blocking thread; stream its deltas.
+        let (tx, mut rx) = mpsc::channel::<(String, u32)>(64);
+        let exec = self.executor.clone();
+        let req = ExecRequest {
+            api_type: job.request.api_type,
+            model: model.model_id.clone(),
+            body,
+            tenant_id: job.tenant.tenant_id.clone(),
+        };
+        let flag = cancel.clone();
+        let started = std::time::Instant::now();
+        let run = tokio::task::spawn_blocking(move || {
+            exec.run(&req, &flag, &mut |text, tokens| {
+                tx.blocking_send((text.to_string(), tokens)).is_ok()
+            })
+        });
+        let mut seq = 0u64;
+        let mut first_token_ms = 0;
+        while let Some((text, tokens)) = rx.recv().await {
+            if seq == 0 {
+                first_token_ms = started.elapsed().as_millis() as u64;
+            }
+            let c = self.chunk(&job, &lease, seq, Some(text), tokens, None)?;
+            // Awaiting each acknowledgement is the stream's backpressure.
+            if !matches!(self.send(gateway, gcs_protocol::encode(&c)?).await, Ok(JobResponse::Ack))
+            {
+                cancel.store(true, Ordering::SeqCst);
+            }
+            seq += 1;
+        }
+        let outcome = run.await.map_err(|e| NodeError::Network(format!("engine task: {e}")))?;
+        done.store(true, Ordering::SeqCst);
+        let compute_ms = started.elapsed().as_millis() as u64;
+        let result = match outcome {
+            Ok(o) if !cancel.load(Ordering::SeqCst) => {
+                let last = self.chunk(&job, &lease, seq, None, 0, Some(o.finish_reason))?;
+                let _ = self.send(gateway, gcs_protocol::encode(&last)?).await;
+                self.result(&job, &lease, &claim, Ok(&o), seq + 1, compute_ms, first_token_ms)?
+            }
+            Ok(_) => self.result(
+                &job,
+                &lease,
+                &claim,
+                Err(("cancelled", "gnus_cancelled", "cancelled")),
+                seq,
+                compute_ms,
+                first_token_ms,
+            )?,
+            Err(e) => self.result(
+                &job,
+                &lease,
+                &claim,
+                Err(("server_error", "gnus_engine_error", &e)),
+                seq,
+                compute_ms,
+                first_token_ms,
+            )?,
+        };
+        let _ = self.send(gateway, gcs_protocol::encode(&result)?).await;
+        Ok(())
+    }
+
+    fn spawn_renewals(&self, gateway: PeerId, lease: LeaseGrant, done: Arc<AtomicBool>) {
+        let w = self.clone();
+        tokio::spawn(async move {
+            let every = Duration::from_millis(lease.renew_interval_ms.max(100));
+            let term = lease.expires_at_ms - lease.created_at_ms;
+            loop {
+                tokio::time::sleep(every).await;
+                if done.load(Ordering::SeqCst) {
+                    break;
+                }
+                let now = now_ms();
+                let mut r = LeaseRenewal {
+                    message_type: MessageType::LeaseRenewal,
+                    version: PROTOCOL_VERSION,
+                    job_id: lease.job_id.clone(),
+                    lease_id: lease.lease_id.clone(),
+                    node_id: w.key.node_id(),
+                    chunks_sent: 0,
+                    created_at_ms: now,
+                    expires_at_ms: now + term,
+                    signature: None,
+                };
+                if sign(&mut r, &w.key).is_err() {
+                    break;
+                }
+                match gcs_protocol::encode(&r) {
+                    Ok(b) => {
+                        let _ = w.send(gateway, b).await;
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+    }
+
+    fn chunk(
+        &self,
+        job: &ApiRequestJob,
+        lease: &LeaseGrant,
+        seq: u64,
+        text: Option<String>,
+        tokens: u32,
+        finish: Option<FinishReason>,
+    ) -> Result<StreamChunk, NodeError> {
+        let mut c = StreamChunk {
+            message_type: MessageType::StreamChunk,
+            version: PROTOCOL_VERSION,
+            job_id: job.job_id.clone(),
+            node_id: self.key.node_id(),
+            lease_id: lease.lease_id.clone(),
+            sequence: seq,
+            delta: Delta { role: (seq == 0).then(|| "assistant".to_string()), content: text },
+            usage_delta: UsageDelta { output_tokens: tokens },
+            finish_reason: finish,
+            created_at_ms: now_ms(),
+            signature: None,
+        };
+        sign(&mut c, &self.key)?;
+        Ok(c)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn result(
+        &self,
+        job: &ApiRequestJob,
+        lease: &LeaseGrant,
+        claim: &JobClaim,
+        outcome: Result<&ExecOutcome, (&str, &str, &str)>,
+        chunks_sent: u64,
+        compute_ms: u64,
+        first_token_ms: u64,
+    ) -> Result<FinalResult, NodeError> {
+        let (status, response, error, metering) = match outcome {
+            Ok(o) => (
+                ResultStatus::Completed,
+                Some(ResponseBody {
+                    format: format!("openai.{}", job.request.api_type),
+                    body: o.body.clone(),
+                }),
+                None,
+                Some(Metering {
+                    input_tokens: o.input_tokens,
+                    output_tokens: o.output_tokens,
+                    tokens_sent_to_client: 0,
+                    cached_tokens: o.cached_tokens.min(o.input_tokens),
+                    compute_ms,
+                    first_token_ms,
+                    child_jobs: 0,
+                    cost_gnus: "0".into(),
+                }),
+            ),
+            Err((kind, code, message)) => (
+                if code == "gnus_cancelled" {
+                    ResultStatus::Cancelled
+                } else {
+                    ResultStatus::Failed
+                },
+                None,
+                Some(ErrorInfo {
+                    kind: kind.into(),
+                    code: code.into(),
+                    message: message.chars().take(4000).collect(),
+                }),
+                None,
+            ),
+        };
+        let result_hash = Hash32::of(&serde_json::to_vec(&response).unwrap_or_default());
+        let mut r = FinalResult {
+            message_type: MessageType::FinalResult,
+            version: PROTOCOL_VERSION,
+            job_id: job.job_id.clone(),
+            node_id: self.key.node_id(),
+            lease_id: Some(lease.lease_id.clone()),
+            status,
+            response,
+            error,
+            metering,
+            attestation: Some(Attestation {
+                claim_id: claim.claim_id.clone(),
+                registration_id: claim.registration_id.clone(),
+                result_hash,
+            }),
+            chunks_sent,
+            created_at_ms: now_ms(),
+            signature: None,
+        };
+        sign(&mut r, &self.key)?;
+        Ok(r)
+    }
+}

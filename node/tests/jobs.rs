@@ -1,0 +1,291 @@
+//! Jobs end to end over real libp2p on loopback: a gateway, workers running a
+//! scripted executor (a stand-in for the engine, only inside these tests).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gcs_node::jobs::executor::{ExecOutcome, ExecRequest, Executor};
+use gcs_node::jobs::{JobEvent, JobSpec};
+use gcs_node::{start, NodeConfig, NodeHandle, Role};
+use gcs_protocol::{ApiType, CancellationReason, FinishReason, JobLimits, ModelInfo, UsageRecord};
+
+/// Emits `words` numbered words, `first_ms` before the first and `step_ms`
+/// between the rest, checking the cancel flag every step.
+#[derive(Debug)]
+struct Scripted {
+    words: u64,
+    first_ms: u64,
+    step_ms: u64,
+    emitted: AtomicU64,
+}
+
+impl Scripted {
+    fn new(words: u64, first_ms: u64, step_ms: u64) -> Arc<Self> {
+        Arc::new(Self { words, first_ms, step_ms, emitted: AtomicU64::new(0) })
+    }
+}
+
+impl Executor for Scripted {
+    fn run(
+        &self,
+        req: &ExecRequest,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32) -> bool,
+    ) -> Result<ExecOutcome, String> {
+        let prompt: serde_json::Value =
+            serde_json::from_slice(&req.body).map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_millis(self.first_ms));
+        let mut n = 0;
+        while n < self.words {
+            if cancel.load(Ordering::SeqCst) {
+                break;
+            }
+            if !emit(&format!("w{n} "), 1) {
+                break;
+            }
+            self.emitted.fetch_add(1, Ordering::SeqCst);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(self.step_ms));
+        }
+        Ok(ExecOutcome {
+            finish_reason: FinishReason::Length,
+            input_tokens: prompt.to_string().len() as u64,
+            output_tokens: n,
+            cached_tokens: 0,
+            body: serde_json::json!({"object": "chat.completion", "n": n}),
+        })
+    }
+}
+
+fn model() -> ModelInfo {
+    ModelInfo {
+        model_id: "test-model".into(),
+        aliases: vec!["gnus-test".into()],
+        context_tokens: 2048,
+        quantization: "f32".into(),
+        backend: "scripted".into(),
+        tasks: vec![ApiType::ChatCompletion],
+    }
+}
+
+fn config(
+    role: Role,
+    dir: &tempfile::TempDir,
+    boot: Vec<libp2p::Multiaddr>,
+    exec: Option<Arc<Scripted>>,
+) -> NodeConfig {
+    let mut c = NodeConfig::new(role, dir.path().to_path_buf());
+    c.network.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
+    c.network.bootstrap = boot;
+    c.network.mdns = false;
+    c.heartbeat_interval = Duration::from_millis(300);
+    c.registration_ttl = Duration::from_millis(3_000);
+    c.models = vec![model()];
+    c.executor = exec.map(|e| e as Arc<dyn Executor>);
+    c
+}
+
+fn spec() -> JobSpec {
+    JobSpec {
+        api_type: ApiType::ChatCompletion,
+        model: "gnus-test".into(),
+        stream: true,
+        body: br#"{"messages":[{"role":"user","content":"hello"}]}"#.to_vec(),
+        tenant_id: "tenant_1".into(),
+        project_id: "proj_1".into(),
+        api_key_id: "key_1".into(),
+        idempotency_key: "idem_1".into(),
+        limits: JobLimits { claim_timeout_ms: 3_000, ..JobLimits::default() },
+        max_output_tokens: 64,
+    }
+}
+
+async fn addr(n: &NodeHandle) -> libp2p::Multiaddr {
+    loop {
+        if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+struct Net {
+    _dirs: Vec<tempfile::TempDir>,
+    gw: NodeHandle,
+    workers: Vec<Option<NodeHandle>>,
+}
+
+async fn network(execs: Vec<Arc<Scripted>>) -> Net {
+    let dirs: Vec<_> = (0..=execs.len()).map(|_| tempfile::tempdir().unwrap()).collect();
+    let gw = start(config(Role::Gateway, &dirs[0], vec![], None)).await.unwrap();
+    let a = addr(&gw).await;
+    let mut workers = vec![];
+    for (i, e) in execs.into_iter().enumerate() {
+        workers.push(Some(
+            start(config(Role::Worker, &dirs[i + 1], vec![a.clone()], Some(e))).await.unwrap(),
+        ));
+    }
+    let ids: Vec<_> = workers.iter().map(|w| w.as_ref().unwrap().node_id.clone()).collect();
+    wait_for("worker registrations at the gateway", || {
+        let regs = gw.fresh_registrations();
+        ids.iter().all(|id| regs.iter().any(|r| &r.node_id == id))
+    })
+    .await;
+    Net { _dirs: dirs, gw, workers }
+}
+
+async fn next(rx: &mut tokio::sync::mpsc::Receiver<JobEvent>) -> JobEvent {
+    tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("event in time")
+        .expect("stream open")
+}
+
+fn usage(gw: &NodeHandle, job: &str) -> UsageRecord {
+    let b =
+        gw.keyspace().get_bytes(&format!("/gcs/api/usage/{job}")).unwrap().expect("usage record");
+    gcs_protocol::codec::from_cbor_bytes(&b).unwrap()
+}
+
+fn lease_holder(gw: &NodeHandle, job: &str) -> Option<gcs_protocol::NodeId> {
+    let b = gw.keyspace().get_bytes(&format!("/gcs/api/leases/{job}")).unwrap()?;
+    Some(gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::LeaseGrant>(&b).unwrap().node_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_race_exactly_one_wins_and_the_stream_is_fenced_in_order() {
+    let execs = vec![Scripted::new(12, 0, 5), Scripted::new(12, 0, 5)];
+    let net = network(execs.clone()).await;
+    let (job, mut rx) = net.gw.submit(spec()).await.unwrap();
+    let mut seqs = vec![];
+    let mut nodes = std::collections::HashSet::new();
+    loop {
+        match next(&mut rx).await {
+            JobEvent::Chunk(c) => {
+                seqs.push(c.sequence);
+                nodes.insert(c.node_id.clone());
+            }
+            JobEvent::Completed(r) => {
+                assert_eq!(r.status, gcs_protocol::ResultStatus::Completed);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seqs, (0..13).collect::<Vec<u64>>(), "12 words + the finish chunk, gap-free");
+    assert_eq!(nodes.len(), 1, "one worker executed");
+    let ran: u64 = execs.iter().map(|e| e.emitted.load(Ordering::SeqCst)).sum();
+    assert_eq!(ran, 12, "the loser never ran the engine");
+    let u = usage(&net.gw, &job);
+    assert_eq!((u.output_tokens_generated, u.output_tokens_sent_to_client), (12, 12));
+    assert_eq!(u.node_id.as_ref(), nodes.iter().next());
+    for w in net.workers.into_iter().flatten() {
+        w.shutdown().await;
+    }
+    net.gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cancel_stops_the_worker_within_a_second() {
+    let exec = Scripted::new(500, 0, 20);
+    let net = network(vec![exec.clone()]).await;
+    let (job, mut rx) = net.gw.submit(spec()).await.unwrap();
+    for _ in 0..3 {
+        assert!(matches!(next(&mut rx).await, JobEvent::Chunk(_)));
+    }
+    net.gw.cancel(&job, CancellationReason::ClientDisconnected).await.unwrap();
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let at_1s = exec.emitted.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        exec.emitted.load(Ordering::SeqCst),
+        at_1s,
+        "the worker kept generating after {:?}",
+        t.elapsed()
+    );
+    assert!(at_1s < 100);
+    let u = usage(&net.gw, &job);
+    assert_eq!(u.cancellation_reason, Some(CancellationReason::ClientDisconnected));
+    assert!(u.output_tokens_sent_to_client >= 3);
+    for w in net.workers.into_iter().flatten() {
+        w.shutdown().await;
+    }
+    net.gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_killed_before_its_first_token_is_replaced_and_the_job_completes() {
+    let execs = vec![Scripted::new(5, 2_000, 5), Scripted::new(5, 2_000, 5)];
+    let mut net = network(execs).await;
+    let (job, mut rx) = net.gw.submit(spec()).await.unwrap();
+    wait_for("a lease", || lease_holder(&net.gw, &job).is_some()).await;
+    let winner = lease_holder(&net.gw, &job).unwrap();
+    let i = net.workers.iter().position(|w| w.as_ref().unwrap().node_id == winner).unwrap();
+    net.workers[i].take().unwrap().shutdown().await;
+    let mut nodes = std::collections::HashSet::new();
+    loop {
+        match next(&mut rx).await {
+            JobEvent::Chunk(c) => {
+                nodes.insert(c.node_id.clone());
+            }
+            JobEvent::Completed(_) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(!nodes.contains(&winner) && nodes.len() == 1, "completed on the other worker only");
+    assert_eq!(usage(&net.gw, &job).requeue_count, 1);
+    for w in net.workers.into_iter().flatten() {
+        w.shutdown().await;
+    }
+    net.gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_winner_killed_after_its_first_token_ends_the_stream_with_an_error() {
+    let execs = vec![Scripted::new(400, 0, 20), Scripted::new(400, 0, 20)];
+    let mut net = network(execs).await;
+    let (job, mut rx) = net.gw.submit(spec()).await.unwrap();
+    let mut got = 0u64;
+    let mut winner = None;
+    while got < 3 {
+        if let JobEvent::Chunk(c) = next(&mut rx).await {
+            got += 1;
+            winner = Some(c.node_id.clone());
+        }
+    }
+    let winner = winner.unwrap();
+    let i = net.workers.iter().position(|w| w.as_ref().unwrap().node_id == winner).unwrap();
+    net.workers[i].take().unwrap().shutdown().await;
+    loop {
+        match next(&mut rx).await {
+            JobEvent::Chunk(_) => got += 1,
+            JobEvent::Failed { after_partial_output, .. } => {
+                assert!(after_partial_output);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let u = usage(&net.gw, &job);
+    assert_eq!(
+        u.output_tokens_sent_to_client, got,
+        "the usage record counts what the client received"
+    );
+    assert!(u.failed_after_partial_output);
+    for w in net.workers.into_iter().flatten() {
+        w.shutdown().await;
+    }
+    net.gw.shutdown().await;
+}
