@@ -148,7 +148,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Duration::from_millis(cli.registration_ttl_ms.max(cli.heartbeat_ms + 100));
     if cli.role.is_worker() {
         config.models = models(&cli.models)?;
-        tracing::info!(models = ?config.models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models");
+        if config.models.is_empty() {
+            tracing::warn!(dir = %model_dir().display(), "no models in the cache (run scripts/fetch-models.sh); this worker will claim nothing");
+        } else {
+            let dir = model_dir();
+            let models = config.models.clone();
+            let exec = tokio::task::spawn_blocking(move || {
+                gcs_node::engine_exec::EngineExecutor::load(&dir, &models)
+            })
+            .await?
+            .map_err(|e| anyhow::anyhow!("cannot load model: {e}"))?;
+            tracing::info!(models = ?config.models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models loaded");
+            config.executor = Some(std::sync::Arc::new(exec));
+        }
     }
     if cli.role != Role::Worker {
         tracing::warn!(http = %cli.http, "the OpenAI-compatible HTTP API is not part of this build yet (issue 7)");

@@ -30,6 +30,7 @@ struct Active {
     tracker: JobTracker,
     events: mpsc::Sender<JobEvent>,
     payload: Vec<u8>,
+    lease_id: Option<String>,
 }
 
 /// What the gateway needs from the node.
@@ -138,7 +139,10 @@ impl GatewayState {
         ctx.keyspace.put(&format!("/gcs/api/payloads/{job_id}"), spec.body.clone(), now)?;
         let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
-        self.active.insert(job_id.clone(), Active { tracker, events: tx, payload: spec.body });
+        self.active.insert(
+            job_id.clone(),
+            Active { tracker, events: tx, payload: spec.body, lease_id: None },
+        );
         self.apply(&job_id, effects, ctx).await;
         Ok((job_id, rx))
     }
@@ -249,6 +253,12 @@ impl GatewayState {
         let mut terminal = None;
         let now = now_ms();
         for e in effects {
+            if let (Effect::Lease(l), Some(a)) = (&e, self.active.get_mut(job_id)) {
+                if a.lease_id.as_deref() != Some(l.lease_id.as_str()) {
+                    a.lease_id = Some(l.lease_id.clone());
+                    let _ = a.events.try_send(JobEvent::Leased { node_id: l.node_id.clone() });
+                }
+            }
             let Some(a) = self.active.get(job_id) else { break };
             match e {
                 Effect::Publish(job) => {

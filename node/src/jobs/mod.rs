@@ -38,6 +38,11 @@ pub struct JobSpec {
 /// What the gateway tells the client, in order.
 #[derive(Clone, Debug)]
 pub enum JobEvent {
+    /// A worker won the job (first grant or after a requeue).
+    Leased {
+        /// The lease holder.
+        node_id: NodeId,
+    },
     /// The next fenced chunk.
     Chunk(Box<StreamChunk>),
     /// Finished.
