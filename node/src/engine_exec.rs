@@ -79,7 +79,7 @@ fn sampling(body: &Value) -> SamplingParams {
         temperature: f("temperature").unwrap_or(1.0) as f32,
         top_p: f("top_p").unwrap_or(1.0) as f32,
         top_k: f("top_k").unwrap_or(0.0) as usize,
-        seed: body.get("seed").and_then(Value::as_u64).unwrap_or_else(|| now_seed()),
+        seed: body.get("seed").and_then(Value::as_u64).unwrap_or_else(now_seed),
     }
 }
 
