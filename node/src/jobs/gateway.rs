@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use gcs_keyspace::Keyspace;
 use gcs_protocol::{
     ids, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
-    MessageType, NodeKey, PayloadMode, PayloadRef, PrivacyLevel, ReplyTo, RequestInfo,
-    Requirements, Routing, RoutingMode, Source, TenantRef, PROTOCOL_VERSION,
+    MessageType, NodeKey, PayloadMode, PayloadRef, ReplyTo, RequestInfo, Requirements, Routing,
+    Source, TenantRef, PROTOCOL_VERSION,
 };
 use libp2p::PeerId;
 use tokio::sync::mpsc;
@@ -93,18 +93,7 @@ fn build_job(
                 location: Some(key.node_id().to_string()),
             },
         },
-        routing: Routing {
-            network: RoutingMode::Public,
-            swarm_id: "public".into(),
-            privacy_mode: PrivacyLevel::Standard,
-            claim_policy: gcs_protocol::ClaimPolicy::FirstValidClaim,
-            requires_router_planner: false,
-            requires_aggregator: false,
-            replication_factor: 1,
-            verification_mode: "none".into(),
-            allowed_nodes: vec![],
-            excluded_nodes: vec![],
-        },
+        routing: Routing::public(),
         requirements: Requirements {
             min_context_tokens: 0,
             supports_streaming: spec.stream,

@@ -89,6 +89,24 @@ pub struct Routing {
     pub excluded_nodes: Vec<NodeId>,
 }
 
+impl Routing {
+    /// The MVP default: public network, standard privacy, first valid claim.
+    pub fn public() -> Self {
+        Self {
+            network: RoutingMode::Public,
+            swarm_id: "public".into(),
+            privacy_mode: PrivacyLevel::Standard,
+            claim_policy: ClaimPolicy::FirstValidClaim,
+            requires_router_planner: false,
+            requires_aggregator: false,
+            replication_factor: 1,
+            verification_mode: "none".into(),
+            allowed_nodes: vec![],
+            excluded_nodes: vec![],
+        }
+    }
+}
+
 /// What a claimant must satisfy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
