@@ -173,6 +173,7 @@ impl Network {
             ae_round: 0,
             outbound: HashMap::new(),
             inbound: HashMap::new(),
+            local: HashMap::new(),
             next_inbound: 0,
         };
         tokio::spawn(lp.run());
@@ -316,6 +317,9 @@ struct EventLoop {
         oneshot::Sender<Result<JobResponse, NodeError>>,
     >,
     inbound: HashMap<u64, request_response::ResponseChannel<JobResponse>>,
+    /// Requests this node sends to itself (`--role all`: its worker and its
+    /// gateway), answered without a connection.
+    local: HashMap<u64, oneshot::Sender<Result<JobResponse, NodeError>>>,
     next_inbound: u64,
 }
 
@@ -390,12 +394,24 @@ impl EventLoop {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
             Command::Shutdown(_) => unreachable_shutdown(),
+            Command::Request(peer, req, reply) if peer == *self.swarm.local_peer_id() => {
+                let id = self.next_inbound;
+                self.next_inbound += 1;
+                self.local.insert(id, reply);
+                let events = self.events.clone();
+                // Not awaited here: the consumer may be the one waiting on us.
+                tokio::spawn(async move {
+                    emit(&events, NetEvent::JobRequest { peer, id, request: req }).await
+                });
+            }
             Command::Request(peer, req, reply) => {
                 let id = self.swarm.behaviour_mut().jobs.send_request(&peer, req);
                 self.outbound.insert(id, reply);
             }
             Command::Respond(id, resp) => {
-                if let Some(ch) = self.inbound.remove(&id) {
+                if let Some(r) = self.local.remove(&id) {
+                    let _ = r.send(Ok(resp));
+                } else if let Some(ch) = self.inbound.remove(&id) {
                     let _ = self.swarm.behaviour_mut().jobs.send_response(ch, resp);
                 }
             }

@@ -271,6 +271,7 @@ impl Runtime {
             registry: &self.registry,
             limits: &self.config.network.limits,
             tracker: self.config.tracker,
+            local_worker: self.worker.as_ref(),
         }
     }
 
@@ -436,6 +437,9 @@ impl Runtime {
             let reg = self.registration(status)?;
             let bytes = gcs_protocol::encode(&reg)?;
             self.store_registration(&reg, &bytes);
+            // Gossip does not deliver our own messages: a gateway in the same
+            // process (`--role all`) learns its worker here.
+            self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(reg.clone(), now_ms());
             self.network.publish(topics::CAPABILITIES_ALL, bytes).await
         }
         .await;

@@ -297,3 +297,27 @@ async fn a_winner_killed_after_its_first_token_ends_the_stream_with_an_error() {
     }
     net.gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_role_all_node_serves_its_own_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = Scripted::new(4, 0, 1);
+    let node = start(config(Role::All, &dir, vec![], Some(exec))).await.unwrap();
+    wait_for("its own registration", || {
+        node.fresh_registrations().iter().any(|r| r.node_id == node.node_id)
+    })
+    .await;
+    let (job, mut rx) = node.submit(spec()).await.unwrap();
+    let mut chunks = 0;
+    loop {
+        match next(&mut rx).await {
+            JobEvent::Chunk(_) => chunks += 1,
+            JobEvent::Leased { node_id } => assert_eq!(node_id, node.node_id),
+            JobEvent::Completed(_) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(chunks, 5);
+    assert_eq!(usage(&node, &job).output_tokens_sent_to_client, 4);
+    node.shutdown().await;
+}

@@ -41,6 +41,8 @@ pub(crate) struct Ctx<'a> {
     pub registry: &'a Mutex<Registry>,
     pub limits: &'a Limits,
     pub tracker: TrackerConfig,
+    /// This node's own worker (`--role all`), which hears no gossip from itself.
+    pub local_worker: Option<&'a crate::jobs::worker::WorkerState>,
 }
 
 /// Jobs this gateway is tracking.
@@ -251,6 +253,9 @@ impl GatewayState {
             let Some(a) = self.active.get(job_id) else { break };
             match e {
                 Effect::Publish(job) => {
+                    if let Some(w) = ctx.local_worker {
+                        w.consider((*job).clone());
+                    }
                     if let Ok(b) = gcs_protocol::encode(job.as_ref()) {
                         if let Err(err) = ctx.network.publish(topics::API_JOBS_ALL, b).await {
                             tracing::warn!(job_id, error = %err, "cannot publish job");
