@@ -190,6 +190,8 @@ async fn two_workers_race_exactly_one_wins_and_the_stream_is_fenced_in_order() {
     assert_eq!(ran, 12, "the loser never ran the engine");
     let u = usage(&net.gw, &job);
     assert_eq!((u.output_tokens_generated, u.output_tokens_sent_to_client), (12, 12));
+    let recorded = net.gw.keyspace().scan_prefix(&format!("/gcs/api/streams/{job}/")).unwrap();
+    assert_eq!(recorded.len(), 13, "every forwarded chunk is recorded in the keyspace");
     assert_eq!(u.node_id.as_ref(), nodes.iter().next());
     for w in net.workers.into_iter().flatten() {
         w.shutdown().await;

@@ -191,6 +191,7 @@ unsafe fn head_fma(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
 
 /// Attention output of one (row, head) pair into `o` (`[head_dim]`).
 #[inline(always)]
+#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
 fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     let (nh, nkv, hd) = (c.sh.n_heads, c.sh.n_kv_heads, c.sh.head_dim);
     let width = (nh + 2 * nkv) * hd;

@@ -167,10 +167,12 @@ impl<'a> Cursor<'a> {
         let b = self.take(2, what)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
+    #[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
     fn u32(&mut self, what: &'static str) -> Result<u32, GgufError> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
     }
+    #[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
     fn u64(&mut self, what: &'static str) -> Result<u64, GgufError> {
         let b = self.take(8, what)?;
         Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))

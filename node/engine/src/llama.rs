@@ -189,6 +189,7 @@ fn fuse(g: &GgufFile, parts: Vec<QMatrix>, what: &str) -> Result<QMatrix> {
 }
 
 /// Copy a float tensor to host memory.
+#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
 fn host<const D: usize>(x: Tensor<D>) -> Vec<f32> {
     // The model only ever creates f32 tensors, so the cast cannot fail.
     x.into_data().try_into_vec::<f32>().expect("f32 activations")

@@ -55,6 +55,7 @@ impl std::fmt::Debug for GgufTokenizer {
 }
 
 /// GPT-2's reversible byte <-> printable-char mapping.
+#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
 fn unicode_to_byte() -> HashMap<char, u8> {
     let mut bs: Vec<u32> =
         (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();

@@ -273,6 +273,13 @@ impl GatewayState {
                 Effect::RejectClaim(r) => reply = gcs_protocol::encode(&r).ok(),
                 Effect::Forward(chunks) => {
                     for c in chunks {
+                        // The fenced stream is recorded (job-participant scope,
+                        // compacted after an hour): a restarted gateway or an
+                        // auditor can replay exactly what the client received.
+                        let key = format!("/gcs/api/streams/{job_id}/{:08}", c.sequence);
+                        if let Ok(b) = gcs_protocol::encode(&c) {
+                            let _ = ctx.keyspace.put(&key, b, now);
+                        }
                         match a.events.try_send(JobEvent::Chunk(Box::new(c))) {
                             Ok(()) => {}
                             Err(mpsc::error::TrySendError::Full(_)) => {

@@ -24,6 +24,9 @@ use crate::error::NodeError;
 use crate::network::Network;
 use crate::node::now_ms;
 
+/// Unacknowledged chunks allowed in flight (≤ the gateway's reorder gap of 8).
+const IN_FLIGHT: usize = 8;
+
 /// Jobs this worker is running: job id → cancel flag.
 pub(crate) type ActiveJobs = Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>;
 
@@ -175,18 +178,30 @@ impl WorkerState {
         });
         let mut seq = 0u64;
         let mut first_token_ms = 0;
+        // Up to IN_FLIGHT unacknowledged chunks: the window is the stream's
+        // backpressure, and stays within the gateway's reorder buffer, so a
+        // round trip per token does not cap throughput on slow links.
+        let window = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
         while let Some((text, tokens)) = rx.recv().await {
             if seq == 0 {
                 first_token_ms = started.elapsed().as_millis() as u64;
             }
             let c = self.chunk(&job, &lease, seq, Some(text), tokens, None)?;
-            // Awaiting each acknowledgement is the stream's backpressure.
-            if !matches!(self.send(gateway, gcs_protocol::encode(&c)?).await, Ok(JobResponse::Ack))
-            {
-                cancel.store(true, Ordering::SeqCst);
-            }
+            let bytes = gcs_protocol::encode(&c)?;
+            let permit =
+                window.clone().acquire_owned().await.map_err(|_| NodeError::NetworkStopped)?;
+            let (w, flag) = (self.clone(), cancel.clone());
+            tokio::spawn(async move {
+                if !matches!(w.send(gateway, bytes).await, Ok(JobResponse::Ack)) {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                drop(permit);
+            });
             seq += 1;
         }
+        // Every chunk acknowledged before the finish chunk and the result.
+        let _all =
+            window.acquire_many(IN_FLIGHT as u32).await.map_err(|_| NodeError::NetworkStopped)?;
         let outcome = run.await.map_err(|e| NodeError::Network(format!("engine task: {e}")))?;
         done.store(true, Ordering::SeqCst);
         let compute_ms = started.elapsed().as_millis() as u64;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 pub fn models_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("GCS_MODELS_DIR") {
+    if let Ok(d) = std::env::var("GCS_MODEL_DIR") {
         return PathBuf::from(d);
     }
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
