@@ -145,10 +145,34 @@ impl Network {
         keyspace: Arc<Keyspace>,
     ) -> Result<(Network, mpsc::Receiver<NetEvent>), NodeError> {
         let mut swarm = build_swarm(identity, &config)?;
+        let mut pending = HashMap::new();
         for addr in &config.listen {
-            swarm
+            check_port_free(addr)?;
+            let id = swarm
                 .listen_on(addr.clone())
                 .map_err(|e| NodeError::Network(format!("listen on {addr}: {e}")))?;
+            pending.insert(id, addr.clone());
+        }
+        // Binding happens asynchronously: wait until every listener is up or
+        // has failed, so a port in use is a startup error, not a silent log.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !pending.is_empty() {
+            let ev = tokio::time::timeout_at(deadline, swarm.select_next_some())
+                .await
+                .map_err(|_| NodeError::Network("listeners did not start within 5 s".into()))?;
+            match ev {
+                SwarmEvent::NewListenAddr { listener_id, address } => {
+                    tracing::info!(%address, "listening");
+                    pending.remove(&listener_id);
+                }
+                SwarmEvent::ListenerClosed { listener_id, reason: Err(e), .. }
+                | SwarmEvent::ListenerError { listener_id, error: e } => {
+                    let addr =
+                        pending.remove(&listener_id).map(|a| a.to_string()).unwrap_or_default();
+                    return Err(NodeError::Network(format!("listen on {addr}: {e}")));
+                }
+                _ => {}
+            }
         }
         for addr in &config.bootstrap {
             if let Some(Protocol::P2p(peer)) = addr.iter().last() {
@@ -233,6 +257,33 @@ impl Network {
     pub async fn shutdown(&self) {
         let _ = self.call(Command::Shutdown).await;
     }
+}
+
+/// libp2p binds listeners with SO_REUSEPORT, so a second process on the same
+/// port would silently share it. Probe-bind without it first: a port in use
+/// is a clear startup error.
+fn check_port_free(addr: &Multiaddr) -> Result<(), NodeError> {
+    let mut ip = None;
+    let mut port = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(a) => ip = Some(std::net::IpAddr::V4(a)),
+            Protocol::Ip6(a) => ip = Some(std::net::IpAddr::V6(a)),
+            Protocol::Tcp(n) => port = Some((n, true)),
+            Protocol::Udp(n) => port = Some((n, false)),
+            _ => {}
+        }
+    }
+    let (Some(ip), Some((port, tcp))) = (ip, port) else { return Ok(()) };
+    if port == 0 {
+        return Ok(());
+    }
+    let r = if tcp {
+        std::net::TcpListener::bind((ip, port)).map(drop)
+    } else {
+        std::net::UdpSocket::bind((ip, port)).map(drop)
+    };
+    r.map_err(|e| NodeError::Network(format!("listen on {addr}: {e}")))
 }
 
 fn gossip_message_id(m: &gossipsub::Message) -> gossipsub::MessageId {

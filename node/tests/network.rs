@@ -235,3 +235,21 @@ async fn keyspace_deltas_replicate_and_a_late_joiner_converges() {
         n.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_is_a_startup_error() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let first = start(config(Role::Gateway, &dirs[0], vec![])).await.unwrap();
+    let taken: libp2p::Multiaddr = addr(&first)
+        .await
+        .iter()
+        .filter(|p| !matches!(p, libp2p::multiaddr::Protocol::P2p(_)))
+        .collect();
+    let mut c = config(Role::Gateway, &dirs[1], vec![]);
+    c.network.listen = vec![taken];
+    match start(c).await {
+        Err(gcs_node::NodeError::Network(m)) => assert!(m.contains("listen on"), "{m}"),
+        other => panic!("expected a listen error, got {:?}", other.map(|n| n.node_id)),
+    }
+    first.shutdown().await;
+}
