@@ -325,6 +325,14 @@ impl Runtime {
         mut stop: oneshot::Receiver<()>,
         mut commands: mpsc::Receiver<RuntimeCommand>,
     ) {
+        if let Some(mut g) = self.gateway.take() {
+            match g.recover(&self.ctx()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(jobs = n, "ended jobs left in flight by the previous run"),
+                Err(e) => tracing::error!(error = %e, "could not recover in-flight jobs"),
+            }
+            self.gateway = Some(g);
+        }
         let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
         let mut prune = tokio::time::interval(Duration::from_secs(1));
         let mut tick = tokio::time::interval(Duration::from_millis(100));

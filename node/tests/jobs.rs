@@ -323,3 +323,52 @@ async fn a_single_role_all_node_serves_its_own_jobs() {
     assert_eq!(usage(&node, &job).output_tokens_sent_to_client, 4);
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_restart_leaves_no_job_hanging() {
+    let exec = Scripted::new(10_000, 0, 20);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut gc = config(Role::Gateway, &dirs[0], vec![], None);
+    gc.network.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
+    let gw = start(gc.clone()).await.unwrap();
+    let a = addr(&gw).await;
+    let worker =
+        start(config(Role::Worker, &dirs[1], vec![a.clone()], Some(exec.clone()))).await.unwrap();
+    wait_for("registration", || {
+        gw.fresh_registrations().iter().any(|r| r.node_id == worker.node_id)
+    })
+    .await;
+    let (job, mut rx) = gw.submit(spec()).await.unwrap();
+    let mut chunks = 0;
+    while chunks < 3 {
+        if let JobEvent::Chunk(_) = next(&mut rx).await {
+            chunks += 1;
+        }
+    }
+    gw.shutdown().await;
+    // Same data directory and port, so the worker can reconnect.
+    gc.network.listen =
+        vec![a.iter().filter(|p| !matches!(p, libp2p::multiaddr::Protocol::P2p(_))).collect()];
+    let gw = start(gc).await.unwrap();
+    wait_for("the job to be ended", || {
+        gw.keyspace().get_bytes(&format!("/gcs/api/usage/{job}")).unwrap().is_some()
+    })
+    .await;
+    let res: gcs_protocol::FinalResult = gcs_protocol::codec::from_cbor_bytes(
+        &gw.keyspace().get_bytes(&format!("/gcs/api/results/{job}")).unwrap().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(res.error.unwrap().code, "gnus_gateway_restarted");
+    // The worker was told to stop (or stopped when its gateway vanished).
+    let t = Instant::now();
+    loop {
+        let before = exec.emitted.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if exec.emitted.load(Ordering::SeqCst) == before {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the worker kept generating");
+    }
+    worker.shutdown().await;
+    gw.shutdown().await;
+}

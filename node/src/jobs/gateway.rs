@@ -117,6 +117,67 @@ fn build_job(
 }
 
 impl GatewayState {
+    /// After a restart: every job this gateway published that has no usage
+    /// record was in flight when it stopped. Its client is gone with the old
+    /// process, so the job is ended — the worker is told to stop, and a
+    /// failed result and a usage record are written — and none is left
+    /// hanging. Returns how many were recovered.
+    pub async fn recover(&mut self, ctx: &Ctx<'_>) -> Result<usize, NodeError> {
+        let me = ctx.key.node_id();
+        let now = now_ms();
+        let mut n = 0;
+        for (_, v) in ctx.keyspace.scan_prefix("/gcs/api/jobs/")? {
+            let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
+            let Ok(job) = gcs_protocol::codec::from_cbor_bytes::<ApiRequestJob>(bytes) else {
+                continue;
+            };
+            let id = &job.job_id;
+            if job.gateway_node_id != me
+                || ctx.keyspace.get_bytes(&format!("/gcs/api/usage/{id}"))?.is_some()
+            {
+                continue;
+            }
+            let lease = ctx.keyspace.get_bytes(&format!("/gcs/api/leases/{id}"))?.and_then(|b| {
+                gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::LeaseGrant>(&b).ok()
+            });
+            let (mut tracker, _) = JobTracker::new(job.clone(), ctx.tracker, now);
+            tracker.restore_lease(lease);
+            let effects =
+                tracker.handle(Input::Cancel(CancellationReason::Admin), now, ctx.key, ctx.limits);
+            let (tx, _rx) = mpsc::channel(1);
+            self.active.insert(
+                id.clone(),
+                Active { tracker, events: tx, payload: vec![], lease_id: None },
+            );
+            self.apply(id, effects, ctx).await;
+            let error = gcs_protocol::ErrorInfo {
+                kind: "server_error".into(),
+                code: "gnus_gateway_restarted".into(),
+                message: "the gateway restarted while this request was in flight".into(),
+            };
+            let mut r = gcs_protocol::FinalResult {
+                message_type: MessageType::FinalResult,
+                version: PROTOCOL_VERSION,
+                job_id: id.clone(),
+                node_id: me.clone(),
+                lease_id: None,
+                status: gcs_protocol::ResultStatus::Cancelled,
+                response: None,
+                error: Some(error),
+                metering: None,
+                attestation: None,
+                chunks_sent: 0,
+                created_at_ms: now,
+                signature: None,
+            };
+            sign(&mut r, ctx.key)?;
+            ctx.keyspace.put(&format!("/gcs/api/results/{id}"), gcs_protocol::encode(&r)?, now)?;
+            tracing::warn!(job_id = %id, "in-flight job ended after a gateway restart");
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Publishes a job and returns its id and the client's event stream.
     pub async fn submit(
         &mut self,

@@ -129,6 +129,16 @@ impl JobTracker {
         (t, vec![publish])
     }
 
+    /// Re-attaches the lease recorded before a gateway restart, so a
+    /// cancellation reaches its holder.
+    pub fn restore_lease(&mut self, lease: Option<LeaseGrant>) {
+        if let Some(l) = lease {
+            self.fence.grant(&l.lease_id, l.node_id.clone());
+            self.lease = Some(l);
+            self.ever_leased = true;
+        }
+    }
+
     /// Current state (26.13.1).
     pub fn state(&self) -> JobState {
         self.state
