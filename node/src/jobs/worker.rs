@@ -56,11 +56,7 @@ impl WorkerState {
     /// A job appeared on gossip: claim it if this worker can serve it.
     pub fn consider(&self, job: ApiRequestJob) {
         let me = self.key.node_id();
-        if job.routing.excluded_nodes.contains(&me) || lock(&self.active).contains_key(&job.job_id)
-        {
-            return;
-        }
-        if self.load() >= self.max_jobs {
+        if job.routing.excluded_nodes.contains(&me) {
             return;
         }
         let Some(model) = self
@@ -71,10 +67,20 @@ impl WorkerState {
         else {
             return;
         };
+        // Reserve the slot before spawning, under one lock, so a burst of
+        // announcements cannot start more than `max_jobs`.
+        let cancel = Arc::new(AtomicBool::new(false));
+        {
+            let mut active = lock(&self.active);
+            if active.len() >= self.max_jobs || active.contains_key(&job.job_id) {
+                return;
+            }
+            active.insert(job.job_id.clone(), cancel.clone());
+        }
         let w = self.clone();
         tokio::spawn(async move {
             let job_id = job.job_id.clone();
-            if let Err(e) = w.work(job, model).await {
+            if let Err(e) = w.work(job, model, cancel).await {
                 tracing::info!(job_id, error = %e, "job not completed here");
             }
             lock(&w.active).remove(&job_id);
@@ -97,12 +103,15 @@ impl WorkerState {
         self.network.request(gateway, JobRequest::Envelope(bytes)).await
     }
 
-    async fn work(&self, job: ApiRequestJob, model: ModelInfo) -> Result<(), NodeError> {
+    async fn work(
+        &self,
+        job: ApiRequestJob,
+        model: ModelInfo,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<(), NodeError> {
         let gateway = peer_of(&job.gateway_node_id)
             .ok_or_else(|| NodeError::Network("bad gateway id".into()))?;
         let now = now_ms();
-        let cancel = Arc::new(AtomicBool::new(false));
-        lock(&self.active).insert(job.job_id.clone(), cancel.clone());
         // 1. Claim.
         let mut claim = JobClaim {
             message_type: MessageType::JobClaim,
