@@ -30,6 +30,12 @@ pub enum NodeError {
     /// The network could not start (bad address, port in use, ...).
     #[error("network: {0}")]
     Network(String),
+    /// An idempotency key was reused with a different request body (HTTP 422).
+    #[error("idempotency key already used for job {job_id} with a different request body")]
+    IdempotencyConflict {
+        /// The job the key belongs to.
+        job_id: String,
+    },
     /// The network event loop is gone.
     #[error("network event loop stopped")]
     NetworkStopped,

@@ -372,3 +372,34 @@ async fn a_gateway_restart_leaves_no_job_hanging() {
     worker.shutdown().await;
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_returns_the_same_job_and_refuses_another_body() {
+    let exec = Scripted::new(3, 0, 1);
+    let net = network(vec![exec.clone()]).await;
+    let (job, mut rx) = net.gw.submit(spec()).await.unwrap();
+    // A repeat while the job runs hears its end.
+    let (again, mut rx2) = net.gw.submit(spec()).await.unwrap();
+    assert_eq!(again, job);
+    loop {
+        if let JobEvent::Completed(_) = next(&mut rx).await {
+            break;
+        }
+    }
+    assert!(matches!(next(&mut rx2).await, JobEvent::Completed(_)));
+    // A repeat after it finished gets the stored result, without running again.
+    let (third, mut rx3) = net.gw.submit(spec()).await.unwrap();
+    assert_eq!(third, job);
+    assert!(matches!(next(&mut rx3).await, JobEvent::Completed(_)));
+    assert_eq!(exec.emitted.load(Ordering::SeqCst), 3, "the engine ran once");
+    let mut other = spec();
+    other.body = br#"{"messages":[{"role":"user","content":"something else"}]}"#.to_vec();
+    match net.gw.submit(other).await {
+        Err(gcs_node::NodeError::IdempotencyConflict { job_id }) => assert_eq!(job_id, job),
+        other => panic!("expected a conflict, got {:?}", other.map(|x| x.0)),
+    }
+    for w in net.workers.into_iter().flatten() {
+        w.shutdown().await;
+    }
+    net.gw.shutdown().await;
+}

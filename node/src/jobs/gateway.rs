@@ -31,6 +31,26 @@ struct Active {
     events: mpsc::Sender<JobEvent>,
     payload: Vec<u8>,
     lease_id: Option<String>,
+    /// Repeats of the same idempotent request: they hear only the end.
+    watchers: Vec<mpsc::Sender<JobEvent>>,
+}
+
+/// How long an idempotency key maps to its job.
+pub const IDEMPOTENCY_RETENTION_MS: u64 = 24 * 3_600_000;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct IdempotencyEntry {
+    job_id: String,
+    body_hash: Hash32,
+    created_at_ms: u64,
+}
+
+/// Where a tenant's idempotency key is recorded (local namespace: never
+/// replicated; hashed, since keys are client text).
+fn idempotency_key(tenant: &str, key: &str) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(tenant.as_bytes()).update(&[0]).update(key.as_bytes());
+    format!("/gcs/local/idempotency/{}", h.finalize().to_hex())
 }
 
 /// What the gateway needs from the node.
@@ -147,7 +167,7 @@ impl GatewayState {
             let (tx, _rx) = mpsc::channel(1);
             self.active.insert(
                 id.clone(),
-                Active { tracker, events: tx, payload: vec![], lease_id: None },
+                Active { tracker, events: tx, payload: vec![], lease_id: None, watchers: vec![] },
             );
             self.apply(id, effects, ctx).await;
             let error = gcs_protocol::ErrorInfo {
@@ -185,18 +205,64 @@ impl GatewayState {
         ctx: &Ctx<'_>,
     ) -> Result<(String, mpsc::Receiver<JobEvent>), NodeError> {
         let now = now_ms();
+        let idem = idempotency_key(&spec.tenant_id, &spec.idempotency_key);
+        let body_hash = Hash32::of(&spec.body);
+        if let Some(repeat) = self.repeat(&idem, body_hash, now, ctx)? {
+            return Ok(repeat);
+        }
         let job = build_job(&spec, ctx.key, &spec.body, now)?;
         let job_id = job.job_id.clone();
+        let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
+        ctx.keyspace.put(&idem, gcs_protocol::codec::to_canonical_bytes(&entry)?, now)?;
         ctx.keyspace.put(&format!("/gcs/api/jobs/{job_id}"), gcs_protocol::encode(&job)?, now)?;
         ctx.keyspace.put(&format!("/gcs/api/payloads/{job_id}"), spec.body.clone(), now)?;
         let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
         self.active.insert(
             job_id.clone(),
-            Active { tracker, events: tx, payload: spec.body, lease_id: None },
+            Active { tracker, events: tx, payload: spec.body, lease_id: None, watchers: vec![] },
         );
         self.apply(&job_id, effects, ctx).await;
         Ok((job_id, rx))
+    }
+
+    /// The same idempotency key from the same tenant within its retention
+    /// window gets the same job: its stored result if it finished, or its end
+    /// when it does. A different body is a conflict. A key whose job failed
+    /// without a result may be retried (None: make a new job).
+    fn repeat(
+        &mut self,
+        idem: &str,
+        body_hash: Hash32,
+        now: u64,
+        ctx: &Ctx<'_>,
+    ) -> Result<Option<(String, mpsc::Receiver<JobEvent>)>, NodeError> {
+        let Some(bytes) = ctx.keyspace.get_bytes(idem)? else { return Ok(None) };
+        let Ok(e) = gcs_protocol::codec::from_cbor_bytes::<IdempotencyEntry>(&bytes) else {
+            return Ok(None);
+        };
+        if now.saturating_sub(e.created_at_ms) > IDEMPOTENCY_RETENTION_MS {
+            return Ok(None);
+        }
+        if e.body_hash != body_hash {
+            return Err(NodeError::IdempotencyConflict { job_id: e.job_id });
+        }
+        let (tx, rx) = mpsc::channel(4);
+        if let Some(a) = self.active.get_mut(&e.job_id) {
+            a.watchers.push(tx);
+            return Ok(Some((e.job_id, rx)));
+        }
+        let result =
+            ctx.keyspace.get_bytes(&format!("/gcs/api/results/{}", e.job_id))?.and_then(|b| {
+                gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::FinalResult>(&b).ok()
+            });
+        match result {
+            Some(r) if r.status == gcs_protocol::ResultStatus::Completed => {
+                let _ = tx.try_send(JobEvent::Completed(Box::new(r)));
+                Ok(Some((e.job_id, rx)))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Feeds an input to one job and applies the effects; returns the
@@ -388,6 +454,9 @@ impl GatewayState {
             }
         }
         if let (Some(ev), Some(a)) = (terminal, self.active.get(job_id)) {
+            for w in &a.watchers {
+                let _ = w.try_send(ev.clone());
+            }
             let _ = a.events.try_send(ev);
         }
         if let Some(reason) = client_gone {
