@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 
 use crate::jobs::executor::{ExecOutcome, ExecRequest, Executor};
 
+/// The chat model's file inside its model-cache directory.
+pub const CHAT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
 /// Default and maximum completion length.
 const DEFAULT_MAX_TOKENS: usize = 256;
 const MAX_TOKENS: usize = 4096;
@@ -44,7 +47,7 @@ impl EngineExecutor {
                     Embedder::load(&dir, &device).map_err(|e| format!("{}: {e}", dir.display()))?;
                 embed = Some((m.model_id.clone(), e));
             } else {
-                let path = model_dir.join(&m.model_id).join("SmolLM2-135M-Instruct.Q4_1.gguf");
+                let path = model_dir.join(&m.model_id).join(CHAT_GGUF);
                 let e =
                     Engine::load(&path, &device).map_err(|e| format!("{}: {e}", path.display()))?;
                 chat = Some((m.model_id.clone(), e));

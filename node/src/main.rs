@@ -82,7 +82,8 @@ fn models(names: &[String]) -> anyhow::Result<Vec<ModelInfo>> {
         backend: "burn-cpu".into(),
         tasks: vec![ApiType::Embedding],
     };
-    let has_chat = dir.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf").is_file();
+    let has_chat =
+        dir.join("smollm2-135m-instruct").join(gcs_node::engine_exec::CHAT_GGUF).is_file();
     let has_embed = dir.join("all-minilm-l6-v2/model.safetensors").is_file();
     if names.is_empty() {
         let mut out = vec![];

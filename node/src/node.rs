@@ -336,6 +336,8 @@ impl Runtime {
         let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
         let mut prune = tokio::time::interval(Duration::from_secs(1));
         let mut tick = tokio::time::interval(Duration::from_millis(100));
+        // Retention (specs/keyspace.md) only holds if someone compacts.
+        let mut compact = tokio::time::interval(Duration::from_secs(60));
         loop {
             tokio::select! {
                 _ = &mut stop => break,
@@ -370,6 +372,13 @@ impl Runtime {
                 },
                 _ = heartbeat.tick(), if self.config.role.is_worker() => {
                     self.publish_registration(NodeStatus::Online).await;
+                }
+                _ = compact.tick() => {
+                    match self.keyspace.compact(now_ms()) {
+                        Ok(stats) if !stats.removed.is_empty() => tracing::debug!(?stats, "keyspace compacted"),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "keyspace compaction failed"),
+                    }
                 }
                 _ = prune.tick() => {
                     let gone = self.registry.lock().unwrap_or_else(|p| p.into_inner()).prune(now_ms());
@@ -444,7 +453,7 @@ impl Runtime {
         let result = async {
             let reg = self.registration(status)?;
             let bytes = gcs_protocol::encode(&reg)?;
-            self.store_registration(&reg, &bytes);
+            self.store_registration(&reg);
             // Gossip does not deliver our own messages: a gateway in the same
             // process (`--role all`) learns its worker here.
             self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(reg.clone(), now_ms());
@@ -456,9 +465,12 @@ impl Runtime {
         }
     }
 
-    fn store_registration(&self, reg: &NodeRegistration, bytes: &[u8]) {
+    fn store_registration(&self, reg: &NodeRegistration) {
         let key = format!("/gcs/nodes/registrations/{}", reg.node_id);
-        if let Err(e) = self.keyspace.put(&key, bytes.to_vec(), now_ms()) {
+        let stored = gcs_protocol::encode(reg)
+            .map_err(NodeError::from)
+            .and_then(|b| self.keyspace.put(&key, b, now_ms()).map(drop).map_err(NodeError::from));
+        if let Err(e) = stored {
             tracing::warn!(error = %e, "could not store registration");
         }
     }
@@ -474,7 +486,6 @@ impl Runtime {
                     let node = reg.node_id.clone();
                     let models: Vec<String> =
                         reg.models.iter().map(|m| m.model_id.clone()).collect();
-                    let bytes = gcs_protocol::encode(&reg).unwrap_or_default();
                     let outcome = self
                         .registry
                         .lock()
@@ -483,9 +494,11 @@ impl Runtime {
                     match outcome {
                         Accepted::New => {
                             tracing::info!(%node, ?models, %source, "worker registration arrived");
-                            self.store_registration(&reg, &bytes);
+                            self.store_registration(&reg);
                         }
-                        Accepted::Refreshed => self.store_registration(&reg, &bytes),
+                        // Encoded only when kept: outdated and stale copies
+                        // (every relayed heartbeat) cost nothing more.
+                        Accepted::Refreshed => self.store_registration(&reg),
                         Accepted::Offline => tracing::info!(%node, "worker went offline"),
                         Accepted::Outdated | Accepted::Stale => {}
                     }

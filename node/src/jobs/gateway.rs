@@ -390,12 +390,11 @@ impl GatewayState {
                     }
                 }
                 Effect::Lease(l) => {
-                    let _ = ctx.keyspace.put(
-                        &format!("/gcs/api/leases/{job_id}"),
-                        gcs_protocol::encode(&l).unwrap_or_default(),
-                        now,
-                    );
-                    reply = gcs_protocol::encode(&l).ok();
+                    if let Ok(b) = gcs_protocol::encode(&l) {
+                        let _ =
+                            ctx.keyspace.put(&format!("/gcs/api/leases/{job_id}"), b.clone(), now);
+                        reply = Some(b);
+                    }
                 }
                 Effect::RejectClaim(r) => reply = gcs_protocol::encode(&r).ok(),
                 Effect::Forward(chunks) => {
