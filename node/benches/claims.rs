@@ -93,6 +93,7 @@ async fn run(workers: usize, jobs: usize) {
             idempotency_key: format!("i{i}"),
             limits: JobLimits::default(),
             max_output_tokens: 1,
+            routing: gcs_protocol::Routing::public(),
         };
         let t0 = Instant::now();
         let (_, mut rx) = gw.submit(spec).await.unwrap();

@@ -2,6 +2,7 @@
 //! validation), the registration registry and heartbeats. The `gcs-node`
 //! binary wires these together.
 
+pub mod backend;
 pub mod engine_exec;
 pub mod error;
 pub mod identity;

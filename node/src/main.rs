@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use gcs_node::{NodeConfig, Role};
 use gcs_protocol::{ApiType, ModelInfo};
 use libp2p::Multiaddr;
@@ -21,6 +21,69 @@ enum LogFormat {
 #[derive(Parser, Debug)]
 #[command(name = "gcs-node", version, about)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Data directory (identity key, keyspace, API keys). Default: the OS data dir.
+    #[arg(long, env = "GCS_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Manage the gateway's API keys (stored hashed in the data directory).
+    Keys {
+        #[command(subcommand)]
+        action: KeysCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCommand {
+    /// Create a key and print it (once; only its hash is stored).
+    Create {
+        /// Tenant the key bills to.
+        #[arg(long)]
+        tenant: String,
+        /// Project within the tenant.
+        #[arg(long)]
+        project: String,
+        /// Models or aliases the key may use (default: all).
+        #[arg(long, value_delimiter = ',')]
+        models: Vec<String>,
+        /// Routing modes the key may use: public, private, hybrid, local_only (default: all).
+        #[arg(long, value_delimiter = ',')]
+        routing: Vec<String>,
+        /// Requests per minute.
+        #[arg(long)]
+        rpm: Option<u32>,
+        /// Tokens per minute.
+        #[arg(long)]
+        tpm: Option<u64>,
+        /// Lifetime token budget.
+        #[arg(long)]
+        budget_tokens: Option<u64>,
+        /// Expire the key after this many days.
+        #[arg(long)]
+        ttl_days: Option<u64>,
+    },
+    /// List keys (ids, prefixes, scopes; never the keys themselves).
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key by id (`key_...`) or by its printed prefix.
+    Revoke {
+        /// Key id or prefix.
+        id: String,
+    },
+}
+
+/// Settings of a running node.
+#[derive(Args, Debug)]
+struct RunArgs {
     /// What this node does.
     #[arg(long, env = "GCS_ROLE", value_enum, default_value = "all")]
     role: Role,
@@ -31,12 +94,36 @@ struct Cli {
     /// Peer to dial at start (repeatable), with or without /p2p/<peer id>.
     #[arg(long, env = "GCS_BOOTSTRAP", value_delimiter = ',')]
     bootstrap: Vec<Multiaddr>,
-    /// Data directory (identity key, keyspace). Default: the OS data dir.
-    #[arg(long, env = "GCS_DATA_DIR")]
-    data_dir: Option<PathBuf>,
     /// HTTP listen address of the OpenAI-compatible API (gateway, all).
     #[arg(long, env = "GCS_HTTP", default_value = "127.0.0.1:8080")]
     http: SocketAddr,
+    /// TLS certificate chain (PEM); with --tls-key the API is served over HTTPS.
+    #[arg(long, env = "GCS_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, env = "GCS_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Jobs a worker runs at once.
+    #[arg(long, env = "GCS_MAX_JOBS", default_value_t = 4)]
+    max_jobs: usize,
+    /// Requests the gateway holds in flight before it answers 429.
+    #[arg(long, env = "GCS_MAX_IN_FLIGHT", default_value_t = 256)]
+    max_in_flight: usize,
+    /// Bytes queued for a slow streaming client before its job is cancelled.
+    #[arg(long, env = "GCS_STREAM_BUFFER_BYTES", default_value_t = 262_144)]
+    stream_buffer_bytes: usize,
+    /// Keepalive comment interval on idle streams, in ms.
+    #[arg(long, env = "GCS_KEEPALIVE_MS", default_value_t = 15_000)]
+    keepalive_ms: u64,
+    /// Default first-token timeout in ms (per key and per request overridable).
+    #[arg(long, env = "GCS_FIRST_TOKEN_TIMEOUT_MS", default_value_t = 10_000)]
+    first_token_timeout_ms: u64,
+    /// Default idle-stream timeout in ms.
+    #[arg(long, env = "GCS_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    idle_timeout_ms: u64,
+    /// Default wall-clock timeout in ms.
+    #[arg(long, env = "GCS_WALL_TIMEOUT_MS", default_value_t = 120_000)]
+    wall_timeout_ms: u64,
     /// CUDA device for the worker; without it the worker runs on CPU.
     #[arg(long, env = "GCS_GPU")]
     gpu: Option<u32>,
@@ -122,17 +209,97 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+fn data_dir(d: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match d {
+        Some(d) => Ok(d),
+        None => Ok(dirs::data_dir().context("no OS data directory; pass --data-dir")?.join("gcs")),
+    }
+}
+
+fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
+    let store = gcs_gateway::KeyStore::new(&data_dir);
+    let now = gcs_node::now_ms();
+    match action {
+        KeysCommand::Create {
+            tenant,
+            project,
+            models,
+            routing,
+            rpm,
+            tpm,
+            budget_tokens,
+            ttl_days,
+        } => {
+            let routing = routing
+                .iter()
+                .map(|r| {
+                    gcs_protocol::RoutingMode::ALL
+                        .iter()
+                        .copied()
+                        .find(|m| m.as_str() == r)
+                        .with_context(|| format!("unknown routing mode {r:?}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let new = gcs_gateway::NewKey {
+                tenant_id: tenant,
+                project_id: project,
+                models,
+                routing,
+                rpm,
+                tpm,
+                budget_tokens,
+                ttl_ms: ttl_days.map(|d| d * 86_400_000),
+            };
+            let (secret, rec) = store.create(new, now)?;
+            eprintln!(
+                "created {} for tenant {} project {} (the key is shown only once)",
+                rec.id, rec.tenant_id, rec.project_id
+            );
+            println!("{secret}");
+        }
+        KeysCommand::List { json } => {
+            for k in store.list()? {
+                if json {
+                    println!("{}", serde_json::to_string(&k)?);
+                } else {
+                    let state = if k.revoked_at_ms.is_some() {
+                        "revoked"
+                    } else if !k.is_live(now) {
+                        "expired"
+                    } else {
+                        "active"
+                    };
+                    println!(
+                        "{}  {}...  {}/{}  {}  models={}  rpm={}  tpm={}  budget={}",
+                        k.id,
+                        k.prefix,
+                        k.tenant_id,
+                        k.project_id,
+                        state,
+                        if k.models.is_empty() { "*".into() } else { k.models.join(",") },
+                        k.rpm.map_or("-".into(), |v| v.to_string()),
+                        k.tpm.map_or("-".into(), |v| v.to_string()),
+                        k.budget_tokens.map_or("-".into(), |v| v.to_string()),
+                    );
+                }
+            }
+        }
+        KeysCommand::Revoke { id } => {
+            let k = store.revoke(&id, now)?;
+            eprintln!("revoked {} ({}...)", k.id, k.prefix);
+        }
+    }
+    Ok(())
+}
+
+async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     if let Some(gpu) = cli.gpu {
         if cli.role.is_worker() {
             bail!("--gpu {gpu}: this build has no CUDA support (rebuild with --features cuda)");
         }
     }
-    let data_dir = match cli.data_dir {
-        Some(d) => d,
-        None => dirs::data_dir().context("no OS data directory; pass --data-dir")?.join("gcs"),
-    };
-    let mut config = NodeConfig::new(cli.role, data_dir);
+    let mut config = NodeConfig::new(cli.role, data_dir.clone());
+    config.max_concurrent_jobs = cli.max_jobs.max(1);
     config.network.listen = if cli.listen.is_empty() {
         let port = if cli.role == Role::Worker { 0 } else { 4001 };
         vec![
@@ -163,30 +330,87 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config.executor = Some(std::sync::Arc::new(exec));
         }
     }
-    if cli.role != Role::Worker {
-        tracing::warn!(http = %cli.http, "the OpenAI-compatible HTTP API is not part of this build yet (issue 7)");
-    }
+    // The HTTP port is taken before the node starts, so a port in use is a
+    // clear error and not a half-started node.
+    let http = if cli.role != Role::Worker {
+        let tls = match (&cli.tls_cert, &cli.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some(gcs_gateway::serve::acceptor(&gcs_gateway::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                })?)
+            }
+            _ => None,
+        };
+        let listener = tokio::net::TcpListener::bind(cli.http)
+            .await
+            .with_context(|| format!("cannot listen for HTTP on {}", cli.http))?;
+        Some((listener, tls))
+    } else {
+        None
+    };
     let node = gcs_node::start(config).await?;
     for a in node.listen_addrs().await? {
         tracing::info!(addr = %a, "dial this node with --bootstrap");
     }
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = if let Some((listener, tls)) = http {
+        let store = gcs_gateway::KeyStore::new(&data_dir);
+        if cli.role == Role::All && store.list()?.is_empty() {
+            let new = gcs_gateway::NewKey {
+                tenant_id: "local".into(),
+                project_id: "default".into(),
+                ..Default::default()
+            };
+            let (secret, rec) = store.create(new, gcs_node::now_ms())?;
+            println!(
+                "Created a local API key ({}; shown only this once, stored as a hash in {}):",
+                rec.id,
+                store.path().display()
+            );
+            println!("  {secret}");
+        }
+        let gw = gcs_gateway::GatewayConfig {
+            stream_buffer_bytes: cli.stream_buffer_bytes,
+            keepalive: Duration::from_millis(cli.keepalive_ms.max(100)),
+            first_token_timeout_ms: cli.first_token_timeout_ms,
+            idle_timeout_ms: cli.idle_timeout_ms,
+            wall_timeout_ms: cli.wall_timeout_ms,
+            max_in_flight: cli.max_in_flight.max(1),
+            ..Default::default()
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let app =
+            gcs_gateway::router(std::sync::Arc::new(node.client()), std::sync::Arc::new(store), gw);
+        println!("OpenAI-compatible API: {scheme}://{}/v1  (keys: gcs-node keys create --data-dir {} --tenant T --project P)", listener.local_addr()?, data_dir.display());
+        tracing::info!(addr = %listener.local_addr()?, scheme, "HTTP API listening");
+        Some(tokio::spawn(gcs_gateway::serve(listener, app, tls, async move {
+            let _ = http_stopped.await;
+        })))
+    } else {
+        None
+    };
     tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     tracing::info!("shutting down");
+    let _ = stop_http.send(());
+    if let Some(s) = server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+    }
     node.shutdown().await;
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
-    let rt = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+    init_logging(cli.run.log_format);
+    let result = data_dir(cli.data_dir).and_then(|dir| match cli.command {
+        Some(Command::Keys { action }) => keys(dir, action),
+        None => {
+            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            rt.block_on(run(dir, cli.run))
         }
-    };
-    match rt.block_on(run(cli)) {
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -103,7 +103,7 @@ pub struct NodeHandle {
     commands: mpsc::Sender<RuntimeCommand>,
 }
 
-enum RuntimeCommand {
+pub(crate) enum RuntimeCommand {
     Submit(Box<JobSpec>, oneshot::Sender<Result<(String, mpsc::Receiver<JobEvent>), NodeError>>),
     Cancel(String, gcs_protocol::CancellationReason),
 }
@@ -146,18 +146,23 @@ impl NodeHandle {
         &self.keyspace
     }
 
+    /// A cloneable handle for the HTTP gateway (it implements
+    /// [`gcs_gateway::Backend`]).
+    pub fn client(&self) -> crate::backend::NodeClient {
+        crate::backend::NodeClient {
+            commands: self.commands.clone(),
+            registry: self.registry.clone(),
+            keyspace: self.keyspace.clone(),
+        }
+    }
+
     /// Submits a job (gateway roles): signs and publishes it, and returns its
     /// id and the fenced event stream for the client.
     pub async fn submit(
         &self,
         spec: JobSpec,
     ) -> Result<(String, mpsc::Receiver<JobEvent>), NodeError> {
-        let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(RuntimeCommand::Submit(Box::new(spec), tx))
-            .await
-            .map_err(|_| NodeError::NetworkStopped)?;
-        rx.await.map_err(|_| NodeError::NetworkStopped)?
+        self.client().submit(spec).await
     }
 
     /// Cancels a job on the client's behalf.
@@ -166,10 +171,7 @@ impl NodeHandle {
         job_id: &str,
         reason: gcs_protocol::CancellationReason,
     ) -> Result<(), NodeError> {
-        self.commands
-            .send(RuntimeCommand::Cancel(job_id.into(), reason))
-            .await
-            .map_err(|_| NodeError::NetworkStopped)
+        self.client().cancel(job_id, reason).await
     }
 
     /// Writes `value` at `key` and, for a globally replicated namespace,
@@ -234,6 +236,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
             models: config.models.clone(),
             max_jobs: config.max_concurrent_jobs,
             active: Arc::default(),
+            backlog: Arc::default(),
             registration_id: registration_id.clone(),
             limits: config.network.limits.clone(),
         }),

@@ -92,6 +92,7 @@ async fn smollm2_answers_through_gateway_and_worker() {
             idempotency_key: "e2e".into(),
             limits: JobLimits { claim_timeout_ms: 5_000, ..JobLimits::default() },
             max_output_tokens: 12,
+            routing: gcs_protocol::Routing::public(),
         })
         .await
         .unwrap();

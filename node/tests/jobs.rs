@@ -100,6 +100,7 @@ fn spec() -> JobSpec {
         idempotency_key: "idem_1".into(),
         limits: JobLimits { claim_timeout_ms: 3_000, ..JobLimits::default() },
         max_output_tokens: 64,
+        routing: gcs_protocol::Routing::public(),
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use gcs_keyspace::Keyspace;
 use gcs_protocol::{
     ids, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
-    MessageType, NodeKey, PayloadMode, PayloadRef, ReplyTo, RequestInfo, Requirements, Routing,
-    Source, TenantRef, PROTOCOL_VERSION,
+    MessageType, NodeKey, PayloadMode, PayloadRef, ReplyTo, RequestInfo, Requirements, Source,
+    TenantRef, PROTOCOL_VERSION,
 };
 use libp2p::PeerId;
 use tokio::sync::mpsc;
@@ -115,7 +115,7 @@ fn build_job(
                 location: Some(key.node_id().to_string()),
             },
         },
-        routing: Routing::public(),
+        routing: spec.routing.clone(),
         requirements: Requirements {
             min_context_tokens: 0,
             supports_streaming: spec.stream,
@@ -385,7 +385,7 @@ impl GatewayState {
                     }
                     if let Ok(b) = gcs_protocol::encode(job.as_ref()) {
                         if let Err(err) = ctx.network.publish(topics::API_JOBS_ALL, b).await {
-                            tracing::warn!(job_id, error = %err, "cannot publish job");
+                            tracing::debug!(job_id, error = %err, "job not published on gossip (duplicate or no peers)");
                         }
                     }
                 }

@@ -24,6 +24,9 @@ use crate::error::NodeError;
 use crate::network::Network;
 use crate::node::now_ms;
 
+/// Announced jobs a busy worker remembers.
+const BACKLOG: usize = 256;
+
 /// Unacknowledged chunks allowed in flight (≤ the gateway's reorder gap of 8).
 const IN_FLIGHT: usize = 8;
 
@@ -39,6 +42,9 @@ pub(crate) struct WorkerState {
     pub models: Vec<ModelInfo>,
     pub max_jobs: usize,
     pub active: ActiveJobs,
+    /// Jobs announced while every slot was taken, oldest first: claimed
+    /// when a slot frees, so a busy worker queues instead of dropping them.
+    pub backlog: Arc<Mutex<std::collections::VecDeque<ApiRequestJob>>>,
     pub registration_id: Arc<Mutex<String>>,
     pub limits: Limits,
 }
@@ -72,7 +78,18 @@ impl WorkerState {
         let cancel = Arc::new(AtomicBool::new(false));
         {
             let mut active = lock(&self.active);
-            if active.len() >= self.max_jobs || active.contains_key(&job.job_id) {
+            if active.contains_key(&job.job_id) {
+                return;
+            }
+            if active.len() >= self.max_jobs {
+                drop(active);
+                let mut backlog = lock(&self.backlog);
+                if !backlog.iter().any(|j| j.job_id == job.job_id) {
+                    backlog.push_back(job);
+                    if backlog.len() > BACKLOG {
+                        backlog.pop_front();
+                    }
+                }
                 return;
             }
             active.insert(job.job_id.clone(), cancel.clone());
@@ -84,7 +101,25 @@ impl WorkerState {
                 tracing::info!(job_id, error = %e, "job not completed here");
             }
             lock(&w.active).remove(&job_id);
+            w.next_from_backlog();
         });
+    }
+
+    /// A slot freed: claim the oldest backlog job that has not expired.
+    fn next_from_backlog(&self) {
+        let now = now_ms();
+        let next = {
+            let mut backlog = lock(&self.backlog);
+            loop {
+                match backlog.pop_front() {
+                    Some(j) if j.expires_at_ms <= now => continue,
+                    other => break other,
+                }
+            }
+        };
+        if let Some(job) = next {
+            self.consider(job);
+        }
     }
 
     /// A cancellation from the job's gateway.

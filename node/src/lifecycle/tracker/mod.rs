@@ -22,11 +22,20 @@ pub struct TrackerConfig {
     pub renew_interval_ms: u64,
     /// Reorder buffer.
     pub fence: FenceConfig,
+    /// How long an unclaimed job stays announced while capable workers may
+    /// just be busy (they keep a backlog and claim when a slot frees);
+    /// after it, an unclaimed job requeues toward `gnus_no_capable_nodes`.
+    pub queue_timeout_ms: u64,
 }
 
 impl Default for TrackerConfig {
     fn default() -> Self {
-        Self { lease_term_ms: 10_000, renew_interval_ms: 2_000, fence: FenceConfig::default() }
+        Self {
+            lease_term_ms: 10_000,
+            renew_interval_ms: 2_000,
+            fence: FenceConfig::default(),
+            queue_timeout_ms: 30_000,
+        }
     }
 }
 
@@ -397,14 +406,20 @@ impl JobTracker {
         if sign(&mut rq, key).is_err() {
             return vec![];
         }
-        // The announcement changes (excluded nodes), so it is signed anew.
+        match self.announcement(key) {
+            Some(publish) => vec![Effect::Requeue(rq), publish],
+            None => vec![],
+        }
+    }
+
+    /// The job as announced now: excluded nodes change on requeue, so it is
+    /// signed anew.
+    fn announcement(&self, key: &NodeKey) -> Option<Effect> {
         let mut job = self.job.clone();
         job.routing.excluded_nodes = self.excluded.clone();
         job.signature = None;
-        if sign(&mut job, key).is_err() {
-            return vec![];
-        }
-        vec![Effect::Requeue(rq), Effect::Publish(Box::new(job))]
+        sign(&mut job, key).ok()?;
+        Some(Effect::Publish(Box::new(job)))
     }
 
     fn on_tick(&mut self, now: u64, key: &NodeKey) -> Vec<Effect> {
@@ -424,6 +439,14 @@ impl JobTracker {
         }
         match &self.lease {
             None if now >= self.attempt_started_ms + l.claim_timeout_ms => {
+                let queued_until = (self.job.created_at_ms + self.config.queue_timeout_ms)
+                    .min(self.job.created_at_ms + l.wall_timeout_ms);
+                if now < queued_until {
+                    // Capable workers may all be busy: announce again (a
+                    // worker that joined since hears of it) and keep waiting.
+                    self.attempt_started_ms = now;
+                    return self.announcement(key).into_iter().collect();
+                }
                 self.requeue(RequeueReason::NoValidClaim, now, key)
             }
             None => vec![],

@@ -19,7 +19,8 @@ impl World {
         let gw = samples::keys().1;
         let mut job = samples::api_job(&gw, &Params::default());
         sign(&mut job, &gw).unwrap();
-        let (tracker, effects) = JobTracker::new(job, TrackerConfig::default(), T0);
+        let config = TrackerConfig { queue_timeout_ms: 0, ..TrackerConfig::default() };
+        let (tracker, effects) = JobTracker::new(job, config, T0);
         let workers = (1..=3u8).map(|i| NodeKey::from_seed([i; 32])).collect();
         World { gw, workers, tracker, limits: Limits::default(), now: T0, effects }
     }
@@ -113,6 +114,25 @@ fn the_first_valid_claim_wins_and_later_ones_are_told_why_they_lost() {
     assert_eq!(leases(&w.claim(0)), 1);
     assert_eq!(w.tracker.state(), JobState::Accepted);
     assert_eq!(rejection(&w.claim(1)), Some(gcs_protocol::ClaimRejectReason::AlreadyClaimed));
+}
+
+#[test]
+fn an_unclaimed_job_stays_announced_until_the_queue_timeout() {
+    let mut w = World::new();
+    w.tracker.config.queue_timeout_ms = 5_000;
+    let mut announcements = 0;
+    while w.now + 500 < T0 + 5_000 {
+        let out = w.tick(500);
+        assert!(
+            !out.iter().any(|e| matches!(e, Effect::Requeue(_) | Effect::Fail { .. })),
+            "at +{}: {out:?}",
+            w.now - T0
+        );
+        announcements += out.iter().filter(|e| matches!(e, Effect::Publish(_))).count();
+    }
+    assert!(announcements >= 3, "re-announced {announcements} times");
+    // A worker that was busy claims it late and wins.
+    assert_eq!(leases(&w.claim(0)), 1);
 }
 
 #[test]

@@ -1,0 +1,107 @@
+//! The one small trait the HTTP edge needs from the network: submit a job,
+//! receive its fenced events, cancel it, and read what the network can serve
+//! and what it has metered. `gcs-node` implements it over libp2p; this crate
+//! knows nothing of libp2p or the engine.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use gcs_protocol::{
+    ApiType, CancellationReason, ErrorInfo, FinalResult, JobLimits, NodeId, NodeRegistration,
+    Routing, StreamChunk, UsageRecord,
+};
+use thiserror::Error;
+use tokio::sync::mpsc;
+
+/// A boxed future (the trait is used as `dyn Backend`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a client of the gateway asks for.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    /// API surface.
+    pub api_type: ApiType,
+    /// Model or alias.
+    pub model: String,
+    /// Whether the client streams.
+    pub stream: bool,
+    /// The OpenAI request body (JSON bytes).
+    pub body: Vec<u8>,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Project.
+    pub project_id: String,
+    /// API key id.
+    pub api_key_id: String,
+    /// Client idempotency key (or a request hash).
+    pub idempotency_key: String,
+    /// Timeouts.
+    pub limits: JobLimits,
+    /// Requested output budget.
+    pub max_output_tokens: u32,
+    /// Routing mode, privacy and claim policy (26.11.3, 26.15.4).
+    pub routing: Routing,
+}
+
+/// What the network tells the client, in order.
+#[derive(Clone, Debug)]
+pub enum JobEvent {
+    /// A worker won the job (first grant or after a requeue).
+    Leased {
+        /// The lease holder.
+        node_id: NodeId,
+    },
+    /// The next fenced chunk.
+    Chunk(Box<StreamChunk>),
+    /// Finished.
+    Completed(Box<FinalResult>),
+    /// Failed; `after_partial_output` says whether chunks were already sent.
+    Failed {
+        /// OpenAI-shaped error.
+        error: ErrorInfo,
+        /// Whether chunks were already sent.
+        after_partial_output: bool,
+    },
+    /// Cancelled at the client's request.
+    Cancelled,
+}
+
+/// Why the network did not take a job.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// An idempotency key was reused with a different request body (HTTP 422).
+    #[error("idempotency key already used for job {job_id} with a different request body")]
+    IdempotencyConflict {
+        /// The job the key belongs to.
+        job_id: String,
+    },
+    /// The node cannot take jobs now (shutting down, overloaded).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else (storage, signing).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The network as the gateway sees it.
+pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
+    /// Signs and publishes a job; returns its id and the fenced event stream.
+    fn submit(
+        &self,
+        spec: JobSpec,
+    ) -> BoxFuture<'_, Result<(String, mpsc::Receiver<JobEvent>), BackendError>>;
+
+    /// Cancels a job on the client's behalf (disconnect, timeout, backpressure).
+    fn cancel(&self, job_id: String, reason: CancellationReason) -> BoxFuture<'_, ()>;
+
+    /// Fresh worker registrations: what the network can serve right now.
+    fn registrations(&self) -> Vec<NodeRegistration>;
+
+    /// The usage records of one API key created in `[since_ms, until_ms)`.
+    fn usage(
+        &self,
+        api_key_id: &str,
+        since_ms: u64,
+        until_ms: u64,
+    ) -> Result<Vec<UsageRecord>, BackendError>;
+}

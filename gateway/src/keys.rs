@@ -1,0 +1,370 @@
+//! API keys (26.20.1): `gnus_` + 256 random bits, shown once, stored only
+//! as a blake3 hash in `<data dir>/api_keys.json`, scoped to a tenant and
+//! project, optionally restricted to models and routing modes, with rate
+//! limits and a token budget.
+//!
+//! The file is written by `gcs-node keys ...` (atomically: temp file +
+//! rename) and re-read by a running gateway when it changes, so keys can be
+//! created and revoked without a restart. A lookup hashes the presented key
+//! and compares the stored hash with blake3's constant-time equality.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use gcs_protocol::RoutingMode;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The key file's format version.
+pub const KEY_FILE_VERSION: u32 = 1;
+/// The key file's name inside the data directory.
+pub const KEY_FILE: &str = "api_keys.json";
+/// How often a running gateway looks for changes to the key file.
+const RELOAD_EVERY: Duration = Duration::from_millis(500);
+
+/// Key store failures.
+#[derive(Debug, Error)]
+pub enum KeyError {
+    /// Reading or writing the key file failed.
+    #[error("key file {path}: {reason}")]
+    Io {
+        /// File.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The key file is not a key file this version understands.
+    #[error("key file {path} is corrupt or of an unknown version: {reason}")]
+    Corrupt {
+        /// File.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// No key with that id or prefix.
+    #[error("no key {0}")]
+    NotFound(String),
+    /// Bad arguments.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One stored key. The secret itself is never stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// Public id (`key_<ulid>`), used in usage records.
+    pub id: String,
+    /// blake3 of the full key, hex.
+    pub hash: String,
+    /// The first characters of the key, to recognise it in listings.
+    pub prefix: String,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Project.
+    pub project_id: String,
+    /// Models and aliases the key may use (empty: all).
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Routing modes the key may use (empty: all).
+    #[serde(default)]
+    pub routing: Vec<RoutingMode>,
+    /// Requests per minute.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// Tokens (prompt + completion) per minute.
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    /// Total tokens this key may ever consume.
+    #[serde(default)]
+    pub budget_tokens: Option<u64>,
+    /// Per-key timeouts (26.16.7 defaults when absent).
+    #[serde(default)]
+    pub first_token_timeout_ms: Option<u64>,
+    /// Idle-stream timeout.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Wall-clock timeout.
+    #[serde(default)]
+    pub wall_timeout_ms: Option<u64>,
+    /// Creation time.
+    pub created_at_ms: u64,
+    /// Expiry, if any.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
+    /// Revocation time, if revoked.
+    #[serde(default)]
+    pub revoked_at_ms: Option<u64>,
+}
+
+impl KeyRecord {
+    /// Whether the key may be used at `now_ms`.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        self.revoked_at_ms.is_none() && self.expires_at_ms.is_none_or(|e| now_ms < e)
+    }
+
+    /// Whether the key may use `model` (its id or any alias it was asked by).
+    pub fn allows_model(&self, names: &[&str]) -> bool {
+        self.models.is_empty() || names.iter().any(|n| self.models.iter().any(|m| m == n))
+    }
+
+    /// Whether the key may use a routing mode.
+    pub fn allows_routing(&self, mode: RoutingMode) -> bool {
+        self.routing.is_empty() || self.routing.contains(&mode)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeyFile {
+    version: u32,
+    keys: Vec<KeyRecord>,
+}
+
+/// What `create` needs.
+#[derive(Clone, Debug, Default)]
+pub struct NewKey {
+    /// Tenant.
+    pub tenant_id: String,
+    /// Project.
+    pub project_id: String,
+    /// Allowed models (empty: all).
+    pub models: Vec<String>,
+    /// Allowed routing modes (empty: all).
+    pub routing: Vec<RoutingMode>,
+    /// Requests per minute.
+    pub rpm: Option<u32>,
+    /// Tokens per minute.
+    pub tpm: Option<u64>,
+    /// Token budget.
+    pub budget_tokens: Option<u64>,
+    /// Lifetime from now.
+    pub ttl_ms: Option<u64>,
+}
+
+struct Loaded {
+    modified: Option<SystemTime>,
+    checked: Instant,
+    by_hash: HashMap<String, KeyRecord>,
+}
+
+/// The key file of one data directory.
+#[derive(Debug)]
+pub struct KeyStore {
+    path: PathBuf,
+    loaded: Mutex<Option<Loaded>>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded").field("keys", &self.by_hash.len()).finish()
+    }
+}
+
+fn hash_key(secret: &str) -> blake3::Hash {
+    blake3::hash(secret.as_bytes())
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> KeyError {
+    KeyError::Io { path: path.display().to_string(), reason: e.to_string() }
+}
+
+impl KeyStore {
+    /// The key store of `data_dir` (the file need not exist yet).
+    pub fn new(data_dir: &Path) -> Self {
+        Self { path: data_dir.join(KEY_FILE), loaded: Mutex::new(None) }
+    }
+
+    /// The key file path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read(&self) -> Result<Vec<KeyRecord>, KeyError> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(io(&self.path, e)),
+        };
+        let corrupt =
+            |r: String| KeyError::Corrupt { path: self.path.display().to_string(), reason: r };
+        let f: KeyFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        if f.version != KEY_FILE_VERSION {
+            return Err(corrupt(format!("version {}", f.version)));
+        }
+        Ok(f.keys)
+    }
+
+    fn write(&self, keys: Vec<KeyRecord>) -> Result<(), KeyError> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        }
+        let f = KeyFile { version: KEY_FILE_VERSION, keys };
+        let bytes = serde_json::to_vec_pretty(&f).map_err(|e| io(&self.path, e))?;
+        let tmp = self.path.with_extension("json.tmp");
+        {
+            use std::io::Write;
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            let mut file = opts.open(&tmp).map_err(|e| io(&tmp, e))?;
+            file.write_all(&bytes).map_err(|e| io(&tmp, e))?;
+            file.sync_all().map_err(|e| io(&tmp, e))?;
+        }
+        std::fs::rename(&tmp, &self.path).map_err(|e| io(&self.path, e))?;
+        *self.loaded.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Creates a key; returns the secret (shown once) and its record.
+    pub fn create(&self, new: NewKey, now_ms: u64) -> Result<(String, KeyRecord), KeyError> {
+        if new.tenant_id.is_empty() || new.project_id.is_empty() {
+            return Err(KeyError::Invalid("a key needs a tenant and a project".into()));
+        }
+        let mut raw = [0u8; 32];
+        getrandom::getrandom(&mut raw)
+            .map_err(|e| KeyError::Invalid(format!("no entropy: {e}")))?;
+        let secret = format!("gnus_{}", hex::encode(raw));
+        let id = gcs_protocol::ids::new_id("key_", now_ms)
+            .map_err(|e| KeyError::Invalid(e.to_string()))?;
+        let rec = KeyRecord {
+            id,
+            hash: hash_key(&secret).to_hex().to_string(),
+            prefix: secret.chars().take(12).collect(),
+            tenant_id: new.tenant_id,
+            project_id: new.project_id,
+            models: new.models,
+            routing: new.routing,
+            rpm: new.rpm,
+            tpm: new.tpm,
+            budget_tokens: new.budget_tokens,
+            first_token_timeout_ms: None,
+            idle_timeout_ms: None,
+            wall_timeout_ms: None,
+            created_at_ms: now_ms,
+            expires_at_ms: new.ttl_ms.map(|t| now_ms + t),
+            revoked_at_ms: None,
+        };
+        let mut keys = self.read()?;
+        keys.push(rec.clone());
+        self.write(keys)?;
+        Ok((secret, rec))
+    }
+
+    /// Every key, revoked ones included.
+    pub fn list(&self) -> Result<Vec<KeyRecord>, KeyError> {
+        self.read()
+    }
+
+    /// Revokes the key with this id (or unique prefix of the secret).
+    pub fn revoke(&self, id_or_prefix: &str, now_ms: u64) -> Result<KeyRecord, KeyError> {
+        let mut keys = self.read()?;
+        let hits: Vec<usize> = keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| {
+                k.id == id_or_prefix
+                    || (id_or_prefix.len() >= 9 && k.prefix.starts_with(id_or_prefix))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let [i] = hits[..] else {
+            return Err(KeyError::NotFound(id_or_prefix.into()));
+        };
+        keys[i].revoked_at_ms.get_or_insert(now_ms);
+        let rec = keys[i].clone();
+        self.write(keys)?;
+        Ok(rec)
+    }
+
+    /// The live key record for a presented secret, if any. Reloads the file
+    /// when it changed (checked at most every 500 ms).
+    pub fn authenticate(&self, secret: &str, now_ms: u64) -> Result<Option<KeyRecord>, KeyError> {
+        let presented = hash_key(secret);
+        let mut guard = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = match guard.as_ref() {
+            None => true,
+            Some(l) if l.checked.elapsed() >= RELOAD_EVERY => {
+                let m = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+                m != l.modified
+            }
+            Some(_) => false,
+        };
+        if stale {
+            let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+            let by_hash = self.read()?.into_iter().map(|k| (k.hash.clone(), k)).collect();
+            *guard = Some(Loaded { modified, checked: Instant::now(), by_hash });
+        } else if let Some(l) = guard.as_mut() {
+            l.checked = Instant::now();
+        }
+        let Some(l) = guard.as_ref() else { return Ok(None) };
+        let Some(rec) = l.by_hash.get(presented.to_hex().as_str()) else { return Ok(None) };
+        // The map lookup found it by hash; confirm in constant time.
+        let stored = blake3::Hash::from_hex(&rec.hash).ok();
+        Ok((stored == Some(presented) && rec.is_live(now_ms)).then(|| rec.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn new_key() -> NewKey {
+        NewKey { tenant_id: "t".into(), project_id: "p".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_created_key_authenticates_and_is_stored_only_as_a_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::new(dir.path());
+        let (secret, rec) = store.create(new_key(), 1_000).unwrap();
+        assert!(secret.starts_with("gnus_") && secret.len() == 5 + 64);
+        let file = std::fs::read_to_string(store.path()).unwrap();
+        assert!(!file.contains(&secret), "the key file holds the key text");
+        assert!(!file.contains(&secret[5..]), "the key file holds the key's random part");
+        assert_eq!(store.authenticate(&secret, 2_000).unwrap(), Some(rec));
+        assert_eq!(store.authenticate("gnus_00", 2_000).unwrap(), None);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(store.path()).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "key file readable by others: {mode:o}");
+        }
+    }
+
+    #[test]
+    fn revoked_and_expired_keys_do_not_authenticate() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::new(dir.path());
+        let (a, ra) = store.create(new_key(), 1_000).unwrap();
+        let (b, _) = store.create(NewKey { ttl_ms: Some(500), ..new_key() }, 1_000).unwrap();
+        assert!(store.authenticate(&a, 1_200).unwrap().is_some());
+        assert!(store.authenticate(&b, 1_200).unwrap().is_some());
+        assert!(store.authenticate(&b, 1_500).unwrap().is_none(), "expired key accepted");
+        store.revoke(&ra.id, 1_300).unwrap();
+        assert!(store.authenticate(&a, 1_400).unwrap().is_none(), "revoked key accepted");
+        assert!(matches!(store.revoke("key_nope", 1), Err(KeyError::NotFound(_))));
+        assert_eq!(store.list().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_second_store_sees_keys_created_by_another_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let gateway = KeyStore::new(dir.path());
+        assert!(gateway.authenticate("gnus_x", 1).unwrap().is_none());
+        let cli = KeyStore::new(dir.path());
+        let (secret, _) = cli.create(new_key(), 1).unwrap();
+        std::thread::sleep(RELOAD_EVERY + Duration::from_millis(50));
+        assert!(gateway.authenticate(&secret, 2).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_corrupt_key_file_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(KEY_FILE), b"{not json").unwrap();
+        let store = KeyStore::new(dir.path());
+        assert!(matches!(store.list(), Err(KeyError::Corrupt { .. })));
+    }
+}

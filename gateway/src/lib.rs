@@ -1,0 +1,139 @@
+//! The GCS gateway: an OpenAI-compatible HTTP/SSE front door over any
+//! [`Backend`] (the `gcs-node` runtime implements it over libp2p).
+//!
+//! - [`backend`]: the trait between HTTP and the network, and its events.
+//! - [`request`]: request bodies parsed and validated.
+//! - [`keys`], [`limits`]: API keys (hashed at rest), rate limits, budgets.
+//! - [`completion`], [`sse`]: blocking answers and streams (26.16).
+//! - [`handlers`]: models, health, metrics, usage.
+//! - [`serve`]: plain HTTP or HTTPS (rustls).
+
+pub mod backend;
+pub mod completion;
+pub mod error;
+pub mod handlers;
+pub mod keys;
+pub mod limits;
+pub mod metrics;
+pub mod request;
+pub mod serve;
+pub mod sse;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use backend::{Backend, BackendError, BoxFuture, JobEvent, JobSpec};
+pub use error::ApiError;
+pub use keys::{KeyRecord, KeyStore, NewKey};
+pub use serve::{serve, TlsFiles};
+
+/// Gateway settings (26.16.7 defaults).
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Bytes a stream may have queued for a slow client before its job is
+    /// cancelled with `client_backpressure`.
+    pub stream_buffer_bytes: usize,
+    /// Keepalive comment interval during gaps.
+    pub keepalive: Duration,
+    /// Default first-token timeout (from the lease; the network requeues).
+    pub first_token_timeout_ms: u64,
+    /// Default idle-stream timeout.
+    pub idle_timeout_ms: u64,
+    /// Default wall-clock timeout.
+    pub wall_timeout_ms: u64,
+    /// Requests this gateway has in flight before it answers 429.
+    pub max_in_flight: usize,
+    /// Embedding inputs per job (arrays are split across workers).
+    pub embed_batch: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 << 20,
+            stream_buffer_bytes: 262_144,
+            keepalive: Duration::from_secs(15),
+            first_token_timeout_ms: 10_000,
+            idle_timeout_ms: 30_000,
+            wall_timeout_ms: 120_000,
+            max_in_flight: 256,
+            embed_batch: 4,
+        }
+    }
+}
+
+/// Shared state of every handler.
+#[derive(Debug)]
+pub struct AppState {
+    /// The network.
+    pub backend: Arc<dyn Backend>,
+    /// API keys.
+    pub keys: Arc<KeyStore>,
+    /// Per-key limits.
+    pub limiter: limits::Limiter,
+    /// Metrics.
+    pub metrics: metrics::Metrics,
+    /// Settings.
+    pub config: GatewayConfig,
+    /// Requests in flight now.
+    pub in_flight: AtomicUsize,
+    /// Every model name the network has advertised since start: a name seen
+    /// once but served by nobody now is a 503, not a 404.
+    pub seen_models: Mutex<BTreeSet<String>>,
+    /// Start time (seconds), the `created` of listed models.
+    pub started_s: u64,
+}
+
+/// Wall-clock milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A JSON body with the right content type.
+pub(crate) fn json_body(v: &serde_json::Value) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// The HTTP application.
+pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayConfig) -> Router {
+    let state = Arc::new(AppState {
+        backend,
+        keys,
+        limiter: limits::Limiter::default(),
+        metrics: metrics::Metrics::default(),
+        config,
+        in_flight: AtomicUsize::new(0),
+        seen_models: Mutex::new(BTreeSet::new()),
+        started_s: now_ms() / 1000,
+    });
+    Router::new()
+        .route("/v1/models", get(handlers::list_models))
+        .route("/v1/models/{*model}", get(handlers::get_model))
+        .route("/v1/chat/completions", post(completion::chat))
+        .route("/v1/completions", post(completion::completions))
+        .route("/v1/embeddings", post(completion::embeddings))
+        .route("/v1/usage", get(handlers::usage))
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(handlers::fallback)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        // Bodies are read with our own limit so that 413 is an OpenAI envelope.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}

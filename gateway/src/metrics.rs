@@ -1,0 +1,149 @@
+//! Gateway metrics in the Prometheus text format (`GET /metrics`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+const BUCKETS: [f64; 14] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// A latency histogram in seconds.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, secs: f64) {
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                self.counts[i].load(Ordering::Relaxed)
+            );
+        }
+        let n = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
+    }
+}
+
+/// Every gateway metric.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+    cancellations: Mutex<BTreeMap<String, u64>>,
+    /// Client-visible time to first token.
+    pub ttft: Histogram,
+    /// Time between consecutive streamed chunks.
+    pub inter_token: Histogram,
+    /// Publish to first lease (claim latency as the gateway sees it).
+    pub claim: Histogram,
+    /// Requeues observed (a second or later lease for one job).
+    pub requeues: AtomicU64,
+    /// Streams open now.
+    pub active_streams: AtomicI64,
+    /// Tokens the workers generated (metered).
+    pub tokens_generated: AtomicU64,
+    /// Tokens delivered to clients.
+    pub tokens_delivered: AtomicU64,
+}
+
+fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
+    *m.lock().unwrap_or_else(|p| p.into_inner()).entry(k).or_default() += 1;
+}
+
+impl Metrics {
+    /// One finished HTTP request.
+    pub fn request(&self, endpoint: &str, status: u16) {
+        bump(&self.requests, (endpoint.to_string(), status));
+    }
+
+    /// One error answered, by OpenAI error type/code.
+    pub fn error(&self, code: &str) {
+        bump(&self.errors, code.to_string());
+    }
+
+    /// One job cancelled by the gateway, by reason.
+    pub fn cancellation(&self, reason: &str) {
+        bump(&self.cancellations, reason.to_string());
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP gcs_http_requests_total HTTP requests by endpoint and status.\n");
+        out.push_str("# TYPE gcs_http_requests_total counter\n");
+        for ((e, s), n) in self.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "gcs_http_requests_total{{endpoint=\"{e}\",status=\"{s}\"}} {n}");
+        }
+        out.push_str("# HELP gcs_http_errors_total Errors answered, by code.\n");
+        out.push_str("# TYPE gcs_http_errors_total counter\n");
+        for (c, n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "gcs_http_errors_total{{code=\"{c}\"}} {n}");
+        }
+        out.push_str("# HELP gcs_cancellations_total Jobs cancelled by the gateway, by reason.\n");
+        out.push_str("# TYPE gcs_cancellations_total counter\n");
+        for (c, n) in self.cancellations.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "gcs_cancellations_total{{reason=\"{c}\"}} {n}");
+        }
+        self.ttft.render(&mut out, "gcs_ttft_seconds", "Client-visible time to first token.");
+        self.inter_token.render(
+            &mut out,
+            "gcs_inter_token_seconds",
+            "Time between streamed chunks to the client.",
+        );
+        self.claim.render(&mut out, "gcs_claim_seconds", "Job publication to first lease.");
+        let g = |out: &mut String, name: &str, kind: &str, help: &str, v: i64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed) as i64;
+        g(
+            &mut out,
+            "gcs_requeues_total",
+            "counter",
+            "Jobs moved to another worker.",
+            ld(&self.requeues),
+        );
+        g(
+            &mut out,
+            "gcs_active_streams",
+            "gauge",
+            "SSE streams open now.",
+            self.active_streams.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "gcs_tokens_generated_total",
+            "counter",
+            "Tokens the workers generated.",
+            ld(&self.tokens_generated),
+        );
+        g(
+            &mut out,
+            "gcs_tokens_delivered_total",
+            "counter",
+            "Tokens delivered to clients.",
+            ld(&self.tokens_delivered),
+        );
+        out
+    }
+}

@@ -1,0 +1,106 @@
+//! The node as the HTTP gateway's [`Backend`]: jobs go to the runtime task,
+//! models come from fresh registrations, usage from the keyspace.
+
+use std::sync::{Arc, Mutex};
+
+use gcs_gateway::{Backend, BackendError, BoxFuture, JobEvent, JobSpec};
+use gcs_keyspace::Keyspace;
+use gcs_protocol::{CancellationReason, NodeRegistration, UsageRecord};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::NodeError;
+use crate::node::{now_ms, RuntimeCommand};
+use crate::registry::Registry;
+
+/// A cloneable handle to a running node's gateway side.
+#[derive(Clone)]
+pub struct NodeClient {
+    pub(crate) commands: mpsc::Sender<RuntimeCommand>,
+    pub(crate) registry: Arc<Mutex<Registry>>,
+    pub(crate) keyspace: Arc<Keyspace>,
+}
+
+impl std::fmt::Debug for NodeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeClient").finish_non_exhaustive()
+    }
+}
+
+impl NodeClient {
+    /// Submits a job; see [`crate::NodeHandle::submit`].
+    pub async fn submit(
+        &self,
+        spec: JobSpec,
+    ) -> Result<(String, mpsc::Receiver<JobEvent>), NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(RuntimeCommand::Submit(Box::new(spec), tx))
+            .await
+            .map_err(|_| NodeError::NetworkStopped)?;
+        rx.await.map_err(|_| NodeError::NetworkStopped)?
+    }
+
+    /// Cancels a job on the client's behalf.
+    pub async fn cancel(&self, job_id: &str, reason: CancellationReason) -> Result<(), NodeError> {
+        self.commands
+            .send(RuntimeCommand::Cancel(job_id.into(), reason))
+            .await
+            .map_err(|_| NodeError::NetworkStopped)
+    }
+}
+
+impl Backend for NodeClient {
+    fn submit(
+        &self,
+        spec: JobSpec,
+    ) -> BoxFuture<'_, Result<(String, mpsc::Receiver<JobEvent>), BackendError>> {
+        Box::pin(async move {
+            NodeClient::submit(self, spec).await.map_err(|e| match e {
+                NodeError::IdempotencyConflict { job_id } => {
+                    BackendError::IdempotencyConflict { job_id }
+                }
+                NodeError::NetworkStopped => {
+                    BackendError::Unavailable("the node is stopping".into())
+                }
+                other => BackendError::Internal(other.to_string()),
+            })
+        })
+    }
+
+    fn cancel(&self, job_id: String, reason: CancellationReason) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = NodeClient::cancel(self, &job_id, reason).await {
+                tracing::debug!(job_id, error = %e, "cancel not delivered");
+            }
+        })
+    }
+
+    fn registrations(&self) -> Vec<NodeRegistration> {
+        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        r.fresh(now_ms()).cloned().collect()
+    }
+
+    fn usage(
+        &self,
+        api_key_id: &str,
+        since_ms: u64,
+        until_ms: u64,
+    ) -> Result<Vec<UsageRecord>, BackendError> {
+        let rows = self
+            .keyspace
+            .scan_prefix("/gcs/api/usage/")
+            .map_err(|e| BackendError::Internal(e.to_string()))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(_, v)| {
+                let bytes = v.as_register().and_then(|r| r.value())?;
+                gcs_protocol::codec::from_cbor_bytes::<UsageRecord>(bytes).ok()
+            })
+            .filter(|u| {
+                u.api_key_id == api_key_id
+                    && u.created_at_ms >= since_ms
+                    && u.created_at_ms < until_ms
+            })
+            .collect())
+    }
+}
