@@ -97,6 +97,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// Fresh worker registrations: what the network can serve right now.
     fn registrations(&self) -> Vec<NodeRegistration>;
 
+    /// The node's own metrics in the Prometheus text format (worker load,
+    /// peers), appended to `GET /metrics`.
+    fn node_metrics(&self) -> String {
+        String::new()
+    }
+
     /// The usage records of one API key created in `[since_ms, until_ms)`.
     fn usage(
         &self,

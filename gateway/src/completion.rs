@@ -331,6 +331,18 @@ async fn collect(
             }
             JobEvent::Completed(r) => {
                 f.ended(job_id);
+                if tokens == 0 && text.is_empty() {
+                    // A repeat of an idempotent request hears only the stored
+                    // result: its text is in the worker's answer.
+                    let body = r.response.as_ref().map(|b| &b.body);
+                    let stored = body
+                        .and_then(|b| {
+                            b.pointer("/choices/0/message/content")
+                                .or_else(|| b.pointer("/choices/0/text"))
+                        })
+                        .and_then(Value::as_str);
+                    text = stored.unwrap_or_default().to_string();
+                }
                 return Ok(Collected { text, tokens, finish, result: r });
             }
             JobEvent::Failed { error, .. } => {

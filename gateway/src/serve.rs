@@ -49,44 +49,63 @@ pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves.
+/// hyper's own per-connection write buffer: small, so that the bytes a slow
+/// client has not taken stay in the stream's bounded queue, where they are
+/// counted (hyper's default would hold ~400 KiB more per connection).
+const HYPER_BUF: usize = 64 * 1024;
+
+/// Kernel send buffer per connection (Linux doubles the value it is given).
+const SEND_BUF: usize = 128 * 1024;
+
+/// Serves `app` on `listener` (over TLS when `tls` is set) until `shutdown`
+/// resolves; connections in progress finish on their own.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let Some(tls) = tls else {
-        return axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-    };
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
                     tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }
             },
             _ = &mut shutdown => return Ok(()),
         };
+        let _ = tcp.set_nodelay(true);
+        // A fixed send buffer (no kernel autotuning up to 4 MiB): what a
+        // client does not read backs up into the stream's counted queue
+        // within ~SEND_BUF, so a stalled client is noticed and its job
+        // cancelled, instead of the kernel quietly absorbing megabytes.
+        let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUF);
         let (tls, app) = (tls.clone(), app.clone());
         tokio::spawn(async move {
-            let stream = match tls.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-            };
-            let service = TowerToHyperService::new(app);
-            let r = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = r {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match tls {
+                None => connection(TokioIo::new(tcp), app, peer).await,
+                Some(tls) => match tls.accept(tcp).await {
+                    Ok(s) => connection(TokioIo::new(s), app, peer).await,
+                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                },
             }
         });
+    }
+}
+
+async fn connection<I>(io: I, app: Router, peer: std::net::SocketAddr)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    b.http1().max_buf_size(HYPER_BUF);
+    let r = b.serve_connection(io, TowerToHyperService::new(app)).await;
+    if let Err(e) = r {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }

@@ -9,6 +9,7 @@ use gcs_protocol::{CancellationReason, NodeRegistration, UsageRecord};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::NodeError;
+use crate::jobs::worker::WorkerState;
 use crate::node::{now_ms, RuntimeCommand};
 use crate::registry::Registry;
 
@@ -18,6 +19,8 @@ pub struct NodeClient {
     pub(crate) commands: mpsc::Sender<RuntimeCommand>,
     pub(crate) registry: Arc<Mutex<Registry>>,
     pub(crate) keyspace: Arc<Keyspace>,
+    /// This node's own worker (`--role all`), for its metrics.
+    pub(crate) worker: Option<WorkerState>,
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -78,6 +81,26 @@ impl Backend for NodeClient {
     fn registrations(&self) -> Vec<NodeRegistration> {
         let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         r.fresh(now_ms()).cloned().collect()
+    }
+
+    fn node_metrics(&self) -> String {
+        let mut out = String::new();
+        if let Some(w) = &self.worker {
+            out.push_str(&format!(
+                "# HELP gcs_worker_active_jobs Jobs this node's worker runs now.\n\
+                 # TYPE gcs_worker_active_jobs gauge\ngcs_worker_active_jobs {}\n\
+                 # HELP gcs_worker_backlog_jobs Announced jobs waiting for a free slot here.\n\
+                 # TYPE gcs_worker_backlog_jobs gauge\ngcs_worker_backlog_jobs {}\n",
+                w.load(),
+                w.backlog_len()
+            ));
+        }
+        let fresh = self.registrations().len();
+        out.push_str(&format!(
+            "# HELP gcs_fresh_registrations Fresh worker registrations known.\n\
+             # TYPE gcs_fresh_registrations gauge\ngcs_fresh_registrations {fresh}\n"
+        ));
+        out
     }
 
     fn usage(

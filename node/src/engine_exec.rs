@@ -5,8 +5,12 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::time::Duration;
+
 use gcs_engine::bert::Embedder;
-use gcs_engine::{ChatMessage, Engine, GenerateRequest, SamplingParams};
+use gcs_engine::{
+    BatchConfig, BatchEngine, ChatMessage, Engine, Prompt, SamplingOptions, SeqEvent, SeqRequest,
+};
 use gcs_protocol::{ApiType, FinishReason, ModelInfo};
 use serde_json::{json, Value};
 
@@ -19,9 +23,10 @@ pub const CHAT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const DEFAULT_MAX_TOKENS: usize = 256;
 const MAX_TOKENS: usize = 4096;
 
-/// The chat model and/or the embedder a worker serves.
+/// The chat model and/or the embedder a worker serves. Chat runs on the
+/// continuous-batching engine: every job is one sequence of its batch.
 pub struct EngineExecutor {
-    chat: Option<(String, Engine)>,
+    chat: Option<(String, BatchEngine)>,
     embed: Option<(String, Embedder)>,
 }
 
@@ -35,8 +40,13 @@ impl std::fmt::Debug for EngineExecutor {
 }
 
 impl EngineExecutor {
-    /// Loads the models in `models` from `model_dir`.
-    pub fn load(model_dir: &Path, models: &[ModelInfo]) -> Result<Self, String> {
+    /// Loads the models in `models` from `model_dir`; the chat engine runs
+    /// up to `max_running` sequences in one batch.
+    pub fn load(
+        model_dir: &Path,
+        models: &[ModelInfo],
+        max_running: usize,
+    ) -> Result<Self, String> {
         let device = gcs_engine::cpu_device();
         let mut chat = None;
         let mut embed = None;
@@ -50,7 +60,8 @@ impl EngineExecutor {
                 let path = model_dir.join(&m.model_id).join(CHAT_GGUF);
                 let e =
                     Engine::load(&path, &device).map_err(|e| format!("{}: {e}", path.display()))?;
-                chat = Some((m.model_id.clone(), e));
+                let cfg = BatchConfig { max_running: max_running.max(1), ..BatchConfig::default() };
+                chat = Some((m.model_id.clone(), BatchEngine::start(e, cfg)));
             }
         }
         Ok(Self { chat, embed })
@@ -76,13 +87,37 @@ fn text_of(content: &Value) -> Result<String, String> {
     }
 }
 
-fn sampling(body: &Value) -> SamplingParams {
-    let f = |k: &str| body.get(k).and_then(Value::as_f64);
-    SamplingParams {
-        temperature: f("temperature").unwrap_or(1.0) as f32,
-        top_p: f("top_p").unwrap_or(1.0) as f32,
-        top_k: f("top_k").unwrap_or(0.0) as usize,
-        seed: body.get("seed").and_then(Value::as_u64).unwrap_or_else(now_seed),
+fn sampling(body: &Value) -> SamplingOptions {
+    let f = |k: &str, d: f64| body.get(k).and_then(Value::as_f64).unwrap_or(d) as f32;
+    let logit_bias = body
+        .get("logit_bias")
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| Some((k.parse::<u32>().ok()?, v.as_f64()? as f32)))
+                .collect()
+        })
+        .unwrap_or_default();
+    SamplingOptions {
+        temperature: f("temperature", 1.0),
+        top_p: f("top_p", 1.0),
+        top_k: body.get("top_k").and_then(Value::as_u64).unwrap_or(0) as usize,
+        min_p: f("min_p", 0.0),
+        seed: body
+            .get("seed")
+            .and_then(|s| s.as_u64().or_else(|| s.as_i64().map(|i| i as u64)))
+            .unwrap_or_else(now_seed),
+        frequency_penalty: f("frequency_penalty", 0.0),
+        presence_penalty: f("presence_penalty", 0.0),
+        logit_bias,
+    }
+}
+
+fn stops(body: &Value) -> Vec<String> {
+    match body.get("stop") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect(),
+        _ => vec![],
     }
 }
 
@@ -117,7 +152,6 @@ impl Executor for EngineExecutor {
     ) -> Result<ExecOutcome, String> {
         let body: Value =
             serde_json::from_slice(&req.body).map_err(|e| format!("request body: {e}"))?;
-        let mut on_delta = |d: &str| !cancel.load(Ordering::SeqCst) && emit(d, 1);
         match req.api_type {
             ApiType::Embedding => {
                 let (id, e) = self.embed.as_ref().ok_or("no embedding model on this worker")?;
@@ -148,9 +182,7 @@ impl Executor for EngineExecutor {
             }
             ApiType::ChatCompletion | ApiType::Completion => {
                 let (id, engine) = self.chat.as_ref().ok_or("no chat model on this worker")?;
-                let sampling = sampling(&body);
-                let max = max_tokens(&body);
-                let r = if req.api_type == ApiType::ChatCompletion {
+                let prompt = if req.api_type == ApiType::ChatCompletion {
                     let messages = body
                         .get("messages")
                         .and_then(Value::as_array)
@@ -168,27 +200,53 @@ impl Executor for EngineExecutor {
                             ))
                         })
                         .collect::<Result<Vec<_>, String>>()?;
-                    let gr = GenerateRequest {
-                        messages,
-                        max_tokens: max,
-                        sampling,
-                        extra_stop_ids: vec![],
-                    };
-                    engine.generate(&gr, &mut on_delta).map_err(|e| e.to_string())?
+                    Prompt::Chat(messages)
                 } else {
-                    let prompt = body
-                        .get("prompt")
-                        .and_then(Value::as_str)
-                        .ok_or("prompt must be a string")?;
-                    let ids = engine.tokenizer.encode(prompt).map_err(|e| e.to_string())?;
-                    engine
-                        .generate_from_tokens(&ids, max, &sampling, &[], &mut on_delta)
-                        .map_err(|e| e.to_string())?
+                    let prompt = match body.get("prompt") {
+                        Some(Value::String(p)) => p.as_str(),
+                        Some(Value::Array(a)) if a.len() == 1 => {
+                            a[0].as_str().ok_or("prompt must be a string")?
+                        }
+                        _ => return Err("prompt must be a string".into()),
+                    };
+                    Prompt::Tokens(engine.tokenizer().encode(prompt).map_err(|e| e.to_string())?)
+                };
+                let mut sreq = SeqRequest::new(prompt, max_tokens(&body));
+                sreq.sampling = sampling(&body);
+                sreq.stop = stops(&body);
+                sreq.tenant = req.tenant_id.clone();
+                let stream = engine.submit(sreq).map_err(|e| e.to_string())?;
+                let r = loop {
+                    let ev = match stream.recv_timeout(Duration::from_millis(20)) {
+                        Ok(ev) => ev,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            if cancel.load(Ordering::SeqCst) {
+                                stream.cancel();
+                            }
+                            continue;
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                            return Err("the engine stopped".into())
+                        }
+                    };
+                    match ev {
+                        SeqEvent::Delta { text, token_ids, .. } => {
+                            let n = token_ids.len() as u32;
+                            if cancel.load(Ordering::SeqCst)
+                                || (!text.is_empty() && !emit(&text, n))
+                            {
+                                // Freed at the engine's next step; Done follows.
+                                stream.cancel();
+                            }
+                        }
+                        SeqEvent::Done(r) => break r,
+                        SeqEvent::Error(e) => return Err(e),
+                    }
                 };
                 let fr = finish(r.finish_reason);
                 let usage = json!({"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
                                    "total_tokens": r.prompt_tokens + r.completion_tokens,
-                                   "prompt_tokens_details": {"cached_tokens": 0}});
+                                   "prompt_tokens_details": {"cached_tokens": r.cached_tokens}});
                 let choice = if req.api_type == ApiType::ChatCompletion {
                     json!({"index": 0, "message": {"role": "assistant", "content": r.text}, "finish_reason": fr.as_str()})
                 } else {
@@ -203,7 +261,7 @@ impl Executor for EngineExecutor {
                     finish_reason: fr,
                     input_tokens: r.prompt_tokens as u64,
                     output_tokens: r.completion_tokens as u64,
-                    cached_tokens: 0,
+                    cached_tokens: r.cached_tokens as u64,
                     body: json!({"object": object, "model": id, "choices": [choice], "usage": usage}),
                 })
             }

@@ -103,8 +103,8 @@ struct RunArgs {
     /// TLS private key (PEM).
     #[arg(long, env = "GCS_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Jobs a worker runs at once.
-    #[arg(long, env = "GCS_MAX_JOBS", default_value_t = 4)]
+    /// Jobs a worker runs at once (sequences in one decode batch).
+    #[arg(long, env = "GCS_MAX_JOBS", default_value_t = 16)]
     max_jobs: usize,
     /// Requests the gateway holds in flight before it answers 429.
     #[arg(long, env = "GCS_MAX_IN_FLIGHT", default_value_t = 256)]
@@ -321,8 +321,9 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         } else {
             let dir = model_dir();
             let models = config.models.clone();
+            let max_jobs = config.max_concurrent_jobs;
             let exec = tokio::task::spawn_blocking(move || {
-                gcs_node::engine_exec::EngineExecutor::load(&dir, &models)
+                gcs_node::engine_exec::EngineExecutor::load(&dir, &models, max_jobs)
             })
             .await?
             .map_err(|e| anyhow::anyhow!("cannot load model: {e}"))?;
@@ -390,7 +391,12 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
+        _ = term.recv() => {}
+    }
     tracing::info!("shutting down");
     let _ = stop_http.send(());
     if let Some(s) = server {

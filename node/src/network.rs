@@ -197,6 +197,7 @@ impl Network {
             inbound: HashMap::new(),
             local: HashMap::new(),
             next_inbound: 0,
+            bootstrap: config.bootstrap.clone(),
         };
         tokio::spawn(lp.run());
         Ok((Network { tx, peer_id }, ev_rx))
@@ -352,6 +353,9 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
     Ok(swarm)
 }
 
+/// How often a node with no peers dials its bootstrap addresses again.
+const REDIAL_EVERY: Duration = Duration::from_secs(2);
+
 struct EventLoop {
     swarm: Swarm<Behaviour>,
     rx: mpsc::Receiver<Command>,
@@ -369,6 +373,9 @@ struct EventLoop {
     /// gateway), answered without a connection.
     local: HashMap<u64, oneshot::Sender<Result<JobResponse, NodeError>>>,
     next_inbound: u64,
+    /// Dialled again while no peer is connected: a bootstrap node that was
+    /// not up yet (or restarted) is found without restarting this one.
+    bootstrap: Vec<Multiaddr>,
 }
 
 fn now_ms() -> u64 {
@@ -386,9 +393,17 @@ async fn emit(events: &mpsc::Sender<NetEvent>, ev: NetEvent) {
 impl EventLoop {
     async fn run(mut self) {
         let mut ae = tokio::time::interval(self.anti_entropy_interval);
+        let mut redial = tokio::time::interval(REDIAL_EVERY);
         let ack = loop {
             tokio::select! {
                 _ = ae.tick() => self.anti_entropy_round(),
+                _ = redial.tick() => {
+                    if self.swarm.connected_peers().next().is_none() {
+                        for a in &self.bootstrap {
+                            let _ = self.swarm.dial(a.clone());
+                        }
+                    }
+                }
                 ev = self.swarm.select_next_some() => self.on_swarm(ev).await,
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Shutdown(ack)) => break Some(ack),

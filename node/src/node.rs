@@ -101,6 +101,7 @@ pub struct NodeHandle {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     commands: mpsc::Sender<RuntimeCommand>,
+    worker: Option<WorkerState>,
 }
 
 pub(crate) enum RuntimeCommand {
@@ -153,6 +154,7 @@ impl NodeHandle {
             commands: self.commands.clone(),
             registry: self.registry.clone(),
             keyspace: self.keyspace.clone(),
+            worker: self.worker.clone(),
         }
     }
 
@@ -244,7 +246,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
     };
     let rt = Runtime {
         gateway: (config.role != Role::Worker).then(GatewayState::default),
-        worker,
+        worker: worker.clone(),
         registration_id,
         identity,
         config,
@@ -262,6 +264,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         stop: Some(stop_tx),
         task,
         commands: cmd_tx,
+        worker,
     })
 }
 

@@ -34,7 +34,7 @@ async fn smollm2_answers_through_gateway_and_worker() {
         backend: "burn-flex".into(),
         tasks: vec![ApiType::ChatCompletion],
     };
-    let exec = EngineExecutor::load(&model_dir(), std::slice::from_ref(&chat)).unwrap();
+    let exec = EngineExecutor::load(&model_dir(), std::slice::from_ref(&chat), 4).unwrap();
     // Reference: the engine alone, greedy.
     let engine = gcs_engine::Engine::load(&gguf, &gcs_engine::cpu_device()).unwrap();
     let reference = engine

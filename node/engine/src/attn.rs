@@ -7,6 +7,7 @@
 //! f16 dot products, f32 accumulation) so that greedy decoding agrees with it.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use crate::numerics::{dot16, ggml_expf, reduce16};
@@ -237,6 +238,222 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     }
 }
 
+/// Paged K/V storage: a pool of fixed-size f16 blocks per layer, shared by
+/// all sequences and addressed through each sequence's block table (see
+/// [`crate::paged`]). Per block and KV head, keys are `[16 pos, head_dim]`
+/// and values are transposed, `[head_dim, 16 pos]`, so both are one
+/// contiguous run of `16 * head_dim` halves.
+#[derive(Debug, Clone)]
+pub struct KvPool {
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
+    n_blocks: usize,
+    sh: AttnShape,
+}
+
+/// One sequence's part of a paged attention batch.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedSeqRef<'a> {
+    /// Positions already in the pool.
+    pub past: usize,
+    /// New rows of this sequence in the batch.
+    pub t: usize,
+    pub table: &'a [u32],
+}
+
+const BS: usize = crate::paged::BLOCK_SIZE;
+
+impl KvPool {
+    pub fn new(n_layers: usize, sh: AttnShape, n_blocks: usize) -> Self {
+        let per_layer = n_blocks * sh.n_kv_heads * BS * sh.head_dim;
+        Self {
+            k: vec![vec![f16::ZERO; per_layer]; n_layers],
+            v: vec![vec![f16::ZERO; per_layer]; n_layers],
+            n_blocks,
+            sh,
+        }
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    pub fn n_layers(&self) -> usize {
+        self.k.len()
+    }
+
+    /// Bytes of K/V storage per cached position.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * 2 * self.k.len() * self.sh.n_kv_heads * self.sh.head_dim
+    }
+
+    fn block_len(&self) -> usize {
+        self.sh.n_kv_heads * BS * self.sh.head_dim
+    }
+
+    /// Copy block `src` into `dst` in every layer (copy-on-write).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let n = self.block_len();
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            buf.copy_within(s..s + n, d);
+        }
+    }
+
+    /// RoPE, write the new rows' K/V into their blocks, and causal
+    /// attention for a batch of sequences in layer `li`. Bit-identical to
+    /// [`attend`] on a contiguous cache: the same per-head arithmetic, and
+    /// blocks of 16 positions line up with its 16-lane accumulators.
+    ///
+    /// `qkv`: `[rows, (n_heads + 2 n_kv_heads) * head_dim]` for all
+    /// sequences in order; `out`: `[rows, n_heads * head_dim]`.
+    pub fn attend(
+        &mut self,
+        li: usize,
+        rope: &Rope,
+        qkv: &mut [f32],
+        seqs: &[PagedSeqRef<'_>],
+        out: &mut [f32],
+    ) {
+        let (nh, nkv, hd) = (self.sh.n_heads, self.sh.n_kv_heads, self.sh.head_dim);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let width = qd + 2 * kvd;
+        let bl = self.block_len();
+        let (kl, vl) = (&mut self.k[li], &mut self.v[li]);
+        // (sequence, row within it) of every batch row.
+        let mut rows = Vec::with_capacity(qkv.len() / width);
+        let mut chunks = qkv.chunks_exact_mut(width);
+        for (si, s) in seqs.iter().enumerate() {
+            for i in 0..s.t {
+                let Some(row) = chunks.next() else { break };
+                rows.push((si, i));
+                let pos = s.past + i;
+                let (q, rest) = row.split_at_mut(qd);
+                let (k, v) = rest.split_at_mut(kvd);
+                rope.apply(q, pos);
+                rope.apply(k, pos);
+                q.iter_mut().for_each(|x| *x = r16(*x));
+                let (b, off) = (s.table[pos / BS] as usize, pos % BS);
+                for h in 0..nkv {
+                    let base = b * bl + h * BS * hd;
+                    for d in 0..hd {
+                        kl[base + off * hd + d] = f16::from_f32(k[h * hd + d]);
+                        vl[base + d * BS + off] = f16::from_f32(v[h * hd + d]);
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        let fma = std::is_x86_feature_detected!("fma");
+        let ctx = PagedCtx { qkv: &*qkv, k: kl, v: vl, sh: self.sh, seqs, rows: &rows, bl };
+        let work = |(idx, o): (usize, &mut [f32])| {
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: FMA support was detected above.
+                return unsafe { paged_group_fma(&ctx, idx, o) };
+            }
+            paged_group(&ctx, idx, o)
+        };
+        let cost: usize = rows.iter().map(|&(si, i)| seqs[si].past + i + 1).sum::<usize>() * nh;
+        // One task per (row, KV head): its query heads share the converted K/V.
+        let group = (nh / nkv) * hd;
+        if cost >= 2048 {
+            out.par_chunks_mut(group).enumerate().for_each(work);
+        } else {
+            out.chunks_mut(group).enumerate().for_each(work);
+        }
+    }
+}
+
+struct PagedCtx<'a> {
+    qkv: &'a [f32],
+    k: &'a [f16],
+    v: &'a [f16],
+    sh: AttnShape,
+    seqs: &'a [PagedSeqRef<'a>],
+    rows: &'a [(usize, usize)],
+    bl: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn paged_group_fma(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
+    paged_group(c, idx, o)
+}
+
+/// Attention output of the query heads of one (row, KV head) pair.
+#[inline(always)]
+#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
+fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
+    let (nh, nkv, hd) = (c.sh.n_heads, c.sh.n_kv_heads, c.sh.head_dim);
+    let g = nh / nkv;
+    let width = (nh + 2 * nkv) * hd;
+    let (r, kvh) = (idx / nkv, idx % nkv);
+    let (si, i) = c.rows[r];
+    let s = &c.seqs[si];
+    let n = s.past + i + 1;
+    let nb = n.div_ceil(BS);
+    let padded = nb * BS;
+    // Convert this head's K and V blocks once for all its query heads.
+    let mut kbuf = vec![0f32; padded * hd];
+    let mut vbuf = vec![0f32; padded * hd];
+    for (bi, &b) in s.table[..nb].iter().enumerate() {
+        let src = b as usize * c.bl + kvh * BS * hd;
+        c.k[src..src + BS * hd].convert_to_f32_slice(&mut kbuf[bi * BS * hd..][..BS * hd]);
+        c.v[src..src + BS * hd].convert_to_f32_slice(&mut vbuf[bi * BS * hd..][..BS * hd]);
+    }
+    // Positions past `n` in the last block may hold stale values from an
+    // earlier owner; zero them so `0 * v` is exactly 0, as in [`attend`].
+    let last = (nb - 1) * BS * hd;
+    for d in 0..hd {
+        for lane in (n - (nb - 1) * BS)..BS {
+            vbuf[last + d * BS + lane] = 0.0;
+        }
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut p = vec![0f32; padded];
+    for (gh, og) in o.chunks_exact_mut(hd).enumerate() {
+        let h = kvh * g + gh;
+        let q = &c.qkv[r * width + h * hd..][..hd];
+        p.iter_mut().for_each(|x| *x = 0.0);
+        let mut max = f32::NEG_INFINITY;
+        for (j, pj) in p[..n].iter_mut().enumerate() {
+            let kj = &kbuf[j * hd..][..hd];
+            let dot = if hd == 64 {
+                vecdot_f16_order(q, kj)
+            } else if hd % 16 == 0 {
+                dot16(q, kj)
+            } else {
+                q.iter().zip(kj).map(|(a, b)| a * b).sum()
+            };
+            *pj = dot * scale;
+            max = max.max(*pj);
+        }
+        for pj in p[..n].iter_mut() {
+            *pj = ggml_expf(*pj - max);
+        }
+        let mut sum = 0f64;
+        for ch in p.chunks_exact(16) {
+            sum += reduce16(ch.try_into().expect("16 lanes")) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
+        // Same lane-wise FMA accumulation over positions as `dot16` on a
+        // contiguous V row: block bi is chunk bi.
+        for (d, od) in og.iter_mut().enumerate() {
+            let mut acc = [0f32; 16];
+            for bi in 0..nb {
+                let vb = &vbuf[bi * BS * hd + d * BS..][..BS];
+                let pb = &p[bi * BS..][..BS];
+                for l in 0..16 {
+                    acc[l] = vb[l].mul_add(pb[l], acc[l]);
+                }
+            }
+            *od = reduce16(&acc);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,5 +483,37 @@ mod tests {
         for (o, v) in out_a[..8].iter().zip(v0) {
             assert!((o - v).abs() < 1e-2);
         }
+    }
+
+    #[test]
+    fn paged_equals_contiguous() {
+        let sh = AttnShape { n_heads: 6, n_kv_heads: 2, head_dim: 64 };
+        let rope = Rope::new(64, 10000.0, 128);
+        let width = (6 + 4) * 64;
+        let qd = 6 * 64;
+        let t = 37; // over two block boundaries
+        let data: Vec<f32> =
+            (0..t * width).map(|i| ((i * 7919 % 2003) as f32 / 1000.0) - 1.0).collect();
+        let mut a = data.clone();
+        let mut kv = LayerKv::default();
+        let mut want = vec![0f32; t * qd];
+        attend(sh, &rope, &mut a, 0, &mut kv, &mut want);
+        // Paged: scattered blocks, prefill in two chunks, stale junk in the pool.
+        let mut pool = KvPool::new(1, sh, 8);
+        pool.v[0].iter_mut().for_each(|x| *x = f16::from_f32(3.0));
+        let table = [5u32, 2, 7];
+        let mut got = vec![0f32; t * qd];
+        for (start, end) in [(0, 20), (20, t)] {
+            let mut rows = data[start * width..end * width].to_vec();
+            let seqs = [PagedSeqRef { past: start, t: end - start, table: &table }];
+            pool.attend(0, &rope, &mut rows, &seqs, &mut got[start * qd..end * qd]);
+        }
+        assert_eq!(got, want);
+        // Copy-on-write copies keep the contents.
+        pool.copy_block(2, 0);
+        assert_eq!(
+            pool.k[0][..pool.block_len()],
+            pool.k[0][2 * pool.block_len()..3 * pool.block_len()]
+        );
     }
 }

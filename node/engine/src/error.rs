@@ -47,6 +47,12 @@ pub enum EngineError {
     },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The batch engine's waiting queue is full; retry later (HTTP 429).
+    #[error("engine busy: {waiting} requests already waiting")]
+    Busy { waiting: usize },
+    /// The batch engine has shut down.
+    #[error("engine stopped")]
+    Stopped,
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::attn::{attend, AttnShape, LayerKv, Rope};
+use crate::attn::{attend, AttnShape, KvPool, LayerKv, PagedSeqRef, Rope};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -143,6 +143,16 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// One sequence's slice of a paged forward batch.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedSeq<'a> {
+    pub tokens: &'a [u32],
+    /// Positions already in the pool for this sequence.
+    pub past: usize,
+    /// Block table covering at least `past + tokens.len()` positions.
+    pub table: &'a [u32],
 }
 
 /// One sequence's slice of a forward batch.
@@ -278,42 +288,19 @@ impl Llama {
     /// Returns logits `[n_seqs, vocab]` for the last new token of each sequence.
     pub fn forward(&self, seqs: &mut [SeqInput<'_>]) -> Result<Tensor<2>> {
         let c = &self.config;
-        let device = self.output_norm.val().device();
-        let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-        if total == 0 || seqs.iter().any(|s| s.tokens.is_empty()) {
-            return Err(EngineError::InvalidRequest("empty token batch".into()));
-        }
         for s in seqs.iter() {
-            if s.cache.len + s.tokens.len() > c.context_length {
-                return Err(EngineError::InvalidRequest(format!(
-                    "sequence of {} tokens exceeds context length {}",
-                    s.cache.len + s.tokens.len(),
-                    c.context_length
-                )));
-            }
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab) {
-                return Err(EngineError::InvalidRequest(format!("token id {t} out of range")));
-            }
+            self.check_len(s.cache.len, s.tokens.len())?;
         }
-        // Embedding lookup straight from the quantized table.
-        let mut emb = vec![0f32; total * c.hidden];
-        for (i, &t) in seqs.iter().flat_map(|s| s.tokens.iter()).enumerate() {
-            self.embed.row_f32(t as usize, &mut emb[i * c.hidden..(i + 1) * c.hidden]);
-        }
-        let mut x: Tensor<2> = Tensor::from_data(TensorData::new(emb, [total, c.hidden]), &device);
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
         for s in seqs.iter_mut() {
             if s.cache.layers.len() < c.n_layers {
                 s.cache.layers.resize(c.n_layers, LayerKv::default());
             }
         }
-        let sh = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        let sh = self.shape();
         let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
-        let mut attn = vec![0f32; total * qd];
-        for (li, blk) in self.blocks.iter().enumerate() {
-            // Attention: x += Wo · attn(rope(Wqkv · norm(x)))
-            let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
-            let mut qkv = vec![0f32; total * width];
-            blk.q.wqkv.matmul(&h, total, &mut qkv);
+        let logits = self.forward_core(&tokens, &lens, |li, qkv, attn| {
             let mut row = 0;
             for s in seqs.iter_mut() {
                 let t = s.tokens.len();
@@ -328,6 +315,98 @@ impl Llama {
                 );
                 row += t;
             }
+        })?;
+        for s in seqs.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        let device = self.output_norm.val().device();
+        let n = seqs.len();
+        Ok(Tensor::from_data(TensorData::new(logits, [n, self.lm_head.rows]), &device))
+    }
+
+    /// Like [`Llama::forward`], with K/V in a shared paged [`KvPool`]
+    /// addressed by each sequence's block table. Returns host logits
+    /// `[n_seqs * vocab]` for the last new token of each sequence.
+    pub fn forward_paged(&self, pool: &mut KvPool, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        if pool.n_layers() != self.config.n_layers {
+            return bad(format!("KV pool has {} layers", pool.n_layers()));
+        }
+        for s in seqs {
+            self.check_len(s.past, s.tokens.len())?;
+            let need = (s.past + s.tokens.len()).div_ceil(crate::paged::BLOCK_SIZE);
+            if s.table.len() < need || s.table.iter().any(|&b| b as usize >= pool.n_blocks()) {
+                return bad(format!("block table {:?} cannot hold {need} blocks", s.table));
+            }
+        }
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+        let refs: Vec<PagedSeqRef<'_>> = seqs
+            .iter()
+            .map(|s| PagedSeqRef { past: s.past, t: s.tokens.len(), table: s.table })
+            .collect();
+        self.forward_core(&tokens, &lens, |li, qkv, attn| {
+            pool.attend(li, &self.rope, qkv, &refs, attn);
+        })
+    }
+
+    /// Attention shape of this model.
+    pub fn shape(&self) -> AttnShape {
+        let c = &self.config;
+        AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim }
+    }
+
+    /// A paged K/V pool of `n_blocks` blocks for this model.
+    pub fn new_kv_pool(&self, n_blocks: usize) -> KvPool {
+        KvPool::new(self.config.n_layers, self.shape(), n_blocks)
+    }
+
+    fn check_len(&self, past: usize, t: usize) -> Result<()> {
+        let ctx = self.config.context_length;
+        if t == 0 {
+            return Err(EngineError::InvalidRequest("empty token batch".into()));
+        }
+        if past + t > ctx {
+            return Err(EngineError::InvalidRequest(format!(
+                "sequence of {} tokens exceeds context length {ctx}",
+                past + t
+            )));
+        }
+        Ok(())
+    }
+
+    /// The layer stack over `tokens` (all sequences' new tokens, `lens`
+    /// per sequence); `attend_layer(li, qkv, attn_out)` does RoPE, K/V
+    /// storage and attention. Returns host logits of each sequence's last row.
+    fn forward_core(
+        &self,
+        tokens: &[u32],
+        lens: &[usize],
+        mut attend_layer: impl FnMut(usize, &mut [f32], &mut [f32]),
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let device = self.output_norm.val().device();
+        let total = tokens.len();
+        if total == 0 || lens.contains(&0) {
+            return Err(EngineError::InvalidRequest("empty token batch".into()));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(EngineError::InvalidRequest(format!("token id {t} out of range")));
+        }
+        // Embedding lookup straight from the quantized table.
+        let mut emb = vec![0f32; total * c.hidden];
+        for (i, &t) in tokens.iter().enumerate() {
+            self.embed.row_f32(t as usize, &mut emb[i * c.hidden..(i + 1) * c.hidden]);
+        }
+        let mut x: Tensor<2> = Tensor::from_data(TensorData::new(emb, [total, c.hidden]), &device);
+        let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
+        let mut attn = vec![0f32; total * qd];
+        for (li, blk) in self.blocks.iter().enumerate() {
+            // Attention: x += Wo · attn(rope(Wqkv · norm(x)))
+            let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
+            let mut qkv = vec![0f32; total * width];
+            blk.q.wqkv.matmul(&h, total, &mut qkv);
+            attend_layer(li, &mut qkv, &mut attn);
             let mut o = vec![0f32; total * c.hidden];
             blk.q.wo.matmul(&attn, total, &mut o);
             x = x + Tensor::from_data(TensorData::new(o, [total, c.hidden]), &device);
@@ -342,14 +421,11 @@ impl Llama {
             blk.q.w_down.matmul(&act, total, &mut d);
             x = x + Tensor::from_data(TensorData::new(d, [total, c.hidden]), &device);
         }
-        for s in seqs.iter_mut() {
-            s.cache.len += s.tokens.len();
-        }
         // Only the last row of each sequence needs logits.
-        let mut last = Vec::with_capacity(seqs.len());
+        let mut last = Vec::with_capacity(lens.len());
         let mut off = 0i64;
-        for s in seqs.iter() {
-            off += s.tokens.len() as i64;
+        for &l in lens {
+            off += l as i64;
             last.push(off - 1);
         }
         let n = last.len();
@@ -358,6 +434,6 @@ impl Llama {
         let h = rms_norm(x, &self.output_norm, c.rms_eps);
         let mut logits = vec![0f32; n * self.lm_head.rows];
         self.lm_head.matmul(&h, n, &mut logits);
-        Ok(Tensor::from_data(TensorData::new(logits, [n, self.lm_head.rows]), &device))
+        Ok(logits)
     }
 }

@@ -1,9 +1,20 @@
-//! Token sampling: greedy or temperature / top-k / top-p with a seeded RNG.
+//! Token sampling: greedy, or temperature / top-k / top-p / min-p with a
+//! per-sequence seeded RNG, OpenAI-style frequency / presence penalties and
+//! logit bias, and optional logprobs.
+//!
+//! Order of the logit transforms (as in vLLM): logit bias, then penalties
+//! over the tokens this sampler has generated, then greedy argmax
+//! (temperature 0) or temperature → top-k → top-p → min-p → draw.
+
+use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Sampling parameters. `temperature <= 0` means greedy.
+use crate::error::{EngineError, Result};
+
+/// Basic sampling parameters (kept for existing callers; see
+/// [`SamplingOptions`] for the full set). `temperature <= 0` means greedy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
@@ -25,11 +36,112 @@ impl SamplingParams {
     }
 }
 
-/// Stateful sampler (owns the RNG so a seed gives a reproducible stream).
+/// The full set of sampling options of an OpenAI-style request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingOptions {
+    /// `<= 0` means greedy (argmax after bias and penalties).
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// Drop tokens whose probability is below `min_p` times the best one's; 0 disables.
+    pub min_p: f32,
+    /// Seed of this sequence's own RNG, so a seed gives the same text
+    /// whatever else is in the batch.
+    pub seed: u64,
+    /// OpenAI semantics: `logit -= frequency_penalty * count(token)`, counted over generated tokens.
+    pub frequency_penalty: f32,
+    /// OpenAI semantics: `logit -= presence_penalty` if the token was generated at all.
+    pub presence_penalty: f32,
+    /// Token id → bias added to its logit (OpenAI range -100..=100).
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl Default for SamplingOptions {
+    fn default() -> Self {
+        SamplingParams::greedy().into()
+    }
+}
+
+impl From<SamplingParams> for SamplingOptions {
+    fn from(p: SamplingParams) -> Self {
+        Self {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            min_p: 0.0,
+            seed: p.seed,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+impl SamplingOptions {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    /// Reject values OpenAI would reject, and bias ids outside the vocabulary.
+    pub fn validate(&self, vocab: usize) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad(format!("temperature {} must be >= 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p {} must be in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p {} must be in [0, 1]", self.min_p));
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} {v} must be in [-2, 2]"));
+            }
+        }
+        for &(id, b) in &self.logit_bias {
+            if id as usize >= vocab {
+                return bad(format!("logit_bias token {id} out of range"));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return bad(format!("logit_bias {b} for token {id} must be in [-100, 100]"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Most `top_logprobs` a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A token and its log-probability under the model's distribution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// Logprobs of one sampled token: the chosen one and the `n` most likely.
+/// They are computed from the raw model logits (before bias, penalties and
+/// temperature), like vLLM's default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    pub chosen: TokenLogprob,
+    pub top: Vec<TokenLogprob>,
+}
+
+/// Stateful sampler for one sequence: owns its RNG and the counts of the
+/// tokens it has generated (for the penalties).
 #[derive(Debug, Clone)]
 pub struct Sampler {
-    params: SamplingParams,
+    opts: SamplingOptions,
     rng: ChaCha8Rng,
+    counts: HashMap<u32, u32>,
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -43,71 +155,167 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// `log_softmax` of `logits` at the requested ids, plus the `n` best.
+pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> Logprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lp = |id: u32| TokenLogprob {
+        token: id,
+        logprob: logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| l - lse),
+    };
+    let top = top_n(logits, n.min(MAX_TOP_LOGPROBS)).into_iter().map(|(id, _)| lp(id)).collect();
+    Logprobs { chosen: lp(chosen), top }
+}
+
+/// The `n` largest `(id, value)` pairs, best first; ties go to the lower id
+/// so the result does not depend on the selection algorithm.
+fn top_n(v: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let mut all: Vec<(u32, f32)> = v.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
+    let n = n.min(all.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    if n < all.len() {
+        all.select_nth_unstable_by(n - 1, cmp);
+        all.truncate(n);
+    }
+    all.sort_unstable_by(cmp);
+    all
+}
+
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Self {
-        let rng = ChaCha8Rng::seed_from_u64(params.seed);
-        Self { params, rng }
+    pub fn new(opts: impl Into<SamplingOptions>) -> Self {
+        let opts = opts.into();
+        let rng = ChaCha8Rng::seed_from_u64(opts.seed);
+        Self { opts, rng, counts: HashMap::new() }
     }
 
+    pub fn options(&self) -> &SamplingOptions {
+        &self.opts
+    }
+
+    /// Sample the next token and count it as generated.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature <= 0.0 || p.top_k == 1 {
-            return argmax(logits);
+        let tok = self.pick(logits);
+        *self.counts.entry(tok).or_insert(0) += 1;
+        tok
+    }
+
+    /// Like [`Sampler::sample`], also returning logprobs with `top_n` alternatives.
+    pub fn sample_with_logprobs(&mut self, logits: &[f32], top_n: usize) -> (u32, Logprobs) {
+        let tok = self.sample(logits);
+        (tok, logprobs(logits, tok, top_n))
+    }
+
+    /// Bias and penalties applied, or `None` when there are none (the common
+    /// case: no copy of the logits).
+    fn adjusted(&self, logits: &[f32]) -> Option<Vec<f32>> {
+        let o = &self.opts;
+        let penalties =
+            (o.frequency_penalty != 0.0 || o.presence_penalty != 0.0) && !self.counts.is_empty();
+        if o.logit_bias.is_empty() && !penalties {
+            return None;
         }
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.truncate(p.top_k);
+        let mut l = logits.to_vec();
+        for &(id, b) in &o.logit_bias {
+            if let Some(x) = l.get_mut(id as usize) {
+                *x += b;
+            }
         }
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= sum);
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, &pr) in probs.iter().enumerate() {
-                acc += pr;
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
+        if penalties {
+            for (&id, &c) in &self.counts {
+                if let Some(x) = l.get_mut(id as usize) {
+                    *x -= o.frequency_penalty * c as f32 + o.presence_penalty;
                 }
             }
-            probs.truncate(keep);
-            let s: f32 = probs.iter().sum();
-            probs.iter_mut().for_each(|x| *x /= s);
         }
-        let r: f32 = self.rng.random();
+        Some(l)
+    }
+
+    fn pick(&mut self, raw: &[f32]) -> u32 {
+        let adjusted = self.adjusted(raw);
+        let logits = adjusted.as_deref().unwrap_or(raw);
+        let p = &self.opts;
+        if p.temperature <= 0.0 || p.top_k == 1 || logits.len() <= 1 {
+            return argmax(logits);
+        }
+        let t = p.temperature;
+        let k = if p.top_k > 0 { p.top_k.min(logits.len()) } else { logits.len() };
+        if k == logits.len() && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            // Plain temperature sampling needs no sort: draw in id order.
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let probs: Vec<f32> = logits.iter().map(|&l| (l / t - max / t).exp()).collect();
+            return self.draw(&probs, |i| i as u32);
+        }
+        // Candidates best first. The top-p / min-p cut usually lies in the
+        // first few dozen tokens: try growing prefixes before sorting all
+        // ~50k of the vocabulary.
+        let mut n = k.min(64);
+        let (cand, probs) = loop {
+            let cand = top_n(logits, n);
+            if let Some(probs) = self.kept_probs(logits, &cand, k) {
+                break (cand, probs);
+            }
+            n = (n * 8).min(k);
+        };
+        self.draw(&probs, |i| cand[i].0)
+    }
+
+    /// Draw index `i` with probability proportional to `probs[i]`.
+    fn draw(&mut self, probs: &[f32], id: impl Fn(usize) -> u32) -> u32 {
+        let total: f32 = probs.iter().sum();
+        let r = self.rng.random::<f32>() * total;
         let mut acc = 0.0;
         for (i, &pr) in probs.iter().enumerate() {
             acc += pr;
             if r < acc {
-                return cand[i].0;
+                return id(i);
             }
         }
-        cand[probs.len() - 1].0
+        id(probs.len().saturating_sub(1))
+    }
+
+    /// Probabilities of the best-first candidates `cand` kept by top-p and
+    /// min-p, normalised over the top-`k` set. `None` when neither cut
+    /// falls inside `cand` and `cand` is not the whole top-k set yet.
+    fn kept_probs(&self, logits: &[f32], cand: &[(u32, f32)], k: usize) -> Option<Vec<f32>> {
+        let p = &self.opts;
+        let t = p.temperature;
+        let max = cand[0].1 / t;
+        let complete = cand.len() == k;
+        let z: f32 = if complete {
+            cand.iter().map(|&(_, l)| (l / t - max).exp()).sum()
+        } else if k == logits.len() {
+            logits.iter().map(|&l| (l / t - max).exp()).sum()
+        } else {
+            top_n(logits, k).iter().map(|&(_, l)| (l / t - max).exp()).sum()
+        };
+        let probs: Vec<f32> = cand.iter().map(|&(_, l)| (l / t - max).exp() / z).collect();
+        let mut keep = probs.len();
+        let mut cut = complete;
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            if let Some(i) = probs.iter().position(|&pr| {
+                acc += pr;
+                acc >= p.top_p
+            }) {
+                keep = i + 1;
+                cut = true;
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            let above = probs.iter().take_while(|&&x| x >= floor).count().max(1);
+            if above < probs.len() {
+                cut = true;
+            }
+            keep = keep.min(above);
+        }
+        cut.then(|| probs[..keep].to_vec())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn greedy_picks_max_and_seed_is_reproducible() {
-        let logits = vec![0.1, 2.0, 1.9, -1.0];
-        assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&logits), 1);
-        let p = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 3, seed: 42 };
-        let a: Vec<u32> = {
-            let mut s = Sampler::new(p.clone());
-            (0..20).map(|_| s.sample(&logits)).collect()
-        };
-        let b: Vec<u32> = {
-            let mut s = Sampler::new(p);
-            (0..20).map(|_| s.sample(&logits)).collect()
-        };
-        assert_eq!(a, b);
-        assert!(a.iter().all(|&t| t == 1 || t == 2), "top-p/top-k keep only the two best: {a:?}");
-    }
-}
+#[path = "sampling_tests.rs"]
+mod tests;

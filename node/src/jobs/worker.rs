@@ -53,10 +53,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl std::fmt::Debug for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerState").field("max_jobs", &self.max_jobs).finish_non_exhaustive()
+    }
+}
+
 impl WorkerState {
     /// Jobs running now.
     pub fn load(&self) -> usize {
         lock(&self.active).len()
+    }
+
+    /// Jobs waiting in the backlog.
+    pub fn backlog_len(&self) -> usize {
+        lock(&self.backlog).len()
     }
 
     /// A job appeared on gossip: claim it if this worker can serve it.
@@ -101,6 +112,7 @@ impl WorkerState {
                 tracing::info!(job_id, error = %e, "job not completed here");
             }
             lock(&w.active).remove(&job_id);
+            tracing::debug!(job_id, "job slot freed");
             w.next_from_backlog();
         });
     }

@@ -67,8 +67,33 @@ struct DeltaContent<'a> {
 /// through `delta_hash`.
 const CHUNK_SIGNED_FIELDS: [&str; 6] =
     ["job_id", "node_id", "lease_id", "sequence", "created_at_ms", "version"];
-/// Fields folded into the delta hash.
-const CHUNK_DELTA_FIELDS: [&str; 3] = ["delta", "usage_delta", "finish_reason"];
+/// Not folded into the delta hash: the directly signed fields, and the type
+/// (checked on decode). Everything else is — `delta`, `usage_delta`,
+/// `finish_reason` and any field a later version adds — so that no field can
+/// be renamed, dropped or added without breaking the signature (a missing
+/// `finish_reason` is not the same as a null one).
+const CHUNK_UNHASHED_FIELDS: [&str; 8] = [
+    "job_id",
+    "node_id",
+    "lease_id",
+    "sequence",
+    "created_at_ms",
+    "version",
+    "message_type",
+    "signature",
+];
+
+fn rest(v: &Value, exclude: &[&str]) -> Value {
+    let Value::Map(m) = v else { return Value::Null };
+    let mut out = Value::Map(
+        m.iter()
+            .filter(|(k, _)| !matches!(k, Value::Text(t) if exclude.contains(&t.as_str())))
+            .cloned()
+            .collect(),
+    );
+    canonicalize(&mut out);
+    out
+}
 
 fn pick(v: &Value, fields: &[&str]) -> Value {
     let mut m = Value::Map(
@@ -120,7 +145,8 @@ impl SignedMessage for StreamChunk {
     /// Computed from the received value tree (not the typed struct) so that
     /// every encoded byte counts, exactly as for the other messages.
     fn signing_payload(&self, without_signature: &Value) -> Result<Vec<u8>, ProtocolError> {
-        let delta_hash = Hash32::of(&encode_value(&pick(without_signature, &CHUNK_DELTA_FIELDS)));
+        let delta_hash =
+            Hash32::of(&encode_value(&rest(without_signature, &CHUNK_UNHASHED_FIELDS)));
         let mut signed = pick(without_signature, &CHUNK_SIGNED_FIELDS);
         if let Value::Map(m) = &mut signed {
             m.push((Value::Text("delta_hash".into()), Value::Bytes(delta_hash.0.to_vec())));

@@ -1,12 +1,17 @@
 //! Benchmark: prefill tok/s, single-stream decode tok/s, TTFT, peak RSS,
-//! embeddings/s.
+//! embeddings/s, and continuous batching (aggregate decode tok/s and TTFT
+//! at 1/4/8/16 concurrent sequences, prefix-cache TTFT speed-up).
 //!
 //! Usage: engine-bench [--gguf PATH] [--bert DIR] [--tokens N] [--prompt TEXT]
+//!                     [--batch-tokens N] [--no-batch]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gcs_engine::bert::Embedder;
-use gcs_engine::{cpu_device, ChatMessage, Engine, GenerateRequest, SamplingParams};
+use gcs_engine::{
+    cpu_device, BatchConfig, BatchEngine, ChatMessage, Engine, GenerateRequest, Prompt,
+    SamplingParams, SeqEvent, SeqRequest,
+};
 
 fn peak_rss_mib() -> f64 {
     // VmHWM is the peak resident set size of this process.
@@ -31,6 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut prompt =
         "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
             .to_string();
+    let mut batch_tokens = 64usize;
+    let mut batch = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -38,6 +45,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--bert" => bert = args.next().ok_or("--bert needs a dir")?,
             "--tokens" => n_tokens = args.next().ok_or("--tokens needs N")?.parse()?,
             "--prompt" => prompt = args.next().ok_or("--prompt needs text")?,
+            "--batch-tokens" => {
+                batch_tokens = args.next().ok_or("--batch-tokens needs N")?.parse()?
+            }
+            "--no-batch" => batch = false,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -111,6 +122,118 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         println!("embeddings: skipped, {bert} missing");
     }
+    if batch {
+        batch_bench(Engine::load(&gguf, &device)?, batch_tokens)?;
+    }
     println!("peak RSS: {:.1} MiB", peak_rss_mib());
+    Ok(())
+}
+
+/// Per-request timings: (TTFT, end, completion tokens, cached tokens).
+type Timing = (f64, f64, usize, usize);
+
+/// Submit all requests at once and wait for them; returns their timings
+/// and the wall time.
+fn run_requests(
+    be: &BatchEngine,
+    reqs: Vec<SeqRequest>,
+) -> Result<(Vec<Timing>, f64), Box<dyn std::error::Error>> {
+    let t0 = Instant::now();
+    let streams = reqs.into_iter().map(|r| be.submit(r)).collect::<Result<Vec<_>, _>>()?;
+    let out = std::thread::scope(|sc| {
+        let hs: Vec<_> = streams
+            .into_iter()
+            .map(|s| {
+                sc.spawn(move || {
+                    let mut ttft = f64::NAN;
+                    loop {
+                        match s.recv_timeout(Duration::from_secs(600)) {
+                            Ok(SeqEvent::Delta { token_ids, .. }) => {
+                                if ttft.is_nan() && !token_ids.is_empty() {
+                                    ttft = t0.elapsed().as_secs_f64();
+                                }
+                            }
+                            Ok(SeqEvent::Done(r)) => {
+                                let end = t0.elapsed().as_secs_f64();
+                                return Some((ttft, end, r.completion_tokens, r.cached_tokens));
+                            }
+                            _ => return None,
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().ok().flatten()).collect::<Vec<_>>()
+    });
+    Ok((out, t0.elapsed().as_secs_f64()))
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+fn batch_bench(engine: Engine, tokens: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let be = BatchEngine::start(engine, BatchConfig::default());
+    let topics = [
+        "a lighthouse",
+        "the ocean",
+        "a robot",
+        "a forest",
+        "the moon",
+        "a city",
+        "a cat",
+        "winter",
+    ];
+    let req = |i: usize, tenant: &str| SeqRequest {
+        ignore_eos: true,
+        tenant: tenant.into(),
+        ..SeqRequest::new(
+            Prompt::Chat(vec![ChatMessage::new(
+                "user",
+                format!("Write a long story about {} (variant {i}).", topics[i % topics.len()]),
+            )]),
+            tokens,
+        )
+    };
+    // Warm-up.
+    run_requests(&be, (0..2).map(|i| req(i, "warm")).collect())?;
+    for c in [1usize, 4, 8, 16] {
+        let (r, wall) = run_requests(&be, (0..c).map(|i| req(i, &format!("c{c}-{i}"))).collect())?;
+        let total: usize = r.iter().map(|x| x.2).sum();
+        let mut ttft: Vec<f64> = r.iter().map(|x| x.0).collect();
+        let first_all = ttft.iter().copied().fold(0.0, f64::max);
+        let decode = (total - r.len()) as f64 / (wall - first_all).max(1e-9);
+        println!(
+            "batch c={c:2}: {total} tokens in {wall:.2}s = {:.1} tok/s aggregate (incl. prefill), \
+             {decode:.1} tok/s decode after all first tokens; TTFT p50 {:.0} ms p99 {:.0} ms",
+            total as f64 / wall,
+            pct(&mut ttft, 0.5) * 1e3,
+            pct(&mut ttft, 0.99) * 1e3,
+        );
+    }
+    // Prefix cache: a long shared system prompt, cold then warm.
+    let sys = "You are the assistant of a city library. ".repeat(24);
+    let pre = |q: &str| SeqRequest {
+        tenant: "prefix".into(),
+        ..SeqRequest::new(
+            Prompt::Chat(vec![
+                ChatMessage::new("system", sys.clone()),
+                ChatMessage::new("user", q),
+            ]),
+            1,
+        )
+    };
+    let (cold, _) = run_requests(&be, vec![pre("When do you open?")])?;
+    let (warm, _) = run_requests(&be, vec![pre("Can I borrow ten books?")])?;
+    if let (Some(c), Some(w)) = (cold.first(), warm.first()) {
+        println!(
+            "prefix cache: TTFT cold {:.1} ms, warm {:.1} ms ({} cached tokens) = {:.1}x speed-up",
+            c.0 * 1e3,
+            w.0 * 1e3,
+            w.3,
+            c.0 / w.0
+        );
+    }
     Ok(())
 }

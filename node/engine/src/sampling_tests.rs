@@ -1,0 +1,132 @@
+use super::*;
+
+fn opts(temperature: f32, seed: u64) -> SamplingOptions {
+    SamplingOptions { temperature, seed, ..SamplingOptions::default() }
+}
+
+fn draws(o: &SamplingOptions, logits: &[f32], n: usize) -> Vec<u32> {
+    let mut s = Sampler::new(o.clone());
+    (0..n).map(|_| s.sample(logits)).collect()
+}
+
+#[test]
+fn greedy_picks_max_and_seed_is_reproducible() {
+    let logits = vec![0.1, 2.0, 1.9, -1.0];
+    assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&logits), 1);
+    let p = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 3, seed: 42 };
+    let a = draws(&p.clone().into(), &logits, 20);
+    let b = draws(&p.into(), &logits, 20);
+    assert_eq!(a, b);
+    assert!(a.iter().all(|&t| t == 1 || t == 2), "top-p/top-k keep only the two best: {a:?}");
+}
+
+#[test]
+fn greedy_ties_go_to_lowest_id() {
+    assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+    assert_eq!(Sampler::new(opts(0.0, 1)).sample(&[5.0, 5.0]), 0);
+}
+
+#[test]
+fn different_seeds_differ_and_temperature_spreads() {
+    let logits = vec![0.0f32; 100];
+    let a = draws(&opts(1.0, 1), &logits, 50);
+    let b = draws(&opts(1.0, 2), &logits, 50);
+    assert_ne!(a, b);
+    let distinct: std::collections::HashSet<_> = a.iter().collect();
+    assert!(distinct.len() > 20, "uniform logits should spread: {distinct:?}");
+}
+
+#[test]
+fn top_k_limits_candidates() {
+    let logits: Vec<f32> = (0..50).map(|i| i as f32 * 0.01).collect();
+    let o = SamplingOptions { top_k: 3, ..opts(1.0, 3) };
+    assert!(draws(&o, &logits, 200).iter().all(|&t| t >= 47));
+}
+
+#[test]
+fn top_p_keeps_the_nucleus_even_in_a_large_vocab() {
+    // Three tokens hold ~all mass in a 50k vocabulary.
+    let mut logits = vec![-20.0f32; 50_000];
+    logits[10] = 5.0;
+    logits[20] = 4.5;
+    logits[30] = 4.0;
+    let o = SamplingOptions { top_p: 0.7, ..opts(1.0, 4) };
+    let d = draws(&o, &logits, 300);
+    assert!(d.iter().all(|&t| t == 10 || t == 20), "{d:?}");
+    assert!(d.contains(&10) && d.contains(&20));
+    // A flat tail: the nucleus needs more than the first 64 candidates.
+    let flat: Vec<f32> = (0..1000).map(|i| -(i as f32) * 1e-4).collect();
+    let o = SamplingOptions { top_p: 0.5, ..opts(1.0, 5) };
+    let d = draws(&o, &flat, 300);
+    assert!(d.iter().all(|&t| t < 510), "{:?}", d.iter().max());
+    assert!(d.iter().any(|&t| t > 64), "the nucleus reaches past 64 tokens");
+}
+
+#[test]
+fn min_p_drops_unlikely_tokens() {
+    let mut logits = vec![0.0f32; 1000];
+    logits[0] = 3.0; // p0 / p_rest = e^3 ≈ 20
+    logits[1] = 2.5;
+    let o = SamplingOptions { min_p: 0.1, ..opts(1.0, 6) };
+    let d = draws(&o, &logits, 300);
+    assert!(d.iter().all(|&t| t <= 1), "{d:?}");
+    assert!(d.contains(&1));
+}
+
+#[test]
+fn logit_bias_forces_and_bans_tokens() {
+    let logits = vec![1.0, 2.0, 3.0];
+    let o = SamplingOptions { logit_bias: vec![(0, 100.0)], ..opts(0.0, 0) };
+    assert_eq!(draws(&o, &logits, 3), vec![0, 0, 0]);
+    let o = SamplingOptions { logit_bias: vec![(2, -100.0)], ..opts(1.0, 7) };
+    assert!(!draws(&o, &logits, 200).contains(&2));
+    assert!(SamplingOptions { logit_bias: vec![(3, 1.0)], ..opts(0.0, 0) }.validate(3).is_err());
+    assert!(SamplingOptions { logit_bias: vec![(1, 101.0)], ..opts(0.0, 0) }.validate(3).is_err());
+}
+
+#[test]
+fn frequency_penalty_counts_repeats() {
+    // Greedy with a frequency penalty: token 0 leads by 1.0, so after two
+    // uses (penalty 2 * 0.6 = 1.2) token 1 wins, then they alternate.
+    let logits = vec![2.0, 1.0, -5.0];
+    let o = SamplingOptions { frequency_penalty: 0.6, ..opts(0.0, 0) };
+    assert_eq!(draws(&o, &logits, 4), vec![0, 0, 1, 0]);
+    // Without the penalty greedy repeats forever.
+    assert_eq!(draws(&opts(0.0, 0), &logits, 4), vec![0; 4]);
+}
+
+#[test]
+fn presence_penalty_is_applied_once() {
+    let logits = vec![2.0, 1.0, -5.0];
+    // Presence 1.5: after one use token 0 is at 0.5 < 1.0; then both used.
+    let o = SamplingOptions { presence_penalty: 1.5, ..opts(0.0, 0) };
+    assert_eq!(draws(&o, &logits, 3), vec![0, 1, 0]);
+    // Negative penalties encourage repetition.
+    let o = SamplingOptions { presence_penalty: -2.0, ..opts(0.0, 0) };
+    assert_eq!(draws(&o, &[1.0, 2.0], 3), vec![1, 1, 1]);
+}
+
+#[test]
+fn validate_rejects_bad_values() {
+    assert!(opts(-1.0, 0).validate(10).is_err());
+    assert!(SamplingOptions { top_p: 0.0, ..opts(1.0, 0) }.validate(10).is_err());
+    assert!(SamplingOptions { min_p: 1.5, ..opts(1.0, 0) }.validate(10).is_err());
+    assert!(SamplingOptions { frequency_penalty: 2.5, ..opts(1.0, 0) }.validate(10).is_err());
+    assert!(opts(0.7, 0).validate(10).is_ok());
+}
+
+#[test]
+fn logprobs_are_log_softmax_of_raw_logits() {
+    let logits = vec![1.0f32, 2.0, 3.0, 0.5];
+    let mut s = Sampler::new(SamplingOptions { logit_bias: vec![(0, 50.0)], ..opts(0.0, 0) });
+    let (tok, lp) = s.sample_with_logprobs(&logits, 2);
+    assert_eq!(tok, 0, "bias changes the choice");
+    let z: f32 = logits.iter().map(|l| l.exp()).sum();
+    assert!((lp.chosen.logprob - (1.0 - z.ln())).abs() < 1e-5);
+    assert_eq!(lp.top.iter().map(|t| t.token).collect::<Vec<_>>(), vec![2, 1]);
+    assert!((lp.top[0].logprob - (3f32.exp() / z).ln()).abs() < 1e-5);
+    // n is capped at MAX_TOP_LOGPROBS.
+    let big: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    assert_eq!(logprobs(&big, 0, 50).top.len(), MAX_TOP_LOGPROBS);
+    assert_eq!(logprobs(&big, 0, 0).top.len(), 0);
+}

@@ -1,0 +1,435 @@
+//! Continuous batching: a [`BatchEngine`] owns the model on one dedicated
+//! thread and serves many sequences at once. Each step it admits waiting
+//! requests, runs one batched forward pass over every running sequence
+//! (one decode token each, plus prefill chunks of newly admitted prompts)
+//! with K/V in a shared paged pool, samples, and streams deltas back.
+//!
+//! The handle is cheap to clone and `Send + Sync`. Submissions beyond the
+//! waiting-queue limit fail at once with [`EngineError::Busy`]. Results come
+//! back over bounded channels; the engine thread never blocks on a slow
+//! reader (undelivered deltas are merged and retried next step).
+
+mod worker;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{EngineError, Result};
+use crate::generate::{Engine, FinishReason};
+use crate::paged::{blocks_for, BLOCK_SIZE};
+use crate::sampling::{SamplingOptions, MAX_TOP_LOGPROBS};
+use crate::tokenizer::{ChatMessage, GgufTokenizer};
+
+/// Scheduler limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Sequences decoded together (the batch size).
+    pub max_running: usize,
+    /// Requests queued beyond that; more are refused with `Busy`.
+    pub max_waiting: usize,
+    /// KV blocks of 16 positions in the pool (~23 KB per position for SmolLM2-135M).
+    pub kv_blocks: usize,
+    /// Most prompt tokens prefilled per step, so decoding sequences keep
+    /// streaming while a long prompt is processed.
+    pub prefill_chunk: usize,
+    /// Events buffered per stream before deltas are merged.
+    pub stream_capacity: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_running: 16,
+            max_waiting: 64,
+            kv_blocks: 1024,
+            prefill_chunk: 256,
+            stream_capacity: 64,
+        }
+    }
+}
+
+/// The prompt of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Already tokenized (BOS included if wanted).
+    Tokens(Vec<u32>),
+    /// Chat messages, rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqRequest {
+    pub prompt: Prompt,
+    /// At least 1; clipped to the context length.
+    pub max_tokens: usize,
+    pub sampling: SamplingOptions,
+    /// Stop strings, matched on the decoded text; never part of the output.
+    pub stop: Vec<String>,
+    /// Extra stop token ids on top of the model's EOS / end-of-turn tokens.
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop on the model's EOS / end-of-turn tokens.
+    pub ignore_eos: bool,
+    /// Prefix-cache salt: requests of different tenants never share K/V.
+    pub tenant: String,
+    /// `None`: no logprobs. `Some(n)`: the chosen token's logprob and the
+    /// `n` (at most 20) most likely alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl SeqRequest {
+    /// A greedy request with no stop strings, for the default tenant.
+    pub fn new(prompt: Prompt, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingOptions::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            tenant: String::new(),
+            logprobs: None,
+        }
+    }
+}
+
+/// A token with its text and log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobEntry {
+    pub token: u32,
+    /// The token's bytes as text (lossy for partial UTF-8 characters).
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// Logprobs of one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub chosen: LogprobEntry,
+    pub top: Vec<LogprobEntry>,
+}
+
+/// Final accounting of a sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqResult {
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache.
+    pub cached_tokens: usize,
+    /// The whole generated text (the deltas concatenated).
+    pub text: String,
+}
+
+/// What a [`SeqStream`] yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    /// New text (may be empty while text is held back), the tokens
+    /// generated since the last delta and, if asked for, their logprobs.
+    Delta { text: String, token_ids: Vec<u32>, logprobs: Vec<TokenLogprobs> },
+    /// The last event of a sequence.
+    Done(SeqResult),
+    /// The sequence failed; the last event.
+    Error(String),
+}
+
+/// The receiving end of one request. Dropping it cancels the sequence.
+#[derive(Debug)]
+pub struct SeqStream {
+    id: u64,
+    prompt_tokens: usize,
+    rx: Receiver<SeqEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl SeqStream {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Prompt length in tokens (after templating).
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// The next event; `None` once the stream has ended.
+    pub fn recv(&self) -> Option<SeqEvent> {
+        self.rx.recv().ok()
+    }
+
+    /// The next event, waiting at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<SeqEvent, RecvTimeoutError> {
+        self.rx.recv_timeout(timeout)
+    }
+
+    pub fn try_recv(&self) -> Result<SeqEvent, TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// Ask the engine to stop this sequence. Its blocks are freed at the
+    /// next step and a `Done` with `Cancelled` and the counts so far follows.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for SeqStream {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// A validated request waiting for admission.
+#[derive(Debug)]
+struct Pending {
+    id: u64,
+    tokens: Vec<u32>,
+    req: SeqRequest,
+    tx: SyncSender<SeqEvent>,
+    cancel: Arc<AtomicBool>,
+    /// Further samples of an n > 1 request: (id, sender, cancel flag).
+    samples: Vec<(u64, SyncSender<SeqEvent>, Arc<AtomicBool>)>,
+}
+
+/// State shared by the handles and the engine thread.
+#[derive(Debug, Default)]
+struct Shared {
+    queue: Mutex<VecDeque<Pending>>,
+    wake: Condvar,
+    shutdown: AtomicBool,
+    free_kv_tokens: AtomicUsize,
+    running: AtomicUsize,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, VecDeque<Pending>> {
+        // A poisoned lock only means a thread panicked while holding it; the
+        // queue itself is still consistent.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Dropped when the engine thread ends, normally or by a panic: refuse new
+/// work and fail what is still queued, so no caller waits forever.
+#[derive(Debug)]
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        self.0.shutdown.store(true, Ordering::Relaxed);
+        self.0.running.store(0, Ordering::Relaxed);
+        for p in self.0.queue().drain(..) {
+            let _ = p.tx.try_send(SeqEvent::Error("engine stopped".into()));
+            for (_, tx, _) in p.samples {
+                let _ = tx.try_send(SeqEvent::Error("engine stopped".into()));
+            }
+        }
+        if std::thread::panicking() {
+            tracing::error!("batch engine thread panicked");
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    tokenizer: Arc<GgufTokenizer>,
+    cfg: BatchConfig,
+    vocab: usize,
+    context: usize,
+    next_id: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Handle to the continuous-batching engine. Clone it freely; the engine
+/// thread stops when the last handle is dropped (or on [`BatchEngine::shutdown`]).
+#[derive(Debug, Clone)]
+pub struct BatchEngine {
+    inner: Arc<Inner>,
+}
+
+impl BatchEngine {
+    /// Move `engine` onto its own thread and start scheduling.
+    pub fn start(engine: Engine, cfg: BatchConfig) -> BatchEngine {
+        let cfg = BatchConfig {
+            max_running: cfg.max_running.max(1),
+            prefill_chunk: cfg.prefill_chunk.max(1),
+            kv_blocks: cfg.kv_blocks.max(1),
+            stream_capacity: cfg.stream_capacity.max(1),
+            ..cfg
+        };
+        let Engine { model, tokenizer, .. } = engine;
+        let tokenizer = Arc::new(tokenizer);
+        let shared = Arc::new(Shared::default());
+        shared.free_kv_tokens.store(cfg.kv_blocks * BLOCK_SIZE, Ordering::Relaxed);
+        let (vocab, context) = (model.config.vocab, model.config.context_length);
+        let w = worker::Worker::new(model, tokenizer.clone(), shared.clone(), cfg.clone());
+        let guard = ExitGuard(shared.clone());
+        let thread = std::thread::Builder::new().name("gcs-batch-engine".into()).spawn(move || {
+            let _guard = guard;
+            w.run()
+        });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot spawn the batch engine thread");
+                shared.shutdown.store(true, Ordering::Relaxed);
+                None
+            }
+        };
+        let inner = Inner {
+            shared,
+            tokenizer,
+            cfg,
+            vocab,
+            context,
+            next_id: AtomicU64::new(1),
+            thread: Mutex::new(thread),
+        };
+        BatchEngine { inner: Arc::new(inner) }
+    }
+
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.inner.tokenizer
+    }
+
+    pub fn config(&self) -> &BatchConfig {
+        &self.inner.cfg
+    }
+
+    /// Render the chat template and tokenize.
+    pub fn prompt_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let t = &self.inner.tokenizer;
+        t.encode(&t.apply_chat_template(messages, true)?)
+    }
+
+    /// KV positions free for new work (free plus evictable cached blocks).
+    pub fn free_kv_tokens(&self) -> usize {
+        self.inner.shared.free_kv_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for admission.
+    pub fn waiting(&self) -> usize {
+        self.inner.shared.queue().len()
+    }
+
+    /// Sequences being processed.
+    pub fn running(&self) -> usize {
+        self.inner.shared.running.load(Ordering::Relaxed)
+    }
+
+    /// Validate and queue a request. Fails at once with
+    /// [`EngineError::Busy`] when the waiting queue is full, and with
+    /// `InvalidRequest` for requests that could never run.
+    pub fn submit(&self, req: SeqRequest) -> Result<SeqStream> {
+        let mut v = self.submit_n(req, 1)?;
+        v.pop().ok_or(EngineError::Stopped)
+    }
+
+    /// Like [`BatchEngine::submit`] for `n` samples of one prompt (OpenAI's
+    /// `n`): the prompt is prefilled once and its KV blocks are shared
+    /// (copy-on-write). Sample `i` uses seed `seed + i`; one stream each.
+    pub fn submit_n(&self, req: SeqRequest, n: usize) -> Result<Vec<SeqStream>> {
+        let inner = &self.inner;
+        if n == 0 || n > inner.cfg.max_running {
+            return Err(EngineError::InvalidRequest(format!(
+                "n must be in 1..={}",
+                inner.cfg.max_running
+            )));
+        }
+        if inner.shared.shutdown.load(Ordering::Relaxed) {
+            return Err(EngineError::Stopped);
+        }
+        let tokens = match &req.prompt {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Chat(m) => self.prompt_tokens(m)?,
+        };
+        self.validate(&req, &tokens)?;
+        let prompt_tokens = tokens.len();
+        let mut streams = Vec::with_capacity(n);
+        let mut ends = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (tx, rx) = std::sync::mpsc::sync_channel(inner.cfg.stream_capacity);
+            let cancel = Arc::new(AtomicBool::new(false));
+            let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+            ends.push((id, tx, cancel.clone()));
+            streams.push(SeqStream { id, prompt_tokens, rx, cancel });
+        }
+        let (id, tx, cancel) = ends.remove(0);
+        {
+            let mut q = inner.shared.queue();
+            // Checked under the lock: the engine thread sets the flag
+            // before it drains the queue for the last time.
+            if inner.shared.shutdown.load(Ordering::Relaxed) {
+                return Err(EngineError::Stopped);
+            }
+            if q.len() >= inner.cfg.max_waiting {
+                return Err(EngineError::Busy { waiting: q.len() });
+            }
+            q.push_back(Pending { id, tokens, req, tx, cancel, samples: ends });
+        }
+        inner.shared.wake.notify_all();
+        Ok(streams)
+    }
+
+    fn validate(&self, req: &SeqRequest, tokens: &[u32]) -> Result<()> {
+        let inner = &self.inner;
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        if tokens.is_empty() {
+            return bad("empty prompt".into());
+        }
+        if tokens.len() >= inner.context {
+            return bad(format!(
+                "prompt of {} tokens exceeds context {}",
+                tokens.len(),
+                inner.context
+            ));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= inner.vocab) {
+            return bad(format!("token id {t} out of range"));
+        }
+        if blocks_for(tokens.len() + 1) > inner.cfg.kv_blocks {
+            return bad(format!("prompt of {} tokens does not fit the KV pool", tokens.len()));
+        }
+        if req.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return bad(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"));
+        }
+        req.sampling.validate(inner.vocab)
+    }
+
+    /// Stop the engine thread: running and waiting sequences end with an
+    /// error event. Later submissions fail with [`EngineError::Stopped`].
+    pub fn shutdown(&self) {
+        self.inner.shared.shutdown.store(true, Ordering::Relaxed);
+        self.inner.shared.wake.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn handle_is_send_sync_and_clone() {
+        fn check<T: Send + Sync + Clone>() {}
+        check::<super::BatchEngine>();
+        fn send<T: Send>() {}
+        send::<super::SeqStream>();
+    }
+}

@@ -1,0 +1,515 @@
+//! The engine thread: admission, batch building, sampling and delivery.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    BatchConfig, LogprobEntry, Pending, SeqEvent, SeqRequest, SeqResult, Shared, TokenLogprobs,
+};
+use crate::attn::KvPool;
+use crate::generate::FinishReason;
+use crate::llama::{Llama, PagedSeq};
+use crate::paged::{tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
+use crate::sampling::{Sampler, TokenLogprob};
+use crate::stop::StopMatcher;
+use crate::tokenizer::GgufTokenizer;
+
+/// A sequence owned by the engine thread.
+#[derive(Debug)]
+struct Seq {
+    id: u64,
+    salt: u64,
+    /// Prompt, then every generated token.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Positions whose K/V are in the pool (0 while preempted).
+    computed: usize,
+    /// Prompt tokens reused from the prefix cache at first admission.
+    cached_tokens: Option<usize>,
+    max_tokens: usize,
+    sampler: Sampler,
+    stop: StopMatcher,
+    stop_ids: Vec<u32>,
+    logprobs: Option<usize>,
+    text: String,
+    tx: SyncSender<SeqEvent>,
+    cancel: Arc<AtomicBool>,
+    /// Events not yet accepted by the channel (deltas merged).
+    outbox: VecDeque<SeqEvent>,
+    /// The other samples of an n > 1 request, forked off this sequence
+    /// once its prompt is computed.
+    samples: Vec<Seq>,
+}
+
+impl Seq {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn emit(&mut self, text: String, token: Option<u32>, lp: Option<TokenLogprobs>) {
+        if text.is_empty() && token.is_none() {
+            return;
+        }
+        self.text.push_str(&text);
+        if let Some(SeqEvent::Delta { text: t, token_ids, logprobs }) = self.outbox.back_mut() {
+            t.push_str(&text);
+            token_ids.extend(token);
+            logprobs.extend(lp);
+            return;
+        }
+        self.outbox.push_back(SeqEvent::Delta {
+            text,
+            token_ids: token.into_iter().collect(),
+            logprobs: lp.into_iter().collect(),
+        });
+    }
+
+    /// Push queued events into the channel without blocking. Returns false
+    /// when the receiver is gone.
+    fn flush(&mut self) -> bool {
+        while let Some(ev) = self.outbox.pop_front() {
+            match self.tx.try_send(ev) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ev)) => {
+                    self.outbox.push_front(ev);
+                    return true;
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    self.outbox.clear();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// One sequence's share of a forward step.
+#[derive(Debug, Clone, Copy)]
+struct Work {
+    idx: usize,
+    start: usize,
+    n: usize,
+}
+
+#[derive(Debug)]
+pub(super) struct Worker {
+    model: Llama,
+    tok: Arc<GgufTokenizer>,
+    shared: Arc<Shared>,
+    cfg: BatchConfig,
+    pool: KvPool,
+    blocks: BlockManager,
+    running: Vec<Seq>,
+    /// Preempted sequences, re-admitted before new requests.
+    preempted: VecDeque<Seq>,
+    /// Finished sequences whose last events are still being delivered.
+    closing: Vec<Seq>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        model: Llama,
+        tok: Arc<GgufTokenizer>,
+        shared: Arc<Shared>,
+        cfg: BatchConfig,
+    ) -> Self {
+        let pool = model.new_kv_pool(cfg.kv_blocks);
+        tracing::info!(
+            blocks = cfg.kv_blocks,
+            mib = (cfg.kv_blocks * BLOCK_SIZE * pool.bytes_per_token()) >> 20,
+            "paged KV pool"
+        );
+        Self {
+            model,
+            tok,
+            shared,
+            blocks: BlockManager::new(cfg.kv_blocks),
+            cfg,
+            pool,
+            running: Vec::new(),
+            preempted: VecDeque::new(),
+            closing: Vec::new(),
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        loop {
+            if self.shared.shutdown.load(Ordering::Relaxed) {
+                self.fail_all("engine stopped");
+                return;
+            }
+            self.reap_cancelled();
+            self.admit();
+            if self.running.is_empty() {
+                self.deliver();
+                let q = self.shared.queue();
+                if q.is_empty() && !self.shared.shutdown.load(Ordering::Relaxed) {
+                    let wait = if self.closing.is_empty() { 100 } else { 5 };
+                    let _ = self.shared.wake.wait_timeout(q, Duration::from_millis(wait));
+                }
+                continue;
+            }
+            self.step();
+            self.deliver();
+        }
+    }
+
+    fn new_seq(&self, p: Pending) -> Seq {
+        let Pending { id, tokens, req, tx, cancel, samples } = p;
+        let children: Vec<Seq> = samples
+            .into_iter()
+            .enumerate()
+            .map(|(i, (cid, ctx, ccancel))| {
+                let mut r = req.clone();
+                r.sampling.seed = r.sampling.seed.wrapping_add(i as u64 + 1);
+                let p = Pending {
+                    id: cid,
+                    tokens: tokens.clone(),
+                    req: r,
+                    tx: ctx,
+                    cancel: ccancel,
+                    samples: vec![],
+                };
+                self.new_seq(p)
+            })
+            .collect();
+        let SeqRequest {
+            max_tokens,
+            sampling,
+            stop,
+            mut stop_token_ids,
+            ignore_eos,
+            tenant,
+            logprobs,
+            ..
+        } = req;
+        if !ignore_eos {
+            stop_token_ids.extend(self.tok.stop_ids.iter().copied());
+        }
+        let context = self.model.config.context_length;
+        Seq {
+            id,
+            salt: tenant_salt(&tenant),
+            prompt_len: tokens.len(),
+            max_tokens: max_tokens.min(context.saturating_sub(tokens.len())).max(1),
+            tokens,
+            computed: 0,
+            cached_tokens: None,
+            sampler: Sampler::new(sampling),
+            stop: StopMatcher::new(&stop),
+            stop_ids: stop_token_ids,
+            logprobs,
+            text: String::new(),
+            tx,
+            cancel,
+            outbox: VecDeque::new(),
+            samples: children,
+        }
+    }
+
+    /// Move sequences from the preempted list, then the waiting queue, into
+    /// the running batch while there is room and KV blocks.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_running {
+            let (mut seq, from_preempted) = match self.preempted.pop_front() {
+                Some(s) => (s, true),
+                None => match self.shared.queue().pop_front() {
+                    Some(p) => (self.new_seq(p), false),
+                    None => break,
+                },
+            };
+            if seq.cancel.load(Ordering::Relaxed) {
+                self.finish(seq, FinishReason::Cancelled);
+                continue;
+            }
+            match self.blocks.admit(seq.id, seq.salt, &seq.tokens) {
+                Ok(cached) => {
+                    seq.computed = cached;
+                    seq.cached_tokens.get_or_insert(cached);
+                    self.running.push(seq);
+                }
+                Err(PagedError::OutOfBlocks { .. }) if !self.running.is_empty() => {
+                    // Wait for running sequences to free blocks.
+                    if from_preempted {
+                        self.preempted.push_front(seq);
+                    } else {
+                        self.preempted.push_back(seq);
+                    }
+                    break;
+                }
+                Err(e) => self.fail(seq, &format!("cannot admit: {e}")),
+            }
+        }
+        self.publish();
+    }
+
+    fn reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].cancel.load(Ordering::Relaxed) {
+                let seq = self.running.remove(i);
+                self.finish(seq, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let (cancelled, kept): (Vec<Seq>, Vec<Seq>) =
+            self.preempted.drain(..).partition(|s| s.cancel.load(Ordering::Relaxed));
+        self.preempted = kept.into();
+        for s in cancelled {
+            self.finish(s, FinishReason::Cancelled);
+        }
+        // Cancelled requests still waiting give their queue slot back now.
+        let gone: Vec<Pending> = {
+            let mut q = self.shared.queue();
+            if !q.iter().any(|p| p.cancel.load(Ordering::Relaxed)) {
+                return;
+            }
+            let (gone, kept): (Vec<Pending>, Vec<Pending>) =
+                q.drain(..).partition(|p| p.cancel.load(Ordering::Relaxed));
+            *q = kept.into();
+            gone
+        };
+        for p in gone {
+            let seq = self.new_seq(p);
+            self.finish(seq, FinishReason::Cancelled);
+        }
+    }
+
+    /// End a sequence (and its unforked samples) with an error event.
+    fn fail(&mut self, mut seq: Seq, msg: &str) {
+        let _ = self.blocks.free(seq.id);
+        for c in std::mem::take(&mut seq.samples) {
+            self.fail(c, msg);
+        }
+        seq.outbox.push_back(SeqEvent::Error(msg.into()));
+        self.closing.push(seq);
+    }
+
+    /// End a sequence: release its blocks and queue the final event.
+    /// Samples not forked yet end the same way.
+    fn finish(&mut self, mut seq: Seq, reason: FinishReason) {
+        let _ = self.blocks.free(seq.id);
+        for c in std::mem::take(&mut seq.samples) {
+            self.finish(c, reason);
+        }
+        if reason != FinishReason::Stop {
+            let tail = seq.stop.finish();
+            seq.emit(tail, None, None);
+        }
+        let result = SeqResult {
+            finish_reason: reason,
+            prompt_tokens: seq.prompt_len,
+            completion_tokens: seq.generated(),
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
+            text: seq.text.clone(),
+        };
+        seq.outbox.push_back(SeqEvent::Done(result));
+        self.closing.push(seq);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let free = self.blocks.available_blocks() * BLOCK_SIZE;
+        self.shared.free_kv_tokens.store(free, Ordering::Relaxed);
+        self.shared.running.store(self.running.len(), Ordering::Relaxed);
+    }
+
+    /// One forward pass over every running sequence.
+    fn step(&mut self) {
+        let mut work = Vec::with_capacity(self.running.len());
+        let mut budget = self.cfg.prefill_chunk;
+        for (idx, s) in self.running.iter().enumerate() {
+            let need = s.tokens.len() - s.computed;
+            if need == 1 {
+                work.push(Work { idx, start: s.computed, n: 1 });
+            }
+        }
+        for (idx, s) in self.running.iter().enumerate() {
+            let need = s.tokens.len() - s.computed;
+            if need > 1 && budget > 0 {
+                let n = need.min(budget);
+                budget -= n;
+                work.push(Work { idx, start: s.computed, n });
+            }
+        }
+        let logits = {
+            let seqs: Vec<PagedSeq<'_>> = work
+                .iter()
+                .filter_map(|w| {
+                    let s = &self.running[w.idx];
+                    Some(PagedSeq {
+                        tokens: &s.tokens[w.start..w.start + w.n],
+                        past: w.start,
+                        table: self.blocks.block_table(s.id)?,
+                    })
+                })
+                .collect();
+            let (model, pool) = (&self.model, &mut self.pool);
+            // On a rayon worker, so this thread takes part in the matmuls.
+            rayon::scope(|_| model.forward_paged(pool, &seqs))
+        };
+        let logits = match logits {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "batched forward failed");
+                let msg = format!("forward pass failed: {e}");
+                let mut failed: Vec<usize> = work.iter().map(|w| w.idx).collect();
+                failed.sort_unstable();
+                for idx in failed.into_iter().rev() {
+                    let seq = self.running.remove(idx);
+                    self.fail(seq, &msg);
+                }
+                return;
+            }
+        };
+        let vocab = self.model.lm_head.rows;
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        let mut need_slot: Vec<u64> = Vec::new();
+        for (wi, w) in work.iter().enumerate() {
+            let seq = &mut self.running[w.idx];
+            seq.computed = w.start + w.n;
+            let _ = self.blocks.commit(seq.id, seq.computed);
+            if seq.computed < seq.tokens.len() {
+                continue; // more prompt to prefill
+            }
+            let row = &logits[wi * vocab..(wi + 1) * vocab];
+            // n > 1: the other samples share the prompt's blocks from now on.
+            for mut child in std::mem::take(&mut self.running[w.idx].samples) {
+                let parent = &self.running[w.idx];
+                if child.cancel.load(Ordering::Relaxed)
+                    || self.blocks.fork(parent.id, child.id).is_err()
+                {
+                    self.finish(child, FinishReason::Cancelled);
+                    continue;
+                }
+                child.computed = parent.computed;
+                child.cached_tokens = parent.cached_tokens;
+                self.running.push(child);
+                let idx = self.running.len() - 1;
+                self.sample_into(idx, row, &mut done, &mut need_slot);
+            }
+            self.sample_into(w.idx, row, &mut done, &mut need_slot);
+        }
+        done.sort_unstable_by_key(|d| d.0);
+        for (idx, reason) in done.into_iter().rev() {
+            let seq = self.running.remove(idx);
+            self.finish(seq, reason);
+        }
+        for id in need_slot {
+            self.reserve_slot(id);
+        }
+        self.publish();
+    }
+
+    /// Sample the next token of `running[idx]` from `row`, stream it, and
+    /// note whether the sequence is done or needs a KV slot.
+    fn sample_into(
+        &mut self,
+        idx: usize,
+        row: &[f32],
+        done: &mut Vec<(usize, FinishReason)>,
+        need_slot: &mut Vec<u64>,
+    ) {
+        let context = self.model.config.context_length;
+        let seq = &mut self.running[idx];
+        let (tok, lp) = match seq.logprobs {
+            Some(n) => {
+                let (t, lp) = seq.sampler.sample_with_logprobs(row, n);
+                (t, Some(lp))
+            }
+            None => (seq.sampler.sample(row), None),
+        };
+        if seq.stop_ids.contains(&tok) {
+            done.push((idx, FinishReason::Stop));
+            return;
+        }
+        seq.tokens.push(tok);
+        let lp = lp.map(|l| TokenLogprobs {
+            chosen: entry(&self.tok, &l.chosen),
+            top: l.top.iter().map(|t| entry(&self.tok, t)).collect(),
+        });
+        let st = seq.stop.push(self.tok.token_bytes(tok));
+        seq.emit(st.text, Some(tok), lp);
+        if st.stopped {
+            done.push((idx, FinishReason::Stop));
+        } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= context {
+            done.push((idx, FinishReason::Length));
+        } else {
+            need_slot.push(seq.id);
+        }
+    }
+
+    /// Give the newest token of `id` a KV slot, preempting the newest
+    /// sequences (possibly `id` itself) while blocks are short.
+    fn reserve_slot(&mut self, id: u64) {
+        loop {
+            let Some(pos) = self.running.iter().position(|s| s.id == id) else { return };
+            let tok = self.running[pos].tokens[self.running[pos].tokens.len() - 1];
+            // The manager's copy of the tokens lags by this one token.
+            match self.blocks.append(id, tok) {
+                Ok(Some(cp)) => {
+                    self.pool.copy_block(cp.src, cp.dst);
+                    return;
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    let Some(victim) =
+                        self.running.iter().enumerate().max_by_key(|(_, s)| s.id).map(|(i, _)| i)
+                    else {
+                        return;
+                    };
+                    self.preempt(victim);
+                }
+            }
+        }
+    }
+
+    /// Free a running sequence's blocks; it is recomputed (prompt plus what
+    /// it generated) when blocks are available again.
+    fn preempt(&mut self, idx: usize) {
+        let mut seq = self.running.remove(idx);
+        let _ = self.blocks.free(seq.id);
+        seq.computed = 0;
+        tracing::debug!(id = seq.id, tokens = seq.tokens.len(), "preempted");
+        self.preempted.push_front(seq);
+    }
+
+    /// Push events to the streams; a vanished reader cancels its sequence.
+    fn deliver(&mut self) {
+        for s in self.running.iter_mut() {
+            if !s.flush() {
+                s.cancel.store(true, Ordering::Relaxed);
+            }
+        }
+        self.closing.retain_mut(|s| s.flush() && !s.outbox.is_empty());
+    }
+
+    fn fail_all(&mut self, msg: &str) {
+        let mut all: Vec<Seq> = self.running.drain(..).collect();
+        all.extend(self.preempted.drain(..));
+        let queued: Vec<Pending> = self.shared.queue().drain(..).collect();
+        all.extend(queued.into_iter().map(|p| self.new_seq(p)));
+        for s in all {
+            self.fail(s, msg);
+        }
+        for s in self.closing.iter_mut() {
+            let _ = s.flush();
+        }
+        self.publish();
+    }
+}
+
+fn entry(tok: &GgufTokenizer, t: &TokenLogprob) -> LogprobEntry {
+    let bytes = tok.token_bytes(t.token).to_vec();
+    LogprobEntry {
+        token: t.token,
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        bytes,
+        logprob: t.logprob,
+    }
+}

@@ -1,0 +1,365 @@
+//! Continuous batching against single-sequence generation (needs the model;
+//! skips otherwise).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use gcs_engine::{
+    cpu_device, BatchConfig, BatchEngine, ChatMessage, Engine, EngineError, FinishReason, Prompt,
+    SamplingOptions, SamplingParams, SeqEvent, SeqRequest, SeqResult, SeqStream,
+};
+
+struct Collected {
+    tokens: Vec<u32>,
+    deltas: Vec<String>,
+    result: SeqResult,
+}
+
+fn collect(s: SeqStream) -> Collected {
+    let (mut tokens, mut deltas) = (Vec::new(), Vec::new());
+    loop {
+        match s.recv_timeout(Duration::from_secs(120)).expect("event in time") {
+            SeqEvent::Delta { text, token_ids, .. } => {
+                tokens.extend(token_ids);
+                deltas.push(text);
+            }
+            SeqEvent::Done(result) => {
+                assert_eq!(deltas.concat(), result.text, "deltas add up to the text");
+                assert_eq!(tokens.len(), result.completion_tokens);
+                return Collected { tokens, deltas, result };
+            }
+            SeqEvent::Error(e) => panic!("sequence failed: {e}"),
+        }
+    }
+}
+
+fn load() -> Option<(Engine, BatchEngine)> {
+    load_with(BatchConfig { prefill_chunk: 32, ..BatchConfig::default() })
+}
+
+fn load_with(cfg: BatchConfig) -> Option<(Engine, BatchEngine)> {
+    let path = common::smollm_path()?;
+    let reference = Engine::load(&path, &cpu_device()).unwrap();
+    let batch = BatchEngine::start(Engine::load(&path, &cpu_device()).unwrap(), cfg);
+    Some((reference, batch))
+}
+
+const QUESTIONS: [&str; 8] = [
+    "Name a colour.",
+    "What is two plus two? Answer briefly please.",
+    "Write a haiku about the sea.",
+    "List three fruits.",
+    "Why is the sky blue? Explain it to a child in a few sentences, with an example.",
+    "Translate 'good morning' into French.",
+    "Give me a fun fact about octopuses.",
+    "What is the capital of Japan?",
+];
+
+fn chat(q: &str) -> Vec<ChatMessage> {
+    vec![ChatMessage::new("user", q)]
+}
+
+fn greedy_alone(e: &Engine, prompt: &[u32], max: usize) -> Vec<u32> {
+    e.generate_from_tokens(prompt, max, &SamplingParams::greedy(), &[], |_| true).unwrap().token_ids
+}
+
+/// 8 sequences decoded together (with chunked prefill interleaved) give
+/// exactly the greedy tokens of each sequence generated alone.
+#[test]
+fn batched_greedy_matches_generate_alone() {
+    let Some((reference, batch)) = load() else { return };
+    let streams: Vec<SeqStream> = QUESTIONS
+        .iter()
+        .map(|q| batch.submit(SeqRequest::new(Prompt::Chat(chat(q)), 24)).unwrap())
+        .collect();
+    for (q, s) in QUESTIONS.iter().zip(streams) {
+        let prompt = reference.prompt_tokens(&chat(q)).unwrap();
+        assert_eq!(s.prompt_tokens(), prompt.len());
+        let got = collect(s);
+        assert_eq!(got.tokens, greedy_alone(&reference, &prompt, 24), "{q}");
+        assert_eq!(got.result.prompt_tokens, prompt.len());
+    }
+}
+
+/// A prompt sharing a 64-token prefix with an earlier one reuses its
+/// blocks, and the text is the same as without the cache. Other tenants
+/// never share.
+#[test]
+fn prefix_cache_reuses_shared_prefix() {
+    let Some((reference, batch)) = load() else { return };
+    let sys = "You are a helpful assistant for a library. Answer questions about opening hours, \
+               membership, borrowing rules and events. Be concise, friendly and accurate, and \
+               never invent facts you were not given. The library is open from nine in the \
+               morning to six in the evening on weekdays, and from ten to four on Saturdays.";
+    let msgs = |q: &str| vec![ChatMessage::new("system", sys), ChatMessage::new("user", q)];
+    let a = reference.prompt_tokens(&msgs("When do you open?")).unwrap();
+    let b = reference.prompt_tokens(&msgs("Can I borrow ten books at once?")).unwrap();
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared >= 64, "prompts share {shared} tokens");
+    let first = collect(batch.submit(SeqRequest::new(Prompt::Tokens(a), 8)).unwrap());
+    assert_eq!(first.result.cached_tokens, 0);
+    let second = collect(batch.submit(SeqRequest::new(Prompt::Tokens(b.clone()), 24)).unwrap());
+    assert!(second.result.cached_tokens >= 48, "cached {}", second.result.cached_tokens);
+    assert_eq!(second.tokens, greedy_alone(&reference, &b, 24));
+    let other =
+        SeqRequest { tenant: "someone-else".into(), ..SeqRequest::new(Prompt::Tokens(b), 4) };
+    assert_eq!(collect(batch.submit(other).unwrap()).result.cached_tokens, 0);
+}
+
+/// A seed gives the same sampled text whatever runs next to it.
+#[test]
+fn seeded_sampling_is_independent_of_batch_neighbours() {
+    let Some((_, batch)) = load() else { return };
+    let sampled = |q: &str, seed| SeqRequest {
+        sampling: SamplingOptions {
+            temperature: 0.9,
+            top_p: 0.95,
+            top_k: 50,
+            min_p: 0.02,
+            seed,
+            frequency_penalty: 0.3,
+            presence_penalty: 0.2,
+            logit_bias: vec![],
+        },
+        ..SeqRequest::new(Prompt::Chat(chat(q)), 20)
+    };
+    let alone = collect(batch.submit(sampled("Tell me a short fact about the moon.", 7)).unwrap());
+    let mut others: Vec<SeqStream> = QUESTIONS[..4]
+        .iter()
+        .enumerate()
+        .map(|(i, q)| batch.submit(sampled(q, 100 + i as u64)).unwrap())
+        .collect();
+    let again = collect(batch.submit(sampled("Tell me a short fact about the moon.", 7)).unwrap());
+    others.push(batch.submit(sampled(QUESTIONS[5], 3)).unwrap());
+    assert_eq!(alone.tokens, again.tokens);
+    assert_eq!(alone.result.text, again.result.text);
+    for s in others {
+        collect(s);
+    }
+}
+
+/// A stop string spanning a token boundary ends generation; nothing of it
+/// is ever emitted, and the text before it is.
+#[test]
+fn stop_string_split_across_tokens_is_never_emitted() {
+    let Some((reference, batch)) = load() else { return };
+    let q = "Write a detailed story about a lighthouse keeper.";
+    let prompt = reference.prompt_tokens(&chat(q)).unwrap();
+    let toks = greedy_alone(&reference, &prompt, 40);
+    let tk = batch.tokenizer();
+    // A boundary between two alphabetic tokens, well into the text.
+    let i = (5..toks.len() - 1)
+        .find(|&i| {
+            let (x, y) = (tk.decode(&toks[i..=i]), tk.decode(&toks[i + 1..=i + 1]));
+            x.trim().len() >= 2 && y.len() >= 2 && x.is_ascii() && y.is_ascii()
+        })
+        .expect("two ascii tokens");
+    let (x, y) = (tk.decode(&toks[i..=i]), tk.decode(&toks[i + 1..=i + 1]));
+    let stop = format!("{}{}", &x[x.len() - 2..], &y[..2]);
+    let full = tk.decode(&toks);
+    let want = &full[..full.find(&stop).unwrap()];
+    let req =
+        SeqRequest { stop: vec![stop.clone()], ..SeqRequest::new(Prompt::Tokens(prompt), 40) };
+    let got = collect(batch.submit(req).unwrap());
+    assert_eq!(got.result.finish_reason, FinishReason::Stop);
+    assert_eq!(got.result.text, want, "stop {stop:?}");
+    assert!(got.deltas.iter().all(|d| !d.contains(&stop[..2]) || want.contains(d.as_str())));
+    assert!(!got.result.text.contains(&stop));
+}
+
+/// Cancelling (explicitly or by dropping the stream) frees the blocks and
+/// reports the tokens generated so far.
+#[test]
+fn cancel_frees_blocks() {
+    let cfg = BatchConfig { kv_blocks: 64, ..BatchConfig::default() };
+    let Some((_, batch)) = load_with(cfg) else { return };
+    let total = 64 * 16;
+    assert_eq!(batch.free_kv_tokens(), total);
+    let req = SeqRequest {
+        ignore_eos: true,
+        ..SeqRequest::new(Prompt::Chat(chat("Count from one to one thousand.")), 500)
+    };
+    let s = batch.submit(req.clone()).unwrap();
+    let mut n = 0;
+    while n < 3 {
+        if let SeqEvent::Delta { token_ids, .. } = s.recv().unwrap() {
+            n += token_ids.len();
+        }
+    }
+    assert!(batch.free_kv_tokens() < total);
+    s.cancel();
+    let r = loop {
+        match s.recv().unwrap() {
+            SeqEvent::Done(r) => break r,
+            SeqEvent::Delta { .. } => {}
+            SeqEvent::Error(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(r.finish_reason, FinishReason::Cancelled);
+    assert!(r.completion_tokens >= 3 && r.completion_tokens < 500);
+    let dropped = batch.submit(req).unwrap();
+    let _ = dropped.recv();
+    drop(dropped);
+    let t = Instant::now();
+    while (batch.free_kv_tokens() != total || batch.running() != 0) && t.elapsed().as_secs() < 10 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(batch.free_kv_tokens(), total, "all blocks back (cached ones count as free)");
+}
+
+/// A full waiting queue refuses at once with Busy.
+#[test]
+fn full_queue_is_busy() {
+    let cfg = BatchConfig { max_running: 1, max_waiting: 2, ..BatchConfig::default() };
+    let Some((_, batch)) = load_with(cfg) else { return };
+    let req = SeqRequest::new(Prompt::Chat(chat("Write a long poem.")), 64);
+    let results: Vec<_> = (0..10).map(|_| batch.submit(req.clone())).collect();
+    let busy = results.iter().filter(|r| matches!(r, Err(EngineError::Busy { .. }))).count();
+    assert!(busy >= 7, "{busy} busy");
+    let bad = SeqRequest::new(Prompt::Tokens(vec![]), 4);
+    assert!(matches!(batch.submit(bad), Err(EngineError::InvalidRequest(_))));
+    // Shutdown: accepted streams end (with an error event) and new
+    // submissions are refused.
+    batch.shutdown();
+    assert!(matches!(batch.submit(req), Err(EngineError::Stopped)));
+    for s in results.into_iter().flatten() {
+        let mut last = None;
+        while let Some(ev) = s.recv() {
+            last = Some(ev);
+        }
+        assert!(matches!(last, Some(SeqEvent::Error(_) | SeqEvent::Done(_))), "{last:?}");
+    }
+}
+
+/// Too few KV blocks for all sequences: the newest are preempted and
+/// recomputed later, and every sequence still gets its greedy tokens.
+#[test]
+fn preemption_recomputes_to_the_same_tokens() {
+    let cfg = BatchConfig { kv_blocks: 14, prefill_chunk: 64, ..BatchConfig::default() };
+    let Some((reference, batch)) = load_with(cfg) else { return };
+    let qs = &QUESTIONS[2..6];
+    let streams: Vec<SeqStream> = qs
+        .iter()
+        .map(|q| batch.submit(SeqRequest::new(Prompt::Chat(chat(q)), 48)).unwrap())
+        .collect();
+    for (q, s) in qs.iter().zip(streams) {
+        let prompt = reference.prompt_tokens(&chat(q)).unwrap();
+        assert_eq!(collect(s).tokens, greedy_alone(&reference, &prompt, 48), "{q}");
+    }
+}
+
+/// Logprobs come with each token when asked for.
+#[test]
+fn logprobs_are_reported() {
+    let Some((_, batch)) = load() else { return };
+    let req =
+        SeqRequest { logprobs: Some(3), ..SeqRequest::new(Prompt::Chat(chat(QUESTIONS[0])), 6) };
+    let s = batch.submit(req).unwrap();
+    let mut n = 0;
+    while let Some(ev) = s.recv() {
+        match ev {
+            SeqEvent::Delta { token_ids, logprobs, .. } => {
+                assert_eq!(token_ids.len(), logprobs.len());
+                for (t, lp) in token_ids.iter().zip(&logprobs) {
+                    assert_eq!(lp.chosen.token, *t);
+                    assert_eq!(lp.top.len(), 3);
+                    // Greedy: the chosen token is the most likely one.
+                    assert_eq!(lp.top[0].token, *t);
+                    assert!(lp.chosen.logprob <= 0.0);
+                }
+                n += token_ids.len();
+            }
+            SeqEvent::Done(_) => break,
+            SeqEvent::Error(e) => panic!("{e}"),
+        }
+    }
+    assert!(n > 0);
+}
+
+/// n > 1 samples share the prompt's blocks (copy-on-write) and each equals
+/// the same request submitted alone with seed + i; prefill in 7-token
+/// chunks (not block aligned) changes nothing.
+#[test]
+fn n_samples_share_prompt_and_match_single_runs() {
+    let cfg = BatchConfig { prefill_chunk: 7, ..BatchConfig::default() };
+    let Some((reference, batch)) = load_with(cfg) else { return };
+    let q = "Tell me a short fact about the moon.";
+    let req = |seed| SeqRequest {
+        sampling: SamplingOptions {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed,
+            ..SamplingOptions::default()
+        },
+        ..SeqRequest::new(Prompt::Chat(chat(q)), 16)
+    };
+    let streams = batch.submit_n(req(5), 3).unwrap();
+    assert_eq!(streams.len(), 3);
+    let got: Vec<Collected> = streams.into_iter().map(collect).collect();
+    for (i, g) in got.iter().enumerate() {
+        let alone = collect(batch.submit(req(5 + i as u64)).unwrap());
+        assert_eq!(g.tokens, alone.tokens, "sample {i}");
+    }
+    assert_ne!(got[0].tokens, got[1].tokens, "different seeds, different samples");
+    // Greedy with 7-token prefill chunks equals generate.
+    let prompt = reference.prompt_tokens(&chat(q)).unwrap();
+    let g = collect(batch.submit(SeqRequest::new(Prompt::Tokens(prompt.clone()), 16)).unwrap());
+    assert_eq!(g.tokens, greedy_alone(&reference, &prompt, 16));
+    assert!(batch.submit_n(req(1), 0).is_err());
+}
+
+/// Many requests with shared prefixes, a small pool (preemption), random
+/// cancels and dropped streams: every kept stream ends with Done, and all
+/// blocks come back.
+#[test]
+fn stress_cancel_and_preempt_leaks_nothing() {
+    let cfg =
+        BatchConfig { kv_blocks: 24, max_running: 6, prefill_chunk: 48, ..BatchConfig::default() };
+    let Some((_, batch)) = load_with(cfg) else { return };
+    let sys = "You are a terse assistant. Always answer in one or two sentences. ".repeat(3);
+    let mut kept = Vec::new();
+    for i in 0..14usize {
+        let msgs = vec![
+            ChatMessage::new("system", sys.clone()),
+            ChatMessage::new("user", QUESTIONS[i % QUESTIONS.len()]),
+        ];
+        let req = SeqRequest {
+            tenant: format!("t{}", i % 2),
+            ignore_eos: i % 3 == 0,
+            ..SeqRequest::new(Prompt::Chat(msgs), 8 + 5 * (i % 4))
+        };
+        let s = batch.submit(req).unwrap();
+        match i % 4 {
+            0 => drop(s),
+            1 => {
+                s.cancel();
+                kept.push(s);
+            }
+            _ => kept.push(s),
+        }
+    }
+    for s in kept {
+        let mut done = false;
+        while let Ok(ev) = s.recv_timeout(Duration::from_secs(120)) {
+            match ev {
+                SeqEvent::Done(r) => {
+                    assert!(r.completion_tokens <= 23);
+                    done = true;
+                    break;
+                }
+                SeqEvent::Error(e) => panic!("{e}"),
+                SeqEvent::Delta { .. } => {}
+            }
+        }
+        assert!(done, "stream {} ended without Done", s.id());
+    }
+    let t = Instant::now();
+    while (batch.free_kv_tokens() != 24 * 16 || batch.running() != 0) && t.elapsed().as_secs() < 10
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(batch.free_kv_tokens(), 24 * 16);
+    assert_eq!(batch.waiting(), 0);
+}

@@ -1,0 +1,210 @@
+//! The OpenAI-compatible API end to end, over real TCP, with the real
+//! engine, driven by the official SDKs and plain wire-level clients:
+//!
+//! - node A: `--role all` (gateway + worker), the first-start key it prints,
+//!   extra keys made with `gcs-node keys create` while it runs;
+//! - node B: `--role gateway` joined to A over libp2p, small stream buffer
+//!   (two-node streaming, nginx in front, a client reading 1 byte/s);
+//! - node C: `--role gateway` with no worker anywhere (503).
+//!
+//! The checks live in tests/sdk/ (Python SDK, JavaScript SDK, raw SSE);
+//! `scripts/test-deps.sh` installs what they need and the README's test
+//! command exports GCS_PYTHON, GCS_JS_DIR and GCS_NGINX. Without them (a
+//! bare `cargo test`) this test says SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gcs-node");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A node process, killed when dropped.
+struct Node {
+    child: Child,
+    http: u16,
+    p2p: u16,
+    dir: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Node {
+    fn start(dir: &Path, args: &[&str]) -> Node {
+        std::fs::create_dir_all(dir).unwrap();
+        let (http, p2p) = (free_port(), free_port());
+        let log = std::fs::File::create(dir.join("node.log")).unwrap();
+        let child = Command::new(BIN)
+            .args(["--data-dir", dir.to_str().unwrap(), "--no-mdns"])
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{p2p}")])
+            .args(args)
+            .env("RUST_LOG", "info,libp2p=warn")
+            .stdout(if args.contains(&"all") { Stdio::piped() } else { Stdio::null() })
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Node { child, http, p2p, dir: dir.to_path_buf() }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.http)
+    }
+
+    /// The key a first `--role all` start prints on stdout. stdout keeps
+    /// being drained afterwards (a closed pipe would fail the node's prints).
+    fn printed_key(&mut self) -> String {
+        let out = self.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if let Some(k) = line.split_whitespace().find(|w| w.starts_with("gnus_")) {
+                    let _ = tx.try_send(k.to_string());
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!("the node printed no key; see {}", self.dir.join("node.log").display())
+        })
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
+            return (0, String::new());
+        };
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (status, out)
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline {
+            if self.get("/health").0 == 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("node never became healthy; see {}", self.dir.join("node.log").display());
+    }
+}
+
+fn create_key(dir: &Path, extra: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(["keys", "create", "--data-dir", dir.to_str().unwrap()])
+        .args(["--tenant", "acme", "--project", "tests"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn run(what: &str, cmd: &mut Command) {
+    let t = Instant::now();
+    let status = cmd.current_dir(root()).status().unwrap();
+    assert!(status.success(), "{what} failed ({status})");
+    eprintln!("{what}: ok in {:.1}s", t.elapsed().as_secs_f64());
+}
+
+#[test]
+fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
+    let (Ok(python), Ok(js_dir)) = (std::env::var("GCS_PYTHON"), std::env::var("GCS_JS_DIR"))
+    else {
+        eprintln!(
+            "SKIP: GCS_PYTHON/GCS_JS_DIR unset; run `bash scripts/test.sh` (it installs the SDKs)"
+        );
+        return;
+    };
+    let models = std::env::var_os("GCS_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dirs_home().join(".cache/gcs/models"));
+    if !models.join("smollm2-135m-instruct").is_dir() {
+        eprintln!("SKIP: models not found in {}; run scripts/fetch-models.sh", models.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (da, db, dc) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+
+    // C: a gateway alone. B: a gateway that will join A. Keys made before start.
+    std::fs::create_dir_all(&db).unwrap();
+    std::fs::create_dir_all(&dc).unwrap();
+    let key_b = create_key(&db, &[]);
+    let key_c = create_key(&dc, &[]);
+    let mut a = Node::start(&da, &["--role", "all", "--keepalive-ms", "300"]);
+    let key_a = a.printed_key();
+    a.wait_healthy();
+    // Keys created while A runs are picked up without a restart.
+    let key_embed = create_key(&da, &["--models", "gnus-embed"]);
+    let key_rpm1 = create_key(&da, &["--rpm", "1"]);
+    let c = Node::start(&dc, &["--role", "gateway"]);
+    let bootstrap = format!("/ip4/127.0.0.1/tcp/{}", a.p2p);
+    let b = Node::start(
+        &db,
+        &["--role", "gateway", "--bootstrap", &bootstrap, "--stream-buffer-bytes", "16384"],
+    );
+    b.wait_healthy();
+    // No key text anywhere in the data directories.
+    for d in [&da, &db, &dc] {
+        for k in [&key_a, &key_b, &key_c, &key_embed, &key_rpm1] {
+            let f = std::fs::read_to_string(d.join("api_keys.json")).unwrap();
+            assert!(!f.contains(&k[5..]), "key text stored in {}", d.display());
+        }
+    }
+    let env = |cmd: &mut Command| {
+        cmd.env("GCS_BASE_URL", a.url())
+            .env("GCS_KEY", &key_a)
+            .env("GCS_KEY_EMBED", &key_embed)
+            .env("GCS_KEY_RPM1", &key_rpm1)
+            .env("GCS_BASE_URL_EMPTY", c.url())
+            .env("GCS_KEY_EMPTY", &key_c)
+            .env("GCS_BASE_URL_GW", b.url())
+            .env("GCS_KEY_GW", &key_b)
+            .env("GCS_GW_PID", b.child.id().to_string())
+            .env("GCS_JS_DIR", &js_dir);
+    };
+    let mut py = Command::new(&python);
+    py.arg("tests/sdk/openai_python.py");
+    env(&mut py);
+    run("OpenAI Python SDK", &mut py);
+    let mut node = Command::new("node");
+    node.arg("tests/sdk/openai_js.mjs");
+    env(&mut node);
+    run("OpenAI JavaScript SDK", &mut node);
+    let mut raw = Command::new(&python);
+    raw.args(["tests/sdk/streaming.py", "curl", "two_node", "slow_client"]);
+    if std::env::var_os("GCS_NGINX").is_some() {
+        raw.arg("nginx");
+    }
+    env(&mut raw);
+    run("SSE on the wire (curl, two nodes, slow client, nginx)", &mut raw);
+    let (status, metrics) = a.get("/metrics");
+    assert_eq!(status, 200);
+    for m in ["gcs_ttft_seconds_count", "gcs_tokens_generated_total", "gcs_worker_active_jobs 0"] {
+        assert!(metrics.contains(m), "{m} missing from /metrics");
+    }
+}
+
+fn dirs_home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default()
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What the HTTP/SDK tests need beyond the Rust build, installed once into
+# ~/.cache/gcs (idempotent; versions pinned):
+#   - the official OpenAI Python SDK in a virtualenv   (~/.cache/gcs/venv)
+#   - the official OpenAI JavaScript SDK               (~/.cache/gcs/js)
+#   - nginx (Debian's package) for the edge-proxy buffering test
+# Prints the environment the tests read (GCS_PYTHON, GCS_JS_DIR, GCS_NGINX).
+set -euo pipefail
+cache="${GCS_CACHE:-$HOME/.cache/gcs}"
+mkdir -p "$cache"
+OPENAI_PY=3.57.0
+OPENAI_JS=7.59.0
+
+if ! dpkg -s nginx-light >/dev/null 2>&1 && ! dpkg -s nginx >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing nginx ..." >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nginx >/dev/null
+  # The package starts a system nginx on port 80; the tests run their own.
+  $sudo service nginx stop >/dev/null 2>&1 || true
+fi
+
+venv="$cache/venv"
+if ! "$venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_PY')" 2>/dev/null; then
+  echo "installing openai==$OPENAI_PY (Python) ..." >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "openai==$OPENAI_PY" >&2
+fi
+
+js="$cache/js"
+if [ "$(node -e "try{console.log(require('$js/node_modules/openai/package.json').version)}catch(e){}" 2>/dev/null)" != "$OPENAI_JS" ]; then
+  echo "installing openai@$OPENAI_JS (JavaScript) ..." >&2
+  mkdir -p "$js"
+  (cd "$js" && { [ -f package.json ] || npm init -y >/dev/null; } && npm install --silent --no-audit --no-fund "openai@$OPENAI_JS" >&2)
+fi
+
+echo "export GCS_PYTHON=$venv/bin/python"
+echo "export GCS_JS_DIR=$js"
+echo "export GCS_NGINX=$(command -v nginx || echo /usr/sbin/nginx)"

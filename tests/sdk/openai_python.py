@@ -1,0 +1,310 @@
+"""The official OpenAI Python SDK against a running GCS gateway.
+
+Run by node/tests/http_api.rs, which starts the nodes and passes:
+GCS_BASE_URL, GCS_KEY (unrestricted), GCS_KEY_EMBED (embeddings only),
+GCS_KEY_RPM1 (1 request/minute), GCS_BASE_URL_EMPTY + GCS_KEY_EMPTY (a
+gateway with no workers). Every check asserts; the first failure exits 1.
+"""
+import base64
+import json
+import math
+import os
+import struct
+import sys
+import threading
+import time
+
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+BASE = os.environ["GCS_BASE_URL"]
+KEY = os.environ["GCS_KEY"]
+client = OpenAI(base_url=BASE, api_key=KEY, max_retries=0, timeout=120)
+CHAT = "gnus-auto"
+EMBED = "gnus-embed"
+MSG = [{"role": "user", "content": "Name three colours."}]
+# SmolLM2's end-of-text, im_start and im_end tokens: banned, the model runs to max_tokens.
+NO_EOS = {"0": -100, "1": -100, "2": -100}
+
+
+class Raw:
+    """A plain HTTP answer (urllib, so the check does not lean on the SDK)."""
+
+    def __init__(self, status, headers, body):
+        self.status_code, self.headers, self.text = status, headers, body
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def raw(method, url, body=None, headers=None):
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    h = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return Raw(r.status, r.headers, r.read().decode())
+    except urllib.error.HTTPError as e:
+        return Raw(e.code, e.headers, e.read().decode())
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def check(name, fn):
+    t = time.time()
+    fn()
+    print(f"PASS {name} ({time.time() - t:.2f}s)", flush=True)
+
+
+def expect_error(exc_type, status, code, fn, param=None):
+    try:
+        fn()
+    except exc_type as e:
+        assert e.status_code == status, (e.status_code, e)
+        assert e.code == code, (e.code, e)
+        if param is not None:
+            assert e.param == param, (e.param, e)
+        body = e.response.json()
+        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert isinstance(body["error"]["code"], str), body
+        return e
+    raise AssertionError(f"expected {exc_type.__name__} {status}")
+
+
+def models():
+    ids = {m.id for m in client.models.list()}
+    assert {CHAT, "smollm2-135m-instruct", EMBED}.issubset(ids), ids
+    assert client.models.retrieve(CHAT).id == CHAT
+    expect_error(openai.NotFoundError, 404, "model_not_found",
+                 lambda: client.models.retrieve("no-such-model"))
+
+
+blocking = {}
+
+
+def chat_blocking():
+    r = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=24, temperature=0)
+    c = r.choices[0]
+    assert r.object == "chat.completion" and c.message.role == "assistant", r
+    assert c.message.content, r
+    assert c.finish_reason in ("stop", "length"), c
+    u = r.usage
+    assert 0 < u.completion_tokens <= 24 and u.prompt_tokens > 0, u
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens, u
+    assert u.prompt_tokens_details.cached_tokens >= 0, u
+    blocking["text"], blocking["tokens"] = c.message.content, u.completion_tokens
+
+
+def chat_stream():
+    s = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=24, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    text, finishes, usage, n = "", 0, None, 0
+    for ch in s:
+        n += 1
+        assert ch.object == "chat.completion.chunk", ch
+        if ch.usage is not None:
+            assert ch.choices == [], ch
+            usage = ch.usage
+            continue
+        d = ch.choices[0]
+        text += d.delta.content or ""
+        if d.finish_reason is not None:
+            finishes += 1
+    assert finishes == 1, finishes
+    assert usage is not None and usage.completion_tokens == blocking["tokens"], usage
+    assert text == blocking["text"], (text, blocking["text"])
+    assert n >= 3, n
+
+
+def completions():
+    r = client.completions.create(model=CHAT, prompt="The sky is", max_tokens=8, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text, r
+    s = client.completions.create(model=CHAT, prompt="The sky is", max_tokens=8, temperature=0,
+                                  stream=True)
+    text = "".join(c.choices[0].text for c in s if c.choices)
+    assert text == r.choices[0].text, (text, r.choices[0].text)
+
+
+def embeddings():
+    inputs = [f"sentence number {i} about {w}" for i, w in
+              enumerate(["cats", "dogs", "rust", "tea", "rain", "maps", "jazz", "snow", "ants", "gold"])]
+    r = client.embeddings.create(model=EMBED, input=inputs)
+    assert len(r.data) == len(inputs), len(r.data)
+    for i, d in enumerate(r.data):
+        assert d.index == i and len(d.embedding) == 384, (i, len(d.embedding))
+        assert abs(math.sqrt(sum(x * x for x in d.embedding)) - 1) < 1e-3
+    one = client.embeddings.create(model=EMBED, input=inputs[7]).data[0].embedding
+    cos = sum(a * b for a, b in zip(one, r.data[7].embedding))
+    assert cos > 0.999, f"input 7 came back out of order or wrong (cos {cos})"
+    b = client.embeddings.create(model=EMBED, input=inputs[7], encoding_format="base64")
+    # The SDK decodes base64 itself when it asked for it; read the raw answer too.
+    r64 = raw("POST", f"{BASE}/embeddings", {"model": EMBED, "input": inputs[7],
+                                             "encoding_format": "base64"}, AUTH).json()
+    floats = struct.unpack("<384f", base64.b64decode(r64["data"][0]["embedding"]))
+    assert abs(floats[5] - one[5]) < 1e-6, (floats[5], one[5])
+    assert len(b.data[0].embedding) in (384, 2048), len(b.data[0].embedding)
+
+
+def errors():
+    bad = OpenAI(base_url=BASE, api_key="gnus_" + "0" * 64, max_retries=0)
+    expect_error(openai.AuthenticationError, 401, "invalid_api_key",
+                 lambda: bad.chat.completions.create(model=CHAT, messages=MSG))
+    none = raw("POST", f"{BASE}/chat/completions", {"model": CHAT, "messages": MSG})
+    assert none.status_code == 401 and none.json()["error"]["code"] == "invalid_api_key"
+    expect_error(openai.NotFoundError, 404, "model_not_found",
+                 lambda: client.chat.completions.create(model="no-such-model", messages=MSG))
+    expect_error(openai.BadRequestError, 400, "invalid_value",
+                 lambda: client.chat.completions.create(model=CHAT, messages=MSG, temperature=5),
+                 param="temperature")
+    expect_error(openai.BadRequestError, 400, "unsupported_parameter",
+                 lambda: client.chat.completions.create(
+                     model=CHAT, messages=[{"role": "user", "content": [
+                         {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]),
+                 param="messages[0].content[0].type")
+    r = raw("POST", f"{BASE}/chat/completions", b'{"model": "x", "messages": [', AUTH)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    expect_error(openai.APIStatusError, 413, "request_too_large",
+                 lambda: client.chat.completions.create(
+                     model=CHAT, messages=[{"role": "user", "content": "x" * (5 << 20)}]))
+    # Idempotency: the same key and body give the same answer; another body is a 422.
+    h = {"Idempotency-Key": f"idem-{time.time()}"}
+    a = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=4, temperature=0,
+                                       extra_headers=h)
+    b = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=4, temperature=0,
+                                       extra_headers=h)
+    assert a.id == b.id and a.choices[0].message.content == b.choices[0].message.content, (a, b)
+    expect_error(openai.UnprocessableEntityError, 422, "idempotency_key_reused",
+                 lambda: client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=5,
+                                                        extra_headers=h))
+    embed_only = OpenAI(base_url=BASE, api_key=os.environ["GCS_KEY_EMBED"], max_retries=0)
+    expect_error(openai.PermissionDeniedError, 403, "permission_denied",
+                 lambda: embed_only.chat.completions.create(model=CHAT, messages=MSG),
+                 param="model")
+    embed_only.embeddings.create(model=EMBED, input="allowed")
+    rpm1 = OpenAI(base_url=BASE, api_key=os.environ["GCS_KEY_RPM1"], max_retries=0)
+    rpm1.embeddings.create(model=EMBED, input="first")
+    e = expect_error(openai.RateLimitError, 429, "rate_limit_exceeded",
+                     lambda: rpm1.embeddings.create(model=EMBED, input="second"))
+    assert int(e.response.headers["retry-after"]) >= 1, e.response.headers
+    empty = OpenAI(base_url=os.environ["GCS_BASE_URL_EMPTY"], api_key=os.environ["GCS_KEY_EMPTY"],
+                   max_retries=0)
+    expect_error(openai.InternalServerError, 503, "gnus_no_capable_nodes",
+                 lambda: empty.chat.completions.create(model=CHAT, messages=MSG))
+    expect_error(openai.APIStatusError, 504, "gnus_wall_timeout",
+                 lambda: client.chat.completions.create(
+                     model=CHAT, messages=MSG, max_tokens=3000, logit_bias=NO_EOS,
+                     extra_body={"gnus": {"limits": {"wall_timeout_ms": 300}}}))
+
+
+def metric(name):
+    text = raw("GET", BASE.replace("/v1", "/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def usage_of(job_id, deadline_s=10):
+    end = time.time() + deadline_s
+    while time.time() < end:
+        r = raw("GET", f"{BASE}/usage", None, AUTH).json()
+        for u in r["data"]:
+            if u["job_id"] == job_id:
+                return u
+        time.sleep(0.1)
+    raise AssertionError(f"no usage record for {job_id}")
+
+
+def abort_mid_stream():
+    s = client.chat.completions.create(model=CHAT, max_tokens=1500, temperature=0,
+                                       messages=[{"role": "user", "content": "Tell a long story."}],
+                                       stream=True)
+    job = s.response.headers["x-request-id"]
+    got = 0
+    for ch in s:
+        if ch.choices and ch.choices[0].delta.content:
+            got += 1
+        if got == 5:
+            break
+    s.close()
+    t0 = time.time()
+    while metric("gcs_worker_active_jobs") > 0:
+        assert time.time() - t0 < 1.0, "the worker still runs the job 1 s after the disconnect"
+        time.sleep(0.02)
+    stopped = time.time() - t0
+    u = usage_of(job)
+    assert u["cancellation_reason"] == "client_disconnected", u
+    assert u["output_tokens_sent_to_client"] >= 5, u
+    assert u["output_tokens_generated"] >= u["output_tokens_sent_to_client"], u
+    print(f"  worker idle {stopped * 1000:.0f} ms after disconnect; generated "
+          f"{u['output_tokens_generated']}, delivered {u['output_tokens_sent_to_client']}")
+
+
+def concurrent_streams():
+    results, errs = [None] * 16, []
+
+    def one(i):
+        try:
+            s = client.chat.completions.create(
+                model=CHAT, max_tokens=16, temperature=0, stream=True,
+                stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": f"Say something about the number {i}."}])
+            text, fin, usage = "", 0, None
+            for ch in s:
+                if ch.usage:
+                    usage = ch.usage
+                elif ch.choices:
+                    text += ch.choices[0].delta.content or ""
+                    fin += ch.choices[0].finish_reason is not None
+            results[i] = (text, fin, usage)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errs.append((i, repr(e)))
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs, errs
+    for i, (text, fin, usage) in enumerate(results):
+        assert text and fin == 1 and usage and 0 < usage.completion_tokens <= 16, (i, text, usage)
+
+
+def large_response():
+    # Banning the end-of-text tokens makes the model run to max_tokens.
+    s = client.chat.completions.create(
+        model=CHAT, max_tokens=2000, temperature=0, stream=True,
+        stream_options={"include_usage": True}, logit_bias=NO_EOS,
+        messages=[{"role": "user", "content": "Write a very long essay about the sea."}])
+    chunks, text, finish, usage = 0, "", None, None
+    for ch in s:
+        if ch.usage:
+            usage = ch.usage
+        elif ch.choices:
+            chunks += 1
+            text += ch.choices[0].delta.content or ""
+            finish = ch.choices[0].finish_reason or finish
+    assert finish == "length", finish
+    assert usage.completion_tokens == 2000, usage
+    assert chunks > 1000 and len(text) > 2000, (chunks, len(text))
+
+
+CHECKS = {
+    "models": models, "chat_blocking": chat_blocking, "chat_stream": chat_stream,
+    "completions": completions, "embeddings": embeddings, "errors": errors,
+    "abort_mid_stream": abort_mid_stream, "concurrent_streams": concurrent_streams,
+    "large_response": large_response,
+}
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(CHECKS)
+    for n in names:
+        try:
+            check(n, CHECKS[n])
+        except Exception as e:  # noqa: BLE001 - the harness reads the message
+            print(f"FAIL {n}: {e!r}", flush=True)
+            raise SystemExit(1)
