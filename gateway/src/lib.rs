@@ -135,5 +135,44 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         .method_not_allowed_fallback(handlers::method_not_allowed)
         // Bodies are read with our own limit so that 413 is an OpenAI envelope.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(cors))
         .with_state(state)
+}
+
+/// Browser apps call the API cross-origin with a bearer key (no cookies),
+/// so any origin may: the key, not the origin, is the credential.
+async fn cors(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::{header, HeaderValue, Method};
+    let mut r =
+        if req.method() == Method::OPTIONS { cors_preflight() } else { next.run(req).await };
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("x-request-id, x-gcs-job-id, x-gcs-node-id, retry-after"),
+    );
+    r
+}
+
+/// `OPTIONS` on any path: the CORS preflight.
+fn cors_preflight() -> axum::response::Response {
+    use axum::http::{header, HeaderValue, StatusCode};
+    use axum::response::IntoResponse;
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static(
+            "authorization, content-type, idempotency-key, openai-organization, openai-project, \
+             x-stainless-os, x-stainless-lang, x-stainless-package-version, x-stainless-runtime, \
+             x-stainless-runtime-version, x-stainless-arch, x-stainless-retry-count, \
+             x-stainless-timeout",
+        ),
+    );
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    r
 }

@@ -5,7 +5,8 @@
 //!   extra keys made with `gcs-node keys create` while it runs;
 //! - node B: `--role gateway` joined to A over libp2p, small stream buffer
 //!   (two-node streaming, nginx in front, a client reading 1 byte/s);
-//! - node C: `--role gateway` with no worker anywhere (503).
+//! - node C: `--role gateway` with no worker anywhere (503);
+//! - headless Chromium streaming with fetch() from a page.
 //!
 //! The checks live in tests/sdk/ (Python SDK, JavaScript SDK, raw SSE);
 //! `scripts/test-deps.sh` installs what they need and the README's test
@@ -198,6 +199,12 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
     }
     env(&mut raw);
     run("SSE on the wire (curl, two nodes, slow client, nginx)", &mut raw);
+    if let Ok(chromium) = std::env::var("GCS_CHROMIUM") {
+        let mut page = Command::new("node");
+        page.arg("tests/sdk/browser.mjs").env("GCS_CHROMIUM", chromium);
+        env(&mut page);
+        run("headless Chromium fetch streaming", &mut page);
+    }
     let (status, metrics) = a.get("/metrics");
     assert_eq!(status, 200);
     for m in ["gcs_ttft_seconds_count", "gcs_tokens_generated_total", "gcs_worker_active_jobs 0"] {

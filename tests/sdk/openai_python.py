@@ -149,6 +149,20 @@ def embeddings():
     assert len(b.data[0].embedding) in (384, 2048), len(b.data[0].embedding)
 
 
+def cached_prefix():
+    """A second request sharing a long prefix reports the reused KV tokens."""
+    system = {"role": "system", "content": "You are a terse assistant for a shipping company. " * 8}
+    first = client.chat.completions.create(model=CHAT, max_tokens=4, temperature=0,
+                                           messages=[system, {"role": "user", "content": "Hi."}])
+    second = client.chat.completions.create(model=CHAT, max_tokens=4, temperature=0,
+                                            messages=[system, {"role": "user", "content": "Bye."}])
+    c1 = first.usage.prompt_tokens_details.cached_tokens
+    c2 = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens >= 64, first.usage
+    assert c2 >= 48 and c2 < second.usage.prompt_tokens, (c1, c2, second.usage)
+    print(f"  cached_tokens: first {c1}, second {c2} of {second.usage.prompt_tokens}")
+
+
 def errors():
     bad = OpenAI(base_url=BASE, api_key="gnus_" + "0" * 64, max_retries=0)
     expect_error(openai.AuthenticationError, 401, "invalid_api_key",
@@ -295,7 +309,8 @@ def large_response():
 
 CHECKS = {
     "models": models, "chat_blocking": chat_blocking, "chat_stream": chat_stream,
-    "completions": completions, "embeddings": embeddings, "errors": errors,
+    "completions": completions, "embeddings": embeddings, "cached_prefix": cached_prefix,
+    "errors": errors,
     "abort_mid_stream": abort_mid_stream, "concurrent_streams": concurrent_streams,
     "large_response": large_response,
 }

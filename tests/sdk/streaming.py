@@ -59,6 +59,13 @@ def curl():
     events = check_frames(body)
     assert events[0] == ": gcs job accepted", events[0]
     assert ": keepalive" in events, "no keepalive comment during a long prefill"
+    # CORS: a browser app on another origin may call the API with its key.
+    pre = subprocess.run(["curl", "-s", "-i", "-X", "OPTIONS", f"{A}/chat/completions",
+                          "-H", "Origin: https://app.example", "-H",
+                          "Access-Control-Request-Headers: authorization, content-type"],
+                         capture_output=True, check=True, timeout=30).stdout.decode().lower()
+    assert pre.startswith("http/1.1 204"), pre
+    assert "access-control-allow-origin: *" in pre and "authorization" in pre, pre
 
 
 def sse_arrivals(base, key, body, rcvbuf=None):
