@@ -144,6 +144,10 @@ fn finish(f: gcs_engine::FinishReason) -> FinishReason {
 }
 
 impl Executor for EngineExecutor {
+    fn free_kv_tokens(&self) -> u64 {
+        self.chat.as_ref().map_or(0, |(_, e)| e.free_kv_tokens() as u64)
+    }
+
     fn run(
         &self,
         req: &ExecRequest,

@@ -444,6 +444,7 @@ impl Runtime {
                 accepts_public_jobs: true,
                 max_concurrent_api_jobs: self.config.max_concurrent_jobs as u32,
                 current_api_jobs: self.worker.as_ref().map_or(0, |w| w.load()) as u32,
+                free_kv_tokens: self.worker.as_ref().map_or(0, |w| w.executor.free_kv_tokens()),
                 ..Default::default()
             },
             trust: Trust::default(),

@@ -360,6 +360,10 @@ async fn a_gateway_restart_leaves_no_job_hanging() {
     )
     .unwrap();
     assert_eq!(res.error.unwrap().code, "gnus_gateway_restarted");
+    // The recovered job bills what its client had received before the restart.
+    let u = usage(&gw, &job);
+    assert!(u.output_tokens_sent_to_client >= 3, "{u:?}");
+    assert!(u.output_tokens_generated >= u.output_tokens_sent_to_client, "{u:?}");
     // The worker was told to stop (or stopped when its gateway vanished).
     let t = Instant::now();
     loop {

@@ -44,4 +44,9 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32) -> bool,
     ) -> Result<ExecOutcome, String>;
+
+    /// Free KV-cache capacity in tokens, advertised in registrations.
+    fn free_kv_tokens(&self) -> u64 {
+        0
+    }
 }

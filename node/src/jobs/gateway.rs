@@ -53,6 +53,19 @@ fn idempotency_key(tenant: &str, key: &str) -> String {
     format!("/gcs/local/idempotency/{}", h.finalize().to_hex())
 }
 
+/// Tokens of the fenced stream recorded for a job (what its client got).
+fn recorded_tokens(keyspace: &Keyspace, job_id: &str) -> Result<u64, NodeError> {
+    Ok(keyspace
+        .scan_prefix(&format!("/gcs/api/streams/{job_id}/"))?
+        .into_iter()
+        .filter_map(|(_, v)| {
+            let b = v.as_register().and_then(|r| r.value())?;
+            gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::StreamChunk>(b).ok()
+        })
+        .map(|c| u64::from(c.usage_delta.output_tokens))
+        .sum())
+}
+
 /// What the gateway needs from the node.
 pub(crate) struct Ctx<'a> {
     pub key: &'a NodeKey,
@@ -162,6 +175,7 @@ impl GatewayState {
             });
             let (mut tracker, _) = JobTracker::new(job.clone(), ctx.tracker, now);
             tracker.restore_lease(lease);
+            tracker.restore_delivered(recorded_tokens(ctx.keyspace, id)?);
             let effects =
                 tracker.handle(Input::Cancel(CancellationReason::Admin), now, ctx.key, ctx.limits);
             let (tx, _rx) = mpsc::channel(1);

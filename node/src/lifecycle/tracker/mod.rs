@@ -106,6 +106,8 @@ pub struct JobTracker {
     compute_ms: u64,
     cancellation: Option<CancellationReason>,
     ever_leased: bool,
+    /// Delivered before a gateway restart (see `restore_delivered`).
+    restored_delivered: u64,
 }
 
 fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
@@ -132,6 +134,7 @@ impl JobTracker {
             compute_ms: 0,
             cancellation: None,
             ever_leased: false,
+            restored_delivered: 0,
             job,
         };
         let publish = Effect::Publish(Box::new(t.job.clone()));
@@ -148,6 +151,14 @@ impl JobTracker {
         }
     }
 
+    /// Re-attaches what the client had received before a gateway restart
+    /// (the fenced stream is recorded), so the usage record of a recovered
+    /// job bills what was delivered and generated, not zero.
+    pub fn restore_delivered(&mut self, tokens: u64) {
+        self.restored_delivered = tokens;
+        self.generated_tokens = self.generated_tokens.max(tokens);
+    }
+
     /// Current state (26.13.1).
     pub fn state(&self) -> JobState {
         self.state
@@ -160,7 +171,7 @@ impl JobTracker {
 
     /// Tokens forwarded to the client.
     pub fn delivered_tokens(&self) -> u64 {
-        self.fence.delivered_tokens()
+        self.fence.delivered_tokens() + self.restored_delivered
     }
 
     fn set(&mut self, s: JobState) {
@@ -495,7 +506,7 @@ impl JobTracker {
             lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()),
             reason,
             last_sequence_sent: self.fence.next_seq().checked_sub(1),
-            partial_usage: PartialUsage { output_tokens_sent: self.fence.delivered_tokens() },
+            partial_usage: PartialUsage { output_tokens_sent: self.delivered_tokens() },
             created_at_ms: now,
             signature: None,
         };
@@ -538,8 +549,8 @@ impl JobTracker {
             network: j.routing.network,
             input_tokens: self.input_tokens,
             cached_tokens: self.cached_tokens,
-            output_tokens_generated: self.generated_tokens.max(self.fence.delivered_tokens()),
-            output_tokens_sent_to_client: self.fence.delivered_tokens(),
+            output_tokens_generated: self.generated_tokens.max(self.delivered_tokens()),
+            output_tokens_sent_to_client: self.delivered_tokens(),
             embedding_tokens: 0,
             retrieval_chunks: 0,
             child_jobs: 0,
