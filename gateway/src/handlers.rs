@@ -162,7 +162,7 @@ pub(crate) async fn usage(
             .backend
             .usage(&key.id, since, until)
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        recs.sort_by(|a, b| b.created_at_ms.cmp(&a.created_at_ms));
+        recs.sort_by_key(|r| std::cmp::Reverse(r.created_at_ms));
         let has_more = recs.len() > limit;
         recs.truncate(limit);
         let data: Vec<Value> = recs
