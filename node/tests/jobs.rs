@@ -194,6 +194,16 @@ async fn two_workers_race_exactly_one_wins_and_the_stream_is_fenced_in_order() {
     let recorded = net.gw.keyspace().scan_prefix(&format!("/gcs/api/streams/{job}/")).unwrap();
     assert_eq!(recorded.len(), 13, "every forwarded chunk is recorded in the keyspace");
     assert_eq!(u.node_id.as_ref(), nodes.iter().next());
+    // Both signed claims are on record, the winner's among them.
+    let claims = net.gw.keyspace().get(&format!("/gcs/api/claims/{job}")).unwrap().unwrap();
+    let claims: Vec<gcs_protocol::JobClaim> = claims
+        .as_set()
+        .unwrap()
+        .elements()
+        .map(|b| gcs_protocol::codec::from_cbor_bytes(b).unwrap())
+        .collect();
+    assert!(!claims.is_empty() && claims.len() <= 2, "{} claims recorded", claims.len());
+    assert!(claims.iter().any(|c| Some(&c.node_id) == u.node_id.as_ref()));
     for w in net.workers.into_iter().flatten() {
         w.shutdown().await;
     }

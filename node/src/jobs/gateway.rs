@@ -344,6 +344,14 @@ impl GatewayState {
                 }
                 let (job_id, input) = match msg {
                     Message::JobClaim(c) => {
+                        // Every signed claim for a live job is kept (winners
+                        // and losers): the audit trail of first-valid-claim.
+                        if self.active.contains_key(&c.job_id) {
+                            let key = format!("/gcs/api/claims/{}", c.job_id);
+                            if let Err(e) = ctx.keyspace.set_add(&key, &bytes, now_ms()) {
+                                tracing::warn!(job_id = %c.job_id, error = %e, "claim not recorded");
+                            }
+                        }
                         let reg = ctx
                             .registry
                             .lock()
