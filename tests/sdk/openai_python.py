@@ -233,7 +233,7 @@ def usage_of(job_id, deadline_s=10):
     raise AssertionError(f"no usage record for {job_id}")
 
 
-def abort_mid_stream():
+def abort_once():
     s = client.chat.completions.create(model=CHAT, max_tokens=1500, temperature=0,
                                        messages=[{"role": "user", "content": "Tell a long story."}],
                                        stream=True)
@@ -253,9 +253,21 @@ def abort_mid_stream():
     u = usage_of(job)
     assert u["cancellation_reason"] == "client_disconnected", u
     assert u["output_tokens_sent_to_client"] >= 5, u
+    # The worker's own metering (it stopped a few tokens after the client
+    # left) arrives with its cancelled result and updates the record.
+    end = time.time() + 3
+    while u["output_tokens_generated"] <= u["output_tokens_sent_to_client"] and time.time() < end:
+        time.sleep(0.1)
+        u = usage_of(job)
     assert u["output_tokens_generated"] >= u["output_tokens_sent_to_client"], u
     print(f"  worker idle {stopped * 1000:.0f} ms after disconnect; generated "
           f"{u['output_tokens_generated']}, delivered {u['output_tokens_sent_to_client']}")
+    return u["output_tokens_generated"] > u["output_tokens_sent_to_client"]
+
+
+def abort_mid_stream():
+    billed_more = [abort_once() for _ in range(3)]
+    assert any(billed_more), "generated never exceeded delivered after a disconnect"
 
 
 def concurrent_streams():

@@ -53,6 +53,39 @@ fn idempotency_key(tenant: &str, key: &str) -> String {
     format!("/gcs/local/idempotency/{}", h.finalize().to_hex())
 }
 
+/// The metered result of a job that already ended at the gateway (the
+/// client cancelled; the worker stopped a few tokens later): if it comes
+/// from the recorded lease holder under that lease, the job's usage record
+/// is re-signed with what the worker really generated and consumed. The
+/// record stays the job's only one.
+fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<bool, NodeError> {
+    let Some(m) = &r.metering else { return Ok(false) };
+    let job = &r.job_id;
+    let Some(lease) = ctx.keyspace.get_bytes(&format!("/gcs/api/leases/{job}"))? else {
+        return Ok(false);
+    };
+    let lease: gcs_protocol::LeaseGrant = gcs_protocol::codec::from_cbor_bytes(&lease)?;
+    if r.node_id != lease.node_id || r.lease_id.as_deref() != Some(lease.lease_id.as_str()) {
+        return Ok(false);
+    }
+    let key = format!("/gcs/api/usage/{job}");
+    let Some(bytes) = ctx.keyspace.get_bytes(&key)? else { return Ok(false) };
+    let mut u: gcs_protocol::UsageRecord = gcs_protocol::codec::from_cbor_bytes(&bytes)?;
+    let generated = u.output_tokens_generated.max(m.output_tokens);
+    if generated == u.output_tokens_generated && u.input_tokens > 0 {
+        return Ok(true);
+    }
+    u.output_tokens_generated = generated;
+    u.input_tokens = u.input_tokens.max(m.input_tokens);
+    u.cached_tokens = u.cached_tokens.max(m.cached_tokens.min(u.input_tokens));
+    u.compute_ms = u.compute_ms.max(m.compute_ms);
+    u.signature = None;
+    sign(&mut u, ctx.key)?;
+    ctx.keyspace.put(&key, gcs_protocol::encode(&u)?, now_ms())?;
+    tracing::debug!(job_id = %job, generated, "usage updated with the worker's late metering");
+    Ok(true)
+}
+
 /// Tokens of the fenced stream recorded for a job (what its client got).
 fn recorded_tokens(keyspace: &Keyspace, job_id: &str) -> Result<u64, NodeError> {
     Ok(keyspace
@@ -371,6 +404,11 @@ impl GatewayState {
                     }
                 };
                 if !self.active.contains_key(&job_id) {
+                    if let Input::Result(r) = &input {
+                        if late_metering(r, ctx).unwrap_or(false) {
+                            return JobResponse::Ack;
+                        }
+                    }
                     return JobResponse::Refused("unknown or finished job".into());
                 }
                 match self.feed(&job_id, input, ctx).await {

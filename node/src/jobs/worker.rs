@@ -24,6 +24,19 @@ use crate::error::NodeError;
 use crate::network::Network;
 use crate::node::now_ms;
 
+fn metering(o: &ExecOutcome, compute_ms: u64, first_token_ms: u64) -> Metering {
+    Metering {
+        input_tokens: o.input_tokens,
+        output_tokens: o.output_tokens,
+        tokens_sent_to_client: 0,
+        cached_tokens: o.cached_tokens.min(o.input_tokens),
+        compute_ms,
+        first_token_ms,
+        child_jobs: 0,
+        cost_gnus: "0".into(),
+    }
+}
+
 /// Announced jobs a busy worker remembers.
 const BACKLOG: usize = 256;
 
@@ -267,15 +280,23 @@ impl WorkerState {
                 let _ = self.send(gateway, gcs_protocol::encode(&last)?).await;
                 self.result(&job, &lease, &claim, Ok(&o), seq + 1, compute_ms, first_token_ms)?
             }
-            Ok(_) => self.result(
-                &job,
-                &lease,
-                &claim,
-                Err(("cancelled", "gnus_cancelled", "cancelled")),
-                seq,
-                compute_ms,
-                first_token_ms,
-            )?,
+            Ok(o) => {
+                // Cancelled: the result still meters what the engine generated
+                // (more than the client got), so the gateway can bill it.
+                let mut r = self.result(
+                    &job,
+                    &lease,
+                    &claim,
+                    Err(("cancelled", "gnus_cancelled", "cancelled")),
+                    seq,
+                    compute_ms,
+                    first_token_ms,
+                )?;
+                r.metering = Some(metering(&o, compute_ms, first_token_ms));
+                r.signature = None;
+                sign(&mut r, &self.key)?;
+                r
+            }
             Err(e) => self.result(
                 &job,
                 &lease,
@@ -370,16 +391,7 @@ impl WorkerState {
                     body: o.body.clone(),
                 }),
                 None,
-                Some(Metering {
-                    input_tokens: o.input_tokens,
-                    output_tokens: o.output_tokens,
-                    tokens_sent_to_client: 0,
-                    cached_tokens: o.cached_tokens.min(o.input_tokens),
-                    compute_ms,
-                    first_token_ms,
-                    child_jobs: 0,
-                    cost_gnus: "0".into(),
-                }),
+                Some(metering(o, compute_ms, first_token_ms)),
             ),
             Err((kind, code, message)) => (
                 if code == "gnus_cancelled" {
