@@ -186,7 +186,8 @@ async fn admit(
     };
     // Bytes / 4 is a generous token estimate for English text; it is
     // replaced by the metered count when the request ends.
-    let estimate = (parsed.prompt_chars as u64).div_ceil(4) + parsed.max_tokens;
+    let estimate =
+        ((parsed.prompt_chars as u64).div_ceil(4) + parsed.max_tokens) * u64::from(parsed.n);
     let mut flight = InFlight {
         state: state.clone(),
         key,
@@ -289,26 +290,27 @@ struct Collected {
     result: Box<FinalResult>,
 }
 
-/// Waits for a job's end, gathering its fenced chunks.
+/// Waits for one job's end, gathering its fenced chunks. On the edge's own
+/// timeout the job is cancelled here.
 async fn collect(
-    f: &mut InFlight,
+    state: &AppState,
+    started: Instant,
+    limits: &JobLimits,
     job_id: &str,
-    rx: &mut mpsc::Receiver<JobEvent>,
+    mut rx: mpsc::Receiver<JobEvent>,
 ) -> Result<Collected, ApiError> {
-    let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + EDGE_GRACE;
-    let idle = Duration::from_millis(f.limits.idle_stream_timeout_ms) + EDGE_GRACE;
+    let wall = started + Duration::from_millis(limits.wall_timeout_ms) + EDGE_GRACE;
+    let idle = Duration::from_millis(limits.idle_stream_timeout_ms) + EDGE_GRACE;
     let (mut text, mut tokens, mut finish, mut leases) = (String::new(), 0u64, None, 0);
     loop {
         let deadline =
             if tokens > 0 { wall.min(tokio::time::Instant::now().into_std() + idle) } else { wall };
         let ev = match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
             Ok(Some(ev)) => ev,
-            Ok(None) => {
-                f.ended(job_id);
-                return Err(ApiError::internal("the network dropped the request"));
-            }
+            Ok(None) => return Err(ApiError::internal("the network dropped the request")),
             Err(_) => {
-                f.cancel(job_id, CancellationReason::Timeout).await;
+                state.metrics.cancellation(CancellationReason::Timeout.as_str());
+                state.backend.cancel(job_id.to_string(), CancellationReason::Timeout).await;
                 let code = if tokens > 0 { "gnus_idle_timeout" } else { "gnus_wall_timeout" };
                 return Err(ApiError::timeout(code, "the request timed out in the network"));
             }
@@ -317,9 +319,9 @@ async fn collect(
             JobEvent::Leased { .. } => {
                 leases += 1;
                 if leases == 1 {
-                    f.state.metrics.claim.observe(f.started.elapsed().as_secs_f64());
+                    state.metrics.claim.observe(started.elapsed().as_secs_f64());
                 } else {
-                    f.state.metrics.requeues.fetch_add(1, Ordering::Relaxed);
+                    state.metrics.requeues.fetch_add(1, Ordering::Relaxed);
                 }
             }
             JobEvent::Chunk(c) => {
@@ -330,7 +332,6 @@ async fn collect(
                 finish = finish.or(c.finish_reason);
             }
             JobEvent::Completed(r) => {
-                f.ended(job_id);
                 if tokens == 0 && text.is_empty() {
                     // A repeat of an idempotent request hears only the stored
                     // result: its text is in the worker's answer.
@@ -345,16 +346,25 @@ async fn collect(
                 }
                 return Ok(Collected { text, tokens, finish, result: r });
             }
-            JobEvent::Failed { error, .. } => {
-                f.ended(job_id);
-                return Err(ApiError::from_info(&error));
-            }
+            JobEvent::Failed { error, .. } => return Err(ApiError::from_info(&error)),
             JobEvent::Cancelled => {
-                f.ended(job_id);
-                return Err(ApiError::unavailable("the request was cancelled in the network"));
+                return Err(ApiError::unavailable("the request was cancelled in the network"))
             }
         }
     }
+}
+
+/// The body of choice `i` of `n`: its own seed when one was given, so the
+/// choices differ under sampling the way OpenAI's do.
+fn choice_body(body: &serde_json::Map<String, Value>, i: u32) -> Result<Vec<u8>, ApiError> {
+    let mut b = body.clone();
+    b.remove("n");
+    if i > 0 {
+        if let Some(seed) = b.get("seed").and_then(Value::as_i64) {
+            b.insert("seed".into(), json!(seed.wrapping_add(i64::from(i))));
+        }
+    }
+    serde_json::to_vec(&b).map_err(|e| ApiError::internal(e.to_string()))
 }
 
 fn with_job_headers(mut r: Response, job_id: &str, worker: &str) -> Response {
@@ -368,36 +378,68 @@ fn with_job_headers(mut r: Response, job_id: &str, worker: &str) -> Response {
 
 async fn generate(state: Arc<AppState>, api: ApiType, req: Request) -> Result<Response, ApiError> {
     let (mut f, idem) = admit(&state, api, req).await?;
-    let body = serde_json::to_vec(&f.parsed.body).map_err(|e| ApiError::internal(e.to_string()))?;
-    let (job_id, mut rx) = submit(&mut f, body, idem.unwrap_or_else(fresh_idempotency_key)).await?;
+    let idem = idem.unwrap_or_else(fresh_idempotency_key);
+    let n = f.parsed.n;
+    let mut jobs = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let body = choice_body(&f.parsed.body, i)?;
+        let key = if n == 1 { idem.clone() } else { format!("{idem}#{i}") };
+        jobs.push(submit(&mut f, body, key).await?);
+    }
     if f.parsed.stream {
-        return Ok(crate::sse::respond(f, job_id, rx));
+        return Ok(crate::sse::respond(f, jobs));
     }
-    let c = collect(&mut f, &job_id, &mut rx).await?;
-    let m = c.result.metering.as_ref();
-    f.used_tokens = m.map(|m| m.input_tokens + m.output_tokens);
-    let finish = c.finish.map_or_else(|| result_finish(&c.result), |x| x.as_str().to_string());
-    let usage = usage_json(m, c.tokens);
-    if let Some(m) = m {
-        state.metrics.tokens_generated.fetch_add(m.output_tokens, Ordering::Relaxed);
+    let first_job = jobs[0].0.clone();
+    let waits = jobs.into_iter().map(|(job_id, rx)| {
+        let (state, limits, started) = (&state, &f.limits, f.started);
+        async move {
+            let r = collect(state, started, limits, &job_id, rx).await;
+            (job_id, r)
+        }
+    });
+    let mut done = vec![];
+    for (job_id, r) in futures::future::join_all(waits).await {
+        f.ended(&job_id);
+        done.push(r);
     }
-    state.metrics.tokens_delivered.fetch_add(c.tokens, Ordering::Relaxed);
-    let id = response_id(api, &job_id);
-    let (model, created) = (&f.parsed.model, f.created_s);
-    let body = if api == ApiType::ChatCompletion {
-        json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-               "system_fingerprint": null,
-               "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text,
-                                                     "refusal": null},
-                            "logprobs": null, "finish_reason": finish}],
-               "usage": usage})
-    } else {
-        json!({"id": id, "object": "text_completion", "created": created, "model": model,
-               "system_fingerprint": null,
-               "choices": [{"index": 0, "text": c.text, "logprobs": null, "finish_reason": finish}],
-               "usage": usage})
-    };
-    Ok(with_job_headers(json_body(&body), &job_id, &c.result.node_id.to_string()))
+    let done = done.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let metering: Vec<Option<&Metering>> =
+        done.iter().map(|c| c.result.metering.as_ref()).collect();
+    // One prompt, n completions (OpenAI's accounting for n > 1).
+    let prompt = metering.first().copied().flatten().cloned().unwrap_or_default();
+    let completion: u64 = done
+        .iter()
+        .zip(&metering)
+        .map(|(c, m)| m.map_or(c.tokens, |m| m.output_tokens.max(c.tokens)))
+        .sum();
+    let total = Metering { output_tokens: completion, ..prompt.clone() };
+    f.used_tokens = Some(prompt.input_tokens + completion);
+    state.metrics.tokens_generated.fetch_add(completion, Ordering::Relaxed);
+    state
+        .metrics
+        .tokens_delivered
+        .fetch_add(done.iter().map(|c| c.tokens).sum(), Ordering::Relaxed);
+    let usage = usage_json(Some(&total), completion);
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let finish = c.finish.map_or_else(|| result_finish(&c.result), |x| x.as_str().into());
+            if api == ApiType::ChatCompletion {
+                json!({"index": i, "message": {"role": "assistant", "content": c.text,
+                                               "refusal": null},
+                       "logprobs": null, "finish_reason": finish})
+            } else {
+                json!({"index": i, "text": c.text, "logprobs": null, "finish_reason": finish})
+            }
+        })
+        .collect();
+    let object = if api == ApiType::ChatCompletion { "chat.completion" } else { "text_completion" };
+    let body = json!({"id": response_id(api, &first_job), "object": object,
+                      "created": f.created_s, "model": f.parsed.model,
+                      "system_fingerprint": null, "choices": choices, "usage": usage});
+    let workers: Vec<String> = done.iter().map(|c| c.result.node_id.to_string()).collect();
+    Ok(with_job_headers(json_body(&body), &first_job, &workers.join(",")))
 }
 
 /// `POST /v1/chat/completions`.
@@ -445,6 +487,7 @@ async fn embed(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
         let body = serde_json::to_vec(&body).map_err(|e| ApiError::internal(e.to_string()))?;
         jobs.push(submit(&mut f, body, format!("{idem}#{i}")).await?);
     }
+    let first_job = jobs.first().map(|j| j.0.clone()).unwrap_or_default();
     let mut waits = vec![];
     for (job_id, mut rx) in jobs {
         let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + EDGE_GRACE;
@@ -522,5 +565,5 @@ async fn embed(state: Arc<AppState>, req: Request) -> Result<Response, ApiError>
     let body = json!({"object": "list", "data": data, "model": f.parsed.model,
                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}});
     let r = json_body(&body);
-    Ok(with_job_headers(r, "", &workers.join(",")))
+    Ok(with_job_headers(r, &first_job, &workers.join(",")))
 }

@@ -12,6 +12,8 @@ use crate::error::ApiError;
 pub const MAX_COMPLETION_TOKENS: u64 = 4096;
 /// Default completion budget when the request names none.
 pub const DEFAULT_COMPLETION_TOKENS: u64 = 256;
+/// Most choices (`n`) in one request.
+pub const MAX_N: u64 = 8;
 /// Most inputs in one embeddings request.
 pub const MAX_EMBEDDING_INPUTS: usize = 2048;
 
@@ -39,6 +41,9 @@ pub struct Parsed {
     pub include_usage: bool,
     /// Completion budget (chat and completions).
     pub max_tokens: u64,
+    /// Choices to generate (`n`; each is its own job, so they may run on
+    /// different workers).
+    pub n: u32,
     /// Characters of prompt text, for the admission estimate.
     pub prompt_chars: usize,
     /// Routing mode (`gnus.network`, default public).
@@ -112,6 +117,7 @@ pub fn parse(api_type: ApiType, bytes: &[u8]) -> Result<Parsed, ApiError> {
         stream: false,
         include_usage: false,
         max_tokens: 0,
+        n: 1,
         prompt_chars: 0,
         network,
         privacy,
@@ -192,9 +198,7 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
         }
         Some(_) => return Err(ApiError::invalid("logit_bias", "'logit_bias' must be an object")),
     }
-    if uint(body, "n", 1, 128)?.is_some_and(|n| n != 1) {
-        return Err(ApiError::unsupported("n", "only n = 1 is supported; send n requests instead"));
-    }
+    p.n = uint(body, "n", 1, MAX_N)?.unwrap_or(1) as u32;
     if body.get("logprobs").is_some_and(|v| v.as_bool() == Some(true) || v.as_u64().is_some()) {
         return Err(ApiError::unsupported("logprobs", "log probabilities are not supported yet"));
     }
@@ -494,7 +498,7 @@ mod tests {
             (json!({"model": "m"}), "messages"),
             (json!({"model": "m", "messages": []}), "messages"),
             (json!({"model": "m", "messages": m, "temperature": 3}), "temperature"),
-            (json!({"model": "m", "messages": m, "n": 2}), "n"),
+            (json!({"model": "m", "messages": m, "n": 9}), "n"),
             (json!({"model": "m", "messages": m, "stop": [1]}), "stop"),
             (json!({"model": "m", "messages": m, "logit_bias": {"x": 1}}), "logit_bias"),
             (json!({"model": "m", "messages": m, "tools": [{"type": "function"}]}), "tools"),

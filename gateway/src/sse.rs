@@ -60,8 +60,8 @@ impl Out {
     }
 }
 
-/// Starts the stream for a submitted job.
-pub(crate) fn respond(f: InFlight, job_id: String, rx: mpsc::Receiver<JobEvent>) -> Response {
+/// Starts the stream for the submitted jobs (one per choice).
+pub(crate) fn respond(f: InFlight, jobs: Vec<(String, mpsc::Receiver<JobEvent>)>) -> Response {
     let (tx, frames) = mpsc::channel::<Bytes>(FRAME_QUEUE);
     let queued = Arc::new(AtomicUsize::new(0));
     let out = Out { tx, queued: queued.clone(), max: f.state.config.stream_buffer_bytes };
@@ -77,11 +77,11 @@ pub(crate) fn respond(f: InFlight, job_id: String, rx: mpsc::Receiver<JobEvent>)
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-transform"));
     h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    if let Ok(v) = HeaderValue::from_str(&job_id) {
+    if let Some(Ok(v)) = jobs.first().map(|(id, _)| HeaderValue::from_str(id)) {
         h.insert("x-request-id", v.clone());
         h.insert("x-gcs-job-id", v);
     }
-    tokio::spawn(pump(f, job_id, rx, out));
+    tokio::spawn(pump(f, jobs, out));
     r
 }
 
@@ -94,7 +94,13 @@ struct Shape {
 }
 
 impl Shape {
-    fn chunk(&self, content: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+    fn chunk(
+        &self,
+        index: usize,
+        content: Option<&str>,
+        role: bool,
+        finish: Option<&str>,
+    ) -> Value {
         let choice = if self.api == ApiType::ChatCompletion {
             let mut delta = serde_json::Map::new();
             if role {
@@ -103,9 +109,9 @@ impl Shape {
             if let Some(c) = content {
                 delta.insert("content".into(), json!(c));
             }
-            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
         } else {
-            json!({"index": 0, "text": content.unwrap_or(""), "logprobs": null,
+            json!({"index": index, "text": content.unwrap_or(""), "logprobs": null,
                    "finish_reason": finish})
         };
         self.wrap(vec![choice])
@@ -126,35 +132,52 @@ impl Shape {
     }
 }
 
-struct Progress {
+/// One choice's stream state.
+#[derive(Default)]
+struct Choice {
     role_sent: bool,
     finish_sent: bool,
+    /// Tokens delivered.
     tokens: u64,
-    first_at: Option<Instant>,
-    last_at: Instant,
     leases: u32,
+    /// Its job ended (completed, failed or cancelled).
+    done: bool,
+    /// Metered by the worker, once completed.
+    metering: Option<gcs_protocol::Metering>,
 }
 
-async fn pump(mut f: InFlight, job_id: String, mut rx: mpsc::Receiver<JobEvent>, out: Out) {
+/// The whole stream's state.
+struct Progress {
+    choices: Vec<Choice>,
+    first_at: Option<Instant>,
+    last_at: Instant,
+}
+
+async fn pump(mut f: InFlight, jobs: Vec<(String, mpsc::Receiver<JobEvent>)>, out: Out) {
     let state = f.state.clone();
     state.metrics.active_streams.fetch_add(1, Ordering::Relaxed);
+    let ids: Vec<String> = jobs.iter().map(|(id, _)| id.clone()).collect();
     let shape = Shape {
         api: f.parsed.api_type,
-        id: response_id(f.parsed.api_type, &job_id),
+        id: response_id(f.parsed.api_type, &ids[0]),
         created: f.created_s,
         model: f.parsed.model.clone(),
         include_usage: f.parsed.include_usage,
     };
+    // One merged, ordered-per-choice event stream, tagged by choice index.
+    let mut events =
+        futures::stream::select_all(jobs.into_iter().enumerate().map(|(i, (_, rx))| {
+            Box::pin(futures::stream::unfold(rx, move |mut rx| async move {
+                rx.recv().await.map(|ev| ((i, ev), rx))
+            }))
+        }));
     let keepalive = state.config.keepalive;
     let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + Duration::from_secs(2);
     let idle = Duration::from_millis(f.limits.idle_stream_timeout_ms) + Duration::from_secs(2);
     let mut p = Progress {
-        role_sent: false,
-        finish_sent: false,
-        tokens: 0,
+        choices: ids.iter().map(|_| Choice::default()).collect(),
         first_at: None,
         last_at: Instant::now(),
-        leases: 0,
     };
     let mut outcome = out.send(": gcs job accepted\n\n".into());
     let mut last_write = Instant::now();
@@ -162,14 +185,13 @@ async fn pump(mut f: InFlight, job_id: String, mut rx: mpsc::Receiver<JobEvent>,
         let idle_deadline = if p.first_at.is_some() { p.last_at + idle } else { wall };
         let deadline = wall.min(idle_deadline);
         tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(ev) => match on_event(&mut f, &job_id, &shape, &mut p, &out, ev) {
+            ev = futures::StreamExt::next(&mut events) => match ev {
+                Some((i, ev)) => match on_event(&mut f, &ids[i], i, &shape, &mut p, &out, ev) {
                     Ok(true) => { last_write = Instant::now(); }
                     Ok(false) => break,
                     Err(stop) => outcome = Err(stop),
                 },
                 None => {
-                    f.ended(&job_id);
                     let e = ApiError::internal("the network dropped the request");
                     let _ = out.data(&e.body());
                     break;
@@ -185,7 +207,7 @@ async fn pump(mut f: InFlight, job_id: String, mut rx: mpsc::Receiver<JobEvent>,
                 } else {
                     "gnus_wall_timeout"
                 };
-                f.cancel(&job_id, CancellationReason::Timeout).await;
+                cancel_open(&mut f, &ids, &p, CancellationReason::Timeout).await;
                 let _ = out.data(&ApiError::timeout(code, "the stream timed out").body());
                 break;
             }
@@ -193,21 +215,35 @@ async fn pump(mut f: InFlight, job_id: String, mut rx: mpsc::Receiver<JobEvent>,
         }
     }
     match outcome {
-        Err(Stop::Gone) => f.cancel(&job_id, CancellationReason::ClientDisconnected).await,
+        Err(Stop::Gone) => {
+            cancel_open(&mut f, &ids, &p, CancellationReason::ClientDisconnected).await
+        }
         Err(Stop::Backpressure) => {
-            tracing::info!(job_id, "client too slow: cancelling its job");
-            f.cancel(&job_id, CancellationReason::ClientBackpressure).await;
+            tracing::info!(job_id = %ids[0], "client too slow: cancelling its jobs");
+            cancel_open(&mut f, &ids, &p, CancellationReason::ClientBackpressure).await;
         }
         Ok(()) => {}
     }
-    state.metrics.tokens_delivered.fetch_add(p.tokens, Ordering::Relaxed);
+    // Any choice still running after an error in another is cancelled when
+    // `f` drops.
+    let delivered: u64 = p.choices.iter().map(|c| c.tokens).sum();
+    state.metrics.tokens_delivered.fetch_add(delivered, Ordering::Relaxed);
     state.metrics.active_streams.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Handles one event; Ok(false) when the stream is over.
+async fn cancel_open(f: &mut InFlight, ids: &[String], p: &Progress, reason: CancellationReason) {
+    for (id, c) in ids.iter().zip(&p.choices) {
+        if !c.done {
+            f.cancel(id, reason).await;
+        }
+    }
+}
+
+/// Handles one event of choice `i`; Ok(false) when the stream is over.
 fn on_event(
     f: &mut InFlight,
     job_id: &str,
+    i: usize,
     shape: &Shape,
     p: &mut Progress,
     out: &Out,
@@ -217,8 +253,9 @@ fn on_event(
     let m = &state.metrics;
     match ev {
         JobEvent::Leased { .. } => {
-            p.leases += 1;
-            if p.leases == 1 {
+            let c = &mut p.choices[i];
+            c.leases += 1;
+            if c.leases == 1 {
                 m.claim.observe(f.started.elapsed().as_secs_f64());
             } else {
                 m.requeues.fetch_add(1, Ordering::Relaxed);
@@ -226,16 +263,16 @@ fn on_event(
             Ok(true)
         }
         JobEvent::Chunk(c) => {
-            chunk(f, shape, p, out, &c)?;
+            chunk(f, i, shape, p, out, &c)?;
             Ok(true)
         }
         JobEvent::Completed(r) => {
             f.ended(job_id);
-            completed(f, shape, p, out, &r)?;
-            Ok(false)
+            completed(f, i, shape, p, out, &r)
         }
         JobEvent::Failed { error, after_partial_output } => {
             f.ended(job_id);
+            p.choices[i].done = true;
             tracing::info!(job_id, code = %error.code, after_partial_output, "stream failed");
             m.error(&error.code);
             out.data(&ApiError::from_info(&error).body())?;
@@ -243,6 +280,7 @@ fn on_event(
         }
         JobEvent::Cancelled => {
             f.ended(job_id);
+            p.choices[i].done = true;
             Ok(false)
         }
     }
@@ -250,6 +288,7 @@ fn on_event(
 
 fn chunk(
     f: &InFlight,
+    i: usize,
     shape: &Shape,
     p: &mut Progress,
     out: &Out,
@@ -257,10 +296,11 @@ fn chunk(
 ) -> Result<(), Stop> {
     let now = Instant::now();
     let text = c.delta.content.as_deref().filter(|t| !t.is_empty());
-    if text.is_some() || (!p.role_sent && shape.api == ApiType::ChatCompletion) {
-        let role = !p.role_sent;
-        out.data(&shape.chunk(text.or(role.then_some("")), role, None))?;
-        p.role_sent = true;
+    let ch = &mut p.choices[i];
+    if text.is_some() || (!ch.role_sent && shape.api == ApiType::ChatCompletion) {
+        let role = !ch.role_sent;
+        out.data(&shape.chunk(i, text.or(role.then_some("")), role, None))?;
+        ch.role_sent = true;
         match p.first_at {
             None => {
                 p.first_at = Some(now);
@@ -269,37 +309,53 @@ fn chunk(
             Some(_) => f.state.metrics.inter_token.observe((now - p.last_at).as_secs_f64()),
         }
     }
-    p.tokens += u64::from(c.usage_delta.output_tokens);
+    ch.tokens += u64::from(c.usage_delta.output_tokens);
     p.last_at = now;
     if let Some(fr) = c.finish_reason {
-        if !p.finish_sent {
-            out.data(&shape.chunk(None, false, Some(fr.as_str())))?;
-            p.finish_sent = true;
+        if !ch.finish_sent {
+            out.data(&shape.chunk(i, None, false, Some(fr.as_str())))?;
+            ch.finish_sent = true;
         }
     }
     Ok(())
 }
 
+/// Choice `i` completed; when every choice has, the usage chunk and `[DONE]`.
 fn completed(
     f: &mut InFlight,
+    i: usize,
     shape: &Shape,
     p: &mut Progress,
     out: &Out,
     r: &FinalResult,
-) -> Result<(), Stop> {
-    if !p.finish_sent {
-        out.data(&shape.chunk(None, false, Some(&result_finish(r))))?;
-        p.finish_sent = true;
+) -> Result<bool, Stop> {
+    let ch = &mut p.choices[i];
+    if !ch.finish_sent {
+        out.data(&shape.chunk(i, None, false, Some(&result_finish(r))))?;
+        ch.finish_sent = true;
     }
-    let m = r.metering.as_ref();
-    f.used_tokens = m.map(|m| m.input_tokens + m.output_tokens);
-    if let Some(m) = m {
+    ch.done = true;
+    ch.metering = r.metering.clone();
+    if let Some(m) = &r.metering {
         f.state.metrics.tokens_generated.fetch_add(m.output_tokens, Ordering::Relaxed);
     }
+    if !p.choices.iter().all(|c| c.done) {
+        return Ok(true);
+    }
+    // One prompt, n completions.
+    let prompt = p.choices[0].metering.clone().unwrap_or_default();
+    let completion: u64 = p
+        .choices
+        .iter()
+        .map(|c| c.metering.as_ref().map_or(c.tokens, |m| m.output_tokens.max(c.tokens)))
+        .sum();
+    f.used_tokens = Some(prompt.input_tokens + completion);
     if shape.include_usage {
+        let total = gcs_protocol::Metering { output_tokens: completion, ..prompt };
         let mut v = shape.wrap(vec![]);
-        v["usage"] = usage_json(m, p.tokens);
+        v["usage"] = usage_json(Some(&total), completion);
         out.data(&v)?;
     }
-    out.send("data: [DONE]\n\n".into())
+    out.send("data: [DONE]\n\n".into())?;
+    Ok(false)
 }

@@ -120,6 +120,28 @@ def chat_stream():
     assert n >= 3, n
 
 
+def n_choices():
+    r = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=8, n=3,
+                                       temperature=1.0, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2], r.choices
+    assert all(c.message.content for c in r.choices), r.choices
+    assert 3 <= r.usage.completion_tokens <= 24, r.usage
+    s = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=8, n=2, seed=7,
+                                       temperature=1.0, stream=True,
+                                       stream_options={"include_usage": True})
+    texts, finishes, usage = ["", ""], [0, 0], None
+    for ch in s:
+        if ch.usage:
+            usage = ch.usage
+        for c in ch.choices:
+            texts[c.index] += c.delta.content or ""
+            finishes[c.index] += c.finish_reason is not None
+    assert finishes == [1, 1] and all(texts), (finishes, texts)
+    assert usage and 2 <= usage.completion_tokens <= 16, usage
+    # The same seed gives the same first choice, blocking or streamed.
+    assert texts[0] == r.choices[0].message.content, (texts[0], r.choices[0].message.content)
+
+
 def completions():
     r = client.completions.create(model=CHAT, prompt="The sky is", max_tokens=8, temperature=0)
     assert r.object == "text_completion" and r.choices[0].text, r
@@ -321,7 +343,8 @@ def large_response():
 
 CHECKS = {
     "models": models, "chat_blocking": chat_blocking, "chat_stream": chat_stream,
-    "completions": completions, "embeddings": embeddings, "cached_prefix": cached_prefix,
+    "completions": completions, "n_choices": n_choices, "embeddings": embeddings,
+    "cached_prefix": cached_prefix,
     "errors": errors,
     "abort_mid_stream": abort_mid_stream, "concurrent_streams": concurrent_streams,
     "large_response": large_response,
