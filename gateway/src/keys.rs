@@ -140,6 +140,12 @@ pub struct NewKey {
     pub budget_tokens: Option<u64>,
     /// Lifetime from now.
     pub ttl_ms: Option<u64>,
+    /// Per-key first-token timeout.
+    pub first_token_timeout_ms: Option<u64>,
+    /// Per-key idle-stream timeout.
+    pub idle_timeout_ms: Option<u64>,
+    /// Per-key wall-clock timeout.
+    pub wall_timeout_ms: Option<u64>,
 }
 
 struct Loaded {
@@ -239,9 +245,9 @@ impl KeyStore {
             rpm: new.rpm,
             tpm: new.tpm,
             budget_tokens: new.budget_tokens,
-            first_token_timeout_ms: None,
-            idle_timeout_ms: None,
-            wall_timeout_ms: None,
+            first_token_timeout_ms: new.first_token_timeout_ms,
+            idle_timeout_ms: new.idle_timeout_ms,
+            wall_timeout_ms: new.wall_timeout_ms,
             created_at_ms: now_ms,
             expires_at_ms: new.ttl_ms.map(|t| now_ms + t),
             revoked_at_ms: None,

@@ -113,6 +113,15 @@ enum KeysCommand {
         /// Expire the key after this many days.
         #[arg(long)]
         ttl_days: Option<u64>,
+        /// This key's first-token timeout in ms (default: the gateway's).
+        #[arg(long)]
+        first_token_timeout_ms: Option<u64>,
+        /// This key's idle-stream timeout in ms.
+        #[arg(long)]
+        idle_timeout_ms: Option<u64>,
+        /// This key's wall-clock timeout in ms.
+        #[arg(long)]
+        wall_timeout_ms: Option<u64>,
     },
     /// List keys (ids, prefixes, scopes; never the keys themselves).
     List {
@@ -275,6 +284,9 @@ fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
             tpm,
             budget_tokens,
             ttl_days,
+            first_token_timeout_ms,
+            idle_timeout_ms,
+            wall_timeout_ms,
         } => {
             let routing = routing
                 .iter()
@@ -295,6 +307,9 @@ fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
                 tpm,
                 budget_tokens,
                 ttl_ms: ttl_days.map(|d| d * 86_400_000),
+                first_token_timeout_ms,
+                idle_timeout_ms,
+                wall_timeout_ms,
             };
             let (secret, rec) = store.create(new, now)?;
             eprintln!(

@@ -205,6 +205,55 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
         env(&mut page);
         run("headless Chromium fetch streaming", &mut page);
     }
+    // HTTPS without an edge proxy: a self-signed certificate, curl -k.
+    let cert = tmp.path().join("cert.pem");
+    let pkey = tmp.path().join("key.pem");
+    let ok = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .arg("-keyout")
+        .arg(&pkey)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        let dt = tmp.path().join("tls");
+        let t = Node::start(
+            &dt,
+            &[
+                "--role",
+                "gateway",
+                "--bootstrap",
+                &bootstrap,
+                "--tls-cert",
+                cert.to_str().unwrap(),
+                "--tls-key",
+                pkey.to_str().unwrap(),
+            ],
+        );
+        let key_t = create_key(&dt, &[]);
+        let url = format!("https://127.0.0.1:{}/v1/models", t.http);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let body = loop {
+            let out = Command::new("curl")
+                .args(["-sk", "-H", &format!("Authorization: Bearer {key_t}"), &url])
+                .output()
+                .unwrap();
+            let body = String::from_utf8_lossy(&out.stdout).to_string();
+            if body.contains("gnus-auto") || Instant::now() > deadline {
+                break body;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        assert!(body.contains("\"gnus-auto\""), "HTTPS /v1/models: {body}");
+        // Plain HTTP to the TLS port is not answered as HTTP.
+        assert_ne!(t.get("/health").0, 200);
+        eprintln!("HTTPS gateway: ok");
+    } else {
+        eprintln!("SKIP HTTPS: openssl could not make a test certificate");
+    }
     let (status, metrics) = a.get("/metrics");
     assert_eq!(status, 200);
     for m in ["gcs_ttft_seconds_count", "gcs_tokens_generated_total", "gcs_worker_active_jobs 0"] {
