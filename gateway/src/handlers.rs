@@ -43,9 +43,23 @@ pub(crate) struct Served {
     pub workers: usize,
 }
 
+/// Model names served now.
+pub(crate) type Catalog = BTreeMap<String, Served>;
+
+/// How long a computed model catalogue is reused: every request resolves
+/// its model against it, and building it walks every fresh registration.
+const CATALOG_TTL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Every model id and alias that fresh, available worker registrations
-/// serve now, and the seen-names memory updated.
-pub(crate) fn catalog(state: &AppState) -> BTreeMap<String, Served> {
+/// serve now (at most `CATALOG_TTL` old; an empty one is never reused), and
+/// the seen-names memory updated.
+pub(crate) fn catalog(state: &AppState) -> std::sync::Arc<BTreeMap<String, Served>> {
+    let mut cache = state.catalog.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, cat)) = cache.as_ref() {
+        if at.elapsed() < CATALOG_TTL && !cat.is_empty() {
+            return cat.clone();
+        }
+    }
     let mut out: BTreeMap<String, Served> = BTreeMap::new();
     for r in state.backend.registrations() {
         if matches!(r.status, NodeStatus::Offline | NodeStatus::Draining) {
@@ -61,6 +75,8 @@ pub(crate) fn catalog(state: &AppState) -> BTreeMap<String, Served> {
     }
     let mut seen = state.seen_models.lock().unwrap_or_else(|p| p.into_inner());
     seen.extend(out.keys().cloned());
+    let out = std::sync::Arc::new(out);
+    *cache = Some((std::time::Instant::now(), out.clone()));
     out
 }
 

@@ -90,6 +90,8 @@ pub struct AppState {
     pub seen_models: Mutex<BTreeSet<String>>,
     /// Start time (seconds), the `created` of listed models.
     pub started_s: u64,
+    /// The model catalogue and when it was built.
+    pub(crate) catalog: Mutex<Option<(std::time::Instant, Arc<handlers::Catalog>)>>,
 }
 
 /// Wall-clock milliseconds.
@@ -121,6 +123,7 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         in_flight: AtomicUsize::new(0),
         seen_models: Mutex::new(BTreeSet::new()),
         started_s: now_ms() / 1000,
+        catalog: Mutex::new(None),
     });
     Router::new()
         .route("/v1/models", get(handlers::list_models))
