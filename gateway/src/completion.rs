@@ -238,7 +238,12 @@ pub(crate) async fn submit(
         max_output_tokens: p.max_tokens.min(u64::from(u32::MAX)) as u32,
         routing: Routing { network: p.network, privacy_mode: p.privacy, ..Routing::public() },
     };
-    match f.state.backend.submit(spec).await {
+    let r = f.state.backend.submit(spec).await;
+    if r.is_err() && f.open_jobs.is_empty() {
+        // Nothing ran: the request's token reservation is released whole.
+        f.used_tokens = Some(0);
+    }
+    match r {
         Ok((id, rx)) => {
             f.open_jobs.push(id.clone());
             Ok((id, rx))
