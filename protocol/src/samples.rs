@@ -140,6 +140,7 @@ pub fn api_job(gateway: &NodeKey, p: &Params) -> ApiRequestJob {
         job_id: id,
         created_at_ms: p.now_ms,
         expires_at_ms: p.now_ms + 120_000,
+        announcement: 0,
         signature: None,
     }
 }

@@ -176,6 +176,7 @@ fn build_job(
         expires_at_ms: now + limits.wall_timeout_ms,
         limits,
         job_id,
+        announcement: 0,
         signature: None,
     };
     sign(&mut job, key)?;

@@ -197,9 +197,19 @@ pub struct ApiRequestJob {
     pub created_at_ms: u64,
     /// Expiry.
     pub expires_at_ms: u64,
+    /// How many times the gateway announced this job before (extension;
+    /// absent on the first announcement). Each re-announcement of an
+    /// unclaimed job is new bytes, so gossip's duplicate cache does not
+    /// swallow it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub announcement: u32,
     /// Signature by `gateway_node_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl SignedMessage for ApiRequestJob {

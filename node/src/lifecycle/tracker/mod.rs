@@ -108,6 +108,8 @@ pub struct JobTracker {
     ever_leased: bool,
     /// Delivered before a gateway restart (see `restore_delivered`).
     restored_delivered: u64,
+    /// Re-announcements so far (each is new bytes on gossip).
+    announcements: u32,
 }
 
 fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
@@ -135,6 +137,7 @@ impl JobTracker {
             cancellation: None,
             ever_leased: false,
             restored_delivered: 0,
+            announcements: 0,
             job,
         };
         let publish = Effect::Publish(Box::new(t.job.clone()));
@@ -425,8 +428,10 @@ impl JobTracker {
 
     /// The job as announced now: excluded nodes change on requeue, so it is
     /// signed anew.
-    fn announcement(&self, key: &NodeKey) -> Option<Effect> {
+    fn announcement(&mut self, key: &NodeKey) -> Option<Effect> {
+        self.announcements += 1;
         let mut job = self.job.clone();
+        job.announcement = self.announcements;
         job.routing.excluded_nodes = self.excluded.clone();
         job.signature = None;
         sign(&mut job, key).ok()?;

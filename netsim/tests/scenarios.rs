@@ -1,0 +1,58 @@
+//! The fast fault scenarios against real gcs-node processes, run by the
+//! README's test command (`cargo test --workspace --all-targets`, which
+//! builds gcs-node first). One test runs them one after another: on a
+//! small machine, parallel scenarios would starve each other's timing.
+//! Without the models it says SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+
+use netsim::{cluster, report, runner, scenario::Scenario};
+
+const FAST: [&str; 5] = [
+    "worker_crash_before_first_token",
+    "worker_crash_after_first_token",
+    "gateway_restart",
+    "slow_client",
+    "worker_pause_past_lease",
+];
+
+#[test]
+fn fault_scenarios_keep_every_invariant() {
+    if !cluster::models_present() {
+        eprintln!(
+            "SKIP: models not found in {}; run scripts/fetch-models.sh",
+            cluster::model_dir().display()
+        );
+        return;
+    }
+    let bin = cluster::locate_gcs_node(None)
+        .expect("gcs-node binary: run `cargo build --workspace` (or set GCS_NODE_BIN)");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut failed = vec![];
+    let mut outcomes = vec![];
+    for name in FAST {
+        let s = Scenario::load(&dir.join(format!("{name}.toml"))).unwrap();
+        let o = match runner::run(&s, &bin, &tmp.path().join(name)) {
+            Ok(o) => o,
+            Err(e) => {
+                let keep = tmp.keep();
+                panic!("scenario {name} could not run: {e} (logs kept in {})", keep.display());
+            }
+        };
+        eprint!("{}", report::table(&o));
+        if !o.ok() {
+            failed.push(name);
+        }
+        outcomes.push(o);
+    }
+    let out = tmp.path().join("report.json");
+    report::write_json(&out, &outcomes).unwrap();
+    if !failed.is_empty() {
+        // Keep the node logs for the post-mortem.
+        let keep = tmp.keep();
+        panic!("scenarios failed: {failed:?}; logs and report in {}", keep.display());
+    }
+}
