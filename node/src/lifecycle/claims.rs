@@ -23,7 +23,8 @@ pub struct ClaimContext<'a> {
     pub limits: &'a Limits,
 }
 
-fn private_ok(job: &ApiRequestJob, reg: &NodeRegistration) -> bool {
+/// Whether `reg` is one of the job tenant's private nodes (26.11.3).
+pub(crate) fn private_ok(job: &ApiRequestJob, reg: &NodeRegistration) -> bool {
     reg.queue.accepts_private_jobs
         && reg.tenant_id.as_deref() == Some(job.tenant.tenant_id.as_str())
         && (job.routing.allowed_nodes.is_empty()

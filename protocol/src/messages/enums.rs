@@ -276,6 +276,9 @@ wire_enum!(
         BadSignature => "bad_signature",
         /// Another claim already won, or the job is finished.
         AlreadyClaimed => "already_claimed",
+        /// Hybrid routing: the tenant's private nodes have the first claim
+        /// window; a public node may claim the job when it is re-announced.
+        PrivateFirst => "private_first",
     }
 );
 

@@ -7,7 +7,7 @@ use gcs_protocol::{
     ids, sign, ApiRequestJob, Cancellation, CancellationReason, ClaimRejection, ErrorInfo,
     FinalResult, JobClaim, JobState, LeaseGrant, LeaseRenewal, Limits, MessageType, NodeId,
     NodeKey, NodeRegistration, PartialUsage, ProtocolError, Requeue, RequeueReason, ResultStatus,
-    StreamChunk, UsageRecord, PROTOCOL_VERSION,
+    RoutingMode, StreamChunk, UsageRecord, PROTOCOL_VERSION,
 };
 
 use super::claims::{validate_claim, ClaimContext};
@@ -26,6 +26,9 @@ pub struct TrackerConfig {
     /// just be busy (they keep a backlog and claim when a slot frees);
     /// after it, an unclaimed job requeues toward `gnus_no_capable_nodes`.
     pub queue_timeout_ms: u64,
+    /// Hybrid routing: how long after a job's first announcement only the
+    /// tenant's private nodes may win it (26.11.3: private first, then public).
+    pub private_window_ms: u64,
 }
 
 impl Default for TrackerConfig {
@@ -35,6 +38,7 @@ impl Default for TrackerConfig {
             renew_interval_ms: 2_000,
             fence: FenceConfig::default(),
             queue_timeout_ms: 30_000,
+            private_window_ms: 250,
         }
     }
 }
@@ -110,6 +114,8 @@ pub struct JobTracker {
     restored_delivered: u64,
     /// Re-announcements so far (each is new bytes on gossip).
     announcements: u32,
+    /// A public claim was turned away in the hybrid private window.
+    turned_away_public: bool,
 }
 
 fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
@@ -138,6 +144,7 @@ impl JobTracker {
             ever_leased: false,
             restored_delivered: 0,
             announcements: 0,
+            turned_away_public: false,
             job,
         };
         let publish = Effect::Publish(Box::new(t.job.clone()));
@@ -261,6 +268,14 @@ impl JobTracker {
         };
         if let Err(reason) = validate_claim(c, &ctx) {
             return Ok(self.reject(c, reason, key, now));
+        }
+        if job.routing.network == RoutingMode::Hybrid
+            && now < self.job.created_at_ms + self.config.private_window_ms
+            && !reg.is_some_and(|r| super::claims::private_ok(&job, r))
+        {
+            // Re-announced when the window closes (see `on_tick`).
+            self.turned_away_public = true;
+            return Ok(self.reject(c, gcs_protocol::ClaimRejectReason::PrivateFirst, key, now));
         }
         let mut lease = LeaseGrant {
             message_type: MessageType::LeaseGrant,
@@ -452,6 +467,16 @@ impl JobTracker {
         if let Some(f) = self.fence.on_tick(now) {
             let msg = format!("the worker's stream broke ({f:?})");
             return self.fail(err("server_error", "gnus_stream_broken", &msg), now, key);
+        }
+        if self.lease.is_none()
+            && self.turned_away_public
+            && now >= self.job.created_at_ms + self.config.private_window_ms
+        {
+            // No private node took it in its window: public nodes that were
+            // turned away hear it again now and may win it.
+            self.turned_away_public = false;
+            self.attempt_started_ms = now;
+            return self.announcement(key).into_iter().collect();
         }
         match &self.lease {
             None if now >= self.attempt_started_ms + l.claim_timeout_ms => {

@@ -30,9 +30,17 @@ impl World {
         out
     }
     fn claim(&mut self, w: usize) -> Vec<Effect> {
+        self.claim_as(w, false)
+    }
+    /// A claim from one of the job tenant's private nodes, or a public one.
+    fn claim_as(&mut self, w: usize, private: bool) -> Vec<Effect> {
         let key = &self.workers[w];
         let p = Params { now_ms: self.now - 100, ..Params::default() };
         let mut reg = samples::registration(key, &p);
+        if private {
+            reg.tenant_id = Some(self.tracker.job.tenant.tenant_id.clone());
+            reg.queue.accepts_private_jobs = true;
+        }
         sign(&mut reg, key).unwrap();
         let mut c = samples::claim(key, &p);
         c.job_id = self.tracker.job.job_id.clone();
@@ -114,6 +122,37 @@ fn the_first_valid_claim_wins_and_later_ones_are_told_why_they_lost() {
     assert_eq!(leases(&w.claim(0)), 1);
     assert_eq!(w.tracker.state(), JobState::Accepted);
     assert_eq!(rejection(&w.claim(1)), Some(gcs_protocol::ClaimRejectReason::AlreadyClaimed));
+}
+
+fn hybrid_world() -> World {
+    let gw = samples::keys().1;
+    let mut job = samples::api_job(&gw, &Params::default());
+    job.routing.network = gcs_protocol::RoutingMode::Hybrid;
+    sign(&mut job, &gw).unwrap();
+    let (tracker, effects) = JobTracker::new(job, TrackerConfig::default(), T0);
+    let workers = (1..=3u8).map(|i| NodeKey::from_seed([i; 32])).collect();
+    World { gw, workers, tracker, limits: Limits::default(), now: T0, effects }
+}
+
+#[test]
+fn hybrid_jobs_give_the_tenants_private_nodes_the_first_window() {
+    let mut w = hybrid_world();
+    w.now += 50;
+    let turned = w.claim(0);
+    assert_eq!(rejection(&turned), Some(gcs_protocol::ClaimRejectReason::PrivateFirst));
+    w.now += 50;
+    assert_eq!(leases(&w.claim_as(1, true)), 1, "a private node wins inside the window");
+}
+
+#[test]
+fn hybrid_jobs_go_public_when_no_private_node_claims_in_the_window() {
+    let mut w = hybrid_world();
+    w.now += 50;
+    assert_eq!(rejection(&w.claim(0)), Some(gcs_protocol::ClaimRejectReason::PrivateFirst));
+    // The window closes: the job is re-announced at once (new bytes).
+    let out = w.tick(250);
+    assert!(out.iter().any(|e| matches!(e, Effect::Publish(j) if j.announcement >= 1)), "{out:?}");
+    assert_eq!(leases(&w.claim(0)), 1, "the public node wins after the window");
 }
 
 #[test]
