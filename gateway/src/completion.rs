@@ -28,7 +28,7 @@ use crate::{json_body, now_ms, AppState};
 
 /// Slack on top of a job's own timeouts before the edge gives up on the
 /// network: the network's tracker fires first and says why.
-const EDGE_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const EDGE_GRACE: Duration = Duration::from_secs(2);
 
 /// One admitted request. Dropping it (the client went away, or the handler
 /// finished) releases its slot, settles its token reservation, and cancels

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::backend::JobEvent;
-use crate::completion::{response_id, result_finish, usage_json, InFlight};
+use crate::completion::{response_id, result_finish, usage_json, InFlight, EDGE_GRACE};
 use crate::error::ApiError;
 
 /// Frames queued between the producer and the HTTP body; the byte bound
@@ -172,8 +172,8 @@ async fn pump(mut f: InFlight, jobs: Vec<(String, mpsc::Receiver<JobEvent>)>, ou
             }))
         }));
     let keepalive = state.config.keepalive;
-    let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + Duration::from_secs(2);
-    let idle = Duration::from_millis(f.limits.idle_stream_timeout_ms) + Duration::from_secs(2);
+    let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + EDGE_GRACE;
+    let idle = Duration::from_millis(f.limits.idle_stream_timeout_ms) + EDGE_GRACE;
     let mut p = Progress {
         choices: ids.iter().map(|_| Choice::default()).collect(),
         first_at: None,
