@@ -185,6 +185,17 @@ struct RunArgs {
     /// Model to serve: a name in the model cache or a path (repeatable).
     #[arg(long = "model", env = "GCS_MODEL", value_delimiter = ',')]
     models: Vec<String>,
+    /// Swarm this node belongs to; a worker outside `public` also takes the
+    /// swarm's `local_only` jobs.
+    #[arg(long, env = "GCS_SWARM", default_value = "public")]
+    swarm: String,
+    /// Make this worker a private node of tenant T (26.11.3): it may win T's
+    /// private and hybrid jobs.
+    #[arg(long, env = "GCS_PRIVATE_TENANT")]
+    private_tenant: Option<String>,
+    /// With --private-tenant: take no public jobs.
+    #[arg(long, env = "GCS_PRIVATE_ONLY", requires = "private_tenant")]
+    private_only: bool,
     /// Disable mDNS discovery.
     #[arg(long, env = "GCS_NO_MDNS")]
     no_mdns: bool,
@@ -371,6 +382,16 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         cli.listen
     };
     config.network.bootstrap = cli.bootstrap;
+    for (flag, v) in
+        [("--swarm", Some(&cli.swarm)), ("--private-tenant", cli.private_tenant.as_ref())]
+    {
+        if let Some(v) = v.filter(|v| !gcs_node::topics::valid_tenant(v)) {
+            bail!("{flag} {v:?}: use 1-128 printable ASCII characters without '/' or spaces");
+        }
+    }
+    config.swarm_id = cli.swarm.clone();
+    config.private_tenant = cli.private_tenant.clone();
+    config.private_only = cli.private_only;
     config.network.mdns = !cli.no_mdns;
     config.heartbeat_interval = Duration::from_millis(cli.heartbeat_ms.max(100));
     config.registration_ttl =
@@ -411,13 +432,8 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let node = gcs_node::start(config).await?;
-    for a in node.listen_addrs().await? {
-        tracing::info!(addr = %a, "dial this node with --bootstrap");
-    }
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = if let Some((listener, tls)) = http {
-        let store = gcs_gateway::KeyStore::new(&data_dir);
+    let store = gcs_gateway::KeyStore::new(&data_dir);
+    if http.is_some() {
         if cli.role == Role::All && store.list()?.is_empty() {
             let new = gcs_gateway::NewKey {
                 tenant_id: "local".into(),
@@ -432,6 +448,19 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
             );
             println!("  {secret}");
         }
+        // This gateway's tenants: their usage records replicate among the
+        // gateways that serve them (keys added later take effect at restart).
+        let mut tenants: Vec<String> = store.list()?.into_iter().map(|k| k.tenant_id).collect();
+        tenants.sort();
+        tenants.dedup();
+        config.network.served_tenants = tenants;
+    }
+    let node = gcs_node::start(config).await?;
+    for a in node.listen_addrs().await? {
+        tracing::info!(addr = %a, "dial this node with --bootstrap");
+    }
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = if let Some((listener, tls)) = http {
         let gw = gcs_gateway::GatewayConfig {
             stream_buffer_bytes: cli.stream_buffer_bytes,
             keepalive: Duration::from_millis(cli.keepalive_ms.max(100)),

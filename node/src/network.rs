@@ -44,6 +44,9 @@ pub struct NetworkConfig {
     pub gossip_heartbeat: Duration,
     /// How often to run anti-entropy with one connected peer.
     pub anti_entropy_interval: Duration,
+    /// Tenants whose gateway this node is: it takes their usage records
+    /// (tenant-gateway replication scope) and no one else's.
+    pub served_tenants: Vec<String>,
 }
 
 impl Default for NetworkConfig {
@@ -55,6 +58,7 @@ impl Default for NetworkConfig {
             limits: Limits::default(),
             gossip_heartbeat: Duration::from_millis(700),
             anti_entropy_interval: Duration::from_secs(10),
+            served_tenants: vec![],
         }
     }
 }
@@ -192,6 +196,7 @@ impl Network {
             limits: config.limits,
             keyspace,
             anti_entropy_interval: config.anti_entropy_interval,
+            served_tenants: config.served_tenants.clone(),
             ae_round: 0,
             outbound: HashMap::new(),
             inbound: HashMap::new(),
@@ -363,6 +368,7 @@ struct EventLoop {
     limits: Limits,
     keyspace: Arc<Keyspace>,
     anti_entropy_interval: Duration,
+    served_tenants: Vec<String>,
     ae_round: usize,
     outbound: HashMap<
         request_response::OutboundRequestId,
@@ -558,7 +564,7 @@ impl EventLoop {
     }
 
     fn request_anti_entropy(&mut self, peer: PeerId) {
-        match replication::digest_request(&self.keyspace) {
+        match replication::digest_request(&self.keyspace, &self.served_tenants) {
             Ok(req) => {
                 self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
             }
@@ -581,7 +587,7 @@ impl EventLoop {
         match ev {
             Event::Message {
                 peer, message: RrMessage::Request { request, channel, .. }, ..
-            } => match replication::answer(&self.keyspace, &request) {
+            } => match replication::answer(&self.keyspace, &request, &self.served_tenants) {
                 Ok(resp) => {
                     let _ = self.swarm.behaviour_mut().anti_entropy.send_response(channel, resp);
                 }
@@ -590,7 +596,12 @@ impl EventLoop {
             Event::Message { peer, message: RrMessage::Response { response, .. }, .. } => {
                 let (mut changed, mut refused) = (0usize, 0usize);
                 for d in &response.deltas {
-                    match replication::merge_validated(&self.keyspace, d, now_ms()) {
+                    match replication::merge_scoped(
+                        &self.keyspace,
+                        d,
+                        &self.served_tenants,
+                        now_ms(),
+                    ) {
                         Ok(gcs_keyspace::MergeOutcome::Changed(_)) => changed += 1,
                         Ok(_) => {}
                         Err(_) => refused += 1,
@@ -621,8 +632,16 @@ impl EventLoop {
         msg: gossipsub::Message,
     ) {
         let topic = msg.topic.to_string();
-        if topic == crate::topics::KEYSPACE_DELTAS {
-            let r = replication::merge_validated(&self.keyspace, &msg.data, now_ms());
+        let tenant = topic.strip_prefix(crate::topics::TENANT_USAGE_PREFIX);
+        if topic == crate::topics::KEYSPACE_DELTAS || tenant.is_some() {
+            let r = match tenant {
+                // Only the topic's own tenant, and only one this node serves.
+                Some(t) if self.served_tenants.iter().any(|s| s == t) => {
+                    replication::merge_scoped(&self.keyspace, &msg.data, &[t.to_string()], now_ms())
+                }
+                Some(t) => Err(format!("not a gateway of tenant {t:?}")),
+                None => replication::merge_validated(&self.keyspace, &msg.data, now_ms()),
+            };
             let acceptance =
                 if r.is_ok() { MessageAcceptance::Accept } else { MessageAcceptance::Reject };
             if let Err(e) = &r {

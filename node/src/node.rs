@@ -66,9 +66,43 @@ pub struct NodeConfig {
     pub registration_ttl: Duration,
     /// Models a worker serves.
     pub models: Vec<ModelInfo>,
-    /// Swarm id.
+    /// Swarm id: a worker outside `public` also takes `local_only` jobs of
+    /// its swarm, announced on `gcs.api.jobs.local.<swarm>`.
     pub swarm_id: String,
+    /// Tenant whose private node this worker is (26.11.3): it joins
+    /// `gcs.api.jobs.private.<tenant>` and may win that tenant's private
+    /// and hybrid jobs.
+    pub private_tenant: Option<String>,
+    /// A private worker that takes no public jobs.
+    pub private_only: bool,
 }
+
+/// The gossip topics a node joins: private and local job topics only
+/// where it may win such jobs, a tenant's usage topic only on its gateways.
+fn subscriptions(config: &NodeConfig) -> Vec<String> {
+    let mut t = vec![topics::CAPABILITIES_ALL.to_string(), topics::KEYSPACE_DELTAS.to_string()];
+    let worker = config.role.is_worker();
+    // A gateway needs no job topic (it hears its own jobs' claims directly),
+    // but joining the public one keeps it a relay in small networks.
+    if !(config.role == Role::Worker && config.private_only && config.private_tenant.is_some()) {
+        t.push(topics::API_JOBS_ALL.to_string());
+    }
+    if worker {
+        if let Some(tenant) = &config.private_tenant {
+            t.push(topics::api_jobs_private(tenant));
+        }
+        if config.swarm_id != PUBLIC_SWARM {
+            t.push(topics::api_jobs_local(&config.swarm_id));
+        }
+    }
+    if config.role != Role::Worker {
+        t.extend(config.network.served_tenants.iter().map(|s| topics::tenant_usage(s)));
+    }
+    t
+}
+
+/// The swarm every node is in unless configured otherwise.
+pub const PUBLIC_SWARM: &str = "public";
 
 impl NodeConfig {
     /// Defaults for `role` in `data_dir`.
@@ -81,6 +115,8 @@ impl NodeConfig {
             registration_ttl: Duration::from_secs(30),
             models: vec![],
             swarm_id: "public".into(),
+            private_tenant: None,
+            private_only: false,
             executor: None,
             max_concurrent_jobs: 4,
             tracker: TrackerConfig::default(),
@@ -102,6 +138,7 @@ pub struct NodeHandle {
     task: JoinHandle<()>,
     commands: mpsc::Sender<RuntimeCommand>,
     worker: Option<WorkerState>,
+    jobs_heard: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub(crate) enum RuntimeCommand {
@@ -140,6 +177,12 @@ impl NodeHandle {
     /// misbehaving peer need).
     pub fn network(&self) -> &Network {
         &self.network
+    }
+
+    /// Job announcements this node has received on gossip (topic routing
+    /// is observable: a public worker never hears a private job).
+    pub fn jobs_heard(&self) -> u64 {
+        self.jobs_heard.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The node's keyspace.
@@ -204,6 +247,7 @@ struct Runtime {
     gateway: Option<GatewayState>,
     worker: Option<WorkerState>,
     registration_id: Arc<Mutex<String>>,
+    jobs_heard: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Starts a node.
@@ -221,8 +265,8 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
     )?);
     let (network, events) =
         Network::start(&identity, config.network.clone(), keyspace.clone()).await?;
-    for t in [topics::CAPABILITIES_ALL, topics::API_JOBS_ALL, topics::KEYSPACE_DELTAS] {
-        network.subscribe(t).await?;
+    for t in subscriptions(&config) {
+        network.subscribe(&t).await?;
     }
     let registry = Arc::new(Mutex::new(Registry::new(config.network.limits.clone())));
     tracing::info!(node_id = %node_id, peer_id = %identity.peer_id(), role = ?config.role, "node started");
@@ -241,12 +285,19 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
             backlog: Arc::default(),
             registration_id: registration_id.clone(),
             limits: config.network.limits.clone(),
+            policy: crate::jobs::worker::Policy {
+                private_tenant: config.private_tenant.clone(),
+                public: !(config.private_only && config.private_tenant.is_some()),
+                swarm_id: config.swarm_id.clone(),
+            },
         }),
         _ => None,
     };
+    let jobs_heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let rt = Runtime {
         gateway: (config.role != Role::Worker).then(GatewayState::default),
         worker: worker.clone(),
+        jobs_heard: jobs_heard.clone(),
         registration_id,
         identity,
         config,
@@ -265,6 +316,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         task,
         commands: cmd_tx,
         worker,
+        jobs_heard,
     })
 }
 
@@ -278,6 +330,7 @@ impl Runtime {
             limits: &self.config.network.limits,
             tracker: self.config.tracker,
             local_worker: self.worker.as_ref(),
+            swarm_id: &self.config.swarm_id,
         }
     }
 
@@ -417,7 +470,7 @@ impl Runtime {
             node_id: key.node_id(),
             public_key: key.public_key(),
             swarm_id: self.config.swarm_id.clone(),
-            tenant_id: None,
+            tenant_id: self.config.private_tenant.clone(),
             status,
             capabilities: Capabilities {
                 api_request_job: self.worker.is_some(),
@@ -441,7 +494,10 @@ impl Runtime {
             },
             models: self.config.models.clone(),
             queue: QueueInfo {
-                accepts_public_jobs: true,
+                accepts_public_jobs: !(self.config.private_only
+                    && self.config.private_tenant.is_some()),
+                accepts_private_jobs: self.config.private_tenant.is_some(),
+                accepts_local_only_jobs: self.config.swarm_id != PUBLIC_SWARM,
                 max_concurrent_api_jobs: self.config.max_concurrent_jobs as u32,
                 current_api_jobs: self.worker.as_ref().map_or(0, |w| w.load()) as u32,
                 free_kv_tokens: self.worker.as_ref().map_or(0, |w| w.executor.free_kv_tokens()),
@@ -486,6 +542,7 @@ impl Runtime {
         match ev {
             NetEvent::Message { message, topic, source } => {
                 if let Message::ApiRequestJob(job) = *message {
+                    self.jobs_heard.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if let Some(w) = &self.worker {
                         w.consider(job);
                     }

@@ -4,6 +4,10 @@
 //! per-namespace digests to a peer over a direct stream, and the peer answers
 //! with the entries of every namespace whose digest differs. Merge is
 //! idempotent and order-free, so over-sending is harmless.
+//!
+//! Usage records have tenant-gateway scope: they are gossiped on the
+//! tenant's `gcs.usage.<tenant>` topic, which only that tenant's gateways
+//! join, and anti-entropy compares one digest per tenant both sides serve.
 
 use gcs_keyspace::{Delta, Digest, Keyspace, KeyspaceError, MergeOutcome, Namespace, Scope};
 use serde::{Deserialize, Serialize};
@@ -18,6 +22,10 @@ pub struct DigestRequest {
     pub version: u8,
     /// (column family name, xor hash, count).
     pub digests: Vec<(String, Vec<u8>, u64)>,
+    /// (tenant, digest of its usage records, count) for every tenant the
+    /// requester's gateway serves. Absent in requests from older nodes.
+    #[serde(default)]
+    pub tenants: Vec<(String, Vec<u8>, u64)>,
 }
 
 /// "Here is what differs."
@@ -36,18 +44,133 @@ pub fn global_namespaces() -> impl Iterator<Item = Namespace> {
     Namespace::ALL.iter().copied().filter(|n| n.scope() == Scope::Global)
 }
 
-/// The request describing `ks`.
-pub fn digest_request(ks: &Keyspace) -> Result<DigestRequest, KeyspaceError> {
+/// The request describing `ks`, with one digest per tenant in `served`.
+pub fn digest_request(ks: &Keyspace, served: &[String]) -> Result<DigestRequest, KeyspaceError> {
     let mut digests = vec![];
     for ns in global_namespaces() {
         let d = ks.digest(ns)?;
         digests.push((ns.cf().to_string(), d.hash.to_vec(), d.count));
     }
-    Ok(DigestRequest { version: 1, digests })
+    let mut tenants = vec![];
+    for t in served {
+        let (hash, count) = tenant_digest(ks, t)?;
+        tenants.push((t.clone(), hash, count));
+    }
+    Ok(DigestRequest { version: 1, digests, tenants })
 }
 
-/// The answer of `ks` to a peer's digests.
-pub fn answer(ks: &Keyspace, req: &DigestRequest) -> Result<DigestResponse, KeyspaceError> {
+/// Where a usage record lives (26.23).
+pub fn usage_key(job_id: &str) -> String {
+    format!("/gcs/api/usage/{job_id}")
+}
+
+fn tenant_prefix(tenant: &str) -> String {
+    format!("/gcs/api/jobs_by_tenant/{tenant}/")
+}
+
+/// Stores a usage record and its entry in the tenant's index
+/// (`/gcs/api/jobs_by_tenant/<tenant>/<job>`, 26.23); returns the usage
+/// delta, which the caller gossips to the tenant's other gateways.
+pub fn record_usage(
+    ks: &Keyspace,
+    u: &gcs_protocol::UsageRecord,
+    now_ms: u64,
+) -> Result<Delta, crate::error::NodeError> {
+    let delta = ks.put(&usage_key(&u.job_id), gcs_protocol::encode(u)?, now_ms)?;
+    index_usage(ks, &u.tenant_id, &u.job_id, now_ms)?;
+    Ok(delta)
+}
+
+/// The index entry is derived locally (an empty register: its own CRDT
+/// metadata differs per node, so it is never compared or sent; the tenant
+/// digest hashes the usage records it points to).
+fn index_usage(ks: &Keyspace, tenant: &str, job: &str, now_ms: u64) -> Result<(), KeyspaceError> {
+    if !crate::topics::valid_tenant(tenant) {
+        tracing::warn!(tenant, job, "tenant id cannot be indexed; usage record kept unindexed");
+        return Ok(());
+    }
+    let key = format!("{}{job}", tenant_prefix(tenant));
+    if ks.get(&key)?.is_none() {
+        ks.put(&key, vec![], now_ms)?;
+    }
+    Ok(())
+}
+
+/// The usage deltas of one tenant, oldest job id first (ids are ULIDs).
+fn tenant_deltas(ks: &Keyspace, tenant: &str) -> Result<Vec<Delta>, KeyspaceError> {
+    let prefix = tenant_prefix(tenant);
+    let mut out = vec![];
+    for (key, _) in ks.scan_prefix(&prefix)? {
+        let key = usage_key(&key[prefix.len()..]);
+        if let Some(value) = ks.get(&key)? {
+            out.push(Delta { key, value });
+        }
+    }
+    Ok(out)
+}
+
+/// Digest of a tenant's usage records: equal on two replicas exactly when
+/// they hold the same records with the same CRDT state. O(records of the
+/// tenant) per call; see specs/network.md for when that needs a
+/// maintained digest instead.
+pub fn tenant_digest(ks: &Keyspace, tenant: &str) -> Result<(Vec<u8>, u64), KeyspaceError> {
+    let mut h = blake3::Hasher::new();
+    let mut n = 0u64;
+    for d in tenant_deltas(ks, tenant)? {
+        h.update(d.key.as_bytes()).update(&[0]).update(blake3::hash(&d.encode()).as_bytes());
+        n += 1;
+    }
+    Ok((h.finalize().as_bytes().to_vec(), n))
+}
+
+/// Checks a usage delta from a peer: a signed usage record, stored under
+/// its own job id, of a tenant this node's gateway serves.
+fn validate_usage(delta: &Delta, served: &[String]) -> Result<(String, String), String> {
+    let Some(bytes) = delta.value.as_register().and_then(|r| r.value()) else {
+        return Err("a usage record is never deleted".into());
+    };
+    let limits = gcs_protocol::Limits { max_message_bytes: 64 * 1024, ..Default::default() };
+    let m = gcs_protocol::decode(bytes, &limits).map_err(|e| e.to_string())?;
+    m.verify().map_err(|e| e.to_string())?;
+    let gcs_protocol::Message::UsageRecord(u) = m else {
+        return Err("not a usage record".into());
+    };
+    if delta.key != usage_key(&u.job_id) {
+        return Err("usage record stored under another job's key".into());
+    }
+    if !served.contains(&u.tenant_id) {
+        return Err(format!("this node does not serve tenant {:?}", u.tenant_id));
+    }
+    Ok((u.tenant_id, u.job_id))
+}
+
+/// Validates and merges one encoded delta of any scope this node takes
+/// from peers: global namespaces, and usage records of the tenants in
+/// `served`.
+pub fn merge_scoped(
+    ks: &Keyspace,
+    bytes: &[u8],
+    served: &[String],
+    now_ms: u64,
+) -> Result<MergeOutcome, String> {
+    let d = Delta::decode(bytes).map_err(|e| e.to_string())?;
+    if Namespace::of_key(&d.key).map_err(|e| e.to_string())? != Namespace::ApiUsage {
+        validate(&d)?;
+        return ks.merge(d, now_ms).map_err(|e| e.to_string());
+    }
+    let (tenant, job) = validate_usage(&d, served)?;
+    let out = ks.merge(d, now_ms).map_err(|e| e.to_string())?;
+    index_usage(ks, &tenant, &job, now_ms).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// The answer of `ks` to a peer's digests. Usage records go only for the
+/// tenants both sides serve.
+pub fn answer(
+    ks: &Keyspace,
+    req: &DigestRequest,
+    served: &[String],
+) -> Result<DigestResponse, KeyspaceError> {
     let mut deltas = vec![];
     let mut truncated = vec![];
     for ns in global_namespaces() {
@@ -62,6 +185,19 @@ pub fn answer(ks: &Keyspace, req: &DigestRequest) -> Result<DigestResponse, Keys
             truncated.push(ns.cf().to_string());
         }
         deltas.extend(snap.into_iter().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
+    }
+    for (tenant, hash, count) in &req.tenants {
+        if !served.contains(tenant) {
+            continue;
+        }
+        let (mine, n) = tenant_digest(ks, tenant)?;
+        if (mine.as_slice(), n) == (hash.as_slice(), *count) || n == 0 {
+            continue;
+        }
+        // Newest first: the cap keeps the records a budget check needs
+        // most (not marked truncated: asking again would get the same).
+        let all = tenant_deltas(ks, tenant)?;
+        deltas.extend(all.into_iter().rev().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
     }
     Ok(DigestResponse { version: 1, deltas, truncated })
 }
@@ -149,7 +285,7 @@ mod tests {
             a.put(&format!("/gcs/api/states/j{i}"), vec![i], 1000).unwrap();
         }
         a.put("/gcs/local/secret", b"never sent".to_vec(), 1000).unwrap();
-        let resp = answer(&a, &digest_request(&b).unwrap()).unwrap();
+        let resp = answer(&a, &digest_request(&b, &[]).unwrap(), &[]).unwrap();
         assert_eq!(resp.deltas.len(), 50);
         for d in &resp.deltas {
             merge_validated(&b, d, 2000).unwrap();
@@ -159,9 +295,72 @@ mod tests {
             b.digest(Namespace::ApiJobStates).unwrap()
         );
         assert!(
-            answer(&a, &digest_request(&b).unwrap()).unwrap().deltas.is_empty(),
+            answer(&a, &digest_request(&b, &[]).unwrap(), &[]).unwrap().deltas.is_empty(),
             "in sync: nothing to send"
         );
         assert_eq!(b.get("/gcs/local/secret").unwrap(), None);
+    }
+
+    #[test]
+    fn usage_records_go_only_to_the_tenants_gateways_and_converge() {
+        let (w, g) = samples::keys();
+        let (da, db, dc) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let a = Keyspace::open(da.path(), "a", Default::default()).unwrap();
+        let b = Keyspace::open(db.path(), "b", Default::default()).unwrap();
+        let c = Keyspace::open(dc.path(), "c", Default::default()).unwrap();
+        let acme = vec!["tenant_123".to_string()];
+        let other = vec!["other".to_string()];
+        let mut sent = vec![];
+        for i in 0..5 {
+            let mut u = samples::usage(&w, &g, &Params::default());
+            u.job_id = format!("gcsapi_{i}");
+            u.signature = None;
+            gcs_protocol::sign(&mut u, &g).unwrap();
+            sent.push(record_usage(&a, &u, 1000 + i).unwrap().encode());
+        }
+        // Gossip: b serves the tenant and takes every record; c does not.
+        for d in &sent {
+            merge_scoped(&b, d, &acme, 2000).unwrap();
+            assert!(merge_scoped(&c, d, &other, 2000).is_err());
+            assert!(merge_validated(&c, d, 2000).is_err(), "usage is not global");
+        }
+        assert_eq!(
+            tenant_digest(&a, "tenant_123").unwrap(),
+            tenant_digest(&b, "tenant_123").unwrap()
+        );
+        assert_eq!(tenant_digest(&c, "tenant_123").unwrap().1, 0);
+        // Anti-entropy: a late gateway of the tenant gets them; one that
+        // only claims another tenant gets nothing.
+        let resp = answer(&a, &digest_request(&c, &acme).unwrap(), &acme).unwrap();
+        assert_eq!(resp.deltas.len(), 5);
+        assert!(answer(&a, &digest_request(&c, &other).unwrap(), &acme).unwrap().deltas.is_empty());
+        assert!(
+            answer(&c, &digest_request(&a, &acme).unwrap(), &other).unwrap().deltas.is_empty(),
+            "c does not serve the tenant: it answers nothing of it"
+        );
+        for d in &resp.deltas {
+            merge_scoped(&c, d, &acme, 3000).unwrap();
+        }
+        assert_eq!(
+            tenant_digest(&a, "tenant_123").unwrap(),
+            tenant_digest(&c, "tenant_123").unwrap()
+        );
+        assert!(answer(&a, &digest_request(&c, &acme).unwrap(), &acme).unwrap().deltas.is_empty());
+        // Forgeries: tampered after signing, or filed under another job.
+        let mut u = samples::usage(&w, &g, &Params::default());
+        gcs_protocol::sign(&mut u, &g).unwrap();
+        u.output_tokens_sent_to_client += 1;
+        let tampered =
+            c.put(&usage_key(&u.job_id), gcs_protocol::encode(&u).unwrap(), 4000).unwrap();
+        assert!(merge_scoped(&b, &tampered.encode(), &acme, 4000).is_err());
+        let mut u = samples::usage(&w, &g, &Params::default());
+        gcs_protocol::sign(&mut u, &g).unwrap();
+        let misfiled =
+            c.put(&usage_key("gcsapi_x"), gcs_protocol::encode(&u).unwrap(), 4001).unwrap();
+        assert!(merge_scoped(&b, &misfiled.encode(), &acme, 4001).is_err());
     }
 }

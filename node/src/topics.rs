@@ -28,6 +28,20 @@ pub fn api_jobs_private(tenant: &str) -> String {
     format!("gcs.api.jobs.private.{tenant}")
 }
 
+/// Usage records of one tenant, among the gateways serving it (the
+/// tenant-gateway replication scope; carries keyspace deltas).
+pub fn tenant_usage(tenant: &str) -> String {
+    format!("{TENANT_USAGE_PREFIX}{tenant}")
+}
+
+/// Prefix of [`tenant_usage`] topics.
+pub const TENANT_USAGE_PREFIX: &str = "gcs.usage.";
+
+/// Whether `id` can name a tenant in a topic and a key (one key segment).
+pub fn valid_tenant(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+}
+
 /// Local-swarm job channel.
 pub fn api_jobs_local(swarm: &str) -> String {
     format!("gcs.api.jobs.local.{swarm}")

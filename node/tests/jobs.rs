@@ -418,3 +418,115 @@ async fn an_idempotency_key_returns_the_same_job_and_refuses_another_body() {
     }
     net.gw.shutdown().await;
 }
+
+fn routed(network: gcs_protocol::RoutingMode, swarm: &str, idem: &str) -> JobSpec {
+    let mut s = spec();
+    s.routing.network = network;
+    s.routing.swarm_id = swarm.into();
+    s.idempotency_key = idem.into();
+    s
+}
+
+/// Runs a job to its end and returns who held its lease.
+async fn served_by(gw: &NodeHandle, s: JobSpec) -> gcs_protocol::NodeId {
+    let (job, mut rx) = gw.submit(s).await.unwrap();
+    loop {
+        match next(&mut rx).await {
+            JobEvent::Completed(_) => break,
+            JobEvent::Failed { error, .. } => panic!("job {job} failed: {error:?}"),
+            _ => {}
+        }
+    }
+    lease_holder(gw, &job).expect("a lease")
+}
+
+/// Private, hybrid and local-only jobs are announced only on their own
+/// topics (26.9.2): a public worker never hears them, and the tenant's
+/// private node or the swarm's node wins them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_and_local_jobs_travel_only_on_their_topics() {
+    use gcs_protocol::RoutingMode as R;
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let gw = start(config(Role::Gateway, &dirs[0], vec![], None)).await.unwrap();
+    let a = addr(&gw).await;
+    let worker = |i: usize, tenant: Option<&str>, swarm: &str| {
+        let mut c = config(Role::Worker, &dirs[i], vec![a.clone()], Some(Scripted::new(3, 0, 5)));
+        c.private_tenant = tenant.map(String::from);
+        c.private_only = tenant.is_some();
+        c.swarm_id = swarm.into();
+        c
+    };
+    let public = start(worker(1, None, "public")).await.unwrap();
+    let private = start(worker(2, Some("tenant_1"), "public")).await.unwrap();
+    let lab = start(worker(3, None, "lab")).await.unwrap();
+    let ids = [&public.node_id, &private.node_id, &lab.node_id];
+    wait_for("three registrations", || {
+        let regs = gw.fresh_registrations();
+        ids.iter().all(|id| regs.iter().any(|r| &&r.node_id == id))
+    })
+    .await;
+    // Let the private and local topic meshes form.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    assert_eq!(served_by(&gw, routed(R::Private, "public", "p1")).await, private.node_id);
+    assert_eq!(served_by(&gw, routed(R::Hybrid, "public", "h1")).await, private.node_id);
+    assert_eq!(served_by(&gw, routed(R::LocalOnly, "lab", "l1")).await, lab.node_id);
+    assert_eq!(public.jobs_heard(), 0, "the public worker heard a private or local job");
+    assert_eq!(lab.jobs_heard(), 1, "the lab worker hears only its swarm's job");
+    assert!(private.jobs_heard() >= 2, "the private worker hears its tenant's jobs");
+    // A public job: the private-only node takes none of it.
+    let holder = served_by(&gw, routed(R::Public, "public", "pub1")).await;
+    assert!(holder == public.node_id || holder == lab.node_id, "public job won by {holder}");
+    wait_for("the public announcement at the public worker", || public.jobs_heard() == 1).await;
+}
+
+/// Usage records replicate among the gateways of their tenant only — by
+/// gossip on the tenant's topic, and by anti-entropy to a gateway that
+/// joins later — never to workers or to other tenants' gateways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_records_reach_the_tenants_gateways_and_no_one_else() {
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
+    let gateway = |i: usize, tenant: &str, boot: Vec<libp2p::Multiaddr>| {
+        let mut c = config(Role::Gateway, &dirs[i], boot, None);
+        c.network.served_tenants = vec![tenant.to_string()];
+        c.network.anti_entropy_interval = Duration::from_millis(300);
+        c
+    };
+    let g1 = start(gateway(0, "tenant_1", vec![])).await.unwrap();
+    let a = addr(&g1).await;
+    let g2 = start(gateway(1, "tenant_1", vec![a.clone()])).await.unwrap();
+    let g3 = start(gateway(2, "tenant_2", vec![a.clone()])).await.unwrap();
+    let w = start(config(Role::Worker, &dirs[3], vec![a.clone()], Some(Scripted::new(4, 0, 5))))
+        .await
+        .unwrap();
+    wait_for("the worker at g1", || {
+        g1.fresh_registrations().iter().any(|r| r.node_id == w.node_id)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut s = spec();
+    s.idempotency_key = "usage-1".into();
+    let (job, mut rx) = g1.submit(s).await.unwrap();
+    while !matches!(next(&mut rx).await, JobEvent::Completed(_)) {}
+    let key = format!("/gcs/api/usage/{job}");
+    let has = |n: &NodeHandle| n.keyspace().get_bytes(&key).unwrap().is_some();
+    wait_for("the usage record at g2", || has(&g2)).await;
+    assert_eq!(usage(&g2, &job), usage(&g1, &job), "the same signed record");
+    assert!(
+        g2.keyspace()
+            .get_bytes(&format!("/gcs/api/jobs_by_tenant/tenant_1/{job}"))
+            .unwrap()
+            .is_some(),
+        "indexed under its tenant"
+    );
+    // A gateway of the tenant that joins afterwards catches up.
+    let g4 = start(gateway(4, "tenant_1", vec![a])).await.unwrap();
+    wait_for("the usage record at the late gateway", || has(&g4)).await;
+    // Several anti-entropy rounds later, still nowhere else.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!has(&g3), "another tenant's gateway got the record");
+    assert!(!has(&w), "a worker got the record");
+    for n in [g1, g2, g3, g4, w] {
+        n.shutdown().await;
+    }
+}

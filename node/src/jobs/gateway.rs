@@ -58,7 +58,7 @@ fn idempotency_key(tenant: &str, key: &str) -> String {
 /// from the recorded lease holder under that lease, the job's usage record
 /// is re-signed with what the worker really generated and consumed. The
 /// record stays the job's only one.
-fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<bool, NodeError> {
+async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<bool, NodeError> {
     let Some(m) = &r.metering else { return Ok(false) };
     let job = &r.job_id;
     let Some(lease) = ctx.keyspace.get_bytes(&format!("/gcs/api/leases/{job}"))? else {
@@ -81,9 +81,27 @@ fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<bool, N
     u.compute_ms = u.compute_ms.max(m.compute_ms);
     u.signature = None;
     sign(&mut u, ctx.key)?;
-    ctx.keyspace.put(&key, gcs_protocol::encode(&u)?, now_ms())?;
+    store_usage(&u, ctx).await;
     tracing::debug!(job_id = %job, generated, "usage updated with the worker's late metering");
     Ok(true)
+}
+
+/// Stores a usage record and gossips it to the tenant's other gateways
+/// (tenant-gateway scope): a tenant's budget and `/v1/usage` then hold on
+/// every gateway that serves it.
+async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) {
+    match crate::replication::record_usage(ctx.keyspace, u, now_ms()) {
+        Ok(delta) if topics::valid_tenant(&u.tenant_id) => {
+            let topic = topics::tenant_usage(&u.tenant_id);
+            if let Err(e) = ctx.network.publish(&topic, delta.encode()).await {
+                // No other gateway of this tenant is connected: anti-entropy
+                // brings them the record when one is.
+                tracing::debug!(job_id = %u.job_id, error = %e, "usage record not gossiped");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(job_id = %u.job_id, error = %e, "usage record not stored"),
+    }
 }
 
 /// Tokens of the fenced stream recorded for a job (what its client got).
@@ -109,6 +127,24 @@ pub(crate) struct Ctx<'a> {
     pub tracker: TrackerConfig,
     /// This node's own worker (`--role all`), which hears no gossip from itself.
     pub local_worker: Option<&'a crate::jobs::worker::WorkerState>,
+    /// This node's swarm (the default swarm of `local_only` jobs).
+    pub swarm_id: &'a str,
+}
+
+/// The gossip topics a job is announced on (26.9.2): private jobs only on
+/// the tenant's private topic, hybrid jobs there first and on the public
+/// topic once the private-first window has passed (re-announcements),
+/// local-only jobs on their swarm's topic.
+pub(crate) fn job_topics(job: &ApiRequestJob) -> Vec<String> {
+    use gcs_protocol::RoutingMode as R;
+    let private = || topics::api_jobs_private(&job.tenant.tenant_id);
+    match job.routing.network {
+        R::Private => vec![private()],
+        R::Hybrid if job.announcement == 0 => vec![private()],
+        R::Hybrid => vec![private(), topics::API_JOBS_ALL.to_string()],
+        R::LocalOnly => vec![topics::api_jobs_local(&job.routing.swarm_id)],
+        R::Public | R::GatewayLocal => vec![topics::API_JOBS_ALL.to_string()],
+    }
 }
 
 /// Jobs this gateway is tracking.
@@ -258,6 +294,14 @@ impl GatewayState {
         if let Some(repeat) = self.repeat(&idem, body_hash, now, ctx)? {
             return Ok(repeat);
         }
+        let mut spec = spec;
+        if spec.routing.network == gcs_protocol::RoutingMode::LocalOnly
+            && (spec.routing.swarm_id.is_empty()
+                || spec.routing.swarm_id == crate::node::PUBLIC_SWARM)
+        {
+            // "Local" means this gateway's own swarm.
+            spec.routing.swarm_id = ctx.swarm_id.to_string();
+        }
         let job = build_job(&spec, ctx.key, &spec.body, now)?;
         let job_id = job.job_id.clone();
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
@@ -406,7 +450,7 @@ impl GatewayState {
                 };
                 if !self.active.contains_key(&job_id) {
                     if let Input::Result(r) = &input {
-                        if late_metering(r, ctx).unwrap_or(false) {
+                        if late_metering(r, ctx).await.unwrap_or(false) {
                             return JobResponse::Ack;
                         }
                     }
@@ -445,8 +489,10 @@ impl GatewayState {
                         w.consider((*job).clone());
                     }
                     if let Ok(b) = gcs_protocol::encode(job.as_ref()) {
-                        if let Err(err) = ctx.network.publish(topics::API_JOBS_ALL, b).await {
-                            tracing::debug!(job_id, error = %err, "job not published on gossip (duplicate or no peers)");
+                        for topic in job_topics(&job) {
+                            if let Err(err) = ctx.network.publish(&topic, b.clone()).await {
+                                tracing::debug!(job_id, %topic, error = %err, "job not published on gossip (duplicate or no peers)");
+                            }
                         }
                     }
                 }
@@ -504,13 +550,7 @@ impl GatewayState {
                 Effect::Fail { error, after_partial_output } => {
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
                 }
-                Effect::Usage(u) => {
-                    let _ = ctx.keyspace.put(
-                        &format!("/gcs/api/usage/{job_id}"),
-                        gcs_protocol::encode(u.as_ref()).unwrap_or_default(),
-                        now,
-                    );
-                }
+                Effect::Usage(u) => store_usage(&u, ctx).await,
             }
         }
         if let (Some(ev), Some(a)) = (terminal, self.active.get(job_id)) {

@@ -60,6 +60,36 @@ pub(crate) struct WorkerState {
     pub backlog: Arc<Mutex<std::collections::VecDeque<ApiRequestJob>>>,
     pub registration_id: Arc<Mutex<String>>,
     pub limits: Limits,
+    pub policy: Policy,
+}
+
+/// Which routing modes this worker can win (mirrors its registration, so
+/// it does not claim what the gateway must refuse).
+#[derive(Clone, Debug)]
+pub(crate) struct Policy {
+    pub private_tenant: Option<String>,
+    pub public: bool,
+    pub swarm_id: String,
+}
+
+impl Policy {
+    fn allows(&self, job: &ApiRequestJob, me: &gcs_protocol::NodeId) -> bool {
+        use gcs_protocol::RoutingMode as R;
+        let r = &job.routing;
+        let private = self.private_tenant.as_deref() == Some(job.tenant.tenant_id.as_str())
+            && (r.allowed_nodes.is_empty() || r.allowed_nodes.contains(me));
+        match r.network {
+            R::Public => self.public,
+            R::Private => private,
+            // Public nodes wait for the re-announcement after the
+            // private-first window; a claim before it is refused.
+            R::Hybrid => private || (self.public && job.announcement > 0),
+            R::LocalOnly => {
+                self.swarm_id != crate::node::PUBLIC_SWARM && self.swarm_id == r.swarm_id
+            }
+            R::GatewayLocal => true,
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -86,7 +116,7 @@ impl WorkerState {
     /// A job appeared on gossip: claim it if this worker can serve it.
     pub fn consider(&self, job: ApiRequestJob) {
         let me = self.key.node_id();
-        if job.routing.excluded_nodes.contains(&me) {
+        if job.routing.excluded_nodes.contains(&me) || !self.policy.allows(&job, &me) {
             return;
         }
         let Some(model) = self
