@@ -285,6 +285,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
             backlog: Arc::default(),
             registration_id: registration_id.clone(),
             limits: config.network.limits.clone(),
+            keyspace: keyspace.clone(),
             policy: crate::jobs::worker::Policy {
                 private_tenant: config.private_tenant.clone(),
                 public: !(config.private_only && config.private_tenant.is_some()),

@@ -482,9 +482,10 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
 
 /// Usage records replicate among the gateways of their tenant only — by
 /// gossip on the tenant's topic, and by anti-entropy to a gateway that
-/// joins later — never to workers or to other tenants' gateways.
+/// joins later — never to workers or to other tenants' gateways; a job's
+/// stream and result stay on its gateway and worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn usage_records_reach_the_tenants_gateways_and_no_one_else() {
+async fn scoped_records_reach_their_scope_and_no_one_else() {
     let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
     let gateway = |i: usize, tenant: &str, boot: Vec<libp2p::Multiaddr>| {
         let mut c = config(Role::Gateway, &dirs[i], boot, None);
@@ -526,6 +527,16 @@ async fn usage_records_reach_the_tenants_gateways_and_no_one_else() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!has(&g3), "another tenant's gateway got the record");
     assert!(!has(&w), "a worker got the record");
+    // Job-participant scope: the stream and the result live on the job's
+    // gateway and worker, identical, and nowhere else.
+    let first = format!("/gcs/api/streams/{job}/00000000");
+    let result = format!("/gcs/api/results/{job}");
+    for k in [&first, &result] {
+        let at = |n: &NodeHandle| n.keyspace().get_bytes(k).unwrap();
+        assert!(at(&g1).is_some() && at(&w).is_some(), "{k} at both participants");
+        assert!(at(&g2).is_none() && at(&g3).is_none() && at(&g4).is_none(), "{k} elsewhere");
+    }
+    assert_eq!(g1.keyspace().get_bytes(&first).unwrap(), w.keyspace().get_bytes(&first).unwrap());
     for n in [g1, g2, g3, g4, w] {
         n.shutdown().await;
     }

@@ -37,6 +37,10 @@ fn metering(o: &ExecOutcome, compute_ms: u64, first_token_ms: u64) -> Metering {
     }
 }
 
+fn stream_key(job_id: &str, seq: u64) -> String {
+    format!("/gcs/api/streams/{job_id}/{seq:08}")
+}
+
 /// Announced jobs a busy worker remembers.
 const BACKLOG: usize = 256;
 
@@ -61,6 +65,8 @@ pub(crate) struct WorkerState {
     pub registration_id: Arc<Mutex<String>>,
     pub limits: Limits,
     pub policy: Policy,
+    /// Where the worker keeps its side of each job (job-participant scope).
+    pub keyspace: Arc<gcs_keyspace::Keyspace>,
 }
 
 /// Which routing modes this worker can win (mirrors its registration, so
@@ -189,6 +195,19 @@ impl WorkerState {
         }
     }
 
+    /// Job-participant scope (specs/network.md): the worker keeps the signed
+    /// chunks and result it sent, so the job's stream lives on exactly its
+    /// two participants. Not on a `--role all` node's own jobs: its gateway
+    /// records the fenced stream under the same keys.
+    fn record(&self, job: &ApiRequestJob, key: &str, bytes: &[u8]) {
+        if job.gateway_node_id == self.key.node_id() {
+            return;
+        }
+        if let Err(e) = self.keyspace.put(key, bytes.to_vec(), now_ms()) {
+            tracing::warn!(job_id = %job.job_id, error = %e, "worker record not stored");
+        }
+    }
+
     async fn send(&self, gateway: PeerId, bytes: Vec<u8>) -> Result<JobResponse, NodeError> {
         self.network.request(gateway, JobRequest::Envelope(bytes)).await
     }
@@ -287,6 +306,7 @@ impl WorkerState {
             }
             let c = self.chunk(&job, &lease, seq, Some(text), tokens, None)?;
             let bytes = gcs_protocol::encode(&c)?;
+            self.record(&job, &stream_key(&job.job_id, seq), &bytes);
             let permit =
                 window.clone().acquire_owned().await.map_err(|_| NodeError::NetworkStopped)?;
             let (w, flag) = (self.clone(), cancel.clone());
@@ -307,7 +327,9 @@ impl WorkerState {
         let result = match outcome {
             Ok(o) if !cancel.load(Ordering::SeqCst) => {
                 let last = self.chunk(&job, &lease, seq, None, 0, Some(o.finish_reason))?;
-                let _ = self.send(gateway, gcs_protocol::encode(&last)?).await;
+                let bytes = gcs_protocol::encode(&last)?;
+                self.record(&job, &stream_key(&job.job_id, seq), &bytes);
+                let _ = self.send(gateway, bytes).await;
                 self.result(&job, &lease, &claim, Ok(&o), seq + 1, compute_ms, first_token_ms)?
             }
             Ok(o) => {
@@ -337,7 +359,9 @@ impl WorkerState {
                 first_token_ms,
             )?,
         };
-        let _ = self.send(gateway, gcs_protocol::encode(&result)?).await;
+        let bytes = gcs_protocol::encode(&result)?;
+        self.record(&job, &format!("/gcs/api/results/{}", job.job_id), &bytes);
+        let _ = self.send(gateway, bytes).await;
         Ok(())
     }
 
