@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use gcs_protocol::{
     ApiType, CancellationReason, FinalResult, FinishReason, JobLimits, Metering, Routing,
+    RoutingMode,
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -165,6 +166,22 @@ async fn admit(
             format!("this API key may not use '{}' routing", parsed.network),
         ));
     }
+    if !routable(state, &parsed.model, &key.tenant_id, parsed.network) {
+        // Only a node of that kind may win the job: without one it would
+        // wait out its queue timeout, so say so now.
+        let mut e = ApiError::no_capable_nodes(&parsed.model);
+        e.message = match parsed.network {
+            RoutingMode::Private => format!(
+                "No private node of this tenant can serve '{}' right now ('private' routing).",
+                parsed.model
+            ),
+            _ => format!(
+                "No node of swarm '{}' can serve '{}' right now ('local_only' routing).",
+                state.config.swarm_id, parsed.model
+            ),
+        };
+        return Err(e);
+    }
     let c = &state.config;
     if state.in_flight.fetch_add(1, Ordering::Relaxed) >= c.max_in_flight {
         state.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -207,6 +224,25 @@ async fn admit(
     Ok((flight, idem))
 }
 
+/// Whether a fresh registration can win a job of this routing: private
+/// jobs need one of the tenant's private nodes, local-only ones a node of
+/// this gateway's swarm (hybrid jobs fall back to public nodes).
+fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -> bool {
+    let fits = |r: &gcs_protocol::NodeRegistration| match network {
+        RoutingMode::Private => {
+            r.queue.accepts_private_jobs && r.tenant_id.as_deref() == Some(tenant)
+        }
+        RoutingMode::LocalOnly => {
+            r.queue.accepts_local_only_jobs && r.swarm_id == state.config.swarm_id
+        }
+        _ => true,
+    };
+    !matches!(network, RoutingMode::Private | RoutingMode::LocalOnly)
+        || state.backend.registrations().iter().any(|r| {
+            r.status != gcs_protocol::NodeStatus::Offline && r.model(model).is_some() && fits(r)
+        })
+}
+
 /// A key's metered lifetime use, from its usage records.
 fn spent_tokens(state: &AppState, key_id: &str) -> u64 {
     match state.backend.usage(key_id, 0, u64::MAX) {
@@ -236,7 +272,12 @@ pub(crate) async fn submit(
         idempotency_key: idem,
         limits: f.limits.clone(),
         max_output_tokens: p.max_tokens.min(u64::from(u32::MAX)) as u32,
-        routing: Routing { network: p.network, privacy_mode: p.privacy, ..Routing::public() },
+        routing: Routing {
+            network: p.network,
+            privacy_mode: p.privacy,
+            swarm_id: f.state.config.swarm_id.clone(),
+            ..Routing::public()
+        },
     };
     let r = f.state.backend.submit(spec).await;
     if r.is_err() && f.open_jobs.is_empty() {

@@ -53,6 +53,8 @@ pub struct GatewayConfig {
     pub max_in_flight: usize,
     /// Embedding inputs per job (arrays are split across workers).
     pub embed_batch: usize,
+    /// This gateway's swarm: `local_only` requests go to its nodes.
+    pub swarm_id: String,
 }
 
 impl Default for GatewayConfig {
@@ -66,6 +68,7 @@ impl Default for GatewayConfig {
             wall_timeout_ms: 120_000,
             max_in_flight: 256,
             embed_batch: 4,
+            swarm_id: "public".into(),
         }
     }
 }

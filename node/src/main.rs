@@ -468,6 +468,7 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
             idle_timeout_ms: cli.idle_timeout_ms,
             wall_timeout_ms: cli.wall_timeout_ms,
             max_in_flight: cli.max_in_flight.max(1),
+            swarm_id: cli.swarm.clone(),
             ..Default::default()
         };
         let scheme = if tls.is_some() { "https" } else { "http" };

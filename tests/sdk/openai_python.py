@@ -230,6 +230,14 @@ def errors():
                    max_retries=0)
     expect_error(openai.InternalServerError, 503, "gnus_no_capable_nodes",
                  lambda: empty.chat.completions.create(model=CHAT, messages=MSG))
+    # The network serves the model, but no private node of this tenant and no
+    # node of this gateway's swarm: said at once, not after a queue timeout.
+    for network in ("private", "local_only"):
+        t0 = time.time()
+        expect_error(openai.InternalServerError, 503, "gnus_no_capable_nodes",
+                     lambda: client.chat.completions.create(
+                         model=CHAT, messages=MSG, extra_body={"gnus": {"network": network}}))
+        assert time.time() - t0 < 2, f"{network}: the 503 took {time.time() - t0:.1f} s"
     expect_error(openai.APIStatusError, 504, "gnus_wall_timeout",
                  lambda: client.chat.completions.create(
                      model=CHAT, messages=MSG, max_tokens=3000, logit_bias=NO_EOS,
