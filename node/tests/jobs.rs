@@ -427,8 +427,8 @@ fn routed(network: gcs_protocol::RoutingMode, swarm: &str, idem: &str) -> JobSpe
     s
 }
 
-/// Runs a job to its end and returns who held its lease.
-async fn served_by(gw: &NodeHandle, s: JobSpec) -> gcs_protocol::NodeId {
+/// Runs a job to its end and returns its id and who held its lease.
+async fn served_by(gw: &NodeHandle, s: JobSpec) -> (String, gcs_protocol::NodeId) {
     let (job, mut rx) = gw.submit(s).await.unwrap();
     loop {
         match next(&mut rx).await {
@@ -437,7 +437,8 @@ async fn served_by(gw: &NodeHandle, s: JobSpec) -> gcs_protocol::NodeId {
             _ => {}
         }
     }
-    lease_holder(gw, &job).expect("a lease")
+    let holder = lease_holder(gw, &job).expect("a lease");
+    (job, holder)
 }
 
 /// Private, hybrid and local-only jobs are announced only on their own
@@ -447,13 +448,16 @@ async fn served_by(gw: &NodeHandle, s: JobSpec) -> gcs_protocol::NodeId {
 async fn private_and_local_jobs_travel_only_on_their_topics() {
     use gcs_protocol::RoutingMode as R;
     let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-    let gw = start(config(Role::Gateway, &dirs[0], vec![], None)).await.unwrap();
+    let mut gc = config(Role::Gateway, &dirs[0], vec![], None);
+    gc.network.anti_entropy_interval = Duration::from_millis(300);
+    let gw = start(gc).await.unwrap();
     let a = addr(&gw).await;
     let worker = |i: usize, tenant: Option<&str>, swarm: &str| {
         let mut c = config(Role::Worker, &dirs[i], vec![a.clone()], Some(Scripted::new(3, 0, 5)));
         c.private_tenant = tenant.map(String::from);
         c.private_only = tenant.is_some();
         c.swarm_id = swarm.into();
+        c.network.anti_entropy_interval = Duration::from_millis(300);
         c
     };
     let public = start(worker(1, None, "public")).await.unwrap();
@@ -468,16 +472,32 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
     // Let the private and local topic meshes form.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    assert_eq!(served_by(&gw, routed(R::Private, "public", "p1")).await, private.node_id);
-    assert_eq!(served_by(&gw, routed(R::Hybrid, "public", "h1")).await, private.node_id);
-    assert_eq!(served_by(&gw, routed(R::LocalOnly, "lab", "l1")).await, lab.node_id);
+    let mut confined = vec![];
+    for (mode, swarm, idem, want) in [
+        (R::Private, "public", "p1", &private.node_id),
+        (R::Hybrid, "public", "h1", &private.node_id),
+        (R::LocalOnly, "lab", "l1", &lab.node_id),
+    ] {
+        let (job, holder) = served_by(&gw, routed(mode, swarm, idem)).await;
+        assert_eq!(&holder, want, "{mode:?} job won by the wrong node");
+        confined.push(job);
+    }
     assert_eq!(public.jobs_heard(), 0, "the public worker heard a private or local job");
     assert_eq!(lab.jobs_heard(), 1, "the lab worker hears only its swarm's job");
     assert!(private.jobs_heard() >= 2, "the private worker hears its tenant's jobs");
     // A public job: the private-only node takes none of it.
-    let holder = served_by(&gw, routed(R::Public, "public", "pub1")).await;
+    let (public_job, holder) = served_by(&gw, routed(R::Public, "public", "pub1")).await;
     assert!(holder == public.node_id || holder == lab.node_id, "public job won by {holder}");
     wait_for("the public announcement at the public worker", || public.jobs_heard() == 1).await;
+    // Nor does anti-entropy hand the confined jobs' records to anyone: the
+    // public job's record arrives, theirs never do.
+    let record = |n: &NodeHandle, j: &str| {
+        n.keyspace().get_bytes(&format!("/gcs/api/jobs/{j}")).unwrap().is_some()
+    };
+    wait_for("the public job's record at the public worker", || record(&public, &public_job)).await;
+    for j in &confined {
+        assert!(!record(&public, j) && !record(&lab, j), "confined job {j} replicated");
+    }
 }
 
 /// Usage records replicate among the gateways of their tenant only — by

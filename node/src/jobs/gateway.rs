@@ -131,6 +131,23 @@ pub(crate) struct Ctx<'a> {
     pub swarm_id: &'a str,
 }
 
+/// Where this gateway keeps the records of jobs confined to a tenant or a
+/// swarm (never replicated).
+const CONFINED_JOBS: &str = "/gcs/local/jobs/";
+
+/// Where the gateway records a job. A public job is a global record. A
+/// private, hybrid or local-only job names its tenant and model and is
+/// announced only on its tenant's or swarm's topic, so its record stays on
+/// this node: in the global namespace, anti-entropy would hand it to every
+/// peer.
+fn job_record_key(job: &ApiRequestJob) -> String {
+    use gcs_protocol::RoutingMode as R;
+    match job.routing.network {
+        R::Public | R::GatewayLocal => format!("/gcs/api/jobs/{}", job.job_id),
+        R::Private | R::Hybrid | R::LocalOnly => format!("{CONFINED_JOBS}{}", job.job_id),
+    }
+}
+
 /// The gossip topics a job is announced on (26.9.2): private jobs only on
 /// the tenant's private topic, hybrid jobs there first and on the public
 /// topic once the private-first window has passed (re-announcements),
@@ -229,7 +246,9 @@ impl GatewayState {
         let me = ctx.key.node_id();
         let now = now_ms();
         let mut n = 0;
-        for (_, v) in ctx.keyspace.scan_prefix("/gcs/api/jobs/")? {
+        let mut jobs = ctx.keyspace.scan_prefix("/gcs/api/jobs/")?;
+        jobs.extend(ctx.keyspace.scan_prefix(CONFINED_JOBS)?);
+        for (_, v) in jobs {
             let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
             let Ok(job) = gcs_protocol::codec::from_cbor_bytes::<ApiRequestJob>(bytes) else {
                 continue;
@@ -306,7 +325,7 @@ impl GatewayState {
         let job_id = job.job_id.clone();
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
         ctx.keyspace.put(&idem, gcs_protocol::codec::to_canonical_bytes(&entry)?, now)?;
-        ctx.keyspace.put(&format!("/gcs/api/jobs/{job_id}"), gcs_protocol::encode(&job)?, now)?;
+        ctx.keyspace.put(&job_record_key(&job), gcs_protocol::encode(&job)?, now)?;
         ctx.keyspace.put(&format!("/gcs/api/payloads/{job_id}"), spec.body.clone(), now)?;
         let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
