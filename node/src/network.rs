@@ -198,6 +198,7 @@ impl Network {
             anti_entropy_interval: config.anti_entropy_interval,
             served_tenants: config.served_tenants.clone(),
             ae_round: 0,
+            ae_cursor: HashMap::new(),
             outbound: HashMap::new(),
             inbound: HashMap::new(),
             local: HashMap::new(),
@@ -370,6 +371,8 @@ struct EventLoop {
     anti_entropy_interval: Duration,
     served_tenants: Vec<String>,
     ae_round: usize,
+    /// Per peer: its delta-log position we have everything up to.
+    ae_cursor: HashMap<PeerId, u64>,
     outbound: HashMap<
         request_response::OutboundRequestId,
         oneshot::Sender<Result<JobResponse, NodeError>>,
@@ -564,8 +567,16 @@ impl EventLoop {
     }
 
     fn request_anti_entropy(&mut self, peer: PeerId) {
+        self.request_anti_entropy_page(peer, vec![]);
+    }
+
+    /// Asks `peer` for what this node lacks: its log after our cursor, or
+    /// (first contact, or `after` resume points) what differing digests show.
+    fn request_anti_entropy_page(&mut self, peer: PeerId, after: Vec<(String, String)>) {
         match replication::digest_request(&self.keyspace, &self.served_tenants) {
-            Ok(req) => {
+            Ok(mut req) => {
+                req.since = self.ae_cursor.get(&peer).copied();
+                req.after = after;
                 self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
             }
             Err(e) => tracing::warn!(error = %e, "cannot compute keyspace digests"),
@@ -610,7 +621,12 @@ impl EventLoop {
                 if changed > 0 || refused > 0 {
                     tracing::info!(%peer, changed, refused, "anti-entropy merged");
                 }
-                if !response.truncated.is_empty() {
+                if let Some(seq) = response.last_seq {
+                    self.ae_cursor.insert(peer, seq);
+                }
+                if !response.resume.is_empty() {
+                    self.request_anti_entropy_page(peer, response.resume);
+                } else if !response.truncated.is_empty() {
                     self.request_anti_entropy(peer);
                 }
             }

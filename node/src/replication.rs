@@ -5,6 +5,12 @@
 //! with the entries of every namespace whose digest differs. Merge is
 //! idempotent and order-free, so over-sending is harmless.
 //!
+//! After the first exchange with a peer, a node asks only for the peer's
+//! delta-log entries after the last one it got (`since`): steady-state
+//! anti-entropy then costs what changed, not the size of every namespace
+//! that differs. A digest comparison runs on first contact, when the peer's
+//! log no longer reaches back that far, or when the cursor is ahead of it.
+//!
 //! Usage records have tenant-gateway scope: they are gossiped on the
 //! tenant's `gcs.usage.<tenant>` topic, which only that tenant's gateways
 //! join, and anti-entropy compares one digest per tenant both sides serve.
@@ -26,6 +32,14 @@ pub struct DigestRequest {
     /// requester's gateway serves. Absent in requests from older nodes.
     #[serde(default)]
     pub tenants: Vec<(String, Vec<u8>, u64)>,
+    /// The responder's log position this requester has everything up to
+    /// (from the responder's previous answer); None on first contact.
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// Resume points of a snapshot answered in pages: (column family, last
+    /// key received). A request with any is answered from snapshots.
+    #[serde(default)]
+    pub after: Vec<(String, String)>,
 }
 
 /// "Here is what differs."
@@ -37,7 +51,18 @@ pub struct DigestResponse {
     pub deltas: Vec<Vec<u8>>,
     /// Namespaces cut at the per-namespace cap (the requester asks again).
     pub truncated: Vec<String>,
+    /// The responder's log position this answer covers: the requester's
+    /// next `since`. Absent from older nodes.
+    #[serde(default)]
+    pub last_seq: Option<u64>,
+    /// For each namespace cut at the cap: (column family, last key sent);
+    /// the requester asks again with these as `after`.
+    #[serde(default)]
+    pub resume: Vec<(String, String)>,
 }
+
+/// Log entries read per answer; a full page means "ask again at once".
+pub const LOG_PAGE: usize = 10_000;
 
 /// Namespaces every node replicates.
 pub fn global_namespaces() -> impl Iterator<Item = Namespace> {
@@ -56,7 +81,7 @@ pub fn digest_request(ks: &Keyspace, served: &[String]) -> Result<DigestRequest,
         let (hash, count) = tenant_digest(ks, t)?;
         tenants.push((t.clone(), hash, count));
     }
-    Ok(DigestRequest { version: 1, digests, tenants })
+    Ok(DigestRequest { version: 1, digests, tenants, since: None, after: vec![] })
 }
 
 /// Where a usage record lives (26.23).
@@ -171,8 +196,36 @@ pub fn answer(
     req: &DigestRequest,
     served: &[String],
 ) -> Result<DigestResponse, KeyspaceError> {
+    // Tenants whose usage both sides keep.
+    let shared: Vec<String> =
+        req.tenants.iter().map(|(t, _, _)| t.clone()).filter(|t| served.contains(t)).collect();
+    if let Some(since) = req.since.filter(|s| *s <= ks.last_seq() && req.after.is_empty()) {
+        if let gcs_keyspace::Since::Deltas(page) = ks.deltas_since(since, LOG_PAGE)? {
+            let full = page.len() == LOG_PAGE;
+            let last = page.last().map_or(since, |(seq, _)| *seq);
+            let deltas = page
+                .into_iter()
+                .filter(|(_, d)| in_scope(d, &shared))
+                .map(|(_, d)| d.encode())
+                .collect();
+            // A full page: the requester asks again from `last`.
+            let truncated = if full { vec!["log".to_string()] } else { vec![] };
+            return Ok(DigestResponse {
+                version: 1,
+                deltas,
+                truncated,
+                last_seq: Some(last),
+                resume: vec![],
+            });
+        }
+    }
+    // Read before the snapshots: whatever is logged after it comes next
+    // time. A later page reports none: the requester keeps the first
+    // page's position, so changes under keys already paged are not lost.
+    let last_seq = req.after.is_empty().then(|| ks.last_seq());
     let mut deltas = vec![];
     let mut truncated = vec![];
+    let mut resume = vec![];
     for ns in global_namespaces() {
         let mine = ks.digest(ns)?;
         let theirs =
@@ -180,14 +233,21 @@ pub fn answer(
         if theirs == Some((mine.hash.as_slice(), mine.count)) || mine == Digest::default() {
             continue;
         }
-        let snap = ks.snapshot(ns)?;
-        if snap.len() > MAX_ENTRIES_PER_NAMESPACE {
+        let after = req.after.iter().find(|(cf, _)| cf == ns.cf()).map(|(_, k)| k.as_str());
+        let page: Vec<Delta> = ks
+            .snapshot(ns)?
+            .into_iter()
+            .filter(|d| after.is_none_or(|a| d.key.as_str() > a))
+            .take(MAX_ENTRIES_PER_NAMESPACE + 1)
+            .collect();
+        if page.len() > MAX_ENTRIES_PER_NAMESPACE {
             truncated.push(ns.cf().to_string());
+            resume.push((ns.cf().to_string(), page[MAX_ENTRIES_PER_NAMESPACE - 1].key.clone()));
         }
-        deltas.extend(snap.into_iter().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
+        deltas.extend(page.into_iter().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
     }
     for (tenant, hash, count) in &req.tenants {
-        if !served.contains(tenant) {
+        if !served.contains(tenant) || !req.after.is_empty() {
             continue;
         }
         let (mine, n) = tenant_digest(ks, tenant)?;
@@ -199,7 +259,17 @@ pub fn answer(
         let all = tenant_deltas(ks, tenant)?;
         deltas.extend(all.into_iter().rev().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
     }
-    Ok(DigestResponse { version: 1, deltas, truncated })
+    Ok(DigestResponse { version: 1, deltas, truncated, last_seq, resume })
+}
+
+/// Whether a logged delta goes to a peer: global namespaces, and usage
+/// records of the tenants both serve.
+fn in_scope(d: &Delta, shared: &[String]) -> bool {
+    match Namespace::of_key(&d.key) {
+        Ok(Namespace::ApiUsage) => validate_usage(d, shared).is_ok(),
+        Ok(ns) => ns.scope() == Scope::Global,
+        Err(_) => false,
+    }
 }
 
 /// Checks a delta from a peer before merging: only globally replicated
@@ -362,5 +432,75 @@ mod tests {
         let misfiled =
             c.put(&usage_key("gcsapi_x"), gcs_protocol::encode(&u).unwrap(), 4001).unwrap();
         assert!(merge_scoped(&b, &misfiled.encode(), &acme, 4001).is_err());
+    }
+
+    fn merge_all(ks: &Keyspace, resp: &DigestResponse) {
+        for d in &resp.deltas {
+            merge_scoped(ks, d, &[], 9000).unwrap();
+        }
+    }
+
+    #[test]
+    fn after_first_contact_only_the_log_since_the_cursor_is_sent() {
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Keyspace::open(da.path(), "a", Default::default()).unwrap();
+        let b = Keyspace::open(db.path(), "b", Default::default()).unwrap();
+        for i in 0..40u8 {
+            a.put(&format!("/gcs/api/states/j{i}"), vec![i], 1000).unwrap();
+        }
+        let first = answer(&a, &digest_request(&b, &[]).unwrap(), &[]).unwrap();
+        assert_eq!(first.deltas.len(), 40, "first contact: the differing namespace");
+        merge_all(&b, &first);
+        let cursor = first.last_seq.unwrap();
+        for i in 0..3u8 {
+            a.put(&format!("/gcs/nodes/heartbeat/n{i}"), vec![i], 2000).unwrap();
+        }
+        a.put("/gcs/api/payloads/j0", b"private prompt".to_vec(), 2000).unwrap();
+        a.put("/gcs/api/states/j0", vec![9], 2000).unwrap();
+        let mut req = digest_request(&b, &[]).unwrap();
+        req.since = Some(cursor);
+        let next = answer(&a, &req, &[]).unwrap();
+        assert_eq!(next.deltas.len(), 4, "three heartbeats and one state, no payload");
+        assert_eq!(next.last_seq, Some(a.last_seq()));
+        merge_all(&b, &next);
+        for ns in global_namespaces() {
+            assert_eq!(a.digest(ns).unwrap(), b.digest(ns).unwrap(), "{ns:?}");
+        }
+        // Nothing new: an empty answer, the cursor stays.
+        req.since = next.last_seq;
+        let idle = answer(&a, &req, &[]).unwrap();
+        assert!(idle.deltas.is_empty() && idle.last_seq == next.last_seq);
+        // A cursor ahead of the log (the peer lost its store): digests decide.
+        req.since = Some(a.last_seq() + 100);
+        let b2 = tempfile::tempdir().unwrap();
+        let fresh = Keyspace::open(b2.path(), "c", Default::default()).unwrap();
+        req.digests = digest_request(&fresh, &[]).unwrap().digests;
+        assert_eq!(answer(&a, &req, &[]).unwrap().deltas.len(), 43);
+    }
+
+    #[test]
+    fn a_namespace_over_the_cap_arrives_in_pages() {
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Keyspace::open(da.path(), "a", Default::default()).unwrap();
+        let b = Keyspace::open(db.path(), "b", Default::default()).unwrap();
+        let n = MAX_ENTRIES_PER_NAMESPACE + 25;
+        for i in 0..n {
+            a.put(&format!("/gcs/api/states/j{i:06}"), vec![1], 1000).unwrap();
+        }
+        let first = answer(&a, &digest_request(&b, &[]).unwrap(), &[]).unwrap();
+        assert_eq!(first.deltas.len(), MAX_ENTRIES_PER_NAMESPACE);
+        assert_eq!(first.resume.len(), 1);
+        assert!(first.last_seq.is_some());
+        merge_all(&b, &first);
+        let mut req = digest_request(&b, &[]).unwrap();
+        req.after = first.resume.clone();
+        let second = answer(&a, &req, &[]).unwrap();
+        assert_eq!(second.deltas.len(), 25, "the rest, not the first page again");
+        assert!(second.resume.is_empty() && second.last_seq.is_none());
+        merge_all(&b, &second);
+        assert_eq!(
+            a.digest(Namespace::ApiJobStates).unwrap(),
+            b.digest(Namespace::ApiJobStates).unwrap()
+        );
     }
 }
