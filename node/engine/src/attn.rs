@@ -10,27 +10,40 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use crate::numerics::{dot16, ggml_expf, reduce16};
+use crate::numerics::{
+    dot16, ggml_expf, reduce16, vec_dot_f16_order, vec_dot_f16_order_zero_padded,
+};
 
-/// Q·K in the order of ggml's AVX-512 `ggml_vec_dot_f16` for 64 elements:
-/// four 16-lane products, then (0+2) + (1+3) and a tree reduction. Measured
-/// against the fixture, this order agrees with llama.cpp more often than
-/// tinyBLAS's (519 vs 514 of 530 teacher-forced steps).
+/// Q·K for one score in llama.cpp's order. ggml's CPU matmul with an f16
+/// operand takes llamafile's tinyBLAS when the batch has >= 2 rows
+/// (prefill: 16 FMA lanes, tree reduction = [`dot16`]) and
+/// `ggml_vec_dot_f16` for a single row (decode: [`vec_dot_f16_order`]).
 #[inline(always)]
-fn vecdot_f16_order(a: &[f32], b: &[f32]) -> f32 {
-    let mut s = [[0f32; 16]; 4];
-    for j in 0..4 {
-        for l in 0..16 {
-            s[j][l] = a[16 * j + l] * b[16 * j + l];
-        }
+fn qk_dot(single_row: bool, q: &[f32], k: &[f32]) -> f32 {
+    // Head dim 64 (SmolLM2) as fixed-size arrays so the loops unroll: this
+    // runs once per (key, head, layer).
+    if let (Ok(q64), Ok(k64)) = (<&[f32; 64]>::try_from(q), <&[f32; 64]>::try_from(k)) {
+        return if single_row { vec_dot_f16_order(q64, k64) } else { dot16(q64, k64) };
     }
-    let mut x = [0f32; 16];
-    for l in 0..16 {
-        let a02 = s[0][l] + s[2][l];
-        let a13 = s[1][l] + s[3][l];
-        x[l] = a02 + a13;
+    if single_row {
+        vec_dot_f16_order(q, k)
+    } else if q.len().is_multiple_of(16) {
+        dot16(q, k)
+    } else {
+        q.iter().zip(k).map(|(x, y)| x * y).sum()
     }
-    reduce16(&x)
+}
+
+/// P·V for one output, same kernel choice as [`qk_dot`]. Lengths are
+/// multiples of 16, and llama.cpp's KV length (a multiple of 256) only adds
+/// masked positions: exact zeros, which neither order needs to visit.
+#[inline(always)]
+fn pv_dot(single_row: bool, v: &[f32], p: &[f32]) -> f32 {
+    if single_row {
+        vec_dot_f16_order_zero_padded(v, p)
+    } else {
+        dot16(v, p)
+    }
 }
 
 /// RoPE cos/sin tables `[context, head_dim / 2]`, computed with llama.cpp's
@@ -61,16 +74,34 @@ impl Rope {
 
     /// Rotate adjacent pairs `(x[2i], x[2i+1])` of every head in `x`
     /// (llama.cpp "normal" mode; GGUF q/k weights are permuted for it).
-    fn apply(&self, x: &mut [f32], pos: usize) {
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("fma") {
+            // SAFETY: FMA support was detected above.
+            return unsafe { self.apply_fma(x, pos) };
+        }
+        self.apply_impl(x, pos)
+    }
+
+    /// Same code compiled with FMA so `mul_add` is one instruction.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn apply_fma(&self, x: &mut [f32], pos: usize) {
+        self.apply_impl(x, pos)
+    }
+
+    #[inline(always)]
+    fn apply_impl(&self, x: &mut [f32], pos: usize) {
         let c = &self.cos[pos * self.half..][..self.half];
         let s = &self.sin[pos * self.half..][..self.half];
         for head in x.chunks_exact_mut(2 * self.half) {
             for i in 0..self.half {
                 let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                // Contracting these into FMAs was tried: no effect on
-                // results, since Q and K are rounded to f16 right after.
-                head[2 * i] = x0 * c[i] - x1 * s[i];
-                head[2 * i + 1] = x0 * s[i] + x1 * c[i];
+                // GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`
+                // into these FMAs (checked bit for bit against its rope
+                // output). K goes to the f16 cache, so one ulp here matters.
+                head[2 * i] = x0.mul_add(c[i], -(x1 * s[i]));
+                head[2 * i + 1] = x0.mul_add(s[i], x1 * c[i]);
             }
         }
     }
@@ -156,7 +187,7 @@ pub fn attend(
     let len = past + t;
     #[cfg(target_arch = "x86_64")]
     let fma = std::is_x86_feature_detected!("fma");
-    let ctx = HeadCtx { qkv: &*qkv, k: &kv.k, v_t: &kv.v_t, cap: kv.cap, sh, past };
+    let ctx = HeadCtx { qkv: &*qkv, k: &kv.k, v_t: &kv.v_t, cap: kv.cap, sh, past, single: t == 1 };
     let work = |(idx, o): (usize, &mut [f32])| {
         #[cfg(target_arch = "x86_64")]
         if fma {
@@ -181,6 +212,8 @@ struct HeadCtx<'a> {
     cap: usize,
     sh: AttnShape,
     past: usize,
+    /// One new row: llama.cpp's decode kernels (see [`qk_dot`]).
+    single: bool,
 }
 
 /// Same code compiled with FMA so `mul_add` is one instruction, not a libm call.
@@ -208,14 +241,7 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     let mut max = f32::NEG_INFINITY;
     for (j, pj) in p[..n].iter_mut().enumerate() {
         let kj = &c.k[(j * nkv + kvh) * hd..][..hd];
-        let dot = if hd == 64 {
-            vecdot_f16_order(q, kj)
-        } else if hd % 16 == 0 {
-            dot16(q, kj)
-        } else {
-            q.iter().zip(kj).map(|(a, b)| a * b).sum()
-        };
-        *pj = dot * scale;
+        *pj = qk_dot(c.single, q, kj) * scale;
         max = max.max(*pj);
     }
     for pj in p[..n].iter_mut() {
@@ -228,13 +254,11 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     let inv = (1.0 / sum) as f32;
     // Probabilities are rounded to f16 for llama.cpp's f16 V product.
     p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
-    // out[d] = Σ_j p_j v_j[d]; lane (j mod 16) accumulates with FMA in
-    // ascending j, then a tree reduction (tinyBLAS order; ggml's vec_dot
-    // order was tried here too and matched the fixture no better). Padding keys have
-    // p = 0 and zeroed V, adding exact zeros.
+    // out[d] = Σ_j p_j v_j[d] in llama.cpp's order for this batch shape.
+    // Padding keys have p = 0 and zeroed V, adding exact zeros.
     for (dd, od) in o.iter_mut().enumerate() {
         let row = &c.v_t[(kvh * hd + dd) * c.cap..][..padded];
-        *od = dot16(row, &p);
+        *od = pv_dot(c.single, row, &p);
     }
 }
 
@@ -411,6 +435,7 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
         }
     }
     let scale = 1.0 / (hd as f32).sqrt();
+    let single = s.t == 1;
     let mut p = vec![0f32; padded];
     for (gh, og) in o.chunks_exact_mut(hd).enumerate() {
         let h = kvh * g + gh;
@@ -419,14 +444,7 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
         let mut max = f32::NEG_INFINITY;
         for (j, pj) in p[..n].iter_mut().enumerate() {
             let kj = &kbuf[j * hd..][..hd];
-            let dot = if hd == 64 {
-                vecdot_f16_order(q, kj)
-            } else if hd % 16 == 0 {
-                dot16(q, kj)
-            } else {
-                q.iter().zip(kj).map(|(a, b)| a * b).sum()
-            };
-            *pj = dot * scale;
+            *pj = qk_dot(single, q, kj) * scale;
             max = max.max(*pj);
         }
         for pj in p[..n].iter_mut() {
@@ -438,18 +456,28 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
         }
         let inv = (1.0 / sum) as f32;
         p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
-        // Same lane-wise FMA accumulation over positions as `dot16` on a
-        // contiguous V row: block bi is chunk bi.
+        // Same accumulation over positions as [`pv_dot`] on a contiguous
+        // V row: block bi is 16-chunk bi (decode: accumulator bi % 4 of
+        // `vec_dot_f16_order`; prefill: `dot16`'s single accumulator).
         for (d, od) in og.iter_mut().enumerate() {
-            let mut acc = [0f32; 16];
+            let mut acc = [[0f32; 16]; 4];
             for bi in 0..nb {
                 let vb = &vbuf[bi * BS * hd + d * BS..][..BS];
                 let pb = &p[bi * BS..][..BS];
+                let a = &mut acc[if single { bi % 4 } else { 0 }];
                 for l in 0..16 {
-                    acc[l] = vb[l].mul_add(pb[l], acc[l]);
+                    a[l] = vb[l].mul_add(pb[l], a[l]);
                 }
             }
-            *od = reduce16(&acc);
+            if !single {
+                *od = reduce16(&acc[0]);
+                continue;
+            }
+            let mut x = [0f32; 16];
+            for l in 0..16 {
+                x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+            }
+            *od = reduce16(&x);
         }
     }
 }

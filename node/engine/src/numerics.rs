@@ -76,7 +76,7 @@ pub fn reduce16(a: &[f32; 16]) -> f32 {
 /// Dot product in llamafile tinyBLAS order for 16-lane vectors: lane `i`
 /// accumulates elements `i, i+16, ...` with FMA, then a tree reduction.
 /// Lengths must be multiples of 16 (head dims and padded KV lengths are).
-#[inline]
+#[inline(always)]
 pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     for (ca, cb) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
@@ -85,6 +85,56 @@ pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     reduce16(&acc)
+}
+
+/// Dot product in the order of ggml's AVX-512 `ggml_vec_dot_f16` (the
+/// path llama.cpp's CPU matmul takes for an f16 operand when the batch has a
+/// single row, i.e. decode): four 16-lane FMA accumulators, chunk `c` of 16
+/// elements going to accumulator `c % 4`, reduced as (0+2) + (1+3), then a
+/// tree reduction. A tail of `len % 64` elements is added in f64, as ggml
+/// does. Always inlined so callers compiled with FMA get `vfmadd`, not `fmaf`.
+#[inline(always)]
+pub fn vec_dot_f16_order(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n - n % 64;
+    let mut sum = vec_dot_f16_chunks(&a[..np], &b[..np]) as f64;
+    for i in np..n {
+        sum += (a[i] * b[i]) as f64;
+    }
+    sum as f32
+}
+
+/// [`vec_dot_f16_order`] of vectors that continue with zeros up to a
+/// multiple of 64 (llama.cpp's padded, masked KV length): the zero chunks
+/// are skipped, which leaves every accumulator unchanged. `len % 16 == 0`.
+#[inline(always)]
+pub fn vec_dot_f16_order_zero_padded(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert!(a.len().is_multiple_of(16) && a.len() == b.len());
+    vec_dot_f16_chunks(a, b)
+}
+
+#[inline(always)]
+fn vec_dot_f16_chunks(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [[0f32; 16]; 4];
+    let np = a.len() - a.len() % 64;
+    for (ca, cb) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
+        for (j, s) in acc.iter_mut().enumerate() {
+            for i in 0..16 {
+                s[i] = ca[16 * j + i].mul_add(cb[16 * j + i], s[i]);
+            }
+        }
+    }
+    // Remaining whole 16-chunks (zero-padded use only).
+    for (j, (ca, cb)) in a[np..].chunks_exact(16).zip(b[np..].chunks_exact(16)).enumerate() {
+        for i in 0..16 {
+            acc[j][i] = ca[i].mul_add(cb[i], acc[j][i]);
+        }
+    }
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    reduce16(&x)
 }
 
 /// RMS normalisation like `ggml_compute_forward_rms_norm_f32` followed by
@@ -148,5 +198,16 @@ mod tests {
         let a: Vec<f32> = (0..64).map(|i| i as f32).collect();
         let b = vec![1f32; 64];
         assert_eq!(dot16(&a, &b), (0..64).sum::<i32>() as f32);
+        assert_eq!(vec_dot_f16_order(&a, &b), (0..64).sum::<i32>() as f32);
+        assert_eq!(vec_dot_f16_order(&a[..40], &b[..40]), (0..40).sum::<i32>() as f32);
+        // Zero padding to 64 changes nothing, skipped or not.
+        let c: Vec<f32> = (0..48).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut c64 = c.clone();
+        c64.resize(64, 0.0);
+        let d: Vec<f32> = (0..64).map(|i| (i as f32 * 0.11).cos()).collect();
+        assert_eq!(
+            vec_dot_f16_order_zero_padded(&c, &d[..48]).to_bits(),
+            vec_dot_f16_order(&c64, &d).to_bits()
+        );
     }
 }

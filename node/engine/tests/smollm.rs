@@ -117,11 +117,11 @@ fn greedy_matches_llamacpp() {
         eprintln!("{r}");
     }
     // Free-running greedy decoding of a 4-bit 135M model is chaotic: one
-    // flipped activation rounding changes logits by ~0.1 nats, so exact
-    // sequence parity needs bit-identical arithmetic with the reference
-    // build (AMX kernels). The strict count is reported above; the hard
-    // gate is the teacher-forced test below plus this floor.
-    assert!(matched >= 6, "only {matched}/20 greedy generations match llama.cpp");
+    // flipped activation rounding changes logits by ~0.1 nats, so sequence
+    // parity needs bit-identical arithmetic with the reference build (AMX
+    // matmuls, ggml's f16 attention kernels, GCC-contracted RoPE). The
+    // engine reproduces it: 20/20 when measured.
+    assert!(matched >= 18, "only {matched}/20 greedy generations match llama.cpp");
     assert_eq!(matched + near_ties, prompts.len(), "a divergence that is not a near-tie");
 }
 
@@ -145,12 +145,14 @@ fn teacher_forced_logits_match_llamacpp() {
         let mut cache = gcs_engine::llama::KvCache::new();
         let mut logits = engine.step(&prompt, &mut cache).unwrap();
         for (k, top2) in p["step_top2"].as_array().unwrap().iter().enumerate() {
-            let max = logits.iter().cloned().fold(f32::MIN, f32::max);
-            let lse = max + logits.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+            // Log-sum-exp in f64 so that the error measured is ours, not
+            // this loop's (the fixture rounds log-probs to 1e-7).
+            let max = logits.iter().cloned().fold(f32::MIN, f32::max) as f64;
+            let lse = max + logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
             let want_id = top2[0]["id"].as_u64().unwrap() as usize;
             let want_lp = top2[0]["logprob"].as_f64().unwrap() as f32;
             let second_lp = top2[1]["logprob"].as_f64().unwrap() as f32;
-            let err = (logits[want_id] - lse - want_lp).abs();
+            let err = (logits[want_id] as f64 - lse - want_lp as f64).abs() as f32;
             sum_err += err as f64;
             max_err = max_err.max(err);
             steps += 1;
@@ -171,10 +173,16 @@ fn teacher_forced_logits_match_llamacpp() {
     let mean = sum_err / steps as f64;
     eprintln!(
         "teacher-forced: {steps} steps, top-1 agreement {top1_agree}/{steps} ({near_tie_misses} of the misses are llama.cpp's #2 within 0.5 nats), \
-         |Δ logprob| of llama.cpp's token: mean {mean:.4}, max {max_err:.4}"
+         |Δ logprob| of llama.cpp's token: mean {mean:.2e}, max {max_err:.2e}"
     );
-    assert!(top1_agree as f64 >= 0.93 * steps as f64, "top-1 agreement {top1_agree}/{steps}");
-    assert!(mean < 0.1, "mean logprob error {mean}");
+    // With bit-identical logits (tests/llamacpp_ops.rs) what remains is the
+    // fixture's own f32 softmax over 49k logits and its 1e-7 rounding:
+    // measured 530/530, mean 9.2e-5, max 2.8e-4. A single float-order
+    // mismatch anywhere shows up as ~1e-2 (mean 0.036, max 0.37 before the
+    // attention and RoPE orders were fixed).
+    assert_eq!(top1_agree, steps, "top-1 agreement {top1_agree}/{steps}");
+    assert!(mean < 5e-4, "mean logprob error {mean}");
+    assert!(max_err < 2e-3, "max logprob error {max_err}");
 }
 
 /// Several sequences decoded in one forward call (the continuous-batching

@@ -1,0 +1,152 @@
+//! Op-by-op comparison with llama.cpp's own intermediate tensors.
+//!
+//! Runs only when `GCS_LLAMA_DUMP` names a directory written by
+//! `scripts/fixtures/llama_dump.cpp` (see scripts/fixtures/README.md,
+//! section 3). Each of our ops is fed llama.cpp's input to that op and its
+//! output is compared bit for bit, so the first op whose float order differs
+//! is named directly instead of being inferred from diverging generations.
+//!
+//! ```sh
+//! GCS_LLAMA_DUMP=/tmp/lh/dump cargo test --workspace --test llamacpp_ops -- --nocapture
+//! ```
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use gcs_engine::attn::{attend, LayerKv, Rope};
+use gcs_engine::cpu_device;
+use gcs_engine::gguf::GgufFile;
+use gcs_engine::llama::Llama;
+use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
+
+/// The `nth` dump of tensor `name` in `step` (names repeat: e.g. `Qcur-0`
+/// is the matmul output, then a reshape, then the RoPE output).
+fn load(dir: &Path, step: usize, name: &str, nth: usize) -> Option<Vec<f32>> {
+    let pre = format!("s{step}_");
+    let suffix = format!("{name}.bin");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&pre) && n.len() > pre.len() + 5 && n[pre.len() + 5..] == suffix)
+        .collect();
+    files.sort();
+    let b = std::fs::read(dir.join(files.get(nth)?)).ok()?;
+    Some(b[20..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Number of elements whose bits differ (printed with the largest gap).
+fn cmp(what: &str, ours: &[f32], want: &[f32]) -> usize {
+    assert_eq!(ours.len(), want.len(), "{what}: length");
+    let (mut bad, mut maxd) = (0, 0f32);
+    for (a, b) in ours.iter().zip(want) {
+        if a.to_bits() != b.to_bits() {
+            bad += 1;
+            maxd = maxd.max((a - b).abs());
+        }
+    }
+    if bad > 0 {
+        eprintln!("{what:24} {bad:6}/{:6} differ, max |d| {maxd:e}", ours.len());
+    }
+    bad
+}
+
+/// Columns `a..b` of each `width`-wide row.
+fn cols(x: &[f32], width: usize, a: usize, b: usize) -> Vec<f32> {
+    x.chunks_exact(width).flat_map(|r| r[a..b].to_vec()).collect()
+}
+
+#[test]
+fn ops_match_llamacpp_dump() {
+    let Some(dir) = std::env::var_os("GCS_LLAMA_DUMP").map(PathBuf::from) else {
+        eprintln!("SKIP: set GCS_LLAMA_DUMP to a llama_dump output directory");
+        return;
+    };
+    let Some(path) = common::smollm_path() else { return };
+    let g = GgufFile::open(&path).unwrap();
+    let m = Llama::from_gguf(&g, &cpu_device()).unwrap();
+    let c = m.config.clone();
+    let (h, ff) = (c.hidden, c.intermediate);
+    let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let width = qd + 2 * kvd;
+    let rope = Rope::new(c.head_dim, c.rope_base, c.context_length);
+    let mut kvs: Vec<LayerKv> = (0..c.n_layers).map(|_| LayerKv::default()).collect();
+    let (mut past, mut total_bad, mut steps) = (0, 0, 0);
+    let ld = |s: usize, name: String, nth: usize| {
+        load(&dir, s, &name, nth).unwrap_or_else(|| panic!("dump of {name} (#{nth}) at step {s}"))
+    };
+    for s in 0.. {
+        let Some(embd) = load(&dir, s, "embd", 0) else { break };
+        let n = embd.len() / h;
+        steps += 1;
+        let mut bad = 0;
+        let mut prev = embd;
+        for li in 0..c.n_layers {
+            let b = &m.blocks[li].q;
+            let mut x = prev.clone();
+            rms_norm_rows(&mut x, &g.tensor_f32(&format!("blk.{li}.attn_norm.weight")).unwrap(), c.rms_eps);
+            let an = ld(s, format!("attn_norm-{li}"), 0);
+            bad += cmp(&format!("L{li} attn_norm"), &x, &an);
+            let mut qkv = vec![0f32; n * width];
+            b.wqkv.matmul(&an, n, &mut qkv);
+            let (q, k, v) = (ld(s, format!("Qcur-{li}"), 0), ld(s, format!("Kcur-{li}"), 0), ld(s, format!("Vcur-{li}"), 0));
+            bad += cmp(&format!("L{li} q matmul"), &cols(&qkv, width, 0, qd), &q);
+            bad += cmp(&format!("L{li} k matmul"), &cols(&qkv, width, qd, qd + kvd), &k);
+            bad += cmp(&format!("L{li} v matmul"), &cols(&qkv, width, qd + kvd, width), &v);
+            // RoPE + f16 cache + attention from llama.cpp's projections.
+            let mut lqkv = vec![0f32; n * width];
+            for r in 0..n {
+                lqkv[r * width..][..qd].copy_from_slice(&q[r * qd..][..qd]);
+                lqkv[r * width + qd..][..kvd].copy_from_slice(&k[r * kvd..][..kvd]);
+                lqkv[r * width + qd + kvd..][..kvd].copy_from_slice(&v[r * kvd..][..kvd]);
+            }
+            let mut att = vec![0f32; n * qd];
+            attend(m.shape(), &rope, &mut lqkv, past, &mut kvs[li], &mut att);
+            // Our K after RoPE is still f32 here (Q was rounded to f16).
+            bad += cmp(&format!("L{li} k rope"), &cols(&lqkv, width, qd, qd + kvd), &ld(s, format!("Kcur-{li}"), 2));
+            let kvo = ld(s, format!("kqv_out-{li}"), 0);
+            // The last layer keeps only the output row.
+            bad += cmp(&format!("L{li} attention"), &att[att.len() - kvo.len()..], &kvo);
+            let nr = kvo.len() / qd;
+            let mut o = vec![0f32; nr * h];
+            b.wo.matmul(&kvo, nr, &mut o);
+            let ao = ld(s, format!("attn_out-{li}"), 0);
+            bad += cmp(&format!("L{li} wo matmul"), &o[o.len() - ao.len()..], &ao);
+            let mut x = ld(s, format!("ffn_inp-{li}"), 0);
+            rms_norm_rows(&mut x, &g.tensor_f32(&format!("blk.{li}.ffn_norm.weight")).unwrap(), c.rms_eps);
+            let fnm = ld(s, format!("ffn_norm-{li}"), 0);
+            bad += cmp(&format!("L{li} ffn_norm"), &x, &fnm);
+            let nr = fnm.len() / h;
+            let mut gu = vec![0f32; nr * 2 * ff];
+            b.w_gate_up.matmul(&fnm, nr, &mut gu);
+            let (gate, up) = (ld(s, format!("ffn_gate-{li}"), 0), ld(s, format!("ffn_up-{li}"), 0));
+            bad += cmp(&format!("L{li} gate matmul"), &cols(&gu, 2 * ff, 0, ff), &gate);
+            bad += cmp(&format!("L{li} up matmul"), &cols(&gu, 2 * ff, ff, 2 * ff), &up);
+            let lgu: Vec<f32> = gate
+                .chunks_exact(ff)
+                .zip(up.chunks_exact(ff))
+                .flat_map(|(a, b)| a.iter().chain(b).copied().collect::<Vec<_>>())
+                .collect();
+            let mut act = vec![0f32; nr * ff];
+            swiglu_rows(&lgu, &mut act, ff);
+            let sw = ld(s, format!("ffn_swiglu-{li}"), 0);
+            bad += cmp(&format!("L{li} swiglu"), &act, &sw);
+            let mut d = vec![0f32; nr * h];
+            b.w_down.matmul(&sw, nr, &mut d);
+            bad += cmp(&format!("L{li} down matmul"), &d, &ld(s, format!("ffn_out-{li}"), 0));
+            prev = ld(s, format!("l_out-{li}"), 0);
+        }
+        let mut x = prev;
+        rms_norm_rows(&mut x, &g.tensor_f32("output_norm.weight").unwrap(), c.rms_eps);
+        let rn = ld(s, "result_norm".into(), 0);
+        bad += cmp("result_norm", &x, &rn);
+        let mut lg = vec![0f32; m.lm_head.rows];
+        m.lm_head.matmul(&rn, 1, &mut lg);
+        bad += cmp("logits", &lg, &ld(s, "result_output".into(), 0));
+        eprintln!("step {s} ({n} rows): {bad} values differ");
+        total_bad += bad;
+        past += n;
+    }
+    assert!(steps > 0, "no dumps in {}", dir.display());
+    assert_eq!(total_bad, 0, "ops differ from llama.cpp's");
+}
