@@ -364,6 +364,14 @@ fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The tenants that have keys on this gateway, sorted.
+fn tenants_of(store: &gcs_gateway::KeyStore) -> anyhow::Result<Vec<String>> {
+    let mut t: Vec<String> = store.list()?.into_iter().map(|k| k.tenant_id).collect();
+    t.sort();
+    t.dedup();
+    Ok(t)
+}
+
 async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     if let Some(gpu) = cli.gpu {
         if cli.role.is_worker() {
@@ -450,14 +458,32 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         }
         // This gateway's tenants: their usage records replicate among the
         // gateways that serve them (keys added later take effect at restart).
-        let mut tenants: Vec<String> = store.list()?.into_iter().map(|k| k.tenant_id).collect();
-        tenants.sort();
-        tenants.dedup();
-        config.network.served_tenants = tenants;
+        config.network.served_tenants = tenants_of(&store)?;
     }
+    let config_tenants = config.network.served_tenants.clone();
     let node = gcs_node::start(config).await?;
     for a in node.listen_addrs().await? {
         tracing::info!(addr = %a, "dial this node with --bootstrap");
+    }
+    if http.is_some() {
+        // Keys created for a new tenant while the gateway runs: it starts
+        // keeping that tenant's usage records too.
+        let (net, mut served) = (node.network().clone(), config_tenants.clone());
+        let store = gcs_gateway::KeyStore::new(&data_dir);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                every.tick().await;
+                match tenants_of(&store) {
+                    Ok(t) if t != served => match net.serve_tenants(t.clone()).await {
+                        Ok(()) => served = t,
+                        Err(e) => tracing::warn!(error = %e, "cannot update served tenants"),
+                    },
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot read API keys"),
+                }
+            }
+        });
     }
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = if let Some((listener, tls)) = http {

@@ -124,6 +124,7 @@ pub enum NetEvent {
 
 enum Command {
     Subscribe(String, oneshot::Sender<Result<(), NodeError>>),
+    ServeTenants(Vec<String>, oneshot::Sender<Result<(), NodeError>>),
     Publish(String, Vec<u8>, oneshot::Sender<Result<(), NodeError>>),
     Dial(Multiaddr, oneshot::Sender<Result<(), NodeError>>),
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
@@ -226,6 +227,12 @@ impl Network {
     /// Subscribes to a gossip topic.
     pub async fn subscribe(&self, topic: &str) -> Result<(), NodeError> {
         self.call(|r| Command::Subscribe(topic.into(), r)).await?
+    }
+
+    /// Replaces the tenants whose usage records this gateway keeps (its
+    /// `api_keys.json` changed): joins and leaves their usage topics.
+    pub async fn serve_tenants(&self, tenants: Vec<String>) -> Result<(), NodeError> {
+        self.call(|r| Command::ServeTenants(tenants, r)).await?
     }
 
     /// Publishes bytes on a topic. `InsufficientPeers` is not an error here:
@@ -435,6 +442,27 @@ impl EventLoop {
                 let t = IdentTopic::new(topic);
                 let r = self.swarm.behaviour_mut().gossipsub.subscribe(&t).map(|_| ());
                 let _ = reply.send(r.map_err(|e| NodeError::Network(format!("subscribe: {e:?}"))));
+            }
+            Command::ServeTenants(tenants, reply) => {
+                let gs = &mut self.swarm.behaviour_mut().gossipsub;
+                let mut r = Ok(());
+                for gone in self.served_tenants.iter().filter(|t| !tenants.contains(t)) {
+                    gs.unsubscribe(&IdentTopic::new(crate::topics::tenant_usage(gone)));
+                }
+                for new in tenants.iter().filter(|t| !self.served_tenants.contains(t)) {
+                    let t = IdentTopic::new(crate::topics::tenant_usage(new));
+                    if let Err(e) = gs.subscribe(&t) {
+                        r = Err(NodeError::Network(format!("subscribe: {e:?}")));
+                    }
+                }
+                if tenants.iter().any(|t| !self.served_tenants.contains(t)) {
+                    // The log pulls so far skipped the new tenants' records:
+                    // compare digests with every peer again.
+                    self.ae_cursor.clear();
+                }
+                tracing::info!(?tenants, "usage records kept for these tenants");
+                self.served_tenants = tenants;
+                let _ = reply.send(r);
             }
             Command::Publish(topic, data, reply) => {
                 let r = match self

@@ -557,6 +557,9 @@ async fn scoped_records_reach_their_scope_and_no_one_else() {
         assert!(at(&g2).is_none() && at(&g3).is_none() && at(&g4).is_none(), "{k} elsewhere");
     }
     assert_eq!(g1.keyspace().get_bytes(&first).unwrap(), w.keyspace().get_bytes(&first).unwrap());
+    // g3 gets a key of tenant_1 (its api_keys.json changed): it catches up.
+    g3.network().serve_tenants(vec!["tenant_1".into(), "tenant_2".into()]).await.unwrap();
+    wait_for("the usage record at g3 once it serves the tenant", || has(&g3)).await;
     for n in [g1, g2, g3, g4, w] {
         n.shutdown().await;
     }
