@@ -5,6 +5,8 @@
 #   - the official OpenAI JavaScript SDK               (~/.cache/gcs/js)
 #   - nginx (Debian's package) for the edge-proxy buffering test
 #   - Chromium (Debian's package) + playwright-core for the browser test
+#   - libfaketime and iproute2 (Debian packages) for netsim's clock-skew and
+#     partition scenarios
 # Prints the environment the tests read (GCS_PYTHON, GCS_JS_DIR, GCS_NGINX).
 set -euo pipefail
 cache="${GCS_CACHE:-$HOME/.cache/gcs}"
@@ -14,7 +16,7 @@ OPENAI_JS=7.59.0
 PLAYWRIGHT=1.65.1
 
 missing=()
-for p in nginx chromium; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+for p in nginx chromium libfaketime iproute2; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "installing ${missing[*]} ..." >&2

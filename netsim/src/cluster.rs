@@ -1,15 +1,17 @@
-//! Real `gcs-node` processes on loopback: start, wait for health, kill -9,
-//! SIGSTOP/SIGCONT, restart on the same ports and data directory, RSS.
+//! Real `gcs-node` processes on loopback (or one network namespace each):
+//! start, wait for health, kill -9, SIGSTOP/SIGCONT, restart on the same
+//! ports and data directory, cut and heal links, skew a clock, RSS.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::client::request_json;
-use crate::scenario::{NodeSpec, Role};
+use crate::netns::Netns;
+use crate::scenario::{NetworkMode, NodeSpec, Role};
 use crate::Error;
 
 /// Where the `gcs-node` binary is: the flag, `GCS_NODE_BIN`, next to this
@@ -40,6 +42,46 @@ pub fn locate_gcs_node(flag: Option<&Path>) -> Result<PathBuf, Error> {
         .ok_or_else(|| Error::Setup("gcs-node not found: build it or pass --gcs-node".into()))
 }
 
+/// Where the `netsim` binary is (it also runs the adversary): `NETSIM_BIN`,
+/// this executable when it is netsim, next to a test executable in `deps/`,
+/// or the shared target directory.
+pub fn locate_netsim() -> Result<PathBuf, Error> {
+    if let Some(p) = std::env::var_os("NETSIM_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let mut candidates = vec![];
+    if let Ok(exe) = std::env::current_exe() {
+        if exe.file_name().is_some_and(|n| n == "netsim") {
+            return Ok(exe);
+        }
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("netsim"));
+            candidates.push(dir.join("../netsim"));
+        }
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".cache/gcs/target")
+    });
+    candidates.push(target.join("debug/netsim"));
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| Error::Setup("netsim binary not found (set NETSIM_BIN)".into()))
+}
+
+/// libfaketime's preload library, if installed.
+pub fn faketime_lib() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+        "/usr/local/lib/faketime/libfaketime.so.1",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
 /// The model cache the nodes read (`GCS_MODEL_DIR` or `~/.cache/gcs/models`).
 pub fn model_dir() -> PathBuf {
     std::env::var_os("GCS_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|| {
@@ -65,11 +107,19 @@ pub struct Node {
     pub role: Role,
     /// HTTP address (gateway and all roles serve it).
     pub http: SocketAddr,
+    /// libp2p address and TCP port.
+    pub ip: IpAddr,
     /// libp2p TCP port.
     pub p2p: u16,
     /// Data directory.
     pub dir: PathBuf,
     args: Vec<String>,
+    /// The network namespace it runs in (netns mode).
+    pub netns: Option<String>,
+    /// Wall-clock skew in seconds (libfaketime).
+    pub clock_skew_s: Option<i64>,
+    /// The program when it is not gcs-node (the adversary).
+    pub program: Option<PathBuf>,
     child: Option<Child>,
     /// Restarts so far (log files are numbered by it).
     pub starts: u32,
@@ -99,10 +149,42 @@ impl Node {
     pub fn spawn(&mut self, bin: &Path) -> Result<(), Error> {
         let log = std::fs::File::create(self.dir.join(format!("node.{}.log", self.starts)))?;
         let out = std::fs::File::create(self.dir.join(format!("stdout.{}.log", self.starts)))?;
-        let child = Command::new(bin)
-            .args(["--data-dir", &self.dir.to_string_lossy(), "--no-mdns"])
-            .args(["--role", self.role.as_str(), "--http", &self.http.to_string()])
-            .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{}", self.p2p)])
+        let program = self.program.clone().unwrap_or_else(|| bin.to_path_buf());
+        // `ip netns exec` enters the namespace and execs the program: the
+        // child's pid is the node's, so kill and signals reach it.
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        };
+        let listen = format!("/ip4/{}/tcp/{}", self.ip, self.p2p);
+        if self.role == Role::Adversary {
+            cmd.arg("adversary");
+        }
+        cmd.args(["--data-dir", &self.dir.to_string_lossy()]);
+        if self.role == Role::Adversary {
+            cmd.args(["--listen", &listen]);
+        } else {
+            cmd.args(["--no-mdns", "--role", self.role.as_str()]).args([
+                "--http",
+                &self.http.to_string(),
+                "--listen",
+                &listen,
+            ]);
+        }
+        if let Some(skew) = self.clock_skew_s {
+            let lib = faketime_lib().ok_or_else(|| {
+                Error::Setup("clock skew needs libfaketime (apt-get install libfaketime)".into())
+            })?;
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("{skew:+}s"))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("FAKETIME_NO_CACHE", "1");
+        }
+        let child = cmd
             .args(&self.args)
             .env("RUST_LOG", std::env::var("NETSIM_NODE_LOG").unwrap_or("info,libp2p=warn".into()))
             .stdin(Stdio::null())
@@ -167,6 +249,14 @@ impl Node {
 
     /// One unlabelled gauge or counter from `/metrics`.
     pub fn metric(&self, name: &str) -> Option<f64> {
+        let out = self.metrics_text()?;
+        let prefix = format!("{name} ");
+        let line = out.lines().find(|l| l.starts_with(&prefix))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// The whole `/metrics` text.
+    pub fn metrics_text(&self) -> Option<String> {
         use std::io::{Read, Write};
         let mut s =
             std::net::TcpStream::connect_timeout(&self.http, Duration::from_secs(1)).ok()?;
@@ -174,9 +264,29 @@ impl Node {
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
-        let prefix = format!("{name} ");
-        let line = out.lines().find(|l| l.starts_with(&prefix))?;
-        line.split_whitespace().nth(1)?.parse().ok()
+        out.contains("HTTP/1.1 200").then_some(out)
+    }
+
+    /// The keyspace's anti-entropy digest and entry count per globally
+    /// replicated namespace, from `/metrics`.
+    pub fn keyspace_digests(&self) -> Option<BTreeMap<String, (String, u64)>> {
+        let text = self.metrics_text()?;
+        let label = |l: &str, k: &str| {
+            let at = l.find(&format!("{k}=\""))? + k.len() + 2;
+            Some(l[at..].split('"').next()?.to_string())
+        };
+        let mut out: BTreeMap<String, (String, u64)> = BTreeMap::new();
+        for l in text.lines() {
+            if l.starts_with("gcs_keyspace_digest_info{") {
+                let (ns, d) = (label(l, "namespace")?, label(l, "digest")?);
+                out.entry(ns).or_default().0 = d;
+            } else if l.starts_with("gcs_keyspace_entries{") {
+                let ns = label(l, "namespace")?;
+                let n = l.split_whitespace().last()?.parse().ok()?;
+                out.entry(ns).or_default().1 = n;
+            }
+        }
+        Some(out)
     }
 }
 
@@ -207,18 +317,58 @@ pub struct Cluster {
     pub nodes: BTreeMap<String, Node>,
     /// An API key per node that serves HTTP.
     pub keys: BTreeMap<String, String>,
+    /// Node index (for the namespaces) by name.
+    pub index: BTreeMap<String, usize>,
+    /// Nodes declared but not started yet (adversaries start after the
+    /// reference answers).
+    pub pending: Vec<NodeSpec>,
+    /// The namespaces (netns mode). Declared last: dropped after the nodes
+    /// are killed.
+    pub netns: Option<Netns>,
+}
+
+/// How a cluster is laid out.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOpts {
+    /// Loopback or namespaces.
+    pub network: NetworkMode,
+    /// The netsim binary (runs `adversary` nodes).
+    pub netsim_bin: Option<PathBuf>,
 }
 
 impl Cluster {
     /// Starts every node: nodes without `bootstrap` first, then the rest
-    /// dialling them, then waits until every gateway is healthy.
+    /// dialling them, then waits until every gateway is healthy and knows
+    /// every worker that registers. Adversary nodes are only prepared;
+    /// [`Cluster::start_pending`] starts them.
     pub fn start(bin: &Path, root: &Path, specs: &[NodeSpec]) -> Result<Cluster, Error> {
-        let mut c =
-            Cluster { bin: bin.to_path_buf(), nodes: BTreeMap::new(), keys: BTreeMap::new() };
-        for s in specs {
+        Self::start_with(bin, root, specs, &ClusterOpts::default())
+    }
+
+    /// [`Cluster::start`] with a layout.
+    pub fn start_with(
+        bin: &Path,
+        root: &Path,
+        specs: &[NodeSpec],
+        opts: &ClusterOpts,
+    ) -> Result<Cluster, Error> {
+        let netns = match opts.network {
+            NetworkMode::Loopback => None,
+            NetworkMode::Netns => Some(Netns::create(specs.len())?),
+        };
+        let mut c = Cluster {
+            bin: bin.to_path_buf(),
+            nodes: BTreeMap::new(),
+            keys: BTreeMap::new(),
+            index: BTreeMap::new(),
+            pending: vec![],
+            netns,
+        };
+        for (i, s) in specs.iter().enumerate() {
+            c.index.insert(s.name.clone(), i);
             let dir = root.join(&s.name);
             std::fs::create_dir_all(&dir)?;
-            if s.role != Role::Worker {
+            if s.role.serves_http() {
                 c.keys.insert(s.name.clone(), create_key(bin, &dir)?);
             }
             let mut args = s.args.clone();
@@ -226,31 +376,58 @@ impl Cluster {
                 let peer = c.nodes.get(b).ok_or_else(|| {
                     Error::Setup(format!("{}: bootstrap {b} must come first", s.name))
                 })?;
-                args.extend(["--bootstrap".into(), format!("/ip4/127.0.0.1/tcp/{}", peer.p2p)]);
+                args.extend(["--bootstrap".into(), format!("/ip4/{}/tcp/{}", peer.ip, peer.p2p)]);
             }
-            let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            // In a namespace every node has the whole port space to itself.
+            let (ip, http_port, p2p, ns) = match &c.netns {
+                Some(n) => (IpAddr::V4(n.addr(i)), 8080, 4001, Some(n.ns(i))),
+                None => (IpAddr::V4(Ipv4Addr::LOCALHOST), free_port()?, free_port()?, None),
+            };
+            let program = if s.role == Role::Adversary {
+                Some(opts.netsim_bin.clone().map_or_else(locate_netsim, Ok)?)
+            } else {
+                None
+            };
             let mut n = Node {
                 name: s.name.clone(),
                 role: s.role,
-                http,
-                p2p: free_port()?,
+                http: SocketAddr::new(ip, http_port),
+                ip,
+                p2p,
                 dir,
                 args,
+                netns: ns,
+                clock_skew_s: s.clock_skew_s,
+                program,
                 child: None,
                 starts: 0,
                 stopped: false,
             };
-            n.spawn(bin)?;
+            if s.role == Role::Adversary {
+                c.pending.push(s.clone());
+            } else {
+                n.spawn(bin)?;
+            }
             c.nodes.insert(s.name.clone(), n);
         }
-        for n in c.nodes.values().filter(|n| n.role != Role::Worker) {
+        for n in c.nodes.values().filter(|n| n.role.serves_http()) {
             n.wait_healthy(Duration::from_secs(120))?;
         }
         // Health needs one worker; traffic aimed at a topology needs all of
         // them registered, and a gossip heartbeat (1 s) for the mesh.
-        let workers = specs.iter().filter(|s| s.role != Role::Gateway).count();
+        let workers = specs
+            .iter()
+            .filter(|s| matches!(s.role, Role::Worker | Role::All) && s.registers)
+            .count();
+        c.wait_registrations(workers)?;
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(c)
+    }
+
+    /// Waits until every gateway knows `workers` fresh registrations.
+    pub fn wait_registrations(&self, workers: usize) -> Result<(), Error> {
         let deadline = Instant::now() + Duration::from_secs(60);
-        for n in c.nodes.values().filter(|n| n.role == Role::Gateway) {
+        for n in self.nodes.values().filter(|n| n.role == Role::Gateway) {
             while n.metric("gcs_fresh_registrations").unwrap_or(0.0) < workers as f64 {
                 if Instant::now() > deadline {
                     return Err(Error::Setup(format!("{}: not every worker registered", n.name)));
@@ -258,13 +435,43 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
-        std::thread::sleep(Duration::from_millis(1500));
-        Ok(c)
+        Ok(())
+    }
+
+    /// Starts the nodes held back by [`Cluster::start`] (adversaries).
+    pub fn start_pending(&mut self) -> Result<usize, Error> {
+        let bin = self.bin.clone();
+        let pending = std::mem::take(&mut self.pending);
+        for s in &pending {
+            self.node(&s.name)?.spawn(&bin)?;
+        }
+        Ok(pending.len())
     }
 
     /// A node by name.
     pub fn node(&mut self, name: &str) -> Result<&mut Node, Error> {
         self.nodes.get_mut(name).ok_or_else(|| Error::Setup(format!("no node {name}")))
+    }
+
+    fn indices(&self, names: &[String]) -> Result<Vec<usize>, Error> {
+        names
+            .iter()
+            .map(|n| self.index.get(n).copied().ok_or_else(|| Error::Setup(format!("no node {n}"))))
+            .collect()
+    }
+
+    /// Cuts (or, with `heal`, restores) every link between two groups of nodes.
+    pub fn cut(&mut self, a: &[String], b: &[String], heal: bool) -> Result<(), Error> {
+        let (a, b) = (self.indices(a)?, self.indices(b)?);
+        let n = self
+            .netns
+            .as_mut()
+            .ok_or_else(|| Error::Setup("cutting links needs network = \"netns\"".into()))?;
+        if heal {
+            n.heal(&a, &b)
+        } else {
+            n.partition(&a, &b)
+        }
     }
 
     /// Every node that runs a worker, with its active job count when it
@@ -276,5 +483,15 @@ impl Cluster {
             .filter(|n| n.active_jobs().unwrap_or(0) > 0)
             .map(|n| n.name.clone())
             .collect()
+    }
+
+    /// The GET body of `path` on an HTTP node, as JSON.
+    pub fn get_json(&self, node: &str, path: &str) -> Option<serde_json::Value> {
+        let n = self.nodes.get(node)?;
+        let key = self.keys.get(node).cloned().unwrap_or_default();
+        match request_json(n.http, "GET", path, &key, b"") {
+            Ok((200, v)) => Some(v),
+            _ => None,
+        }
     }
 }

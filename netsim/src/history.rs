@@ -58,9 +58,32 @@ impl Entry {
         let r = &self.record;
         let mut checks = vec![self.terminal(spec), wire(r, spec), usage];
         checks.push(self.expectation(spec));
-        checks.push(match reference {
-            None => check("reference", true, "not asked"),
-            Some(text) => reference_check(r, text),
+        let alt = spec.adversary_output_ok.then(|| crate::adversary::output_text(spec.max_tokens));
+        checks.push(match (reference, alt) {
+            (None, None) => check("reference", true, "not asked"),
+            (Some(text), None) => reference_check(r, text),
+            (None, Some(adv)) => reference_check(r, &adv),
+            // One worker's output, whichever won the job: never a mix.
+            (Some(text), Some(adv)) => {
+                let honest = reference_check(r, text);
+                let rogue = reference_check(r, &adv);
+                match (honest.ok, rogue.ok) {
+                    (true, _) => honest,
+                    (false, true) => check(
+                        "reference",
+                        true,
+                        format!("the adversary's output: {}", rogue.detail),
+                    ),
+                    (false, false) => check(
+                        "reference",
+                        false,
+                        format!(
+                            "neither the reference ({}) nor the adversary's output ({})",
+                            honest.detail, rogue.detail
+                        ),
+                    ),
+                }
+            }
         });
         self.checks = checks;
     }
@@ -133,6 +156,12 @@ impl Entry {
             let got = u.and_then(|u| u["requeue_count"].as_u64()).unwrap_or(0);
             ok &= got >= u64::from(min);
             why.push(format!("requeues {got} (want >= {min})"));
+        }
+        if spec.expect_late_metering {
+            let generated = u.and_then(|u| u["output_tokens_generated"].as_u64()).unwrap_or(0);
+            let sent = u.and_then(|u| u["output_tokens_sent_to_client"].as_u64()).unwrap_or(0);
+            ok &= generated > sent;
+            why.push(format!("late metering: generated {generated} > sent {sent}"));
         }
         if partial && !self.gateway_died {
             // A failure after tokens reached the client is billed as such.
@@ -281,6 +310,36 @@ mod tests {
         e.record.error = Some(json!({}));
         e.judge(&spec(Expect::Any), None);
         assert!(failed(&e).contains(&"terminal"));
+    }
+
+    #[test]
+    fn either_workers_output_passes_but_never_a_mix() {
+        let adv = crate::adversary::output_text(16);
+        let mut s = spec(Expect::Complete);
+        s.adversary_output_ok = true;
+        let mut e = entry(&adv, 12, Terminal::Complete, 12);
+        e.judge(&s, Some("a b c"));
+        assert!(e.ok(), "{:?}", e.checks);
+        let mut e = entry("a b c", 3, Terminal::Complete, 3);
+        e.judge(&s, Some("a b c"));
+        assert!(e.ok(), "{:?}", e.checks);
+        // The adversary's first chunks, then the honest worker's text.
+        let mixed = format!("adv0 adv1 {}", "a b c");
+        let mut e = entry(&mixed, 5, Terminal::Complete, 5);
+        e.judge(&s, Some("a b c"));
+        assert_eq!(failed(&e), ["reference"]);
+    }
+
+    #[test]
+    fn late_metering_is_required_when_asked() {
+        let mut s = spec(Expect::ErrorAfterPartial);
+        s.expect_late_metering = true;
+        let mut e = entry("a b", 2, Terminal::Error, 2);
+        e.judge(&s, None);
+        assert_eq!(failed(&e), ["expect"]);
+        e.usage.as_mut().unwrap()["output_tokens_generated"] = json!(9);
+        e.judge(&s, None);
+        assert!(e.ok(), "{:?}", e.checks);
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //! simulation of claim contention and failure detection at 10–1000 nodes
 //! over the real sans-IO lifecycle code (`scale`). See netsim/README.md.
 
+pub mod adversary;
 pub mod client;
 pub mod cluster;
 pub mod history;
 pub mod load;
+pub mod netns;
 pub mod report;
 pub mod runner;
 pub mod scale;

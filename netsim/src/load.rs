@@ -77,14 +77,22 @@ fn kind(r: &Record) -> Option<String> {
 
 /// Runs the load in `workdir`.
 pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Error> {
-    let mut nodes =
-        vec![NodeSpec { name: "gw".into(), role: Role::Gateway, bootstrap: vec![], args: vec![] }];
+    let mut nodes = vec![NodeSpec {
+        name: "gw".into(),
+        role: Role::Gateway,
+        bootstrap: vec![],
+        args: vec![],
+        clock_skew_s: None,
+        registers: true,
+    }];
     for i in 0..spec.workers {
         nodes.push(NodeSpec {
             name: format!("w{i}"),
             role: Role::Worker,
             bootstrap: vec!["gw".into()],
             args: vec!["--max-jobs".into(), spec.max_jobs.to_string()],
+            clock_skew_s: None,
+            registers: true,
         });
     }
     let cluster = Cluster::start(bin, workdir, &nodes)?;

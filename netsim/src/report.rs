@@ -11,6 +11,10 @@ use crate::Error;
 /// run-level checks and the faults.
 pub fn table(o: &Outcome) -> String {
     let mut t = String::new();
+    if let Some(why) = &o.skipped {
+        let _ = writeln!(t, "scenario {} — SKIPPED: {why}", o.scenario);
+        return t;
+    }
     let verdict = if o.ok() { "PASS" } else { "FAIL" };
     let _ = writeln!(t, "scenario {} — {verdict} in {:.1}s", o.scenario, o.seconds);
     for f in &o.faults {

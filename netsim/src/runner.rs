@@ -13,9 +13,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::client::{self, progress, ChatRequest, Record, Shared, Terminal};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterOpts};
 use crate::history::Entry;
-use crate::scenario::{Action, FaultSpec, RequestSpec, Role, Scenario};
+use crate::scenario::{Action, FaultSpec, NetworkMode, RequestSpec, Role, Scenario};
 use crate::Error;
 
 /// A fault as it happened.
@@ -49,13 +49,44 @@ pub struct Outcome {
     pub run_checks: Vec<crate::history::Check>,
     /// Seconds the run took.
     pub seconds: f64,
+    /// Why the scenario was not run (e.g. no network namespaces here).
+    pub skipped: Option<String>,
 }
 
 impl Outcome {
-    /// Every check passed.
+    /// Every check passed (a skipped scenario passes nothing and fails
+    /// nothing; the table and the JSON report say SKIPPED and why).
     pub fn ok(&self) -> bool {
         self.entries.iter().all(Entry::ok) && self.run_checks.iter().all(|c| c.ok)
     }
+
+    fn skipped(s: &Scenario, why: String) -> Outcome {
+        tracing::warn!(scenario = %s.name, reason = %why, "SKIPPED");
+        Outcome {
+            scenario: s.name.clone(),
+            entries: vec![],
+            faults: vec![],
+            unfired: vec![],
+            rss_growth_mib: BTreeMap::new(),
+            run_checks: vec![],
+            seconds: 0.0,
+            skipped: Some(why),
+        }
+    }
+}
+
+/// Why this machine cannot run the scenario, if it cannot.
+pub fn cannot_run(s: &Scenario) -> Option<String> {
+    if s.network == NetworkMode::Netns {
+        if let Err(e) = crate::netns::Netns::probe() {
+            return Some(format!("needs network namespaces (root and iproute2): {e}"));
+        }
+    }
+    if s.nodes.iter().any(|n| n.clock_skew_s.is_some()) && crate::cluster::faketime_lib().is_none()
+    {
+        return Some("needs libfaketime (apt-get install libfaketime)".into());
+    }
+    None
 }
 
 fn chat_request(s: &RequestSpec) -> ChatRequest {
@@ -94,11 +125,61 @@ struct PendingFault {
     resume_at: Option<(Instant, String)>,
 }
 
+type Views = Vec<(String, BTreeMap<String, (String, u64)>)>;
+
+/// Every running HTTP node's digests of the namespaces `want`.
+fn digest_views(cluster: &Cluster, want: &[String]) -> Views {
+    cluster
+        .nodes
+        .values()
+        .filter(|n| n.role.serves_http() && n.pid().is_some())
+        .filter_map(|n| {
+            let d = n.keyspace_digests()?;
+            Some((n.name.clone(), d.into_iter().filter(|(k, _)| want.contains(k)).collect()))
+        })
+        .collect()
+}
+
+/// The GCS node id of the node whose data directory is `dir`.
+fn node_id_of(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("identity.key")).ok()?;
+    let bytes: Vec<u8> = (0..text.trim().len())
+        .step_by(2)
+        .filter_map(|i| u8::from_str_radix(text.trim().get(i..i + 2)?, 16).ok())
+        .collect();
+    let seed: [u8; 32] = bytes.try_into().ok()?;
+    Some(gcs_protocol::NodeKey::from_seed(seed).node_id().as_str().to_string())
+}
+
+/// Every log a node wrote (all its starts).
+fn node_logs(dir: &Path) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("node.") && name.ends_with(".log") {
+            out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// The model ids a gateway lists.
+fn model_ids(c: &Cluster, node: &str) -> Option<Vec<String>> {
+    let v = c.get_json(node, "/v1/models")?;
+    Some(
+        v["data"].as_array()?.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect(),
+    )
+}
+
 /// Runs one scenario in `workdir` with the given binary.
 pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     let started = Instant::now();
+    if let Some(why) = cannot_run(s) {
+        return Ok(Outcome::skipped(s, why));
+    }
     tracing::info!(scenario = %s.name, "starting the topology");
-    let mut cluster = Cluster::start(bin, workdir, &s.nodes)?;
+    let opts = ClusterOpts { network: s.network, netsim_bin: None };
+    let mut cluster = Cluster::start_with(bin, workdir, &s.nodes, &opts)?;
     let addr = |c: &Cluster, n: &str| c.nodes.get(n).map(|x| x.http);
     let mut references = BTreeMap::new();
     for r in s.requests.iter().filter(|r| r.reference) {
@@ -131,8 +212,20 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     if !references.is_empty() {
         std::thread::sleep(Duration::from_millis(1000));
     }
+    // Adversaries join now, after the reference answers: they must not be
+    // the ones that produce them. They register like workers.
+    let adversaries = cluster.start_pending()?;
+    if adversaries > 0 {
+        let workers = s
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.role, Role::Worker | Role::All) && n.registers)
+            .count();
+        cluster.wait_registrations(workers + adversaries)?;
+        std::thread::sleep(Duration::from_millis(1000));
+    }
     let http_nodes: Vec<String> =
-        cluster.nodes.values().filter(|n| n.role != Role::Worker).map(|n| n.name.clone()).collect();
+        cluster.nodes.values().filter(|n| n.role.serves_http()).map(|n| n.name.clone()).collect();
     let base_rss: BTreeMap<String, u64> = http_nodes
         .iter()
         .filter_map(|n| Some((n.clone(), cluster.nodes.get(n)?.rss_kib()?)))
@@ -171,6 +264,8 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         .collect();
     let mut events = vec![];
     let mut died: Vec<(String, Instant)> = vec![];
+    // The digests just before a partition heals (they must differ).
+    let mut at_heal: Option<Views> = None;
     let hard_stop =
         t0 + Duration::from_secs(s.requests.iter().map(|r| r.timeout_s).max().unwrap_or(60) + 60);
     loop {
@@ -182,7 +277,10 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         for f in faults.iter_mut() {
             if let Some((when, node)) = f.resume_at.clone() {
                 if Instant::now() >= when {
-                    resume(&mut cluster, f.spec.action, &node)?;
+                    if f.spec.action == Action::Partition && !s.checks.converge.is_empty() {
+                        at_heal = Some(digest_views(&cluster, &s.checks.converge));
+                    }
+                    resume(&mut cluster, &f.spec, &node)?;
                     f.resume_at = None;
                 }
             }
@@ -191,9 +289,11 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
             }
             let Some(ev) = try_fire(&mut cluster, &f.spec, s, &running, t0)? else { continue };
             f.fired = true;
-            if f.spec.action != Action::Kill || f.spec.hold_ms > 0 {
+            let heals =
+                !matches!(f.spec.action, Action::Isolate | Action::Partition) || f.spec.hold_ms > 0;
+            if f.spec.action != Action::Kill && heals {
                 let when = Instant::now() + Duration::from_millis(f.spec.hold_ms);
-                f.resume_at = (f.spec.action != Action::Kill).then(|| (when, ev.node.clone()));
+                f.resume_at = Some((when, ev.node.clone()));
             }
             if matches!(f.spec.action, Action::Kill | Action::Restart) {
                 died.push((ev.node.clone(), Instant::now()));
@@ -211,9 +311,13 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     }
     for f in faults.iter_mut() {
         if let Some((_, node)) = f.resume_at.take() {
-            resume(&mut cluster, f.spec.action, &node)?;
+            if f.spec.action == Action::Partition && !s.checks.converge.is_empty() {
+                at_heal = Some(digest_views(&cluster, &s.checks.converge));
+            }
+            resume(&mut cluster, &f.spec, &node)?;
         }
     }
+    let traffic_end = Instant::now();
 
     // History.
     let mut entries = vec![];
@@ -232,16 +336,27 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         });
     }
     let deadline = Instant::now() + Duration::from_secs(s.limits.usage_wait_s);
+    // A record still waiting for the cut-off worker's late metering.
+    let unmetered = |e: &Entry| {
+        let late = s.requests.iter().any(|r| r.name == e.group && r.expect_late_metering);
+        late && e.usage.as_ref().is_some_and(|u| {
+            u["output_tokens_generated"].as_u64().unwrap_or(0)
+                <= u["output_tokens_sent_to_client"].as_u64().unwrap_or(0)
+        })
+    };
     loop {
         let mut missing = 0;
-        for e in entries.iter_mut().filter(|e| e.usage.is_none() && e.record.status == 200) {
+        for e in entries
+            .iter_mut()
+            .filter(|e| (e.usage.is_none() || unmetered(e)) && e.record.status == 200)
+        {
             let spec = s.requests.iter().find(|r| r.name == e.group);
             let (Some(spec), Some(job)) = (spec, e.record.job_id.clone()) else { continue };
             let gw =
                 addr(&cluster, &spec.gateway).ok_or_else(|| Error::Setup(spec.gateway.clone()))?;
             let key = cluster.keys.get(&spec.gateway).cloned().unwrap_or_default();
             e.usage = usage_of(gw, &key, &job);
-            missing += usize::from(e.usage.is_none());
+            missing += usize::from(e.usage.is_none() || unmetered(e));
         }
         if missing == 0 || Instant::now() > deadline {
             break;
@@ -254,7 +369,22 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         }
     }
 
-    let mut run_checks = vec![];
+    let mut run_checks = cluster_checks(s, &cluster, traffic_end, &entries);
+    if let Some(v) = at_heal {
+        let differ = v.windows(2).any(|w| w[0].1 != w[1].1);
+        let detail: Vec<String> = v
+            .iter()
+            .map(|(n, m)| {
+                let per: Vec<String> = m.iter().map(|(ns, (_, c))| format!("{ns}={c}")).collect();
+                format!("{n}: {}", per.join(" "))
+            })
+            .collect();
+        run_checks.push(crate::history::Check {
+            name: "diverged",
+            ok: differ,
+            detail: format!("at the heal: {}", detail.join("; ")),
+        });
+    }
     let unfired: Vec<String> = faults
         .iter()
         .filter(|f| !f.fired)
@@ -289,7 +419,163 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         rss_growth_mib,
         run_checks,
         seconds: started.elapsed().as_secs_f64(),
+        skipped: None,
     })
+}
+
+/// The scenario's cluster-wide checks: keyspace convergence, the models the
+/// gateways list, and what the adversaries managed to inject.
+fn cluster_checks(
+    s: &Scenario,
+    cluster: &Cluster,
+    traffic_end: Instant,
+    entries: &[Entry],
+) -> Vec<crate::history::Check> {
+    use crate::history::Check;
+    let mut out = vec![];
+    let http: Vec<&str> = cluster
+        .nodes
+        .values()
+        .filter(|n| n.role.serves_http() && n.pid().is_some())
+        .map(|n| n.name.as_str())
+        .collect();
+    let want = &s.checks.converge;
+    if !want.is_empty() {
+        let deadline = traffic_end + Duration::from_secs(s.checks.converge_within_s);
+        let mut detail;
+        let ok = loop {
+            let views = digest_views(cluster, want);
+            let complete = views.len() == http.len()
+                && views.iter().all(|(_, v)| want.iter().all(|ns| v.contains_key(ns)));
+            let same = complete && views.windows(2).all(|w| w[0].1 == w[1].1);
+            let enough = views
+                .iter()
+                .all(|(_, v)| v.values().all(|(_, count)| *count >= s.checks.converge_min_entries));
+            detail = views
+                .iter()
+                .map(|(n, v)| {
+                    let per: Vec<String> = v
+                        .iter()
+                        .map(|(ns, (d, c))| format!("{ns}={c}/{}", d.get(..8).unwrap_or("")))
+                        .collect();
+                    format!("{n}: {}", per.join(" "))
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            if same && enough {
+                let after = traffic_end.elapsed().as_secs_f64();
+                detail = format!("equal {after:.1}s after the traffic: {detail}");
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        out.push(Check { name: "converged", ok, detail });
+    }
+    let models: Vec<(String, Vec<String>)> =
+        http.iter().map(|n| (n.to_string(), model_ids(cluster, n).unwrap_or_default())).collect();
+    if !s.checks.forbidden_models.is_empty() {
+        let seen: Vec<String> = models
+            .iter()
+            .flat_map(|(n, ids)| {
+                ids.iter()
+                    .filter(|id| s.checks.forbidden_models.contains(id))
+                    .map(move |id| format!("{id} at {n}"))
+            })
+            .collect();
+        let detail = if seen.is_empty() {
+            format!("none of {} listed by {} gateways", s.checks.forbidden_models.len(), http.len())
+        } else {
+            seen.join(", ")
+        };
+        out.push(Check { name: "forbidden_models", ok: seen.is_empty(), detail });
+    }
+    if !s.checks.required_models.is_empty() {
+        let missing: Vec<String> = models
+            .iter()
+            .flat_map(|(n, ids)| {
+                s.checks
+                    .required_models
+                    .iter()
+                    .filter(|m| !ids.contains(m))
+                    .map(move |m| format!("{m} missing at {n}"))
+            })
+            .collect();
+        let detail =
+            if missing.is_empty() { "listed everywhere".into() } else { missing.join(", ") };
+        out.push(Check { name: "required_models", ok: missing.is_empty(), detail });
+    }
+    let c = &s.checks;
+    if !c.served_by.is_empty() || !c.not_served_by.is_empty() {
+        let mut served: BTreeMap<String, u64> = BTreeMap::new();
+        for e in entries {
+            if let Some(id) = e.usage.as_ref().and_then(|u| u["node_id"].as_str()) {
+                *served.entry(id.to_string()).or_default() += 1;
+            }
+        }
+        let count = |name: &str| {
+            let id = cluster.nodes.get(name).and_then(|n| node_id_of(&n.dir)).unwrap_or_default();
+            served.get(&id).copied().unwrap_or(0)
+        };
+        let mut bad = vec![];
+        let mut seen = vec![];
+        for n in &c.served_by {
+            let k = count(n);
+            seen.push(format!("{n}={k}"));
+            if k == 0 {
+                bad.push(format!("{n} served nothing"));
+            }
+        }
+        for n in &c.not_served_by {
+            let k = count(n);
+            seen.push(format!("{n}={k}"));
+            if k > 0 {
+                bad.push(format!("{n} served {k}"));
+            }
+        }
+        let detail = if bad.is_empty() { seen.join(" ") } else { bad.join(", ") };
+        out.push(Check { name: "served_by", ok: bad.is_empty(), detail });
+    }
+    for l in &c.logs {
+        let text = cluster.nodes.get(&l.node).map(|n| node_logs(&n.dir)).unwrap_or_default();
+        let hits = text.matches(l.contains.as_str()).count();
+        out.push(Check {
+            name: "log",
+            ok: hits > 0,
+            detail: format!("{}: {hits} lines with {:?}", l.node, l.contains),
+        });
+    }
+    for n in cluster.nodes.values().filter(|n| n.role == Role::Adversary) {
+        let report = crate::adversary::read_report(&n.dir);
+        let mut missing: Vec<&str> = crate::adversary::REQUIRED
+            .iter()
+            .copied()
+            .filter(|k| report.get(*k).copied().unwrap_or(0) == 0)
+            .collect();
+        let granted: Vec<&str> = crate::adversary::FORBIDDEN
+            .iter()
+            .copied()
+            .filter(|k| report.get(*k).copied().unwrap_or(0) > 0)
+            .collect();
+        if !granted.is_empty() {
+            out.push(Check {
+                name: "adversary_refused",
+                ok: false,
+                detail: format!("the gateway granted: {}", granted.join(", ")),
+            });
+        }
+        missing.sort_unstable();
+        let counts: Vec<String> = report.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let detail = if missing.is_empty() {
+            counts.join(" ")
+        } else {
+            format!("never injected: {}; did: {}", missing.join(", "), counts.join(" "))
+        };
+        out.push(Check { name: "adversary_injected", ok: missing.is_empty(), detail });
+    }
+    out
 }
 
 /// Fires a fault if its trigger has come; returns what happened.
@@ -317,6 +603,13 @@ fn try_fire(
             return Ok(None);
         }
     }
+    if f.action == Action::Partition {
+        let (a, b) = (&f.sides[0], &f.sides[1]);
+        cluster.cut(a, b, false)?;
+        let node = format!("{}|{}", a.join(","), b.join(","));
+        let frames_at_fault = watched.map(|w| progress(&w).content_frames);
+        return Ok(Some(FaultEvent { at_ms, action: "partition".into(), node, frames_at_fault }));
+    }
     let node = if f.target == "busy_worker" {
         match cluster.busy_workers().into_iter().next() {
             Some(n) => n,
@@ -325,6 +618,13 @@ fn try_fire(
     } else {
         f.target.clone()
     };
+    if f.action == Action::Isolate {
+        let others: Vec<String> = cluster.nodes.keys().filter(|n| **n != node).cloned().collect();
+        cluster.cut(std::slice::from_ref(&node), &others, false)?;
+        std::thread::sleep(Duration::from_millis(50));
+        let frames_at_fault = watched.map(|w| progress(&w).content_frames);
+        return Ok(Some(FaultEvent { at_ms, action: "isolate".into(), node, frames_at_fault }));
+    }
     // Freeze first, then read the client's progress: what it had when the
     // node stopped is what the fault "landed after".
     let n = cluster.node(&node)?;
@@ -332,29 +632,36 @@ fn try_fire(
     std::thread::sleep(Duration::from_millis(50));
     let frames_at_fault = watched.map(|w| progress(&w).content_frames);
     match f.action {
-        Action::Pause => {}
         Action::Kill | Action::Restart => n.kill(),
+        _ => {}
     }
     let action = format!("{:?}", f.action).to_lowercase();
     Ok(Some(FaultEvent { at_ms, action, node, frames_at_fault }))
 }
 
-/// Ends a pause (SIGCONT) or a restart's down time (start again).
-fn resume(cluster: &mut Cluster, action: Action, node: &str) -> Result<(), Error> {
+/// Ends a pause (SIGCONT), a restart's down time (start again), or a cut
+/// (heal).
+fn resume(cluster: &mut Cluster, f: &FaultSpec, node: &str) -> Result<(), Error> {
     let bin = cluster.bin.clone();
-    let n = cluster.node(node)?;
-    match action {
-        Action::Pause => n.signal("CONT")?,
+    match f.action {
+        Action::Pause => cluster.node(node)?.signal("CONT")?,
         Action::Restart => {
+            let n = cluster.node(node)?;
             n.spawn(&bin)?;
             let deadline = Instant::now() + Duration::from_secs(60);
             while !n.http_up() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+        Action::Isolate => {
+            let others: Vec<String> =
+                cluster.nodes.keys().filter(|n| n.as_str() != node).cloned().collect();
+            cluster.cut(&[node.to_string()], &others, true)?;
+        }
+        Action::Partition => cluster.cut(&f.sides[0], &f.sides[1], true)?,
         Action::Kill => {}
     }
-    tracing::info!(node, ?action, "resumed");
+    tracing::info!(node, action = ?f.action, "resumed");
     Ok(())
 }
 

@@ -27,6 +27,68 @@ pub struct Scenario {
     /// Whole-run limits.
     #[serde(default)]
     pub limits: RunLimits,
+    /// Where the nodes run: loopback (default) or one network namespace each.
+    #[serde(default)]
+    pub network: NetworkMode,
+    /// Checks over the whole cluster after the traffic.
+    #[serde(default)]
+    pub checks: ClusterChecks,
+}
+
+/// Where the nodes run.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// 127.0.0.1, one port pair per node.
+    #[default]
+    Loopback,
+    /// One network namespace per node on a bridge (`10.77.x.0/24`), so links
+    /// can be cut (`partition`, `isolate`). Needs root; without it the
+    /// scenario is reported as skipped, with the reason.
+    Netns,
+}
+
+/// Checks over the whole cluster after the traffic.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterChecks {
+    /// Keyspace namespaces (column family names, e.g. `api.jobs`) whose
+    /// anti-entropy digests must become equal on every HTTP node.
+    #[serde(default)]
+    pub converge: Vec<String>,
+    /// How long they may take, counted from the end of the traffic.
+    #[serde(default = "default_converge")]
+    pub converge_within_s: u64,
+    /// Least entries each converged namespace must hold (proves both sides'
+    /// writes are in it).
+    #[serde(default)]
+    pub converge_min_entries: u64,
+    /// Model ids that must not appear in any gateway's `/v1/models`.
+    #[serde(default)]
+    pub forbidden_models: Vec<String>,
+    /// Model ids that must appear in every gateway's `/v1/models`.
+    #[serde(default)]
+    pub required_models: Vec<String>,
+    /// Nodes that must have served at least one request (the `node_id` of
+    /// a usage record of the traffic).
+    #[serde(default)]
+    pub served_by: Vec<String>,
+    /// Nodes that must have served none.
+    #[serde(default)]
+    pub not_served_by: Vec<String>,
+    /// Text a node's log must contain (evidence of what it refused).
+    #[serde(default)]
+    pub logs: Vec<LogCheck>,
+}
+
+/// A line a node must have logged.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogCheck {
+    /// Node name.
+    pub node: String,
+    /// Substring.
+    pub contains: String,
 }
 
 /// What a node runs.
@@ -40,6 +102,10 @@ pub enum Role {
     /// Both; fault targets that must find "the worker holding the job"
     /// need this, because only HTTP nodes expose `gcs_worker_active_jobs`.
     All,
+    /// A misbehaving peer (`netsim adversary`): joins over libp2p and
+    /// injects forged, replayed, duplicated and reordered messages. Started
+    /// after the reference answers are taken.
+    Adversary,
 }
 
 impl Role {
@@ -49,7 +115,13 @@ impl Role {
             Role::Gateway => "gateway",
             Role::Worker => "worker",
             Role::All => "all",
+            Role::Adversary => "adversary",
         }
+    }
+
+    /// Whether it is a gcs-node that serves HTTP.
+    pub fn serves_http(self) -> bool {
+        matches!(self, Role::Gateway | Role::All)
     }
 }
 
@@ -67,6 +139,14 @@ pub struct NodeSpec {
     /// Extra `gcs-node` flags.
     #[serde(default)]
     pub args: Vec<String>,
+    /// Run the node with its wall clock skewed by this many seconds
+    /// (libfaketime; the monotonic clock is left alone).
+    #[serde(default)]
+    pub clock_skew_s: Option<i64>,
+    /// Whether the gateways must know this worker's registration before the
+    /// traffic (false for a worker whose clock is skewed past the tolerance).
+    #[serde(default = "yes")]
+    pub registers: bool,
 }
 
 /// What a request group must end as, beyond the universal checks.
@@ -146,6 +226,16 @@ pub struct RequestSpec {
     /// switches that frame counting cannot see.
     #[serde(default)]
     pub reference: bool,
+    /// The answer may also be the adversary's own output (it won the job
+    /// honestly and streamed it, however disorderly): then it must be a
+    /// prefix of (complete: equal to) that text instead of the reference.
+    #[serde(default)]
+    pub adversary_output_ok: bool,
+    /// Wait until the usage record shows more tokens generated than
+    /// delivered: the cut-off worker's late output reached the gateway
+    /// after the heal and was metered, not delivered.
+    #[serde(default)]
+    pub expect_late_metering: bool,
 }
 
 /// When a fault fires.
@@ -174,6 +264,12 @@ pub enum Action {
     Restart,
     /// SIGSTOP, then SIGCONT after `hold_ms`.
     Pause,
+    /// Cut every link of `target` to every other node (netns); heal after
+    /// `hold_ms` (0: never).
+    Isolate,
+    /// Cut every link between `sides[0]` and `sides[1]` (netns); heal after
+    /// `hold_ms` (0: never).
+    Partition,
 }
 
 /// One fault.
@@ -182,8 +278,13 @@ pub enum Action {
 pub struct FaultSpec {
     /// What.
     pub action: Action,
-    /// A node name, or `busy_worker`: the `all` node whose worker runs a job.
+    /// A node name, or `busy_worker`: the `all` node whose worker runs a job
+    /// (not used by `partition`).
+    #[serde(default)]
     pub target: String,
+    /// The two sides of a `partition`.
+    #[serde(default)]
+    pub sides: Vec<Vec<String>>,
     /// When.
     pub trigger: Trigger,
     /// Down time (restart) or pause length (pause).
@@ -230,6 +331,9 @@ fn default_rss() -> u64 {
 fn default_usage_wait() -> u64 {
     30
 }
+fn default_converge() -> u64 {
+    30
+}
 
 impl Scenario {
     /// Reads and checks a scenario file.
@@ -245,12 +349,20 @@ impl Scenario {
         let node = |n: &str| self.nodes.iter().any(|x| x.name == n);
         let bad = |m: String| Err(Error::Scenario(format!("{}: {m}", self.name)));
         for r in &self.requests {
-            if !self.nodes.iter().any(|x| x.name == r.gateway && x.role != Role::Worker) {
+            if !self.nodes.iter().any(|x| x.name == r.gateway && x.role.serves_http()) {
                 return bad(format!("request {} names no HTTP node {}", r.name, r.gateway));
             }
         }
         for f in &self.faults {
-            if f.target != "busy_worker" && !node(&f.target) {
+            let cuts = matches!(f.action, Action::Isolate | Action::Partition);
+            if cuts && self.network != NetworkMode::Netns {
+                return bad(format!("{:?} needs network = \"netns\"", f.action));
+            }
+            if f.action == Action::Partition {
+                if f.sides.len() != 2 || f.sides.iter().flatten().any(|n| !node(n)) {
+                    return bad("a partition needs sides = [[nodes...], [nodes...]]".into());
+                }
+            } else if f.target != "busy_worker" && !node(&f.target) {
                 return bad(format!("fault target {} is not a node", f.target));
             }
             let t = &f.trigger;

@@ -1,25 +1,22 @@
 //! The fast fault scenarios against real gcs-node processes, run by the
 //! README's test command (`cargo test --workspace --all-targets`, which
-//! builds gcs-node first). One test runs them one after another: on a
+//! builds gcs-node and netsim first). The tests take turns (a lock): on a
 //! small machine, parallel scenarios would starve each other's timing.
-//! Without the models it says SKIP.
+//! Without the models they say SKIP; a scenario this machine cannot run
+//! (no network namespaces, no libfaketime) says SKIPPED and why.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use netsim::{cluster, report, runner, scenario::Scenario};
 
-const FAST: [&str; 5] = [
-    "worker_crash_before_first_token",
-    "worker_crash_after_first_token",
-    "gateway_restart",
-    "slow_client",
-    "worker_pause_past_lease",
-];
+/// One scenario run at a time across the tests of this binary.
+static TURN: Mutex<()> = Mutex::new(());
 
-#[test]
-fn fault_scenarios_keep_every_invariant() {
+fn run_all(names: &[&str]) {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     if !cluster::models_present() {
         eprintln!(
             "SKIP: models not found in {}; run scripts/fetch-models.sh",
@@ -33,7 +30,7 @@ fn fault_scenarios_keep_every_invariant() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut failed = vec![];
     let mut outcomes = vec![];
-    for name in FAST {
+    for name in names {
         let s = Scenario::load(&dir.join(format!("{name}.toml"))).unwrap();
         let o = match runner::run(&s, &bin, &tmp.path().join(name)) {
             Ok(o) => o,
@@ -44,7 +41,7 @@ fn fault_scenarios_keep_every_invariant() {
         };
         eprint!("{}", report::table(&o));
         if !o.ok() {
-            failed.push(name);
+            failed.push(*name);
         }
         outcomes.push(o);
     }
@@ -55,4 +52,36 @@ fn fault_scenarios_keep_every_invariant() {
         let keep = tmp.keep();
         panic!("scenarios failed: {failed:?}; logs and report in {}", keep.display());
     }
+}
+
+#[test]
+fn fault_scenarios_keep_every_invariant() {
+    run_all(&[
+        "worker_crash_before_first_token",
+        "worker_crash_after_first_token",
+        "gateway_restart",
+        "slow_client",
+        "worker_pause_past_lease",
+    ]);
+}
+
+/// Network namespaces: SKIPPED (with the reason) where they cannot be made.
+#[test]
+fn partition_scenarios_keep_every_invariant() {
+    run_all(&[
+        "partition_worker_before_first_token",
+        "partition_worker_mid_stream",
+        "partition_split_heal",
+    ]);
+}
+
+/// libfaketime: SKIPPED (with the reason) where it is not installed.
+#[test]
+fn clock_skew_scenarios_keep_every_invariant() {
+    run_all(&["clock_skew_within_tolerance", "clock_skew_beyond_expiry"]);
+}
+
+#[test]
+fn a_misbehaving_peer_process_changes_no_stream() {
+    run_all(&["adversary_peer"]);
 }

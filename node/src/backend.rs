@@ -100,6 +100,32 @@ impl Backend for NodeClient {
             "# HELP gcs_fresh_registrations Fresh worker registrations known.\n\
              # TYPE gcs_fresh_registrations gauge\ngcs_fresh_registrations {fresh}\n"
         ));
+        // The anti-entropy digests of the globally replicated namespaces:
+        // two nodes whose digests are equal hold the same entries (netsim's
+        // partition-and-heal scenario compares them across nodes). Each
+        // metric family is one group, as the text format requires.
+        let digests: Vec<(&str, gcs_keyspace::Digest)> = gcs_keyspace::Namespace::ALL
+            .iter()
+            .filter(|n| n.scope() == gcs_keyspace::Scope::Global)
+            .filter_map(|n| Some((n.cf(), self.keyspace.digest(*n).ok()?)))
+            .collect();
+        out.push_str(
+            "# HELP gcs_keyspace_entries Entries in a globally replicated keyspace namespace.\n\
+             # TYPE gcs_keyspace_entries gauge\n",
+        );
+        for (cf, d) in &digests {
+            out.push_str(&format!("gcs_keyspace_entries{{namespace=\"{cf}\"}} {}\n", d.count));
+        }
+        out.push_str(
+            "# HELP gcs_keyspace_digest_info The namespace's anti-entropy digest (XOR of entry hashes).\n\
+             # TYPE gcs_keyspace_digest_info gauge\n",
+        );
+        for (cf, d) in &digests {
+            out.push_str(&format!(
+                "gcs_keyspace_digest_info{{namespace=\"{cf}\",digest=\"{}\"}} 1\n",
+                hex::encode(d.hash)
+            ));
+        }
         out
     }
 

@@ -84,12 +84,20 @@ fn ops_match_llamacpp_dump() {
         for li in 0..c.n_layers {
             let b = &m.blocks[li].q;
             let mut x = prev.clone();
-            rms_norm_rows(&mut x, &g.tensor_f32(&format!("blk.{li}.attn_norm.weight")).unwrap(), c.rms_eps);
+            rms_norm_rows(
+                &mut x,
+                &g.tensor_f32(&format!("blk.{li}.attn_norm.weight")).unwrap(),
+                c.rms_eps,
+            );
             let an = ld(s, format!("attn_norm-{li}"), 0);
             bad += cmp(&format!("L{li} attn_norm"), &x, &an);
             let mut qkv = vec![0f32; n * width];
             b.wqkv.matmul(&an, n, &mut qkv);
-            let (q, k, v) = (ld(s, format!("Qcur-{li}"), 0), ld(s, format!("Kcur-{li}"), 0), ld(s, format!("Vcur-{li}"), 0));
+            let (q, k, v) = (
+                ld(s, format!("Qcur-{li}"), 0),
+                ld(s, format!("Kcur-{li}"), 0),
+                ld(s, format!("Vcur-{li}"), 0),
+            );
             bad += cmp(&format!("L{li} q matmul"), &cols(&qkv, width, 0, qd), &q);
             bad += cmp(&format!("L{li} k matmul"), &cols(&qkv, width, qd, qd + kvd), &k);
             bad += cmp(&format!("L{li} v matmul"), &cols(&qkv, width, qd + kvd, width), &v);
@@ -103,7 +111,11 @@ fn ops_match_llamacpp_dump() {
             let mut att = vec![0f32; n * qd];
             attend(m.shape(), &rope, &mut lqkv, past, &mut kvs[li], &mut att);
             // Our K after RoPE is still f32 here (Q was rounded to f16).
-            bad += cmp(&format!("L{li} k rope"), &cols(&lqkv, width, qd, qd + kvd), &ld(s, format!("Kcur-{li}"), 2));
+            bad += cmp(
+                &format!("L{li} k rope"),
+                &cols(&lqkv, width, qd, qd + kvd),
+                &ld(s, format!("Kcur-{li}"), 2),
+            );
             let kvo = ld(s, format!("kqv_out-{li}"), 0);
             // The last layer keeps only the output row.
             bad += cmp(&format!("L{li} attention"), &att[att.len() - kvo.len()..], &kvo);
@@ -113,7 +125,11 @@ fn ops_match_llamacpp_dump() {
             let ao = ld(s, format!("attn_out-{li}"), 0);
             bad += cmp(&format!("L{li} wo matmul"), &o[o.len() - ao.len()..], &ao);
             let mut x = ld(s, format!("ffn_inp-{li}"), 0);
-            rms_norm_rows(&mut x, &g.tensor_f32(&format!("blk.{li}.ffn_norm.weight")).unwrap(), c.rms_eps);
+            rms_norm_rows(
+                &mut x,
+                &g.tensor_f32(&format!("blk.{li}.ffn_norm.weight")).unwrap(),
+                c.rms_eps,
+            );
             let fnm = ld(s, format!("ffn_norm-{li}"), 0);
             bad += cmp(&format!("L{li} ffn_norm"), &x, &fnm);
             let nr = fnm.len() / h;
