@@ -180,8 +180,7 @@ pub fn merge_scoped(
 ) -> Result<MergeOutcome, String> {
     let d = Delta::decode(bytes).map_err(|e| e.to_string())?;
     if Namespace::of_key(&d.key).map_err(|e| e.to_string())? != Namespace::ApiUsage {
-        validate(&d)?;
-        return ks.merge(d, now_ms).map_err(|e| e.to_string());
+        return merge_global(ks, d, now_ms);
     }
     let (tenant, job) = validate_usage(&d, served)?;
     let out = ks.merge(d, now_ms).map_err(|e| e.to_string())?;
@@ -295,9 +294,29 @@ pub fn validate(delta: &Delta) -> Result<(), String> {
         return Ok(());
     }
     let limits = gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() };
+    // The id the key is filed under (`<prefix><id>[/...]`).
+    let key_id = delta.key[ns.prefix().len()..].split('/').next().unwrap_or_default();
     let check = |bytes: &[u8]| -> Result<(), String> {
         let m = gcs_protocol::decode(bytes, &limits).map_err(|e| e.to_string())?;
-        m.verify().map_err(|e| e.to_string())
+        m.verify().map_err(|e| e.to_string())?;
+        // A valid envelope filed under another job's or node's key would
+        // overwrite that record: the key must name the envelope's own id.
+        use gcs_protocol::Message as M;
+        let own = match &m {
+            M::NodeRegistration(r) => Some(r.node_id.as_str()),
+            M::ApiRequestJob(j) => Some(j.job_id.as_str()),
+            M::JobClaim(c) => Some(c.job_id.as_str()),
+            M::LeaseGrant(l) => Some(l.job_id.as_str()),
+            M::Cancellation(c) => Some(c.job_id.as_str()),
+            M::Requeue(r) => Some(r.job_id.as_str()),
+            _ => None,
+        };
+        match own {
+            Some(id) if id != key_id => {
+                Err(format!("{} for {id} filed under {}", m.message_type(), delta.key))
+            }
+            _ => Ok(()),
+        }
     };
     match &delta.value {
         gcs_keyspace::CrdtValue::Register(r) => match r.value() {
@@ -308,11 +327,36 @@ pub fn validate(delta: &Delta) -> Result<(), String> {
     }
 }
 
-/// Validates and merges one encoded delta.
+/// Validates and merges one encoded delta of a global namespace.
 pub fn merge_validated(ks: &Keyspace, bytes: &[u8], now_ms: u64) -> Result<MergeOutcome, String> {
-    let d = Delta::decode(bytes).map_err(|e| e.to_string())?;
+    merge_global(ks, Delta::decode(bytes).map_err(|e| e.to_string())?, now_ms)
+}
+
+fn merge_global(ks: &Keyspace, d: Delta, now_ms: u64) -> Result<MergeOutcome, String> {
     validate(&d)?;
+    if is_older_registration(ks, &d)? {
+        return Ok(MergeOutcome::Unchanged);
+    }
     ks.merge(d, now_ms).map_err(|e| e.to_string())
+}
+
+/// A registration register is last-writer-wins by the *writer's* clock, so
+/// a peer that re-writes an old (validly signed) registration would roll
+/// the node's record back. The record's own heartbeat time decides instead.
+fn is_older_registration(ks: &Keyspace, d: &Delta) -> Result<bool, String> {
+    if Namespace::of_key(&d.key).ok() != Some(Namespace::NodeRegistrations) {
+        return Ok(false);
+    }
+    let created = |b: &[u8]| {
+        gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::NodeRegistration>(b)
+            .map(|r| r.heartbeat.created_at_ms)
+            .ok()
+    };
+    let Some(incoming) = d.value.as_register().and_then(|r| r.value()).and_then(created) else {
+        return Ok(false);
+    };
+    let stored = ks.get_bytes(&d.key).map_err(|e| e.to_string())?;
+    Ok(stored.as_deref().and_then(created).is_some_and(|have| have >= incoming))
 }
 
 #[cfg(test)]
@@ -502,5 +546,60 @@ mod tests {
             a.digest(Namespace::ApiJobStates).unwrap(),
             b.digest(Namespace::ApiJobStates).unwrap()
         );
+    }
+
+    #[test]
+    fn an_old_or_misfiled_registration_does_not_replace_the_record() {
+        let (w, g) = samples::keys();
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Keyspace::open(da.path(), "a", Default::default()).unwrap();
+        let b = Keyspace::open(db.path(), "b", Default::default()).unwrap();
+        let reg_at = |t: u64| {
+            let mut r = samples::registration(&w, &Params::default());
+            r.heartbeat.created_at_ms = t;
+            r.heartbeat.expires_at_ms = t + 30_000;
+            gcs_protocol::sign(&mut r, &w).unwrap();
+            r
+        };
+        let (old, new) = (reg_at(1_000), reg_at(2_000));
+        let key = format!("/gcs/nodes/registrations/{}", new.node_id);
+        b.put(&key, gcs_protocol::encode(&new).unwrap(), 3_000).unwrap();
+        // A peer writes the old one later (a newer writer clock).
+        let replay = a.put(&key, gcs_protocol::encode(&old).unwrap(), 9_000).unwrap();
+        assert_eq!(merge_validated(&b, &replay.encode(), 9_000).unwrap(), MergeOutcome::Unchanged);
+        let kept: gcs_protocol::NodeRegistration =
+            gcs_protocol::codec::from_cbor_bytes(&b.get_bytes(&key).unwrap().unwrap()).unwrap();
+        assert_eq!(kept.heartbeat.created_at_ms, 2_000);
+        // A newer one does replace it.
+        let newer = a.put(&key, gcs_protocol::encode(&reg_at(4_000)).unwrap(), 9_001).unwrap();
+        assert!(matches!(
+            merge_validated(&b, &newer.encode(), 9_001).unwrap(),
+            MergeOutcome::Changed(_)
+        ));
+        // A valid registration filed under another node's key is refused,
+        // and so is a lease under another job's key.
+        let (_, other) = samples::keys();
+        let misfiled = a
+            .put(
+                &format!("/gcs/nodes/registrations/{}", other.node_id()),
+                gcs_protocol::encode(&new).unwrap(),
+                9_002,
+            )
+            .unwrap();
+        assert!(merge_validated(&b, &misfiled.encode(), 9_002).is_err());
+        let mut lease = samples::lease(&w, &g, &Params::default());
+        gcs_protocol::sign(&mut lease, &g).unwrap();
+        let wrong_job = a
+            .put("/gcs/api/leases/gcsapi_other", gcs_protocol::encode(&lease).unwrap(), 9_003)
+            .unwrap();
+        assert!(merge_validated(&b, &wrong_job.encode(), 9_003).is_err());
+        let right_job = a
+            .put(
+                &format!("/gcs/api/leases/{}", lease.job_id),
+                gcs_protocol::encode(&lease).unwrap(),
+                9_004,
+            )
+            .unwrap();
+        merge_validated(&b, &right_job.encode(), 9_004).unwrap();
     }
 }
