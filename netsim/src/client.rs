@@ -31,6 +31,8 @@ pub struct ChatRequest {
     pub read_bytes_per_s: Option<u32>,
     /// Receive buffer, so a slow client is not hidden by kernel buffering.
     pub rcvbuf: Option<u32>,
+    /// Hang up after this many content frames (a vanishing client).
+    pub vanish_after_frames: Option<u32>,
     /// Give up reading after this long.
     pub timeout: Duration,
 }
@@ -340,7 +342,13 @@ pub fn chat(
         let mut b = vec![0u8; per_read];
         match s.read(&mut b) {
             Ok(0) => break end_of(is_sse, status, &rec),
-            Ok(n) => feed(&b[..n], &mut rec, &mut body),
+            Ok(n) => {
+                feed(&b[..n], &mut rec, &mut body);
+                if req.vanish_after_frames.is_some_and(|k| rec.content_frames >= u64::from(k)) {
+                    // Dropping the socket is the hang-up.
+                    break Terminal::ClientGaveUp;
+                }
+            }
             Err(e) if is_timeout(&e) => {
                 if is_sse && (rec.dones > 0 || rec.error.is_some()) {
                     break end_of(is_sse, status, &rec);

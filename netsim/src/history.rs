@@ -97,7 +97,9 @@ impl Entry {
         let ok = !both
             && match r.terminal {
                 Terminal::Complete | Terminal::Error => true,
-                Terminal::ClientGaveUp => spec.read_bytes_per_s.is_some(),
+                Terminal::ClientGaveUp => {
+                    spec.read_bytes_per_s.is_some() || spec.vanish_after_frames.is_some()
+                }
                 Terminal::Closed | Terminal::ConnectFailed => self.gateway_died,
                 Terminal::Timeout => false,
             };

@@ -113,6 +113,7 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
         include_usage: true,
         read_bytes_per_s: None,
         rcvbuf: None,
+        vanish_after_frames: None,
         timeout: Duration::from_secs(120),
     };
     let records = Arc::new(Mutex::new(Vec::new()));

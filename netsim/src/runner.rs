@@ -99,6 +99,7 @@ fn chat_request(s: &RequestSpec) -> ChatRequest {
         include_usage: s.include_usage,
         read_bytes_per_s: s.read_bytes_per_s,
         rcvbuf: s.rcvbuf,
+        vanish_after_frames: s.vanish_after_frames,
         timeout: Duration::from_secs(s.timeout_s),
     }
 }
@@ -187,6 +188,7 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         let key = cluster.keys.get(&r.gateway).cloned().unwrap_or_default();
         let mut req = chat_request(r);
         req.read_bytes_per_s = None;
+        req.vanish_after_frames = None;
         let rec = client::chat(gw, &key, &req, &Shared::default(), &|| false);
         if rec.terminal != Terminal::Complete {
             let why = rec.error.map(|e| e.to_string()).unwrap_or_default();

@@ -208,6 +208,9 @@ pub struct RequestSpec {
     /// Receive buffer for a slow client.
     #[serde(default)]
     pub rcvbuf: Option<u32>,
+    /// Vanishing client: hang up after this many content frames.
+    #[serde(default)]
+    pub vanish_after_frames: Option<u32>,
     /// Client timeout.
     #[serde(default = "default_timeout")]
     pub timeout_s: u64,

@@ -61,6 +61,7 @@ fn fault_scenarios_keep_every_invariant() {
         "worker_crash_after_first_token",
         "gateway_restart",
         "slow_client",
+        "vanishing_client",
         "worker_pause_past_lease",
     ]);
 }
