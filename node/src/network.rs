@@ -204,6 +204,15 @@ impl Network {
             inbound: HashMap::new(),
             local: HashMap::new(),
             next_inbound: 0,
+            bootstrap_peers: config
+                .bootstrap
+                .iter()
+                .filter_map(|a| match a.iter().last() {
+                    Some(Protocol::P2p(p)) => Some((a.clone(), p)),
+                    _ => None,
+                })
+                .collect(),
+            redial_round: 0,
             bootstrap: config.bootstrap.clone(),
         };
         tokio::spawn(lp.run());
@@ -368,6 +377,9 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
 
 /// How often a node with no peers dials its bootstrap addresses again.
 const REDIAL_EVERY: Duration = Duration::from_secs(2);
+/// Every this many redial ticks (~16 s), a node with peers dials the
+/// bootstrap nodes it is not connected to.
+const REJOIN_EVERY: u64 = 8;
 
 struct EventLoop {
     swarm: Swarm<Behaviour>,
@@ -392,6 +404,9 @@ struct EventLoop {
     /// Dialled again while no peer is connected: a bootstrap node that was
     /// not up yet (or restarted) is found without restarting this one.
     bootstrap: Vec<Multiaddr>,
+    /// The node behind each bootstrap address, once known.
+    bootstrap_peers: HashMap<Multiaddr, PeerId>,
+    redial_round: u64,
 }
 
 fn now_ms() -> u64 {
@@ -413,13 +428,7 @@ impl EventLoop {
         let ack = loop {
             tokio::select! {
                 _ = ae.tick() => self.anti_entropy_round(),
-                _ = redial.tick() => {
-                    if self.swarm.connected_peers().next().is_none() {
-                        for a in &self.bootstrap {
-                            let _ = self.swarm.dial(a.clone());
-                        }
-                    }
-                }
+                _ = redial.tick() => self.redial_bootstrap(),
                 ev = self.swarm.select_next_some() => self.on_swarm(ev).await,
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Shutdown(ack)) => break Some(ack),
@@ -525,6 +534,11 @@ impl EventLoop {
             SwarmEvent::ConnectionEstablished { peer_id, num_established, endpoint, .. }
                 if num_established.get() == 1 =>
             {
+                if let libp2p::core::ConnectedPoint::Dialer { address, .. } = &endpoint {
+                    if self.bootstrap.contains(address) {
+                        self.bootstrap_peers.insert(address.clone(), peer_id);
+                    }
+                }
                 tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
                 // A new peer may hold what we missed (late join, healed partition).
                 self.request_anti_entropy(peer_id);
@@ -591,6 +605,25 @@ impl EventLoop {
                 }
             }
             Event::InboundFailure { .. } | Event::ResponseSent { .. } => {}
+        }
+    }
+
+    /// Dials bootstrap addresses again: all of them every tick while no
+    /// peer is connected; otherwise, every `REJOIN_EVERY` ticks, those whose
+    /// node is not connected. A bootstrap node that restarted, or the other
+    /// side of a long partition whose connections closed, is found again
+    /// even though this node still has other peers.
+    fn redial_bootstrap(&mut self) {
+        self.redial_round = self.redial_round.wrapping_add(1);
+        let alone = self.swarm.connected_peers().next().is_none();
+        if !alone && self.redial_round % REJOIN_EVERY != 0 {
+            return;
+        }
+        for a in &self.bootstrap {
+            let connected = self.bootstrap_peers.get(a).is_some_and(|p| self.swarm.is_connected(p));
+            if alone || !connected {
+                let _ = self.swarm.dial(a.clone());
+            }
         }
     }
 
