@@ -469,6 +469,7 @@ impl Adv {
             delta: Delta {
                 role: (seq == 0).then(|| "assistant".to_string()),
                 content: text.clone(),
+                ..Default::default()
             },
             usage_delta: UsageDelta { output_tokens: u32::from(text.is_some()) },
             finish_reason: finish,

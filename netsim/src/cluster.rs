@@ -290,12 +290,13 @@ impl Node {
     }
 }
 
-/// Creates an API key in a gateway's data directory with `gcs-node keys create`.
-pub fn create_key(bin: &Path, dir: &Path) -> Result<String, Error> {
+/// Creates an API key of `tenant` in a gateway's data directory with
+/// `gcs-node keys create`.
+pub fn create_key(bin: &Path, dir: &Path, tenant: &str) -> Result<String, Error> {
     std::fs::create_dir_all(dir)?;
     let out = Command::new(bin)
         .args(["keys", "create", "--data-dir", &dir.to_string_lossy()])
-        .args(["--tenant", "netsim", "--project", "netsim"])
+        .args(["--tenant", tenant, "--project", "netsim"])
         .output()?;
     if !out.status.success() {
         return Err(Error::Setup(String::from_utf8_lossy(&out.stderr).into_owned()));
@@ -317,6 +318,11 @@ pub struct Cluster {
     pub nodes: BTreeMap<String, Node>,
     /// An API key per node that serves HTTP.
     pub keys: BTreeMap<String, String>,
+    /// Per gateway: a key of another tenant for the unfaulted reference
+    /// runs. The prefix cache is salted per tenant, so a reference run
+    /// does not make the faulted run's prefill (the window a
+    /// before-the-first-token fault aims at) a cache hit.
+    pub reference_keys: BTreeMap<String, String>,
     /// Node index (for the namespaces) by name.
     pub index: BTreeMap<String, usize>,
     /// Nodes declared but not started yet (adversaries start after the
@@ -360,6 +366,7 @@ impl Cluster {
             bin: bin.to_path_buf(),
             nodes: BTreeMap::new(),
             keys: BTreeMap::new(),
+            reference_keys: BTreeMap::new(),
             index: BTreeMap::new(),
             pending: vec![],
             netns,
@@ -369,7 +376,8 @@ impl Cluster {
             let dir = root.join(&s.name);
             std::fs::create_dir_all(&dir)?;
             if s.role.serves_http() {
-                c.keys.insert(s.name.clone(), create_key(bin, &dir)?);
+                c.keys.insert(s.name.clone(), create_key(bin, &dir, "netsim")?);
+                c.reference_keys.insert(s.name.clone(), create_key(bin, &dir, "netsim-reference")?);
             }
             let mut args = s.args.clone();
             for b in &s.bootstrap {

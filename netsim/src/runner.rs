@@ -185,7 +185,7 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     let mut references = BTreeMap::new();
     for r in s.requests.iter().filter(|r| r.reference) {
         let gw = addr(&cluster, &r.gateway).ok_or_else(|| Error::Setup(r.gateway.clone()))?;
-        let key = cluster.keys.get(&r.gateway).cloned().unwrap_or_default();
+        let key = cluster.reference_keys.get(&r.gateway).cloned().unwrap_or_default();
         let mut req = chat_request(r);
         req.read_bytes_per_s = None;
         req.vanish_after_frames = None;
@@ -613,7 +613,18 @@ fn try_fire(
         return Ok(Some(FaultEvent { at_ms, action: "partition".into(), node, frames_at_fault }));
     }
     let node = if f.target == "busy_worker" {
-        match cluster.busy_workers().into_iter().next() {
+        // A worker counts a job from the moment it claims it: one that lost
+        // the claim frees the slot within milliseconds, the lease holder
+        // keeps it through prefill. Before the first token, busy twice
+        // 250 ms apart is the holder; once tokens flow the race is over.
+        let first = cluster.busy_workers();
+        if first.is_empty() {
+            return Ok(None);
+        }
+        if watched.as_ref().is_none_or(|w| progress(w).content_frames == 0) {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        match cluster.busy_workers().into_iter().find(|n| first.contains(n)) {
             Some(n) => n,
             None => return Ok(None),
         }
