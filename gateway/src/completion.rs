@@ -331,6 +331,8 @@ pub(crate) fn result_finish(r: &FinalResult) -> String {
 
 struct Collected {
     text: String,
+    /// Per-token log-probabilities, in order (when asked for).
+    logprobs: Vec<gcs_protocol::TokenLogprob>,
     tokens: u64,
     finish: Option<FinishReason>,
     result: Box<FinalResult>,
@@ -348,6 +350,7 @@ async fn collect(
     let wall = started + Duration::from_millis(limits.wall_timeout_ms) + EDGE_GRACE;
     let idle = Duration::from_millis(limits.idle_stream_timeout_ms) + EDGE_GRACE;
     let (mut text, mut tokens, mut finish, mut leases) = (String::new(), 0u64, None, 0);
+    let mut logprobs = vec![];
     loop {
         let deadline =
             if tokens > 0 { wall.min(tokio::time::Instant::now().into_std() + idle) } else { wall };
@@ -374,6 +377,7 @@ async fn collect(
                 if let Some(t) = &c.delta.content {
                     text.push_str(t);
                 }
+                logprobs.extend(c.delta.logprobs.iter().cloned());
                 tokens += u64::from(c.usage_delta.output_tokens);
                 finish = finish.or(c.finish_reason);
             }
@@ -390,7 +394,7 @@ async fn collect(
                         .and_then(Value::as_str);
                     text = stored.unwrap_or_default().to_string();
                 }
-                return Ok(Collected { text, tokens, finish, result: r });
+                return Ok(Collected { text, logprobs, tokens, finish, result: r });
             }
             JobEvent::Failed { error, .. } => return Err(ApiError::from_info(&error)),
             JobEvent::Cancelled => {
@@ -472,9 +476,10 @@ async fn generate(state: Arc<AppState>, api: ApiType, req: Request) -> Result<Re
         .map(|(i, c)| {
             let finish = c.finish.map_or_else(|| result_finish(&c.result), |x| x.as_str().into());
             if api == ApiType::ChatCompletion {
+                let lp = if f.parsed.logprobs { logprobs_json(&c.logprobs) } else { Value::Null };
                 json!({"index": i, "message": {"role": "assistant", "content": c.text,
                                                "refusal": null},
-                       "logprobs": null, "finish_reason": finish})
+                       "logprobs": lp, "finish_reason": finish})
             } else {
                 json!({"index": i, "text": c.text, "logprobs": null, "finish_reason": finish})
             }
@@ -486,6 +491,22 @@ async fn generate(state: Arc<AppState>, api: ApiType, req: Request) -> Result<Re
                       "system_fingerprint": null, "choices": choices, "usage": usage});
     let workers: Vec<String> = done.iter().map(|c| c.result.node_id.to_string()).collect();
     Ok(with_job_headers(json_body(&body), &first_job, &workers.join(",")))
+}
+
+/// OpenAI's chat `logprobs` object for these tokens.
+pub(crate) fn logprobs_json(lp: &[gcs_protocol::TokenLogprob]) -> Value {
+    let content: Vec<Value> = lp
+        .iter()
+        .map(|t| {
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|a| json!({"token": a.token, "logprob": a.logprob, "bytes": a.bytes}))
+                .collect();
+            json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes, "top_logprobs": top})
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
 }
 
 /// `POST /v1/chat/completions`.

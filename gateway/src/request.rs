@@ -58,6 +58,8 @@ pub struct Parsed {
     pub base64: bool,
     /// The body as it goes to the worker.
     pub body: Map<String, Value>,
+    /// Chat `logprobs: true`: each choice carries `logprobs.content`.
+    pub logprobs: bool,
 }
 
 fn num(body: &Map<String, Value>, k: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
@@ -125,6 +127,7 @@ pub fn parse(api_type: ApiType, bytes: &[u8]) -> Result<Parsed, ApiError> {
         inputs: vec![],
         base64: false,
         body: Map::new(),
+        logprobs: false,
     };
     match api_type {
         ApiType::Embedding => embeddings(&body, &mut p)?,
@@ -199,8 +202,27 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
         Some(_) => return Err(ApiError::invalid("logit_bias", "'logit_bias' must be an object")),
     }
     p.n = uint(body, "n", 1, MAX_N)?.unwrap_or(1) as u32;
-    if body.get("logprobs").is_some_and(|v| v.as_bool() == Some(true) || v.as_u64().is_some()) {
-        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported yet"));
+    let top = uint(body, "top_logprobs", 0, 20)?;
+    match (p.api_type, body.get("logprobs")) {
+        (_, None | Some(Value::Null) | Some(Value::Bool(false))) => {
+            if top.is_some_and(|t| t > 0) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "'top_logprobs' needs 'logprobs': true",
+                ));
+            }
+        }
+        (ApiType::ChatCompletion, Some(Value::Bool(true))) => p.logprobs = true,
+        (ApiType::ChatCompletion, Some(_)) => {
+            return Err(ApiError::invalid("logprobs", "'logprobs' must be a boolean"))
+        }
+        // The legacy shape (token_logprobs, text_offset) is not produced.
+        (_, Some(_)) => {
+            return Err(ApiError::unsupported(
+                "logprobs",
+                "log probabilities are served on /v1/chat/completions only",
+            ))
+        }
     }
     for k in ["tools", "functions", "audio", "prediction", "web_search_options"] {
         if present(body, k) {

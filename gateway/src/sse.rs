@@ -100,6 +100,7 @@ impl Shape {
         content: Option<&str>,
         role: bool,
         finish: Option<&str>,
+        logprobs: Value,
     ) -> Value {
         let choice = if self.api == ApiType::ChatCompletion {
             let mut delta = serde_json::Map::new();
@@ -109,7 +110,7 @@ impl Shape {
             if let Some(c) = content {
                 delta.insert("content".into(), json!(c));
             }
-            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
         } else {
             json!({"index": index, "text": content.unwrap_or(""), "logprobs": null,
                    "finish_reason": finish})
@@ -299,7 +300,12 @@ fn chunk(
     let ch = &mut p.choices[i];
     if text.is_some() || (!ch.role_sent && shape.api == ApiType::ChatCompletion) {
         let role = !ch.role_sent;
-        out.data(&shape.chunk(i, text.or(role.then_some("")), role, None))?;
+        let lp = if f.parsed.logprobs && text.is_some() {
+            crate::completion::logprobs_json(&c.delta.logprobs)
+        } else {
+            Value::Null
+        };
+        out.data(&shape.chunk(i, text.or(role.then_some("")), role, None, lp))?;
         ch.role_sent = true;
         match p.first_at {
             None => {
@@ -313,7 +319,7 @@ fn chunk(
     p.last_at = now;
     if let Some(fr) = c.finish_reason {
         if !ch.finish_sent {
-            out.data(&shape.chunk(i, None, false, Some(fr.as_str())))?;
+            out.data(&shape.chunk(i, None, false, Some(fr.as_str()), Value::Null))?;
             ch.finish_sent = true;
         }
     }
@@ -331,7 +337,7 @@ fn completed(
 ) -> Result<bool, Stop> {
     let ch = &mut p.choices[i];
     if !ch.finish_sent {
-        out.data(&shape.chunk(i, None, false, Some(&result_finish(r))))?;
+        out.data(&shape.chunk(i, None, false, Some(&result_finish(r)), Value::Null))?;
         ch.finish_sent = true;
     }
     ch.done = true;

@@ -24,9 +24,9 @@ impl Executor for OneToken {
         &self,
         _: &ExecRequest,
         _: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32) -> bool,
+        emit: &mut dyn FnMut(&str, u32, Vec<gcs_protocol::TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, String> {
-        emit("x", 1);
+        emit("x", 1, vec![]);
         Ok(ExecOutcome {
             finish_reason: FinishReason::Stop,
             input_tokens: 1,

@@ -70,7 +70,7 @@ fn direct(exec: &EngineExecutor) -> (f64, f64) {
     };
     let t0 = Instant::now();
     let (mut first, mut last, mut n) = (None, t0, 0usize);
-    exec.run(&req, &AtomicBool::new(false), &mut |_, tokens| {
+    exec.run(&req, &AtomicBool::new(false), &mut |_, tokens, _| {
         first.get_or_insert_with(Instant::now);
         last = Instant::now();
         n += tokens as usize;

@@ -11,7 +11,7 @@ use gcs_engine::bert::Embedder;
 use gcs_engine::{
     BatchConfig, BatchEngine, ChatMessage, Engine, Prompt, SamplingOptions, SeqEvent, SeqRequest,
 };
-use gcs_protocol::{ApiType, FinishReason, ModelInfo};
+use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
 use serde_json::{json, Value};
 
 use crate::jobs::executor::{ExecOutcome, ExecRequest, Executor};
@@ -152,7 +152,7 @@ impl Executor for EngineExecutor {
         &self,
         req: &ExecRequest,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32) -> bool,
+        emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, String> {
         let body: Value =
             serde_json::from_slice(&req.body).map_err(|e| format!("request body: {e}"))?;
@@ -219,6 +219,14 @@ impl Executor for EngineExecutor {
                 sreq.sampling = sampling(&body);
                 sreq.stop = stops(&body);
                 sreq.tenant = req.tenant_id.clone();
+                if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
+                    let top = body.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0);
+                    sreq.logprobs = Some(top.min(20) as usize);
+                }
+                // Tokens (and their logprobs) whose text is held back (a
+                // partial character, a possible stop string) ride on the
+                // next delta that has text, so every token is counted once.
+                let (mut pending_n, mut pending_lp) = (0u32, Vec::new());
                 let stream = engine.submit(sreq).map_err(|e| e.to_string())?;
                 let r = loop {
                     let ev = match stream.recv_timeout(Duration::from_millis(20)) {
@@ -234,11 +242,16 @@ impl Executor for EngineExecutor {
                         }
                     };
                     match ev {
-                        SeqEvent::Delta { text, token_ids, .. } => {
-                            let n = token_ids.len() as u32;
-                            if cancel.load(Ordering::SeqCst)
-                                || (!text.is_empty() && !emit(&text, n))
-                            {
+                        SeqEvent::Delta { text, token_ids, logprobs } => {
+                            pending_n += token_ids.len() as u32;
+                            pending_lp.extend(logprobs.into_iter().map(wire_logprob));
+                            let sent = text.is_empty()
+                                || emit(
+                                    &text,
+                                    std::mem::take(&mut pending_n),
+                                    std::mem::take(&mut pending_lp),
+                                );
+                            if cancel.load(Ordering::SeqCst) || !sent {
                                 // Freed at the engine's next step; Done follows.
                                 stream.cancel();
                             }
@@ -270,5 +283,19 @@ impl Executor for EngineExecutor {
                 })
             }
         }
+    }
+}
+
+/// The engine's logprobs of one token in wire form.
+fn wire_logprob(t: gcs_engine::scheduler::TokenLogprobs) -> TokenLogprob {
+    TokenLogprob {
+        token: t.chosen.text,
+        logprob: t.chosen.logprob,
+        bytes: t.chosen.bytes,
+        top: t
+            .top
+            .into_iter()
+            .map(|a| TopLogprob { token: a.text, logprob: a.logprob, bytes: a.bytes })
+            .collect(),
     }
 }

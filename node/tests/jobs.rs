@@ -33,7 +33,7 @@ impl Executor for Scripted {
         &self,
         req: &ExecRequest,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32) -> bool,
+        emit: &mut dyn FnMut(&str, u32, Vec<gcs_protocol::TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, String> {
         let prompt: serde_json::Value =
             serde_json::from_slice(&req.body).map_err(|e| e.to_string())?;
@@ -43,7 +43,7 @@ impl Executor for Scripted {
             if cancel.load(Ordering::SeqCst) {
                 break;
             }
-            if !emit(&format!("w{n} "), 1) {
+            if !emit(&format!("w{n} "), 1, vec![]) {
                 break;
             }
             self.emitted.fetch_add(1, Ordering::SeqCst);

@@ -226,7 +226,7 @@ pub fn chunk(worker: &NodeKey, p: &Params) -> StreamChunk {
         node_id: worker.node_id(),
         lease_id: lease_id(p),
         sequence: p.n,
-        delta: Delta { role: None, content: Some(p.text.clone()) },
+        delta: Delta { role: None, content: Some(p.text.clone()), ..Default::default() },
         usage_delta: UsageDelta { output_tokens: 1 },
         finish_reason: None,
         created_at_ms: p.now_ms + 1_200,

@@ -120,6 +120,41 @@ def chat_stream():
     assert n >= 3, n
 
 
+def logprobs():
+    # Greedy: each chosen token is its position's most likely one.
+    r = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=3, logit_bias=NO_EOS)
+    c = r.choices[0]
+    lp = c.logprobs.content
+    assert c.finish_reason == "length" and len(lp) == r.usage.completion_tokens == 8, (c, r.usage)
+    assert "".join(t.token for t in lp) == c.message.content, (lp, c.message.content)
+    for t in lp:
+        assert t.logprob <= 0 and bytes(t.bytes).decode("utf-8", "replace") == t.token, t
+        assert len(t.top_logprobs) == 3, t
+        tops = [a.logprob for a in t.top_logprobs]
+        assert tops == sorted(tops, reverse=True) and t.top_logprobs[0].token == t.token, t
+        assert abs(tops[0] - t.logprob) < 1e-6, t
+    s = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=8, temperature=0,
+                                       logprobs=True, logit_bias=NO_EOS, stream=True)
+    streamed, text = [], ""
+    for ch in s:
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+            if ch.choices[0].logprobs is not None:
+                streamed += ch.choices[0].logprobs.content
+    assert [t.token for t in streamed] == [t.token for t in lp] and text == c.message.content, \
+        (streamed, lp)
+    assert all(t.top_logprobs == [] for t in streamed), streamed
+    plain = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=4)
+    assert plain.choices[0].logprobs is None, plain
+    expect_error(openai.BadRequestError, 400, "invalid_value",
+                 lambda: client.chat.completions.create(model=CHAT, messages=MSG, top_logprobs=2),
+                 param="top_logprobs")
+    expect_error(openai.BadRequestError, 400, "unsupported_parameter",
+                 lambda: client.completions.create(model=CHAT, prompt="Hi", logprobs=2),
+                 param="logprobs")
+
+
 def n_choices():
     r = client.chat.completions.create(model=CHAT, messages=MSG, max_tokens=8, n=3,
                                        temperature=1.0, seed=7)
@@ -352,6 +387,7 @@ def large_response():
 CHECKS = {
     "models": models, "chat_blocking": chat_blocking, "chat_stream": chat_stream,
     "completions": completions, "n_choices": n_choices, "embeddings": embeddings,
+    "logprobs": logprobs,
     "cached_prefix": cached_prefix,
     "errors": errors,
     "abort_mid_stream": abort_mid_stream, "concurrent_streams": concurrent_streams,

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::AtomicBool;
 
-use gcs_protocol::{ApiType, FinishReason};
+use gcs_protocol::{ApiType, FinishReason, TokenLogprob};
 
 /// One request for the engine.
 #[derive(Clone, Debug)]
@@ -35,14 +35,15 @@ pub struct ExecOutcome {
 
 /// An inference engine as a worker sees it.
 pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
-    /// Runs one request, calling `emit(text, tokens)` for each text delta;
-    /// `emit` returns false when the consumer is gone. Must return promptly
+    /// Runs one request, calling `emit(text, tokens, logprobs)` for each
+    /// text delta (`logprobs` only when the request asked for them); `emit`
+    /// returns false when the consumer is gone. Must return promptly
     /// (within one decode step) once `cancel` is set.
     fn run(
         &self,
         req: &ExecRequest,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32) -> bool,
+        emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, String>;
 
     /// Free KV-cache capacity in tokens, advertised in registrations.

@@ -12,7 +12,7 @@ use gcs_protocol::{
     ids, open, sign, ApiRequestJob, Attestation, Cancellation, CapabilityMatch, ClaimPolicy, Delta,
     ErrorInfo, Estimates, FinalResult, FinishReason, Hash32, JobClaim, LeaseGrant, LeaseRenewal,
     Limits, Message, MessageType, Metering, ModelInfo, NodeKey, ResponseBody, ResultStatus,
-    StreamChunk, UsageDelta, PROTOCOL_VERSION,
+    StreamChunk, TokenLogprob, UsageDelta, PROTOCOL_VERSION,
 };
 use libp2p::PeerId;
 use tokio::sync::mpsc;
@@ -279,7 +279,7 @@ impl WorkerState {
         let done = Arc::new(AtomicBool::new(false));
         self.spawn_renewals(gateway, lease.clone(), done.clone());
         // 4. Run the engine on a blocking thread; stream its deltas.
-        let (tx, mut rx) = mpsc::channel::<(String, u32)>(64);
+        let (tx, mut rx) = mpsc::channel::<(String, u32, Vec<TokenLogprob>)>(64);
         let exec = self.executor.clone();
         let req = ExecRequest {
             api_type: job.request.api_type,
@@ -290,8 +290,8 @@ impl WorkerState {
         let flag = cancel.clone();
         let started = std::time::Instant::now();
         let run = tokio::task::spawn_blocking(move || {
-            exec.run(&req, &flag, &mut |text, tokens| {
-                tx.blocking_send((text.to_string(), tokens)).is_ok()
+            exec.run(&req, &flag, &mut |text, tokens, logprobs| {
+                tx.blocking_send((text.to_string(), tokens, logprobs)).is_ok()
             })
         });
         let mut seq = 0u64;
@@ -300,11 +300,11 @@ impl WorkerState {
         // backpressure, and stays within the gateway's reorder buffer, so a
         // round trip per token does not cap throughput on slow links.
         let window = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-        while let Some((text, tokens)) = rx.recv().await {
+        while let Some((text, tokens, logprobs)) = rx.recv().await {
             if seq == 0 {
                 first_token_ms = started.elapsed().as_millis() as u64;
             }
-            let c = self.chunk(&job, &lease, seq, Some(text), tokens, None)?;
+            let c = self.chunk(&job, &lease, seq, Some(text), tokens, logprobs, None)?;
             let bytes = gcs_protocol::encode(&c)?;
             self.record(&job, &stream_key(&job.job_id, seq), &bytes);
             let permit =
@@ -326,7 +326,7 @@ impl WorkerState {
         let compute_ms = started.elapsed().as_millis() as u64;
         let result = match outcome {
             Ok(o) if !cancel.load(Ordering::SeqCst) => {
-                let last = self.chunk(&job, &lease, seq, None, 0, Some(o.finish_reason))?;
+                let last = self.chunk(&job, &lease, seq, None, 0, vec![], Some(o.finish_reason))?;
                 let bytes = gcs_protocol::encode(&last)?;
                 self.record(&job, &stream_key(&job.job_id, seq), &bytes);
                 let _ = self.send(gateway, bytes).await;
@@ -400,6 +400,7 @@ impl WorkerState {
         });
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn chunk(
         &self,
         job: &ApiRequestJob,
@@ -407,6 +408,7 @@ impl WorkerState {
         seq: u64,
         text: Option<String>,
         tokens: u32,
+        logprobs: Vec<TokenLogprob>,
         finish: Option<FinishReason>,
     ) -> Result<StreamChunk, NodeError> {
         let mut c = StreamChunk {
@@ -416,7 +418,11 @@ impl WorkerState {
             node_id: self.key.node_id(),
             lease_id: lease.lease_id.clone(),
             sequence: seq,
-            delta: Delta { role: (seq == 0).then(|| "assistant".to_string()), content: text },
+            delta: Delta {
+                role: (seq == 0).then(|| "assistant".to_string()),
+                content: text,
+                logprobs,
+            },
             usage_delta: UsageDelta { output_tokens: tokens },
             finish_reason: finish,
             created_at_ms: now_ms(),

@@ -12,12 +12,48 @@ use crate::ids;
 use crate::validate::{self as v, MAX_DELTA, MAX_SHORT};
 
 /// The text delta of one chunk.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Delta {
     /// `assistant` on the first chunk, else none.
     pub role: Option<String>,
     /// Text.
     pub content: Option<String>,
+    /// Log-probabilities of the tokens behind this text, when the request
+    /// asked for them (OpenAI `logprobs.content`). Absent otherwise, so
+    /// chunks without them encode as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// Most tokens one chunk carries log-probabilities for.
+pub const MAX_CHUNK_LOGPROBS: usize = 64;
+/// Most alternatives per token (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One generated token's log-probability and, if asked, the most likely
+/// alternatives at its position.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token as text (lossy for a partial UTF-8 character).
+    pub token: String,
+    /// Natural log-probability.
+    pub logprob: f32,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// Alternatives, most likely first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<TopLogprob>,
+}
+
+/// An alternative token at one position.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// The token as text.
+    pub token: String,
+    /// Natural log-probability.
+    pub logprob: f32,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// Usage carried by one chunk.
@@ -29,7 +65,7 @@ pub struct UsageDelta {
 
 /// `GCS_API_STREAM_CHUNK` (26.16.5). Its signature covers job id, node id,
 /// lease id, sequence, the delta hash and the timestamp (26.16.11).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StreamChunk {
     /// Always `GCS_API_STREAM_CHUNK`.
     pub message_type: MessageType,
@@ -136,6 +172,20 @@ impl SignedMessage for StreamChunk {
         }
         if let Some(c) = &self.delta.content {
             v::text("delta.content", c, MAX_DELTA)?;
+        }
+        v::list("delta.logprobs", &self.delta.logprobs, MAX_CHUNK_LOGPROBS)?;
+        for t in &self.delta.logprobs {
+            v::text("delta.logprobs.token", &t.token, 256)?;
+            v::list("delta.logprobs.bytes", &t.bytes, 256)?;
+            v::list("delta.logprobs.top", &t.top, MAX_TOP_LOGPROBS)?;
+            let bad = |x: f32| !(x <= 0.0); // NaN and positive values
+            if bad(t.logprob) || t.top.iter().any(|a| bad(a.logprob)) {
+                return Err(ProtocolError::field("delta.logprobs.logprob", "must be <= 0"));
+            }
+            for a in &t.top {
+                v::text("delta.logprobs.top.token", &a.token, 256)?;
+                v::list("delta.logprobs.top.bytes", &a.bytes, 256)?;
+            }
         }
         Ok(())
     }

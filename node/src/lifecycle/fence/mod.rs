@@ -59,7 +59,7 @@ pub enum FenceFailure {
 }
 
 /// What happened to one chunk.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
     /// Forward these chunks to the client, in this order (the arrived one,
     /// plus any buffered ones it unblocked).
