@@ -616,7 +616,7 @@ impl EventLoop {
     fn redial_bootstrap(&mut self) {
         self.redial_round = self.redial_round.wrapping_add(1);
         let alone = self.swarm.connected_peers().next().is_none();
-        if !alone && self.redial_round % REJOIN_EVERY != 0 {
+        if !alone && !self.redial_round.is_multiple_of(REJOIN_EVERY) {
             return;
         }
         for a in &self.bootstrap {

@@ -178,7 +178,8 @@ impl SignedMessage for StreamChunk {
             v::text("delta.logprobs.token", &t.token, 256)?;
             v::list("delta.logprobs.bytes", &t.bytes, 256)?;
             v::list("delta.logprobs.top", &t.top, MAX_TOP_LOGPROBS)?;
-            let bad = |x: f32| !(x <= 0.0); // NaN and positive values
+            // NaN and positive values.
+            let bad = |x: f32| x.is_nan() || x > 0.0;
             if bad(t.logprob) || t.top.iter().any(|a| bad(a.logprob)) {
                 return Err(ProtocolError::field("delta.logprobs.logprob", "must be <= 0"));
             }
