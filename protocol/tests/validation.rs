@@ -280,3 +280,37 @@ fn ids_are_prefixed_sortable_and_checked() {
     assert!(ids::check_id("job_id", "gcsapi_short", ids::JOB).is_err());
     assert_ne!(ids::new_id(ids::CLAIM, 5).unwrap(), ids::new_id(ids::CLAIM, 5).unwrap());
 }
+
+#[test]
+fn chunk_logprobs_are_signed_and_bounded() {
+    let (w, _) = samples::keys();
+    let p = Params::default();
+    let lp = |logprob: f32| TokenLogprob {
+        token: "Hi".into(),
+        logprob,
+        bytes: b"Hi".to_vec(),
+        top: vec![TopLogprob { token: "Hi".into(), logprob, bytes: b"Hi".to_vec() }],
+    };
+    let mut c = samples::chunk(&w, &p);
+    c.delta.logprobs = vec![lp(-0.25)];
+    let c = signed(c, &w);
+    let bytes = encode(&c).unwrap();
+    let back = open(&bytes, c.created_at_ms, &lim()).unwrap();
+    assert_eq!(back, Message::StreamChunk(c.clone()), "logprobs survive the wire");
+    // Tampering with a logprob breaks the signature (it is in the delta hash).
+    let mut t = c.clone();
+    t.delta.logprobs[0].logprob = -0.5;
+    assert!(open(&encode(&t).unwrap(), c.created_at_ms, &lim()).is_err());
+    // Positive or NaN log-probabilities, and too many tokens, are refused.
+    for bad in [vec![lp(0.5)], vec![lp(f32::NAN)], vec![lp(-1.0); MAX_CHUNK_LOGPROBS + 1]] {
+        let mut b = samples::chunk(&w, &p);
+        b.delta.logprobs = bad;
+        let b = signed(b, &w);
+        assert!(open(&encode(&b).unwrap(), b.created_at_ms, &lim()).is_err());
+    }
+    // Without logprobs a chunk encodes exactly as before the field existed.
+    let plain = signed(samples::chunk(&w, &p), &w);
+    let v: Value = ciborium::from_reader(&encode(&plain).unwrap()[..]).unwrap();
+    let delta = v.as_map().unwrap().iter().find(|(k, _)| k.as_text() == Some("delta")).unwrap();
+    assert!(delta.1.as_map().unwrap().iter().all(|(k, _)| k.as_text() != Some("logprobs")));
+}
