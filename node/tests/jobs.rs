@@ -266,6 +266,14 @@ async fn a_winner_killed_before_its_first_token_is_replaced_and_the_job_complete
     }
     assert!(!nodes.contains(&winner) && nodes.len() == 1, "completed on the other worker only");
     assert_eq!(usage(&net.gw, &job).requeue_count, 1);
+    // The worker that lost the job sits out of the gateway's next one.
+    let mut again = spec();
+    again.idempotency_key = "idem_after_loss".into();
+    let (job2, mut rx2) = net.gw.submit(again).await.unwrap();
+    let b = net.gw.keyspace().get_bytes(&format!("/gcs/api/jobs/{job2}")).unwrap().unwrap();
+    let announced: gcs_protocol::ApiRequestJob = gcs_protocol::codec::from_cbor_bytes(&b).unwrap();
+    assert!(announced.routing.excluded_nodes.contains(&winner), "{:?}", announced.routing);
+    while !matches!(next(&mut rx2).await, JobEvent::Completed(_)) {}
     for w in net.workers.into_iter().flatten() {
         w.shutdown().await;
     }

@@ -168,6 +168,8 @@ pub(crate) fn job_topics(job: &ApiRequestJob) -> Vec<String> {
 #[derive(Default)]
 pub(crate) struct GatewayState {
     active: HashMap<String, Active>,
+    /// Workers that recently lost a job sit out of new ones.
+    penalties: crate::lifecycle::penalty::PenaltyBox,
 }
 
 fn build_job(
@@ -321,6 +323,7 @@ impl GatewayState {
             // "Local" means this gateway's own swarm.
             spec.routing.swarm_id = ctx.swarm_id.to_string();
         }
+        self.leave_out_failing(&mut spec, ctx, now);
         let job = build_job(&spec, ctx.key, &spec.body, now)?;
         let job_id = job.job_id.clone();
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
@@ -335,6 +338,25 @@ impl GatewayState {
         );
         self.apply(&job_id, effects, ctx).await;
         Ok((job_id, rx))
+    }
+
+    /// Excludes the workers that sit out from a new job — unless none of
+    /// the fresh workers for its model would be left.
+    fn leave_out_failing(&self, spec: &mut JobSpec, ctx: &Ctx<'_>, now: u64) {
+        let out = self.penalties.out(now);
+        if out.is_empty() {
+            return;
+        }
+        let reg = ctx.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let spare = reg.fresh(now).any(|r| {
+            !out.contains(&r.node_id)
+                && !spec.routing.excluded_nodes.contains(&r.node_id)
+                && r.model(&spec.model).is_some()
+        });
+        if spare {
+            tracing::debug!(job_model = %spec.model, ?out, "failing workers left out");
+            spec.routing.excluded_nodes.extend(out);
+        }
     }
 
     /// The same idempotency key from the same tenant within its retention
@@ -544,6 +566,12 @@ impl GatewayState {
                     }
                 }
                 Effect::Requeue(r) => {
+                    use gcs_protocol::RequeueReason as Q;
+                    let lost = !matches!(r.reason, Q::NoValidClaim | Q::ChildJobsFailed);
+                    if let Some(node) = r.excluded_nodes.last().filter(|_| lost) {
+                        let until = self.penalties.strike(node, now);
+                        tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
+                    }
                     let key = format!("/gcs/api/requeue/{job_id}/{}", r.requeue_count);
                     let _ =
                         ctx.keyspace.put(&key, gcs_protocol::encode(&r).unwrap_or_default(), now);
@@ -567,6 +595,10 @@ impl GatewayState {
                     terminal = Some(JobEvent::Completed(r));
                 }
                 Effect::Fail { error, after_partial_output } => {
+                    if let (true, Some(l)) = (error.code == "gnus_worker_lost", a.tracker.lease()) {
+                        let until = self.penalties.strike(&l.node_id, now);
+                        tracing::info!(node = %l.node_id, sits_out_ms = until - now, "worker lost a job");
+                    }
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
                 }
                 Effect::Usage(u) => store_usage(&u, ctx).await,

@@ -4,4 +4,5 @@
 
 pub mod claims;
 pub mod fence;
+pub mod penalty;
 pub mod tracker;
