@@ -64,6 +64,10 @@ pub struct DigestResponse {
 /// Log entries read per answer; a full page means "ask again at once".
 pub const LOG_PAGE: usize = 10_000;
 
+/// Encoded delta bytes one answer carries at most: the request-response
+/// codec refuses answers over 10 MiB, so a large namespace goes in pages.
+pub const RESPONSE_BUDGET: usize = 4 << 20;
+
 /// Namespaces every node replicates.
 pub fn global_namespaces() -> impl Iterator<Item = Namespace> {
     Namespace::ALL.iter().copied().filter(|n| n.scope() == Scope::Global)
@@ -200,13 +204,20 @@ pub fn answer(
         req.tenants.iter().map(|(t, _, _)| t.clone()).filter(|t| served.contains(t)).collect();
     if let Some(since) = req.since.filter(|s| *s <= ks.last_seq() && req.after.is_empty()) {
         if let gcs_keyspace::Since::Deltas(page) = ks.deltas_since(since, LOG_PAGE)? {
-            let full = page.len() == LOG_PAGE;
-            let last = page.last().map_or(since, |(seq, _)| *seq);
-            let deltas = page
-                .into_iter()
-                .filter(|(_, d)| in_scope(d, &shared))
-                .map(|(_, d)| d.encode())
-                .collect();
+            let mut full = page.len() == LOG_PAGE;
+            let (mut last, mut bytes, mut deltas) = (since, 0usize, vec![]);
+            for (seq, d) in page {
+                if in_scope(&d, &shared) {
+                    let e = d.encode();
+                    if bytes + e.len() > RESPONSE_BUDGET && !deltas.is_empty() {
+                        full = true;
+                        break;
+                    }
+                    bytes += e.len();
+                    deltas.push(e);
+                }
+                last = seq;
+            }
             // A full page: the requester asks again from `last`.
             let truncated = if full { vec!["log".to_string()] } else { vec![] };
             return Ok(DigestResponse {
@@ -225,6 +236,7 @@ pub fn answer(
     let mut deltas = vec![];
     let mut truncated = vec![];
     let mut resume = vec![];
+    let mut bytes = 0usize;
     for ns in global_namespaces() {
         let mine = ks.digest(ns)?;
         let theirs =
@@ -233,17 +245,22 @@ pub fn answer(
             continue;
         }
         let after = req.after.iter().find(|(cf, _)| cf == ns.cf()).map(|(_, k)| k.as_str());
-        let page: Vec<Delta> = ks
-            .snapshot(ns)?
-            .into_iter()
-            .filter(|d| after.is_none_or(|a| d.key.as_str() > a))
-            .take(MAX_ENTRIES_PER_NAMESPACE + 1)
-            .collect();
-        if page.len() > MAX_ENTRIES_PER_NAMESPACE {
-            truncated.push(ns.cf().to_string());
-            resume.push((ns.cf().to_string(), page[MAX_ENTRIES_PER_NAMESPACE - 1].key.clone()));
+        // Up to the per-namespace cap and the byte budget; the rest on the
+        // next page, after the last key sent ("" = from the start).
+        let mut last_key = after.map(str::to_string);
+        let pending =
+            ks.snapshot(ns)?.into_iter().filter(|d| after.is_none_or(|a| d.key.as_str() > a));
+        for (sent, d) in pending.enumerate() {
+            if sent == MAX_ENTRIES_PER_NAMESPACE || bytes >= RESPONSE_BUDGET {
+                truncated.push(ns.cf().to_string());
+                resume.push((ns.cf().to_string(), last_key.unwrap_or_default()));
+                break;
+            }
+            let e = d.encode();
+            bytes += e.len();
+            last_key = Some(d.key);
+            deltas.push(e);
         }
-        deltas.extend(page.into_iter().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
     }
     for (tenant, hash, count) in &req.tenants {
         if !served.contains(tenant) || !req.after.is_empty() {
@@ -255,8 +272,14 @@ pub fn answer(
         }
         // Newest first: the cap keeps the records a budget check needs
         // most (not marked truncated: asking again would get the same).
-        let all = tenant_deltas(ks, tenant)?;
-        deltas.extend(all.into_iter().rev().take(MAX_ENTRIES_PER_NAMESPACE).map(|d| d.encode()));
+        for d in tenant_deltas(ks, tenant)?.into_iter().rev().take(MAX_ENTRIES_PER_NAMESPACE) {
+            if bytes >= RESPONSE_BUDGET {
+                break;
+            }
+            let e = d.encode();
+            bytes += e.len();
+            deltas.push(e);
+        }
     }
     Ok(DigestResponse { version: 1, deltas, truncated, last_seq, resume })
 }
@@ -601,5 +624,37 @@ mod tests {
             )
             .unwrap();
         merge_validated(&b, &right_job.encode(), 9_004).unwrap();
+    }
+
+    #[test]
+    fn answers_stay_under_the_byte_budget_and_page_to_the_end() {
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = Keyspace::open(da.path(), "a", Default::default()).unwrap();
+        let b = Keyspace::open(db.path(), "b", Default::default()).unwrap();
+        for i in 0..12u8 {
+            a.put(&format!("/gcs/api/states/j{i:02}"), vec![i; 1 << 20], 1000).unwrap();
+            a.put(&format!("/gcs/nodes/heartbeat/n{i:02}"), vec![i; 16], 1000).unwrap();
+        }
+        let mut req = digest_request(&b, &[]).unwrap();
+        let (mut pages, mut got) = (0, 0);
+        loop {
+            let resp = answer(&a, &req, &[]).unwrap();
+            let size: usize = resp.deltas.iter().map(Vec::len).sum();
+            assert!(size <= RESPONSE_BUDGET + (1 << 20) + 4096, "page of {size} bytes");
+            got += resp.deltas.len();
+            merge_all(&b, &resp);
+            pages += 1;
+            if resp.resume.is_empty() {
+                break;
+            }
+            req = digest_request(&b, &[]).unwrap();
+            req.after = resp.resume;
+            assert!(pages < 10, "no progress");
+        }
+        assert!(pages >= 3, "12 MiB in pages of 4 MiB: {pages}");
+        assert!(got >= 24);
+        for ns in [Namespace::ApiJobStates, Namespace::NodeHeartbeat] {
+            assert_eq!(a.digest(ns).unwrap(), b.digest(ns).unwrap(), "{ns:?}");
+        }
     }
 }
