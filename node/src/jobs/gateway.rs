@@ -343,8 +343,11 @@ impl GatewayState {
     /// Excludes the workers that sit out from a new job — unless none of
     /// the fresh workers for its model would be left.
     fn leave_out_failing(&self, spec: &mut JobSpec, ctx: &Ctx<'_>, now: u64) {
+        use gcs_protocol::RoutingMode as R;
         let out = self.penalties.out(now);
-        if out.is_empty() {
+        // A private or local-only job has few possible nodes: the spare
+        // check below does not know which, so it is not narrowed further.
+        if out.is_empty() || matches!(spec.routing.network, R::Private | R::LocalOnly) {
             return;
         }
         let reg = ctx.registry.lock().unwrap_or_else(|p| p.into_inner());
