@@ -244,16 +244,7 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
         *pj = qk_dot(c.single, q, kj) * scale;
         max = max.max(*pj);
     }
-    for pj in p[..n].iter_mut() {
-        *pj = ggml_expf(*pj - max);
-    }
-    let mut sum = 0f64;
-    for ch in p.chunks_exact(16) {
-        sum += reduce16(ch.try_into().expect("16 lanes")) as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    // Probabilities are rounded to f16 for llama.cpp's f16 V product.
-    p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
+    softmax_f16(&mut p, n, max);
     // out[d] = Σ_j p_j v_j[d] in llama.cpp's order for this batch shape.
     // Padding keys have p = 0 and zeroed V, adding exact zeros.
     for (dd, od) in o.iter_mut().enumerate() {
@@ -447,15 +438,7 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
             *pj = qk_dot(single, q, kj) * scale;
             max = max.max(*pj);
         }
-        for pj in p[..n].iter_mut() {
-            *pj = ggml_expf(*pj - max);
-        }
-        let mut sum = 0f64;
-        for ch in p.chunks_exact(16) {
-            sum += reduce16(ch.try_into().expect("16 lanes")) as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
+        softmax_f16(&mut p, n, max);
         // Same accumulation over positions as [`pv_dot`] on a contiguous
         // V row: block bi is 16-chunk bi (decode: accumulator bi % 4 of
         // `vec_dot_f16_order`; prefill: `dot16`'s single accumulator).
@@ -480,6 +463,22 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
             *od = reduce16(&x);
         }
     }
+}
+
+/// Softmax of the scores `p[..n]` in place, as ggml computes it: ggml's
+/// `expf` in f32, a 16-lane sum in f64, one reciprocal. The probabilities
+/// are rounded to f16 for llama.cpp's f16 V product. `p.len()` is a
+/// multiple of 16 and `p[n..]` holds zeros.
+fn softmax_f16(p: &mut [f32], n: usize, max: f32) {
+    for pj in p[..n].iter_mut() {
+        *pj = ggml_expf(*pj - max);
+    }
+    let mut sum = 0f64;
+    for ch in p.chunks_exact(16) {
+        sum += reduce16(ch.try_into().expect("16 lanes")) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    p[..n].iter_mut().for_each(|x| *x = r16(*x * inv));
 }
 
 #[cfg(test)]
