@@ -469,6 +469,7 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
 /// `expf` in f32, a 16-lane sum in f64, one reciprocal. The probabilities
 /// are rounded to f16 for llama.cpp's f16 V product. `p.len()` is a
 /// multiple of 16 and `p[n..]` holds zeros.
+#[allow(clippy::expect_used)] // chunks_exact(16) yields 16 lanes
 fn softmax_f16(p: &mut [f32], n: usize, max: f32) {
     for pj in p[..n].iter_mut() {
         *pj = ggml_expf(*pj - max);
