@@ -39,10 +39,10 @@ use gcs_node::jobs::peer_of;
 use gcs_node::jobs::wire::{JobRequest, JobResponse};
 use gcs_node::{now_ms, Identity, NetEvent, Network, NetworkConfig};
 use gcs_protocol::{
-    encode, ids, open, sign, ApiRequestJob, Attestation, CapabilityMatch, ClaimPolicy, Delta,
-    Estimates, FinalResult, FinishReason, Hash32, Heartbeat, JobClaim, LeaseGrant, Limits, Message,
-    MessageType, Metering, NodeKey, NodeRegistration, NodeStatus, ResponseBody, ResultStatus,
-    StreamChunk, UsageDelta, PROTOCOL_VERSION,
+    encode, ids, open, sign, ApiRequestJob, Attestation, Delta, FinalResult, FinishReason, Hash32,
+    Heartbeat, JobClaim, LeaseGrant, Limits, Message, MessageType, Metering, NodeKey,
+    NodeRegistration, NodeStatus, ResponseBody, ResultStatus, StreamChunk, UsageDelta,
+    PROTOCOL_VERSION,
 };
 use libp2p::PeerId;
 use tokio::sync::Notify;
@@ -389,27 +389,8 @@ impl Adv {
     fn claim(&self, job: &ApiRequestJob, key: &NodeKey, created: u64) -> Option<JobClaim> {
         let t = lock(&self.template).clone()?;
         let model = t.model(&job.request.model)?;
-        let mut c = JobClaim {
-            message_type: MessageType::JobClaim,
-            version: PROTOCOL_VERSION,
-            job_id: job.job_id.clone(),
-            claim_id: ids::new_id(ids::CLAIM, created).ok()?,
-            node_id: key.node_id(),
-            registration_id: lock(&self.reg_id).clone(),
-            claim_policy: ClaimPolicy::FirstValidClaim,
-            capability_match: CapabilityMatch {
-                model_id: model.model_id.clone(),
-                supports_streaming: true,
-                context_tokens: model.context_tokens,
-                api_request_job: true,
-            },
-            estimated: Estimates::default(),
-            created_at_ms: created,
-            expires_at_ms: created + 10_000,
-            signature: None,
-        };
-        sign(&mut c, key).ok()?;
-        Some(c)
+        let reg = lock(&self.reg_id).clone();
+        gcs_node::jobs::worker::signed_claim(&job.job_id, model, key, reg, created).ok()
     }
 
     /// Sends a claim; the lease if one was granted.

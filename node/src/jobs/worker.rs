@@ -37,6 +37,37 @@ fn metering(o: &ExecOutcome, compute_ms: u64, first_token_ms: u64) -> Metering {
     }
 }
 
+/// A signed first-valid claim of `job_id` for `model`, valid for 10 s.
+pub fn signed_claim(
+    job_id: &str,
+    model: &ModelInfo,
+    key: &NodeKey,
+    registration_id: String,
+    now: u64,
+) -> Result<JobClaim, NodeError> {
+    let mut claim = JobClaim {
+        message_type: MessageType::JobClaim,
+        version: PROTOCOL_VERSION,
+        job_id: job_id.to_string(),
+        claim_id: ids::new_id(ids::CLAIM, now)?,
+        node_id: key.node_id(),
+        registration_id,
+        claim_policy: ClaimPolicy::FirstValidClaim,
+        capability_match: CapabilityMatch {
+            model_id: model.model_id.clone(),
+            supports_streaming: true,
+            context_tokens: model.context_tokens,
+            api_request_job: true,
+        },
+        estimated: Estimates::default(),
+        created_at_ms: now,
+        expires_at_ms: now + 10_000,
+        signature: None,
+    };
+    sign(&mut claim, key)?;
+    Ok(claim)
+}
+
 fn stream_key(job_id: &str, seq: u64) -> String {
     format!("/gcs/api/streams/{job_id}/{seq:08}")
 }
@@ -222,26 +253,8 @@ impl WorkerState {
             .ok_or_else(|| NodeError::Network("bad gateway id".into()))?;
         let now = now_ms();
         // 1. Claim.
-        let mut claim = JobClaim {
-            message_type: MessageType::JobClaim,
-            version: PROTOCOL_VERSION,
-            job_id: job.job_id.clone(),
-            claim_id: ids::new_id(ids::CLAIM, now)?,
-            node_id: self.key.node_id(),
-            registration_id: lock(&self.registration_id).clone(),
-            claim_policy: ClaimPolicy::FirstValidClaim,
-            capability_match: CapabilityMatch {
-                model_id: model.model_id.clone(),
-                supports_streaming: true,
-                context_tokens: model.context_tokens,
-                api_request_job: true,
-            },
-            estimated: Estimates::default(),
-            created_at_ms: now,
-            expires_at_ms: now + 10_000,
-            signature: None,
-        };
-        sign(&mut claim, &self.key)?;
+        let registration_id = lock(&self.registration_id).clone();
+        let claim = signed_claim(&job.job_id, &model, &self.key, registration_id, now)?;
         let lease: LeaseGrant = match self.send(gateway, gcs_protocol::encode(&claim)?).await? {
             JobResponse::Envelope(b) => match open(&b, now_ms(), &self.limits)? {
                 Message::LeaseGrant(l)
