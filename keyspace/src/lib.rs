@@ -21,7 +21,7 @@ pub use codec::{Delta, FORMAT_VERSION};
 pub use crdt::{AwSet, CrdtValue, Marker, Register};
 pub use error::KeyspaceError;
 pub use hlc::{Hlc, HlcClock};
-pub use namespace::{Namespace, Scope, ValueKind};
+pub use namespace::{keys, Namespace, Scope, ValueKind};
 pub use store::{
     Change, CompactStats, Digest, Keyspace, KeyspaceOptions, MergeOutcome, Since, WatchError,
     Watcher,

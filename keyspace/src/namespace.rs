@@ -93,6 +93,86 @@ namespaces! {
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 512;
 
+/// The keys of the namespaces above, named once: every key a node writes
+/// or scans is built here (no `/gcs/` literal elsewhere).
+pub mod keys {
+    use super::Namespace as N;
+
+    fn key(ns: N, rest: std::fmt::Arguments<'_>) -> String {
+        format!("{}{rest}", ns.prefix())
+    }
+
+    /// A public job's envelope.
+    pub fn job(job_id: &str) -> String {
+        key(N::ApiJobs, format_args!("{job_id}"))
+    }
+    /// The public jobs.
+    pub fn jobs() -> &'static str {
+        N::ApiJobs.prefix()
+    }
+    /// A job's entry in its tenant's index.
+    pub fn job_of_tenant(tenant: &str, job_id: &str) -> String {
+        key(N::ApiJobsByTenant, format_args!("{tenant}/{job_id}"))
+    }
+    /// A tenant's index of jobs.
+    pub fn jobs_of_tenant(tenant: &str) -> String {
+        key(N::ApiJobsByTenant, format_args!("{tenant}/"))
+    }
+    /// A job's request body (job participants).
+    pub fn payload(job_id: &str) -> String {
+        key(N::ApiPayloads, format_args!("{job_id}"))
+    }
+    /// The signed claims of a job.
+    pub fn claims(job_id: &str) -> String {
+        key(N::ApiClaims, format_args!("{job_id}"))
+    }
+    /// A job's current lease.
+    pub fn lease(job_id: &str) -> String {
+        key(N::ApiLeases, format_args!("{job_id}"))
+    }
+    /// A job's signed final result (job participants).
+    pub fn result(job_id: &str) -> String {
+        key(N::ApiResults, format_args!("{job_id}"))
+    }
+    /// One chunk of a job's stream, ordered by sequence in scans.
+    pub fn stream_chunk(job_id: &str, sequence: u64) -> String {
+        key(N::ApiStreams, format_args!("{job_id}/{sequence:08}"))
+    }
+    /// Every chunk of a job's stream.
+    pub fn stream(job_id: &str) -> String {
+        key(N::ApiStreams, format_args!("{job_id}/"))
+    }
+    /// A job's usage record (tenant gateways).
+    pub fn usage(job_id: &str) -> String {
+        key(N::ApiUsage, format_args!("{job_id}"))
+    }
+    /// Every usage record.
+    pub fn all_usage() -> &'static str {
+        N::ApiUsage.prefix()
+    }
+    /// The `n`th requeue of a job.
+    pub fn requeue(job_id: &str, n: u32) -> String {
+        key(N::ApiRequeue, format_args!("{job_id}/{n}"))
+    }
+    /// A node's latest registration.
+    pub fn registration(node_id: &str) -> String {
+        key(N::NodeRegistrations, format_args!("{node_id}"))
+    }
+    /// A tenant's idempotency key, by its hash (local).
+    pub fn idempotency(hash: &str) -> String {
+        key(N::Local, format_args!("idempotency/{hash}"))
+    }
+    /// A job confined to a tenant or swarm: its envelope stays on its
+    /// gateway (local).
+    pub fn confined_job(job_id: &str) -> String {
+        key(N::Local, format_args!("jobs/{job_id}"))
+    }
+    /// Every confined job.
+    pub fn confined_jobs() -> String {
+        key(N::Local, format_args!("jobs/"))
+    }
+}
+
 impl Namespace {
     /// The namespace of a full key, checking the key's shape: printable
     /// ASCII, no empty or dot segments, at most [`MAX_KEY_LEN`] bytes.
@@ -125,6 +205,31 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_built_key_is_valid_in_its_namespace() {
+        let cases = [
+            (keys::job("j"), Namespace::ApiJobs),
+            (keys::job_of_tenant("t", "j"), Namespace::ApiJobsByTenant),
+            (keys::payload("j"), Namespace::ApiPayloads),
+            (keys::claims("j"), Namespace::ApiClaims),
+            (keys::lease("j"), Namespace::ApiLeases),
+            (keys::result("j"), Namespace::ApiResults),
+            (keys::stream_chunk("j", 7), Namespace::ApiStreams),
+            (keys::usage("j"), Namespace::ApiUsage),
+            (keys::requeue("j", 2), Namespace::ApiRequeue),
+            (keys::registration("n"), Namespace::NodeRegistrations),
+            (keys::idempotency("h"), Namespace::Local),
+            (keys::confined_job("j"), Namespace::Local),
+        ];
+        for (k, ns) in cases {
+            assert_eq!(Namespace::of_key(&k).unwrap(), ns, "{k}");
+        }
+        assert!(keys::stream_chunk("j", 7).starts_with(&keys::stream("j")));
+        assert!(keys::stream_chunk("j", 10) > keys::stream_chunk("j", 9), "scans in sequence order");
+        assert!(keys::job_of_tenant("t", "j").starts_with(&keys::jobs_of_tenant("t")));
+        assert!(keys::confined_job("j").starts_with(&keys::confined_jobs()));
+    }
 
     #[test]
     fn keys_map_to_their_namespace_and_bad_keys_are_refused() {

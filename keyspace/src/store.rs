@@ -235,6 +235,33 @@ impl Keyspace {
         })
     }
 
+    /// The CBOR value in the register at `key`; a value that does not
+    /// decode as `T` is an error naming the key.
+    pub fn get_cbor<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, KeyspaceError> {
+        self.get_bytes(key)?.map(|b| decode_cbor(key, &b)).transpose()
+    }
+
+    /// Every register under `prefix` whose value decodes as `T`, in key
+    /// order; undecodable and deleted entries are skipped (a peer's
+    /// garbage never hides the rest).
+    pub fn scan_cbor<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, KeyspaceError> {
+        Ok(self
+            .scan_prefix(prefix)?
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let b = v.as_register().and_then(|r| r.value())?;
+                let t = decode_cbor(&k, b).ok()?;
+                Some((k, t))
+            })
+            .collect())
+    }
+
     fn expect_kind(key: &str, kind: ValueKind) -> Result<Namespace, KeyspaceError> {
         let ns = Namespace::of_key(key)?;
         if ns.kind() != kind {
@@ -597,4 +624,9 @@ impl Watcher {
             }
         }
     }
+}
+
+fn decode_cbor<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, KeyspaceError> {
+    gcs_protocol::codec::from_cbor_bytes(bytes)
+        .map_err(|e| KeyspaceError::Corrupt { key: key.chars().take(80).collect(), reason: e.to_string() })
 }

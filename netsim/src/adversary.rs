@@ -358,7 +358,7 @@ impl Adv {
         if let Some(mut r) = self.registration_for(&self.other, "netsim-original", now) {
             r.models = models_named(&t, FORGED_MODELS[4]);
             if let Ok(b) = encode(&r) {
-                let key = format!("/gcs/nodes/registrations/{}", r.node_id);
+                let key = gcs_keyspace::keys::registration(r.node_id.as_str());
                 if ks.put(&key, b, now).is_ok() {
                     self.bump("registration_forged_anti_entropy");
                 }
@@ -378,7 +378,7 @@ impl Adv {
         // time, for peers to pull.
         if let Some((_, b)) = heard.first() {
             if let Ok(Message::NodeRegistration(r)) = gcs_protocol::decode(b, &self.limits) {
-                let key = format!("/gcs/nodes/registrations/{}", r.node_id);
+                let key = gcs_keyspace::keys::registration(r.node_id.as_str());
                 if ks.put(&key, b.clone(), now).is_ok() {
                     self.bump("registration_replayed");
                 }
@@ -390,7 +390,7 @@ impl Adv {
         let t = lock(&self.template).clone()?;
         let model = t.model(&job.request.model)?;
         let reg = lock(&self.reg_id).clone();
-        gcs_node::jobs::worker::signed_claim(&job.job_id, model, key, reg, created).ok()
+        gcs_node::lifecycle::worker_job::signed_claim(&job.job_id, model, key, reg, created).ok()
     }
 
     /// Sends a claim; the lease if one was granted.

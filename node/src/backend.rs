@@ -5,22 +5,27 @@ use std::sync::{Arc, Mutex};
 
 use gcs_gateway::{Backend, BackendError, BoxFuture, JobEvent, JobSpec};
 use gcs_keyspace::Keyspace;
-use gcs_protocol::{CancellationReason, NodeRegistration, UsageRecord};
+use gcs_protocol::{now_ms, CancellationReason, NodeRegistration, UsageRecord};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::NodeError;
 use crate::jobs::worker::WorkerState;
-use crate::node::{now_ms, RuntimeCommand};
 use crate::registry::Registry;
+
+/// What the client handle asks of the runtime task, with one-shot replies.
+pub(crate) enum RuntimeCommand {
+    Submit(Box<JobSpec>, oneshot::Sender<Result<(String, mpsc::Receiver<JobEvent>), NodeError>>),
+    Cancel(String, CancellationReason),
+}
 
 /// A cloneable handle to a running node's gateway side.
 #[derive(Clone)]
 pub struct NodeClient {
-    pub(crate) commands: mpsc::Sender<RuntimeCommand>,
-    pub(crate) registry: Arc<Mutex<Registry>>,
-    pub(crate) keyspace: Arc<Keyspace>,
+    commands: mpsc::Sender<RuntimeCommand>,
+    registry: Arc<Mutex<Registry>>,
+    keyspace: Arc<Keyspace>,
     /// This node's own worker (`--role all`), for its metrics.
-    pub(crate) worker: Option<WorkerState>,
+    worker: Option<WorkerState>,
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -30,6 +35,15 @@ impl std::fmt::Debug for NodeClient {
 }
 
 impl NodeClient {
+    pub(crate) fn new(
+        commands: mpsc::Sender<RuntimeCommand>,
+        registry: Arc<Mutex<Registry>>,
+        keyspace: Arc<Keyspace>,
+        worker: Option<WorkerState>,
+    ) -> Self {
+        Self { commands, registry, keyspace, worker }
+    }
+
     /// Submits a job; see [`crate::NodeHandle::submit`].
     pub async fn submit(
         &self,
@@ -94,6 +108,13 @@ impl Backend for NodeClient {
                 w.load(),
                 w.backlog_len()
             ));
+            out.push_str(
+                "# HELP gcs_worker_jobs_ended_total Jobs this node's worker ended, by how.\n\
+                 # TYPE gcs_worker_jobs_ended_total counter\n",
+            );
+            for (kind, n) in w.ended() {
+                out.push_str(&format!("gcs_worker_jobs_ended_total{{termination=\"{kind}\"}} {n}\n"));
+            }
         }
         let fresh = self.registrations().len();
         out.push_str(&format!(
@@ -137,14 +158,11 @@ impl Backend for NodeClient {
     ) -> Result<Vec<UsageRecord>, BackendError> {
         let rows = self
             .keyspace
-            .scan_prefix("/gcs/api/usage/")
+            .scan_cbor::<UsageRecord>(gcs_keyspace::keys::all_usage())
             .map_err(|e| BackendError::Internal(e.to_string()))?;
         Ok(rows
             .into_iter()
-            .filter_map(|(_, v)| {
-                let bytes = v.as_register().and_then(|r| r.value())?;
-                gcs_protocol::codec::from_cbor_bytes::<UsageRecord>(bytes).ok()
-            })
+            .map(|(_, u)| u)
             .filter(|u| {
                 u.api_key_id == api_key_id
                     && u.created_at_ms >= since_ms

@@ -1,4 +1,5 @@
-//! Typed node errors.
+//! Typed node errors. Each has a kind ([`NodeError::error_type`]) that logs
+//! and metrics use as a label, as TGI's router does.
 
 use thiserror::Error;
 
@@ -24,12 +25,50 @@ pub enum NodeError {
     /// The keyspace failed.
     #[error(transparent)]
     Keyspace(#[from] gcs_keyspace::KeyspaceError),
-    /// A protocol message could not be built.
+    /// A protocol message could not be built or opened.
     #[error(transparent)]
     Protocol(#[from] gcs_protocol::ProtocolError),
-    /// The network could not start (bad address, port in use, ...).
+    /// A listen address cannot be bound.
+    #[error("network: listen on {addr}: {reason}")]
+    Listen {
+        /// Address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// A peer address cannot be dialled.
+    #[error("network: dial {addr}: {reason}")]
+    Dial {
+        /// Address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The libp2p transport or behaviour could not be built.
     #[error("network: {0}")]
-    Network(String),
+    Transport(String),
+    /// A gossip topic operation failed.
+    #[error("network: {op}: {reason}")]
+    Gossip {
+        /// `subscribe` or `publish`.
+        op: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A direct request to a peer failed (timeout, connection closed, ...).
+    #[error("network: request to {peer}: {reason}")]
+    Request {
+        /// The peer.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+    /// A node id that is no valid libp2p peer id.
+    #[error("node id {0} names no libp2p peer")]
+    BadNodeId(String),
+    /// A gateway request reached a node without the gateway role.
+    #[error("this node has no gateway role")]
+    NotAGateway,
     /// An idempotency key was reused with a different request body (HTTP 422).
     #[error("idempotency key already used for job {job_id} with a different request body")]
     IdempotencyConflict {
@@ -39,4 +78,25 @@ pub enum NodeError {
     /// The network event loop is gone.
     #[error("network event loop stopped")]
     NetworkStopped,
+}
+
+impl NodeError {
+    /// A short stable label for logs and metrics.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            NodeError::DataDir { .. } => "data_dir",
+            NodeError::Identity { .. } => "identity",
+            NodeError::Keyspace(_) => "keyspace",
+            NodeError::Protocol(_) => "protocol",
+            NodeError::Listen { .. } => "listen",
+            NodeError::Dial { .. } => "dial",
+            NodeError::Transport(_) => "transport",
+            NodeError::Gossip { .. } => "gossip",
+            NodeError::Request { .. } => "request",
+            NodeError::BadNodeId(_) => "bad_node_id",
+            NodeError::NotAGateway => "not_a_gateway",
+            NodeError::IdempotencyConflict { .. } => "idempotency_conflict",
+            NodeError::NetworkStopped => "network_stopped",
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gcs_keyspace::Keyspace;
-use gcs_protocol::{Limits, Message};
+use gcs_protocol::{now_ms, Limits, Message};
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance, MessageAuthenticity};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{behaviour::toggle::Toggle, NetworkBehaviour, SwarmEvent};
@@ -155,7 +155,7 @@ impl Network {
             check_port_free(addr)?;
             let id = swarm
                 .listen_on(addr.clone())
-                .map_err(|e| NodeError::Network(format!("listen on {addr}: {e}")))?;
+                .map_err(|e| NodeError::Listen { addr: addr.to_string(), reason: e.to_string() })?;
             pending.insert(id, addr.clone());
         }
         // Binding happens asynchronously: wait until every listener is up or
@@ -164,7 +164,10 @@ impl Network {
         while !pending.is_empty() {
             let ev = tokio::time::timeout_at(deadline, swarm.select_next_some())
                 .await
-                .map_err(|_| NodeError::Network("listeners did not start within 5 s".into()))?;
+                .map_err(|_| NodeError::Listen {
+                    addr: pending.values().map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+                    reason: "not up within 5 s".into(),
+                })?;
             match ev {
                 SwarmEvent::NewListenAddr { listener_id, address } => {
                     tracing::info!(%address, "listening");
@@ -174,7 +177,7 @@ impl Network {
                 | SwarmEvent::ListenerError { listener_id, error: e } => {
                     let addr =
                         pending.remove(&listener_id).map(|a| a.to_string()).unwrap_or_default();
-                    return Err(NodeError::Network(format!("listen on {addr}: {e}")));
+                    return Err(NodeError::Listen { addr, reason: e.to_string() });
                 }
                 _ => {}
             }
@@ -185,7 +188,7 @@ impl Network {
             }
             swarm
                 .dial(addr.clone())
-                .map_err(|e| NodeError::Network(format!("dial {addr}: {e}")))?;
+                .map_err(|e| NodeError::Dial { addr: addr.to_string(), reason: e.to_string() })?;
         }
         let (tx, rx) = mpsc::channel(CHANNEL_BOUND);
         let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_BOUND);
@@ -306,7 +309,7 @@ fn check_port_free(addr: &Multiaddr) -> Result<(), NodeError> {
     } else {
         std::net::UdpSocket::bind((ip, port)).map(drop)
     };
-    r.map_err(|e| NodeError::Network(format!("listen on {addr}: {e}")))
+    r.map_err(|e| NodeError::Listen { addr: addr.to_string(), reason: e.to_string() })
 }
 
 fn gossip_message_id(m: &gossipsub::Message) -> gossipsub::MessageId {
@@ -318,7 +321,7 @@ fn gossip_message_id(m: &gossipsub::Message) -> gossipsub::MessageId {
 }
 
 fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Behaviour>, NodeError> {
-    let net = |e: &dyn std::fmt::Display| NodeError::Network(e.to_string());
+    let net = |e: &dyn std::fmt::Display| NodeError::Transport(e.to_string());
     let gossip_config = gossipsub::ConfigBuilder::default()
         .heartbeat_interval(config.gossip_heartbeat)
         .validation_mode(gossipsub::ValidationMode::Strict)
@@ -409,13 +412,6 @@ struct EventLoop {
     redial_round: u64,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Bounded: a slow consumer slows the loop rather than growing memory.
 async fn emit(events: &mpsc::Sender<NetEvent>, ev: NetEvent) {
     let _ = events.send(ev).await;
@@ -449,8 +445,14 @@ impl EventLoop {
         match cmd {
             Command::Subscribe(topic, reply) => {
                 let t = IdentTopic::new(topic);
-                let r = self.swarm.behaviour_mut().gossipsub.subscribe(&t).map(|_| ());
-                let _ = reply.send(r.map_err(|e| NodeError::Network(format!("subscribe: {e:?}"))));
+                let gs = &mut self.swarm.behaviour_mut().gossipsub;
+                let r = gs.subscribe(&t).map(|_| ());
+                if r.is_ok() {
+                    let _ = gs.set_topic_params(t, crate::scoring::topic_params());
+                }
+                let _ = reply.send(
+                    r.map_err(|e| NodeError::Gossip { op: "subscribe", reason: format!("{e:?}") }),
+                );
             }
             Command::ServeTenants(tenants, reply) => {
                 let gs = &mut self.swarm.behaviour_mut().gossipsub;
@@ -460,8 +462,9 @@ impl EventLoop {
                 }
                 for new in tenants.iter().filter(|t| !self.served_tenants.contains(t)) {
                     let t = IdentTopic::new(crate::topics::tenant_usage(new));
+                    let _ = gs.set_topic_params(t.clone(), crate::scoring::topic_params());
                     if let Err(e) = gs.subscribe(&t) {
-                        r = Err(NodeError::Network(format!("subscribe: {e:?}")));
+                        r = Err(NodeError::Gossip { op: "subscribe", reason: format!("{e:?}") });
                     }
                 }
                 if tenants.iter().any(|t| !self.served_tenants.contains(t)) {
@@ -482,13 +485,16 @@ impl EventLoop {
                 {
                     Ok(_) | Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => Ok(()),
                     Err(gossipsub::PublishError::Duplicate) => Ok(()),
-                    Err(e) => Err(NodeError::Network(format!("publish: {e:?}"))),
+                    Err(e) => Err(NodeError::Gossip { op: "publish", reason: format!("{e:?}") }),
                 };
                 let _ = reply.send(r);
             }
             Command::Dial(addr, reply) => {
                 let _ = reply
-                    .send(self.swarm.dial(addr).map_err(|e| NodeError::Network(e.to_string())));
+                    .send(self.swarm.dial(addr.clone()).map_err(|e| NodeError::Dial {
+                        addr: addr.to_string(),
+                        reason: e.to_string(),
+                    }));
             }
             Command::ListenAddrs(reply) => {
                 let _ = reply.send(self.swarm.listeners().cloned().collect());
@@ -601,7 +607,10 @@ impl EventLoop {
             }
             Event::OutboundFailure { request_id, error, peer, .. } => {
                 if let Some(r) = self.outbound.remove(&request_id) {
-                    let _ = r.send(Err(NodeError::Network(format!("request to {peer}: {error}"))));
+                    let _ = r.send(Err(NodeError::Request {
+                        peer: peer.to_string(),
+                        reason: error.to_string(),
+                    }));
                 }
             }
             Event::InboundFailure { .. } | Event::ResponseSent { .. } => {}
@@ -709,14 +718,15 @@ impl EventLoop {
         msg: gossipsub::Message,
     ) {
         let topic = msg.topic.to_string();
-        let tenant = topic.strip_prefix(crate::topics::TENANT_USAGE_PREFIX);
-        if topic == crate::topics::KEYSPACE_DELTAS || tenant.is_some() {
+        use crate::topics::{Carries, TopicSpec};
+        let family = crate::topics::spec(&topic);
+        if let Some((TopicSpec { carries: Carries::KeyspaceDeltas, .. }, tenant)) = family {
             let r = match tenant {
                 // Only the topic's own tenant, and only one this node serves.
                 Some(t) if self.served_tenants.iter().any(|s| s == t) => {
                     replication::merge_scoped(&self.keyspace, &msg.data, &[t.to_string()], now_ms())
                 }
-                Some(t) => Err(format!("not a gateway of tenant {t:?}")),
+                Some(t) => Err(replication::RefusedDelta::TenantNotServed(t.to_string())),
                 None => replication::merge_validated(&self.keyspace, &msg.data, now_ms()),
             };
             let acceptance =

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gcs_keyspace::{Keyspace, KeyspaceOptions};
 use gcs_protocol::{
-    ids, sign, Capabilities, Heartbeat, Message, ModelInfo, NodeId, NodeRegistration, NodeStatus,
+    ids, now_ms, sign, Capabilities, Heartbeat, Message, ModelInfo, NodeId, NodeRegistration, NodeStatus,
     QueueInfo, Trust, PROTOCOL_VERSION,
 };
 use libp2p::{Multiaddr, PeerId};
@@ -22,9 +22,11 @@ use crate::jobs::wire::{JobRequest, JobResponse};
 use crate::jobs::worker::WorkerState;
 use crate::jobs::{JobEvent, JobSpec};
 use crate::lifecycle::tracker::TrackerConfig;
+use crate::lifecycle::worker_job::Policy;
 use crate::network::{NetEvent, Network, NetworkConfig};
 use crate::registry::{Accepted, Registry};
-use crate::topics;
+use crate::topics::{self, PUBLIC_SWARM};
+use crate::backend::{NodeClient, RuntimeCommand};
 
 /// What a node does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -101,9 +103,6 @@ fn subscriptions(config: &NodeConfig) -> Vec<String> {
     t
 }
 
-/// The swarm every node is in unless configured otherwise.
-pub const PUBLIC_SWARM: &str = "public";
-
 impl NodeConfig {
     /// Defaults for `role` in `data_dir`.
     pub fn new(role: Role, data_dir: PathBuf) -> Self {
@@ -114,7 +113,7 @@ impl NodeConfig {
             heartbeat_interval: Duration::from_secs(10),
             registration_ttl: Duration::from_secs(30),
             models: vec![],
-            swarm_id: "public".into(),
+            swarm_id: PUBLIC_SWARM.into(),
             private_tenant: None,
             private_only: false,
             executor: None,
@@ -136,22 +135,8 @@ pub struct NodeHandle {
     keyspace: Arc<Keyspace>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
-    commands: mpsc::Sender<RuntimeCommand>,
-    worker: Option<WorkerState>,
+    client: NodeClient,
     jobs_heard: Arc<std::sync::atomic::AtomicU64>,
-}
-
-pub(crate) enum RuntimeCommand {
-    Submit(Box<JobSpec>, oneshot::Sender<Result<(String, mpsc::Receiver<JobEvent>), NodeError>>),
-    Cancel(String, gcs_protocol::CancellationReason),
-}
-
-/// Wall-clock milliseconds (the one place the runtime reads the clock).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl NodeHandle {
@@ -192,13 +177,8 @@ impl NodeHandle {
 
     /// A cloneable handle for the HTTP gateway (it implements
     /// [`gcs_gateway::Backend`]).
-    pub fn client(&self) -> crate::backend::NodeClient {
-        crate::backend::NodeClient {
-            commands: self.commands.clone(),
-            registry: self.registry.clone(),
-            keyspace: self.keyspace.clone(),
-            worker: self.worker.clone(),
-        }
+    pub fn client(&self) -> NodeClient {
+        self.client.clone()
     }
 
     /// Submits a job (gateway roles): signs and publishes it, and returns its
@@ -238,14 +218,22 @@ impl NodeHandle {
     }
 }
 
+/// The runtime task's state: what every role shares, and each role's own
+/// state as a separate field, so a role borrows itself mutably while it
+/// reads the environment.
 struct Runtime {
+    env: Env,
+    gateway: Option<GatewayState>,
+    worker: Option<WorkerState>,
+}
+
+/// What every role of the node shares.
+struct Env {
     identity: Identity,
     config: NodeConfig,
     network: Network,
     registry: Arc<Mutex<Registry>>,
     keyspace: Arc<Keyspace>,
-    gateway: Option<GatewayState>,
-    worker: Option<WorkerState>,
     registration_id: Arc<Mutex<String>>,
     jobs_heard: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -275,36 +263,37 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
     let peer_id = identity.peer_id();
     let registration_id = Arc::new(Mutex::new(ids::new_id(ids::REGISTRATION, now_ms())?));
     let worker = match (&config.executor, config.role.is_worker()) {
-        (Some(exec), true) => Some(WorkerState {
-            executor: exec.clone(),
-            key: Arc::new(gcs_protocol::NodeKey::from_seed(identity.key.seed())),
-            network: network.clone(),
-            models: config.models.clone(),
-            max_jobs: config.max_concurrent_jobs,
-            active: Arc::default(),
-            backlog: Arc::default(),
-            registration_id: registration_id.clone(),
-            limits: config.network.limits.clone(),
-            keyspace: keyspace.clone(),
-            policy: crate::jobs::worker::Policy {
+        (Some(exec), true) => Some(WorkerState::new(
+            exec.clone(),
+            gcs_protocol::NodeKey::from_seed(identity.key.seed()),
+            network.clone(),
+            config.models.clone(),
+            config.max_concurrent_jobs,
+            registration_id.clone(),
+            config.network.limits.clone(),
+            Policy {
                 private_tenant: config.private_tenant.clone(),
                 public: !(config.private_only && config.private_tenant.is_some()),
                 swarm_id: config.swarm_id.clone(),
             },
-        }),
+            keyspace.clone(),
+        )),
         _ => None,
     };
     let jobs_heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let client = NodeClient::new(cmd_tx, registry.clone(), keyspace.clone(), worker.clone());
     let rt = Runtime {
         gateway: (config.role != Role::Worker).then(GatewayState::default),
-        worker: worker.clone(),
-        jobs_heard: jobs_heard.clone(),
-        registration_id,
-        identity,
-        config,
-        network: network.clone(),
-        registry: registry.clone(),
-        keyspace: keyspace.clone(),
+        worker,
+        env: Env {
+            jobs_heard: jobs_heard.clone(),
+            registration_id,
+            identity,
+            config,
+            network: network.clone(),
+            registry: registry.clone(),
+            keyspace: keyspace.clone(),
+        },
     };
     let task = tokio::spawn(rt.run(events, stop_rx, cmd_rx));
     Ok(NodeHandle {
@@ -315,14 +304,15 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         keyspace,
         stop: Some(stop_tx),
         task,
-        commands: cmd_tx,
-        worker,
+        client,
         jobs_heard,
     })
 }
 
-impl Runtime {
-    fn ctx(&self) -> Ctx<'_> {
+impl Env {
+    /// The gateway's view of the node; `local_worker` is this node's own
+    /// worker (`--role all`).
+    fn ctx<'a>(&'a self, local_worker: Option<&'a WorkerState>) -> Ctx<'a> {
         Ctx {
             key: &self.identity.key,
             network: &self.network,
@@ -330,34 +320,34 @@ impl Runtime {
             registry: &self.registry,
             limits: &self.config.network.limits,
             tracker: self.config.tracker,
-            local_worker: self.worker.as_ref(),
+            local_worker,
             swarm_id: &self.config.swarm_id,
         }
     }
+}
 
+impl Runtime {
     async fn on_command(&mut self, cmd: RuntimeCommand) {
-        let mut gw = self.gateway.take();
-        match (cmd, gw.as_mut()) {
+        let ctx = self.env.ctx(self.worker.as_ref());
+        match (cmd, self.gateway.as_mut()) {
             (RuntimeCommand::Submit(spec, reply), Some(g)) => {
-                let r = g.submit(*spec, &self.ctx()).await;
+                let r = g.submit(*spec, &ctx).await;
                 let _ = reply.send(r);
             }
             (RuntimeCommand::Submit(_, reply), None) => {
-                let _ = reply.send(Err(NodeError::Network("this node has no gateway role".into())));
+                let _ = reply.send(Err(NodeError::NotAGateway));
             }
-            (RuntimeCommand::Cancel(job, reason), Some(g)) => {
-                g.cancel(&job, reason, &self.ctx()).await
-            }
+            (RuntimeCommand::Cancel(job, reason), Some(g)) => g.cancel(&job, reason, &ctx).await,
             (RuntimeCommand::Cancel(..), None) => {}
         }
-        self.gateway = gw;
     }
 
     async fn on_job_request(&mut self, peer: PeerId, id: u64, req: JobRequest) {
+        let env = &self.env;
         // Cancellations are for the worker side; everything else for the gateway.
         if let JobRequest::Envelope(bytes) = &req {
             if let Ok(Message::Cancellation(c)) =
-                gcs_protocol::open(bytes, now_ms(), &self.config.network.limits)
+                gcs_protocol::open(bytes, now_ms(), &env.config.network.limits)
             {
                 let ok = crate::jobs::peer_of(&c.issued_by) == Some(peer)
                     && self.worker.as_ref().is_some_and(|w| w.on_cancel(&c));
@@ -366,17 +356,15 @@ impl Runtime {
                 } else {
                     JobResponse::Refused("no such job here".into())
                 };
-                let _ = self.network.respond(id, resp).await;
+                let _ = env.network.respond(id, resp).await;
                 return;
             }
         }
-        let mut gw = self.gateway.take();
-        let resp = match gw.as_mut() {
-            Some(g) => g.on_request(peer, req, &self.ctx()).await,
+        let resp = match self.gateway.as_mut() {
+            Some(g) => g.on_request(peer, req, &env.ctx(self.worker.as_ref())).await,
             None => JobResponse::Refused("not a gateway".into()),
         };
-        self.gateway = gw;
-        let _ = self.network.respond(id, resp).await;
+        let _ = env.network.respond(id, resp).await;
     }
 
     async fn run(
@@ -385,15 +373,15 @@ impl Runtime {
         mut stop: oneshot::Receiver<()>,
         mut commands: mpsc::Receiver<RuntimeCommand>,
     ) {
-        if let Some(mut g) = self.gateway.take() {
-            match g.recover(&self.ctx()).await {
+        if let Some(g) = self.gateway.as_mut() {
+            match g.recover(&self.env.ctx(self.worker.as_ref())).await {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(jobs = n, "ended jobs left in flight by the previous run"),
                 Err(e) => tracing::error!(error = %e, "could not recover in-flight jobs"),
             }
-            self.gateway = Some(g);
         }
-        let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
+        let is_worker = self.env.config.role.is_worker();
+        let mut heartbeat = tokio::time::interval(self.env.config.heartbeat_interval);
         let mut prune = tokio::time::interval(Duration::from_secs(1));
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         // Retention (specs/keyspace.md) only holds if someone compacts.
@@ -403,67 +391,112 @@ impl Runtime {
                 _ = &mut stop => break,
                 Some(cmd) = commands.recv() => self.on_command(cmd).await,
                 _ = tick.tick(), if self.gateway.is_some() => {
-                    let mut gw = self.gateway.take();
-                    if let Some(g) = gw.as_mut() {
-                        g.tick(&self.ctx()).await;
+                    if let Some(g) = self.gateway.as_mut() {
+                        g.tick(&self.env.ctx(self.worker.as_ref())).await;
                     }
-                    self.gateway = gw;
                 }
                 ev = events.recv() => match ev {
-                    // A new subscriber to the capability topic: announce at
-                    // once rather than at the next heartbeat, so a worker that
-                    // joins is known within a round trip, not 10 s.
-                    Some(NetEvent::PeerSubscribed { topic, .. })
-                        if topic == topics::CAPABILITIES_ALL && self.config.role.is_worker() =>
-                    {
-                        self.publish_registration(NodeStatus::Online).await;
-                    }
-                    Some(NetEvent::JobRequest { peer, id, request }) => self.on_job_request(peer, id, request).await,
-                    Some(NetEvent::PeerDisconnected(peer)) if self.gateway.is_some() => {
-                        tracing::info!(%peer, "peer disconnected");
-                        let mut gw = self.gateway.take();
-                        if let Some(g) = gw.as_mut() {
-                            g.on_peer_disconnected(peer, &self.ctx()).await;
-                        }
-                        self.gateway = gw;
-                    }
-                    Some(ev) => self.on_event(ev),
+                    Some(ev) => self.on_event(ev).await,
                     None => break,
                 },
-                _ = heartbeat.tick(), if self.config.role.is_worker() => {
-                    self.publish_registration(NodeStatus::Online).await;
+                _ = heartbeat.tick(), if is_worker => {
+                    self.env.publish_registration(NodeStatus::Online, self.worker.as_ref()).await;
                 }
                 _ = compact.tick() => {
-                    match self.keyspace.compact(now_ms()) {
+                    match self.env.keyspace.compact(now_ms()) {
                         Ok(stats) if !stats.removed.is_empty() => tracing::debug!(?stats, "keyspace compacted"),
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "keyspace compaction failed"),
                     }
                 }
                 _ = prune.tick() => {
-                    let gone = self.registry.lock().unwrap_or_else(|p| p.into_inner()).prune(now_ms());
+                    let gone = self.env.registry.lock().unwrap_or_else(|p| p.into_inner()).prune(now_ms());
                     for n in gone {
                         tracing::info!(node = %n, "registration expired");
                     }
                 }
             }
         }
-        if self.config.role.is_worker() {
-            self.publish_registration(NodeStatus::Offline).await;
+        if is_worker {
+            self.env.publish_registration(NodeStatus::Offline, self.worker.as_ref()).await;
             // Give the swarm a moment to flush the offline registration
             // before its connections close.
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        self.network.shutdown().await;
+        self.env.network.shutdown().await;
         tracing::info!("node stopped");
     }
 
-    fn registration(&self, status: NodeStatus) -> Result<NodeRegistration, NodeError> {
+    async fn on_event(&mut self, ev: NetEvent) {
+        let env = &self.env;
+        match ev {
+            NetEvent::Message { message, topic, source } => match *message {
+                Message::ApiRequestJob(job) => {
+                    env.jobs_heard.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(w) = &self.worker {
+                        w.consider(job);
+                    }
+                }
+                Message::NodeRegistration(reg) => env.on_registration(reg, &source),
+                // Allowed on job topics by `topics::allows`, but answered
+                // over direct streams: a gossiped copy carries no authority.
+                Message::Requeue(_) | Message::Cancellation(_) => {
+                    tracing::debug!(%topic, "gossiped requeue or cancellation ignored")
+                }
+                // The processing queue (26.22) is not served yet.
+                Message::TaskLock(_) | Message::TaskResult(_) => {
+                    tracing::debug!(%topic, "processing message ignored")
+                }
+                // Refused by topic validation before they get here.
+                Message::JobClaim(_)
+                | Message::ClaimRejection(_)
+                | Message::LeaseGrant(_)
+                | Message::LeaseRenewal(_)
+                | Message::StreamChunk(_)
+                | Message::FinalResult(_)
+                | Message::UsageRecord(_) => {
+                    tracing::debug!(%topic, "direct-stream message on gossip ignored")
+                }
+            },
+            // A new subscriber to the capability topic: announce at once
+            // rather than at the next heartbeat, so a worker that joins is
+            // known within a round trip, not 10 s.
+            NetEvent::PeerSubscribed { topic, .. } => {
+                if topic == topics::CAPABILITIES_ALL && env.config.role.is_worker() {
+                    env.publish_registration(NodeStatus::Online, self.worker.as_ref()).await;
+                }
+            }
+            NetEvent::JobRequest { peer, id, request } => {
+                self.on_job_request(peer, id, request).await
+            }
+            NetEvent::PeerDisconnected(peer) => {
+                tracing::info!(%peer, "peer disconnected");
+                if let Some(g) = self.gateway.as_mut() {
+                    g.on_peer_disconnected(peer, &env.ctx(self.worker.as_ref())).await;
+                }
+            }
+            NetEvent::Refused { topic, reason, penalised, source } => {
+                tracing::warn!(%source, %topic, %reason, penalised, "refused gossip message");
+            }
+            NetEvent::PeerConnected(p) => tracing::info!(peer = %p, "peer connected"),
+            NetEvent::Listening(_) => {}
+        }
+    }
+}
+
+impl Env {
+    fn registration(
+        &self,
+        status: NodeStatus,
+        worker: Option<&WorkerState>,
+    ) -> Result<NodeRegistration, NodeError> {
         let now = now_ms();
         let ttl = self.config.registration_ttl.as_millis() as u64;
         let key = &self.identity.key;
         let registration_id = ids::new_id(ids::REGISTRATION, now)?;
         *self.registration_id.lock().unwrap_or_else(|p| p.into_inner()) = registration_id.clone();
+        let models = &self.config.models;
+        let serves = |t: gcs_protocol::ApiType| models.iter().any(|m| m.tasks.contains(&t));
         let mut reg = NodeRegistration {
             message_type: gcs_protocol::MessageType::NodeRegistration,
             version: PROTOCOL_VERSION,
@@ -474,34 +507,22 @@ impl Runtime {
             tenant_id: self.config.private_tenant.clone(),
             status,
             capabilities: Capabilities {
-                api_request_job: self.worker.is_some(),
-                chat: self
-                    .config
-                    .models
-                    .iter()
-                    .any(|m| m.tasks.contains(&gcs_protocol::ApiType::ChatCompletion)),
-                completion: self
-                    .config
-                    .models
-                    .iter()
-                    .any(|m| m.tasks.contains(&gcs_protocol::ApiType::Completion)),
-                embedding: self
-                    .config
-                    .models
-                    .iter()
-                    .any(|m| m.tasks.contains(&gcs_protocol::ApiType::Embedding)),
+                api_request_job: worker.is_some(),
+                chat: serves(gcs_protocol::ApiType::ChatCompletion),
+                completion: serves(gcs_protocol::ApiType::Completion),
+                embedding: serves(gcs_protocol::ApiType::Embedding),
                 streaming: true,
                 ..Default::default()
             },
-            models: self.config.models.clone(),
+            models: models.clone(),
             queue: QueueInfo {
                 accepts_public_jobs: !(self.config.private_only
                     && self.config.private_tenant.is_some()),
                 accepts_private_jobs: self.config.private_tenant.is_some(),
                 accepts_local_only_jobs: self.config.swarm_id != PUBLIC_SWARM,
                 max_concurrent_api_jobs: self.config.max_concurrent_jobs as u32,
-                current_api_jobs: self.worker.as_ref().map_or(0, |w| w.load()) as u32,
-                free_kv_tokens: self.worker.as_ref().map_or(0, |w| w.executor.free_kv_tokens()),
+                current_api_jobs: worker.map_or(0, |w| w.load()) as u32,
+                free_kv_tokens: worker.map_or(0, |w| w.executor.free_kv_tokens()),
                 ..Default::default()
             },
             trust: Trust::default(),
@@ -513,9 +534,9 @@ impl Runtime {
         Ok(reg)
     }
 
-    async fn publish_registration(&self, status: NodeStatus) {
+    async fn publish_registration(&self, status: NodeStatus, worker: Option<&WorkerState>) {
         let result = async {
-            let reg = self.registration(status)?;
+            let reg = self.registration(status, worker)?;
             let bytes = gcs_protocol::encode(&reg)?;
             self.store_registration(&reg);
             // Gossip does not deliver our own messages: a gateway in the same
@@ -529,56 +550,31 @@ impl Runtime {
         }
     }
 
+    fn on_registration(&self, reg: NodeRegistration, source: &PeerId) {
+        let node = reg.node_id.clone();
+        let models: Vec<String> = reg.models.iter().map(|m| m.model_id.clone()).collect();
+        let outcome =
+            self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(reg.clone(), now_ms());
+        match outcome {
+            Accepted::New => {
+                tracing::info!(%node, ?models, %source, "worker registration arrived");
+                self.store_registration(&reg);
+            }
+            // Encoded only when kept: outdated and stale copies (every
+            // relayed heartbeat) cost nothing more.
+            Accepted::Refreshed => self.store_registration(&reg),
+            Accepted::Offline => tracing::info!(%node, "worker went offline"),
+            Accepted::Outdated | Accepted::Stale => {}
+        }
+    }
+
     fn store_registration(&self, reg: &NodeRegistration) {
-        let key = format!("/gcs/nodes/registrations/{}", reg.node_id);
+        let key = gcs_keyspace::keys::registration(reg.node_id.as_str());
         let stored = gcs_protocol::encode(reg)
             .map_err(NodeError::from)
             .and_then(|b| self.keyspace.put(&key, b, now_ms()).map(drop).map_err(NodeError::from));
         if let Err(e) = stored {
             tracing::warn!(error = %e, "could not store registration");
-        }
-    }
-
-    fn on_event(&self, ev: NetEvent) {
-        match ev {
-            NetEvent::Message { message, topic, source } => {
-                if let Message::ApiRequestJob(job) = *message {
-                    self.jobs_heard.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if let Some(w) = &self.worker {
-                        w.consider(job);
-                    }
-                } else if let Message::NodeRegistration(reg) = *message {
-                    let node = reg.node_id.clone();
-                    let models: Vec<String> =
-                        reg.models.iter().map(|m| m.model_id.clone()).collect();
-                    let outcome = self
-                        .registry
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .accept(reg.clone(), now_ms());
-                    match outcome {
-                        Accepted::New => {
-                            tracing::info!(%node, ?models, %source, "worker registration arrived");
-                            self.store_registration(&reg);
-                        }
-                        // Encoded only when kept: outdated and stale copies
-                        // (every relayed heartbeat) cost nothing more.
-                        Accepted::Refreshed => self.store_registration(&reg),
-                        Accepted::Offline => tracing::info!(%node, "worker went offline"),
-                        Accepted::Outdated | Accepted::Stale => {}
-                    }
-                } else {
-                    tracing::debug!(%topic, "message not handled yet");
-                }
-            }
-            NetEvent::Refused { topic, reason, penalised, source } => {
-                tracing::warn!(%source, %topic, %reason, penalised, "refused gossip message");
-            }
-            NetEvent::PeerConnected(p) => tracing::info!(peer = %p, "peer connected"),
-            NetEvent::PeerDisconnected(p) => tracing::info!(peer = %p, "peer disconnected"),
-            NetEvent::Listening(_)
-            | NetEvent::PeerSubscribed { .. }
-            | NetEvent::JobRequest { .. } => {}
         }
     }
 }

@@ -79,12 +79,8 @@ impl Registry {
         self.nodes.get(node)
     }
 
-    /// Number held.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Whether empty.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }

@@ -15,7 +15,7 @@
 //! tenant's `gcs.usage.<tenant>` topic, which only that tenant's gateways
 //! join, and anti-entropy compares one digest per tenant both sides serve.
 
-use gcs_keyspace::{Delta, Digest, Keyspace, KeyspaceError, MergeOutcome, Namespace, Scope};
+use gcs_keyspace::{keys, Delta, Digest, Keyspace, KeyspaceError, MergeOutcome, Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
 /// Most entries answered per namespace in one anti-entropy response.
@@ -88,14 +88,6 @@ pub fn digest_request(ks: &Keyspace, served: &[String]) -> Result<DigestRequest,
     Ok(DigestRequest { version: 1, digests, tenants, since: None, after: vec![] })
 }
 
-/// Where a usage record lives (26.23).
-pub fn usage_key(job_id: &str) -> String {
-    format!("/gcs/api/usage/{job_id}")
-}
-
-fn tenant_prefix(tenant: &str) -> String {
-    format!("/gcs/api/jobs_by_tenant/{tenant}/")
-}
 
 /// Stores a usage record and its entry in the tenant's index
 /// (`/gcs/api/jobs_by_tenant/<tenant>/<job>`, 26.23); returns the usage
@@ -105,7 +97,7 @@ pub fn record_usage(
     u: &gcs_protocol::UsageRecord,
     now_ms: u64,
 ) -> Result<Delta, crate::error::NodeError> {
-    let delta = ks.put(&usage_key(&u.job_id), gcs_protocol::encode(u)?, now_ms)?;
+    let delta = ks.put(&keys::usage(&u.job_id), gcs_protocol::encode(u)?, now_ms)?;
     index_usage(ks, &u.tenant_id, &u.job_id, now_ms)?;
     Ok(delta)
 }
@@ -118,7 +110,7 @@ fn index_usage(ks: &Keyspace, tenant: &str, job: &str, now_ms: u64) -> Result<()
         tracing::warn!(tenant, job, "tenant id cannot be indexed; usage record kept unindexed");
         return Ok(());
     }
-    let key = format!("{}{job}", tenant_prefix(tenant));
+    let key = keys::job_of_tenant(tenant, job);
     if ks.get(&key)?.is_none() {
         ks.put(&key, vec![], now_ms)?;
     }
@@ -127,10 +119,10 @@ fn index_usage(ks: &Keyspace, tenant: &str, job: &str, now_ms: u64) -> Result<()
 
 /// The usage deltas of one tenant, oldest job id first (ids are ULIDs).
 fn tenant_deltas(ks: &Keyspace, tenant: &str) -> Result<Vec<Delta>, KeyspaceError> {
-    let prefix = tenant_prefix(tenant);
+    let prefix = keys::jobs_of_tenant(tenant);
     let mut out = vec![];
     for (key, _) in ks.scan_prefix(&prefix)? {
-        let key = usage_key(&key[prefix.len()..]);
+        let key = keys::usage(&key[prefix.len()..]);
         if let Some(value) = ks.get(&key)? {
             out.push(Delta { key, value });
         }
@@ -152,23 +144,71 @@ pub fn tenant_digest(ks: &Keyspace, tenant: &str) -> Result<(Vec<u8>, u64), Keys
     Ok((h.finalize().as_bytes().to_vec(), n))
 }
 
+/// Why a peer's delta was not merged.
+#[derive(Debug, thiserror::Error)]
+pub enum RefusedDelta {
+    /// Undecodable, an unknown namespace, or the store failed.
+    #[error(transparent)]
+    Keyspace(#[from] KeyspaceError),
+    /// The value is not a valid signed envelope.
+    #[error(transparent)]
+    Envelope(#[from] gcs_protocol::ProtocolError),
+    /// A namespace that never leaves its scope.
+    #[error("{0} is not replicated network-wide")]
+    NotGlobal(&'static str),
+    /// A usage tombstone.
+    #[error("a usage record is never deleted")]
+    UsageDeleted,
+    /// A usage key holding another message.
+    #[error("not a usage record")]
+    NotUsage,
+    /// A valid envelope filed under another record's key.
+    #[error("{message_type} for {id} filed under {key}")]
+    Misfiled {
+        /// The envelope's type.
+        message_type: gcs_protocol::MessageType,
+        /// The id it names.
+        id: String,
+        /// The key it came under.
+        key: String,
+    },
+    /// Usage of a tenant this gateway does not serve.
+    #[error("this node does not serve tenant {0:?}")]
+    TenantNotServed(String),
+}
+
+fn misfiled(m: &gcs_protocol::Message, key: &str) -> RefusedDelta {
+    use gcs_protocol::Message as M;
+    let id = match m {
+        M::NodeRegistration(r) => r.node_id.to_string(),
+        M::ApiRequestJob(j) => j.job_id.clone(),
+        M::JobClaim(c) => c.job_id.clone(),
+        M::LeaseGrant(l) => l.job_id.clone(),
+        M::Cancellation(c) => c.job_id.clone(),
+        M::Requeue(r) => r.job_id.clone(),
+        M::UsageRecord(u) => u.job_id.clone(),
+        _ => String::new(),
+    };
+    RefusedDelta::Misfiled { message_type: m.message_type(), id, key: key.chars().take(120).collect() }
+}
+
 /// Checks a usage delta from a peer: a signed usage record, stored under
 /// its own job id, of a tenant this node's gateway serves.
-fn validate_usage(delta: &Delta, served: &[String]) -> Result<(String, String), String> {
+fn validate_usage(delta: &Delta, served: &[String]) -> Result<(String, String), RefusedDelta> {
     let Some(bytes) = delta.value.as_register().and_then(|r| r.value()) else {
-        return Err("a usage record is never deleted".into());
+        return Err(RefusedDelta::UsageDeleted);
     };
     let limits = gcs_protocol::Limits { max_message_bytes: 64 * 1024, ..Default::default() };
-    let m = gcs_protocol::decode(bytes, &limits).map_err(|e| e.to_string())?;
-    m.verify().map_err(|e| e.to_string())?;
+    let m = gcs_protocol::decode(bytes, &limits)?;
+    m.verify()?;
     let gcs_protocol::Message::UsageRecord(u) = m else {
-        return Err("not a usage record".into());
+        return Err(RefusedDelta::NotUsage);
     };
-    if delta.key != usage_key(&u.job_id) {
-        return Err("usage record stored under another job's key".into());
+    if delta.key != keys::usage(&u.job_id) {
+        return Err(misfiled(&gcs_protocol::Message::UsageRecord(u), &delta.key));
     }
     if !served.contains(&u.tenant_id) {
-        return Err(format!("this node does not serve tenant {:?}", u.tenant_id));
+        return Err(RefusedDelta::TenantNotServed(u.tenant_id));
     }
     Ok((u.tenant_id, u.job_id))
 }
@@ -181,14 +221,14 @@ pub fn merge_scoped(
     bytes: &[u8],
     served: &[String],
     now_ms: u64,
-) -> Result<MergeOutcome, String> {
-    let d = Delta::decode(bytes).map_err(|e| e.to_string())?;
-    if Namespace::of_key(&d.key).map_err(|e| e.to_string())? != Namespace::ApiUsage {
+) -> Result<MergeOutcome, RefusedDelta> {
+    let d = Delta::decode(bytes)?;
+    if Namespace::of_key(&d.key)? != Namespace::ApiUsage {
         return merge_global(ks, d, now_ms);
     }
     let (tenant, job) = validate_usage(&d, served)?;
-    let out = ks.merge(d, now_ms).map_err(|e| e.to_string())?;
-    index_usage(ks, &tenant, &job, now_ms).map_err(|e| e.to_string())?;
+    let out = ks.merge(d, now_ms)?;
+    index_usage(ks, &tenant, &job, now_ms)?;
     Ok(out)
 }
 
@@ -297,10 +337,10 @@ fn in_scope(d: &Delta, shared: &[String]) -> bool {
 /// Checks a delta from a peer before merging: only globally replicated
 /// namespaces, and values that are protocol envelopes must decode and carry
 /// a valid signature (a peer may relay records, never forge them).
-pub fn validate(delta: &Delta) -> Result<(), String> {
-    let ns = Namespace::of_key(&delta.key).map_err(|e| e.to_string())?;
+pub fn validate(delta: &Delta) -> Result<(), RefusedDelta> {
+    let ns = Namespace::of_key(&delta.key)?;
     if ns.scope() != Scope::Global {
-        return Err(format!("{} is not replicated network-wide", ns.cf()));
+        return Err(RefusedDelta::NotGlobal(ns.cf()));
     }
     let signed = matches!(
         ns,
@@ -319,9 +359,9 @@ pub fn validate(delta: &Delta) -> Result<(), String> {
     let limits = gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() };
     // The id the key is filed under (`<prefix><id>[/...]`).
     let key_id = delta.key[ns.prefix().len()..].split('/').next().unwrap_or_default();
-    let check = |bytes: &[u8]| -> Result<(), String> {
-        let m = gcs_protocol::decode(bytes, &limits).map_err(|e| e.to_string())?;
-        m.verify().map_err(|e| e.to_string())?;
+    let check = |bytes: &[u8]| -> Result<(), RefusedDelta> {
+        let m = gcs_protocol::decode(bytes, &limits)?;
+        m.verify()?;
         // A valid envelope filed under another job's or node's key would
         // overwrite that record: the key must name the envelope's own id.
         use gcs_protocol::Message as M;
@@ -335,9 +375,7 @@ pub fn validate(delta: &Delta) -> Result<(), String> {
             _ => None,
         };
         match own {
-            Some(id) if id != key_id => {
-                Err(format!("{} for {id} filed under {}", m.message_type(), delta.key))
-            }
+            Some(id) if id != key_id => Err(misfiled(&m, &delta.key)),
             _ => Ok(()),
         }
     };
@@ -351,22 +389,26 @@ pub fn validate(delta: &Delta) -> Result<(), String> {
 }
 
 /// Validates and merges one encoded delta of a global namespace.
-pub fn merge_validated(ks: &Keyspace, bytes: &[u8], now_ms: u64) -> Result<MergeOutcome, String> {
-    merge_global(ks, Delta::decode(bytes).map_err(|e| e.to_string())?, now_ms)
+pub fn merge_validated(
+    ks: &Keyspace,
+    bytes: &[u8],
+    now_ms: u64,
+) -> Result<MergeOutcome, RefusedDelta> {
+    merge_global(ks, Delta::decode(bytes)?, now_ms)
 }
 
-fn merge_global(ks: &Keyspace, d: Delta, now_ms: u64) -> Result<MergeOutcome, String> {
+fn merge_global(ks: &Keyspace, d: Delta, now_ms: u64) -> Result<MergeOutcome, RefusedDelta> {
     validate(&d)?;
     if is_older_registration(ks, &d)? {
         return Ok(MergeOutcome::Unchanged);
     }
-    ks.merge(d, now_ms).map_err(|e| e.to_string())
+    Ok(ks.merge(d, now_ms)?)
 }
 
 /// A registration register is last-writer-wins by the *writer's* clock, so
 /// a peer that re-writes an old (validly signed) registration would roll
 /// the node's record back. The record's own heartbeat time decides instead.
-fn is_older_registration(ks: &Keyspace, d: &Delta) -> Result<bool, String> {
+fn is_older_registration(ks: &Keyspace, d: &Delta) -> Result<bool, KeyspaceError> {
     if Namespace::of_key(&d.key).ok() != Some(Namespace::NodeRegistrations) {
         return Ok(false);
     }
@@ -378,7 +420,7 @@ fn is_older_registration(ks: &Keyspace, d: &Delta) -> Result<bool, String> {
     let Some(incoming) = d.value.as_register().and_then(|r| r.value()).and_then(created) else {
         return Ok(false);
     };
-    let stored = ks.get_bytes(&d.key).map_err(|e| e.to_string())?;
+    let stored = ks.get_bytes(&d.key)?;
     Ok(stored.as_deref().and_then(created).is_some_and(|have| have >= incoming))
 }
 
@@ -492,12 +534,12 @@ mod tests {
         gcs_protocol::sign(&mut u, &g).unwrap();
         u.output_tokens_sent_to_client += 1;
         let tampered =
-            c.put(&usage_key(&u.job_id), gcs_protocol::encode(&u).unwrap(), 4000).unwrap();
+            c.put(&keys::usage(&u.job_id), gcs_protocol::encode(&u).unwrap(), 4000).unwrap();
         assert!(merge_scoped(&b, &tampered.encode(), &acme, 4000).is_err());
         let mut u = samples::usage(&w, &g, &Params::default());
         gcs_protocol::sign(&mut u, &g).unwrap();
         let misfiled =
-            c.put(&usage_key("gcsapi_x"), gcs_protocol::encode(&u).unwrap(), 4001).unwrap();
+            c.put(&keys::usage("gcsapi_x"), gcs_protocol::encode(&u).unwrap(), 4001).unwrap();
         assert!(merge_scoped(&b, &misfiled.encode(), &acme, 4001).is_err());
     }
 

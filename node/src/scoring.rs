@@ -7,14 +7,14 @@
 //! graylist threshold and is ignored; honest peers that relay stale or
 //! newer-version messages are *ignored*, not penalised.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use libp2p::gossipsub::{IdentTopic, PeerScoreParams, PeerScoreThresholds, TopicScoreParams};
+use libp2p::gossipsub::{PeerScoreParams, PeerScoreThresholds, TopicScoreParams};
 
-use crate::topics;
-
-fn topic_params() -> TopicScoreParams {
+/// The parameters of every GCS topic (`topics::TABLE`), set on each topic
+/// when the node joins it, so per-tenant and per-swarm topics are scored
+/// like the fixed ones.
+pub fn topic_params() -> TopicScoreParams {
     TopicScoreParams {
         topic_weight: 1.0,
         // P1/P2/P3 off: small networks have too few peers for delivery-rate
@@ -29,23 +29,9 @@ fn topic_params() -> TopicScoreParams {
     }
 }
 
-/// Score parameters and thresholds for GCS topics.
+/// Score parameters (topics are added as they are joined) and thresholds.
 pub fn peer_score() -> (PeerScoreParams, PeerScoreThresholds) {
-    let mut topics_map = HashMap::new();
-    for t in [
-        topics::CAPABILITIES_ALL,
-        topics::CAPABILITIES_CHAT,
-        topics::CAPABILITIES_EMBEDDING,
-        topics::API_JOBS_ALL,
-        topics::API_JOBS_CHAT,
-        topics::API_JOBS_EMBEDDING,
-        topics::PROCESSING_JOBS_ALL,
-        topics::KEYSPACE_DELTAS,
-    ] {
-        topics_map.insert(IdentTopic::new(t).hash(), topic_params());
-    }
     let params = PeerScoreParams {
-        topics: topics_map,
         // Loopback tests run many peers on one IP: no IP colocation penalty.
         ip_colocation_factor_weight: 0.0,
         decay_interval: Duration::from_secs(1),

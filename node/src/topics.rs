@@ -1,5 +1,113 @@
-//! Gossip topic names (26.9). Per-job channels (26.9.4) are not gossip
-//! topics: they travel over direct streams (see specs/network.md).
+//! Gossip topics (26.9): one table of every topic family — its name, what
+//! it may carry and who joins it. Validation (`allows`, `carries_deltas`)
+//! and peer scoring (`scoring::topic_params`, applied to every topic a node
+//! joins, dynamic ones included) read this table. Per-job channels (26.9.4)
+//! are not gossip topics: they travel over direct streams (specs/network.md).
+
+use gcs_protocol::MessageType;
+
+/// What a topic carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carries {
+    /// Signed protocol envelopes of these types only.
+    Envelopes(&'static [MessageType]),
+    /// Keyspace deltas, validated by the replication rules.
+    KeyspaceDeltas,
+}
+
+/// A family of gossip topics.
+#[derive(Clone, Copy, Debug)]
+pub struct TopicSpec {
+    /// The topic's name or, when `per` is set, the prefix of its names.
+    pub name: &'static str,
+    /// What the suffix of a per-tenant or per-swarm topic names.
+    pub per: Option<&'static str>,
+    /// What it may carry.
+    pub carries: Carries,
+    /// Who joins it (the rule `node::subscriptions` implements).
+    pub joined_by: &'static str,
+}
+
+const REGISTRATIONS: &[MessageType] = &[MessageType::NodeRegistration];
+const JOBS: &[MessageType] =
+    &[MessageType::ApiRequestJob, MessageType::Requeue, MessageType::Cancellation];
+const PROCESSING: &[MessageType] = &[MessageType::TaskLock, MessageType::TaskResult];
+
+/// Every topic family.
+pub const TABLE: &[TopicSpec] = &[
+    TopicSpec {
+        name: CAPABILITIES_ALL,
+        per: None,
+        carries: Carries::Envelopes(REGISTRATIONS),
+        joined_by: "every node",
+    },
+    TopicSpec {
+        name: CAPABILITIES_CHAT,
+        per: None,
+        carries: Carries::Envelopes(REGISTRATIONS),
+        joined_by: "nobody yet (26.9.1)",
+    },
+    TopicSpec {
+        name: CAPABILITIES_EMBEDDING,
+        per: None,
+        carries: Carries::Envelopes(REGISTRATIONS),
+        joined_by: "nobody yet (26.9.1)",
+    },
+    TopicSpec {
+        name: CAPABILITIES_PRIVATE_PREFIX,
+        per: Some("tenant"),
+        carries: Carries::Envelopes(REGISTRATIONS),
+        joined_by: "nobody yet (26.9.1)",
+    },
+    TopicSpec {
+        name: API_JOBS_ALL,
+        per: None,
+        carries: Carries::Envelopes(JOBS),
+        joined_by: "every node but a private-only worker",
+    },
+    TopicSpec {
+        name: API_JOBS_CHAT,
+        per: None,
+        carries: Carries::Envelopes(JOBS),
+        joined_by: "nobody yet (26.9.2)",
+    },
+    TopicSpec {
+        name: API_JOBS_EMBEDDING,
+        per: None,
+        carries: Carries::Envelopes(JOBS),
+        joined_by: "nobody yet (26.9.2)",
+    },
+    TopicSpec {
+        name: API_JOBS_PRIVATE_PREFIX,
+        per: Some("tenant"),
+        carries: Carries::Envelopes(JOBS),
+        joined_by: "workers with --private-tenant of that tenant",
+    },
+    TopicSpec {
+        name: API_JOBS_LOCAL_PREFIX,
+        per: Some("swarm"),
+        carries: Carries::Envelopes(JOBS),
+        joined_by: "workers with --swarm of that swarm (not public)",
+    },
+    TopicSpec {
+        name: PROCESSING_JOBS_ALL,
+        per: None,
+        carries: Carries::Envelopes(PROCESSING),
+        joined_by: "nobody yet (26.22)",
+    },
+    TopicSpec {
+        name: KEYSPACE_DELTAS,
+        per: None,
+        carries: Carries::KeyspaceDeltas,
+        joined_by: "every node",
+    },
+    TopicSpec {
+        name: TENANT_USAGE_PREFIX,
+        per: Some("tenant"),
+        carries: Carries::KeyspaceDeltas,
+        joined_by: "gateways holding a key of that tenant",
+    },
+];
 
 /// All capability registrations.
 pub const CAPABILITIES_ALL: &str = "gcs.capabilities.all";
@@ -17,15 +125,29 @@ pub const API_JOBS_EMBEDDING: &str = "gcs.api.jobs.embedding";
 pub const PROCESSING_JOBS_ALL: &str = "gcs.processing.jobs.all";
 /// Keyspace deltas of globally replicated namespaces.
 pub const KEYSPACE_DELTAS: &str = "gcs.keyspace.deltas";
+/// Prefix of [`tenant_usage`] topics.
+pub const TENANT_USAGE_PREFIX: &str = "gcs.usage.";
+const CAPABILITIES_PRIVATE_PREFIX: &str = "gcs.capabilities.private.";
+const API_JOBS_PRIVATE_PREFIX: &str = "gcs.api.jobs.private.";
+const API_JOBS_LOCAL_PREFIX: &str = "gcs.api.jobs.local.";
+
+/// The swarm every node is in unless configured otherwise; `local_only`
+/// jobs need another one.
+pub const PUBLIC_SWARM: &str = "public";
 
 /// Private capability channel of a tenant.
 pub fn capabilities_private(tenant: &str) -> String {
-    format!("gcs.capabilities.private.{tenant}")
+    format!("{CAPABILITIES_PRIVATE_PREFIX}{tenant}")
 }
 
 /// Private job channel of a tenant.
 pub fn api_jobs_private(tenant: &str) -> String {
-    format!("gcs.api.jobs.private.{tenant}")
+    format!("{API_JOBS_PRIVATE_PREFIX}{tenant}")
+}
+
+/// Local-swarm job channel.
+pub fn api_jobs_local(swarm: &str) -> String {
+    format!("{API_JOBS_LOCAL_PREFIX}{swarm}")
 }
 
 /// Usage records of one tenant, among the gateways serving it (the
@@ -34,28 +156,60 @@ pub fn tenant_usage(tenant: &str) -> String {
     format!("{TENANT_USAGE_PREFIX}{tenant}")
 }
 
-/// Prefix of [`tenant_usage`] topics.
-pub const TENANT_USAGE_PREFIX: &str = "gcs.usage.";
-
 /// Whether `id` can name a tenant in a topic and a key (one key segment).
 pub fn valid_tenant(id: &str) -> bool {
     !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
 }
 
-/// Local-swarm job channel.
-pub fn api_jobs_local(swarm: &str) -> String {
-    format!("gcs.api.jobs.local.{swarm}")
+/// The family of `topic`, and the tenant or swarm it names, if any.
+pub fn spec(topic: &str) -> Option<(&'static TopicSpec, Option<&str>)> {
+    TABLE.iter().find_map(|s| match s.per {
+        None => (topic == s.name).then_some((s, None)),
+        Some(_) => topic
+            .strip_prefix(s.name)
+            .filter(|rest| valid_tenant(rest))
+            .map(|rest| (s, Some(rest))),
+    })
 }
 
 /// Whether a message type may travel on a topic: registrations only on
 /// capability topics, jobs only on job topics. A valid envelope on the wrong
 /// topic is rejected like an invalid one.
-pub fn allows(topic: &str, ty: gcs_protocol::MessageType) -> bool {
-    use gcs_protocol::MessageType as T;
-    match ty {
-        T::NodeRegistration => topic.starts_with("gcs.capabilities."),
-        T::ApiRequestJob | T::Requeue | T::Cancellation => topic.starts_with("gcs.api.jobs."),
-        T::TaskLock | T::TaskResult => topic.starts_with("gcs.processing."),
-        _ => false,
+pub fn allows(topic: &str, ty: MessageType) -> bool {
+    matches!(spec(topic), Some((TopicSpec { carries: Carries::Envelopes(tys), .. }, _)) if tys.contains(&ty))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_topic_a_node_builds_is_in_the_table() {
+        for t in [
+            CAPABILITIES_ALL.to_string(),
+            API_JOBS_ALL.to_string(),
+            KEYSPACE_DELTAS.to_string(),
+            api_jobs_private("acme"),
+            api_jobs_local("lab"),
+            tenant_usage("acme"),
+            capabilities_private("acme"),
+        ] {
+            assert!(spec(&t).is_some(), "{t}");
+        }
+        assert_eq!(spec(&tenant_usage("acme")).map(|(_, t)| t), Some(Some("acme")));
+        assert!(spec("gcs.usage.").is_none(), "a per-tenant topic names a tenant");
+        assert!(spec("gcs.api.jobs.unknown").is_none());
+    }
+
+    #[test]
+    fn message_types_travel_only_on_their_topics() {
+        assert!(allows(CAPABILITIES_ALL, MessageType::NodeRegistration));
+        assert!(!allows(CAPABILITIES_ALL, MessageType::ApiRequestJob));
+        assert!(allows(&api_jobs_private("acme"), MessageType::ApiRequestJob));
+        assert!(allows(&api_jobs_local("lab"), MessageType::Cancellation));
+        assert!(!allows(API_JOBS_ALL, MessageType::StreamChunk));
+        assert!(!allows(KEYSPACE_DELTAS, MessageType::UsageRecord), "deltas, not envelopes");
+        assert!(!allows(&tenant_usage("acme"), MessageType::UsageRecord));
+        assert!(allows(PROCESSING_JOBS_ALL, MessageType::TaskLock));
     }
 }

@@ -38,11 +38,14 @@ fn knows(n: &NodeHandle, other: &NodeHandle) -> bool {
     n.fresh_registrations().iter().any(|r| r.node_id == other.node_id)
 }
 
+/// The node's first listen address (it must have one within 30 s).
 async fn addr(n: &NodeHandle) -> libp2p::Multiaddr {
+    let start = Instant::now();
     loop {
         if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
             return a;
         }
+        assert!(start.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -248,7 +251,9 @@ async fn a_port_in_use_is_a_startup_error() {
     let mut c = config(Role::Gateway, &dirs[1], vec![]);
     c.network.listen = vec![taken];
     match start(c).await {
-        Err(gcs_node::NodeError::Network(m)) => assert!(m.contains("listen on"), "{m}"),
+        Err(e @ gcs_node::NodeError::Listen { .. }) => {
+            assert!(e.to_string().contains("listen on"), "{e}")
+        }
         other => panic!("expected a listen error, got {:?}", other.map(|n| n.node_id)),
     }
     first.shutdown().await;

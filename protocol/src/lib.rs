@@ -8,6 +8,7 @@
 //! [`encode`]. See `specs/protocol.md` for the rules and `specs/vectors/` for
 //! test vectors.
 
+pub mod clock;
 pub mod codec;
 pub mod crypto;
 pub mod envelope;
@@ -15,8 +16,10 @@ pub mod error;
 pub mod ids;
 pub mod messages;
 pub mod samples;
+pub mod signed;
 pub mod validate;
 
+pub use clock::now_ms;
 pub use crypto::{signing_digest, Hash32, NodeId, NodeKey, PublicKey, Signature};
 pub use envelope::{
     check_clock, decode, encode, open, open_as, sign, verify, Limits, Message, MessageType,

@@ -1,6 +1,6 @@
 //! Field-bound helpers used by every message's `check_fields`.
 
-use crate::envelope::{MessageType, MIN_SUPPORTED_VERSION, PROTOCOL_VERSION};
+use crate::signed::{MessageType, MIN_SUPPORTED_VERSION, PROTOCOL_VERSION};
 use crate::error::ProtocolError;
 
 /// Longest free-form short string (ids, names, codes).

@@ -4,28 +4,33 @@
 //! results and its effects are carried out. The network is modelled: a
 //! random gossip mesh of average degree 6 with seeded per-edge latency,
 //! jitter and loss; direct request-response between worker and gateway
-//! with per-worker latency. Workers behave like `node/src/jobs/worker.rs`:
-//! claim every announced job while a slot is free, else keep it in a
-//! bounded backlog and claim it when a slot frees. Time is simulated, so
-//! the same seed gives the same figures.
+//! with per-worker latency. The worker side is the real code too: each
+//! worker admits announced jobs with the node's `Slots` (claim while a slot
+//! is free, else a bounded backlog, claimed when a slot frees) and runs
+//! each job's `WorkerJob` machine; only the engine is modelled (a first
+//! token after an exponential delay, the end after the service time). Time
+//! is simulated, so the same seed gives the same figures.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use figures::Rng;
 pub use figures::{table, ScaleRow, ScaleSpec};
+use gcs_node::jobs::executor::ExecOutcome;
 use gcs_node::lifecycle::tracker::{Effect, Input, JobTracker, TrackerConfig};
+use gcs_node::lifecycle::worker_job::{self as wj, Answer, Offer, Policy, Slots, WorkerJob};
 use gcs_protocol::ids::{self, id_from_parts};
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::{
-    sign, ApiRequestJob, JobClaim, LeaseGrant, LeaseRenewal, Limits, NodeKey, NodeRegistration,
-    ResultStatus, StreamChunk,
+    sign, ApiRequestJob, FinishReason, JobClaim, LeaseRenewal, Limits, Message, ModelInfo,
+    NodeKey, NodeRegistration, StreamChunk,
 };
 
 mod figures;
 
 const T0: u64 = 1_783_468_800_000;
-const BACKLOG: usize = 64;
+/// A stopped engine returns within about one decode step.
+const STOP_MS: u64 = 20;
 /// Request-response timeout after which a worker gives up on a lost claim.
 const RR_TIMEOUT_MS: u64 = 10_000;
 /// A dead peer's connections close and gossipsub grafts replacements on its
@@ -37,14 +42,11 @@ enum Ev {
     Arrival,
     Announce { w: usize, job: usize },
     ClaimAtGw { job: usize, w: usize, claim: Box<JobClaim> },
-    LeaseAtW { job: usize, w: usize, lease: Box<LeaseGrant> },
-    FreeSlot { job: usize, w: usize },
-    FirstToken { job: usize, w: usize, lease: String },
-    Renew { job: usize, w: usize, lease: String },
     RenewalAtGw { job: usize, r: Box<LeaseRenewal> },
-    ChunkAtGw { job: usize, c: Box<StreamChunk> },
-    Finish { job: usize, w: usize, lease: String },
-    ResultAtGw { job: usize, r: Box<gcs_protocol::FinalResult> },
+    ChunkAtGw { job: usize, w: usize, c: Box<StreamChunk> },
+    ResultAtGw { job: usize, w: usize, r: Box<gcs_protocol::FinalResult> },
+    /// Something reaches one worker's job machine.
+    AtWorker { w: usize, job: usize, input: Box<wj::Input> },
     Tick,
     Heartbeat { w: usize },
     Kill,
@@ -55,9 +57,11 @@ enum Ev {
 struct Worker {
     key: NodeKey,
     reg: NodeRegistration,
-    reserved: BTreeSet<usize>,
-    running: BTreeMap<usize, String>,
-    backlog: VecDeque<usize>,
+    slots: Slots,
+    /// The machine of each job this worker has a slot for.
+    running: BTreeMap<usize, WorkerJob>,
+    /// When a `Tick` is already scheduled for a job's machine.
+    tick_at: BTreeMap<usize, u64>,
     alive: bool,
     died_at: u64,
     wins: u64,
@@ -84,6 +88,8 @@ struct Sim {
     limits: Limits,
     workers: Vec<Worker>,
     by_id: BTreeMap<String, usize>,
+    job_by_id: BTreeMap<String, usize>,
+    model: ModelInfo,
     /// Mesh: node `n` (index `workers.len()`) is the gateway.
     adj: Vec<Vec<(usize, u64)>>,
     jobs: Vec<Job>,
@@ -115,9 +121,9 @@ impl Sim {
                 Worker {
                     key,
                     reg,
-                    reserved: BTreeSet::new(),
+                    slots: Slots::new(spec.slots as usize),
                     running: BTreeMap::new(),
-                    backlog: VecDeque::new(),
+                    tick_at: BTreeMap::new(),
                     alive: true,
                     died_at: 0,
                     wins: 0,
@@ -160,8 +166,10 @@ impl Sim {
             events: BTreeMap::new(),
             gw,
             limits: Limits::default(),
+            model: workers[0].reg.models[0].clone(),
             workers,
             by_id,
+            job_by_id: BTreeMap::new(),
             adj,
             jobs: vec![],
             active: BTreeSet::new(),
@@ -219,35 +227,22 @@ impl Sim {
                 let reg = Box::new(self.workers[w].reg.clone());
                 self.feed(job, Input::Claim(claim, Some(reg)));
             }
-            Ev::LeaseAtW { job, w, lease } => self.leased(w, job, &lease),
-            Ev::FreeSlot { job, w } => self.free(w, job),
-            Ev::FirstToken { job, w, lease } => {
-                if self.holds(w, job, &lease) {
-                    let c = self.chunk(w, job, &lease);
-                    let d = self.workers[w].rtt_ms / 2;
-                    self.at(d, Ev::ChunkAtGw { job, c: Box::new(c) });
-                }
-            }
-            Ev::Renew { job, w, lease } => {
-                if self.holds(w, job, &lease) {
-                    let r = self.renewal(w, job, &lease);
-                    let d = self.workers[w].rtt_ms / 2;
-                    self.at(d, Ev::RenewalAtGw { job, r: Box::new(r) });
-                    self.at(2_000, Ev::Renew { job, w, lease });
-                }
-            }
             Ev::RenewalAtGw { job, r } => self.feed(job, Input::Renewal(*r)),
-            Ev::ChunkAtGw { job, c } => self.feed(job, Input::Chunk(c)),
-            Ev::Finish { job, w, lease } => {
-                if self.holds(w, job, &lease) {
-                    let r = self.result(w, job, &lease);
-                    let d = self.workers[w].rtt_ms / 2;
-                    self.at(d, Ev::ResultAtGw { job, r: Box::new(r) });
-                    self.workers[w].running.remove(&job);
-                    self.free(w, job);
-                }
+            Ev::ChunkAtGw { job, w, c } => {
+                // The gateway acknowledges a chunk of the current lease of a
+                // job still open, and refuses any other.
+                let current = !self.jobs[job].done
+                    && self.jobs[job].tracker.lease().is_some_and(|l| l.lease_id == c.lease_id);
+                let seq = c.sequence;
+                self.feed(job, Input::Chunk(c));
+                let a = if current { Answer::Ack } else { Answer::Refused("not this lease".into()) };
+                self.answer(w, job, wj::Request::Chunk(seq), a);
             }
-            Ev::ResultAtGw { job, r } => self.feed(job, Input::Result(r)),
+            Ev::ResultAtGw { job, w, r } => {
+                self.feed(job, Input::Result(r));
+                self.answer(w, job, wj::Request::Result, Answer::Ack);
+            }
+            Ev::AtWorker { w, job, input } => self.at_worker(w, job, *input),
             Ev::Tick => {
                 for job in self.active.clone() {
                     self.feed(job, Input::Tick);
@@ -273,6 +268,7 @@ impl Sim {
         let idx = self.jobs.len();
         let mut job = samples::api_job(&self.gw, &Params { now_ms: self.now, ..Params::default() });
         job.job_id = id_from_parts(ids::JOB, self.now, idx as u128);
+        self.job_by_id.insert(job.job_id.clone(), idx);
         job.signature = None;
         let _ = sign(&mut job, &self.gw);
         let config = TrackerConfig { queue_timeout_ms: 30_000, ..TrackerConfig::default() };
@@ -293,11 +289,10 @@ impl Sim {
     fn feed(&mut self, job: usize, input: Input) {
         if self.jobs[job].done {
             if let Input::Claim(c, _) = &input {
-                // A claim on a finished job is still answered (rejected).
-                let w = self.by_id.get(c.node_id.as_str()).copied();
-                if let Some(w) = w {
-                    let d = self.workers[w].rtt_ms / 2;
-                    self.at(d, Ev::FreeSlot { job, w });
+                // A claim on a finished job is still answered (refused).
+                if let Some(&w) = self.by_id.get(c.node_id.as_str()) {
+                    let a = Answer::Refused("job ended".into());
+                    self.answer(w, job, wj::Request::Claim, a);
                 }
             }
             return;
@@ -308,8 +303,8 @@ impl Sim {
     }
 
     fn apply(&mut self, job: usize, effects: Vec<Effect>, holder: Option<String>) {
-        let dead_holder =
-            holder.and_then(|h| self.by_id.get(&h).copied()).filter(|w| !self.workers[*w].alive);
+        let holder = holder.and_then(|h| self.by_id.get(&h).copied());
+        let dead_holder = holder.filter(|w| !self.workers[*w].alive);
         for e in effects {
             match e {
                 Effect::Publish(j) => {
@@ -326,13 +321,14 @@ impl Sim {
                     self.claim_ms.push(self.now - self.jobs[job].published_at);
                     if let Some(&w) = self.by_id.get(l.node_id.as_str()) {
                         self.workers[w].wins += 1;
-                        self.reply(w, job, Ev::LeaseAtW { job, w, lease: Box::new(l) });
+                        let a = Answer::Envelope(Box::new(Message::LeaseGrant(l)));
+                        self.reply(w, job, a);
                     }
                 }
                 Effect::RejectClaim(r) => {
                     *self.reject_reasons.entry(format!("{:?}", r.reason)).or_default() += 1;
                     if let Some(&w) = self.by_id.get(r.node_id.as_str()) {
-                        self.reply(w, job, Ev::FreeSlot { job, w });
+                        self.reply(w, job, Answer::Envelope(Box::new(Message::ClaimRejection(r))));
                     }
                 }
                 Effect::Requeue(_) | Effect::Fail { .. } => {
@@ -353,21 +349,37 @@ impl Sim {
                     self.jobs[job].done = true;
                     self.active.remove(&job);
                 }
-                Effect::Forward(_) | Effect::Cancel(_) => {}
+                Effect::Cancel(_) => {
+                    if let Some(w) = holder {
+                        let d = self.workers[w].rtt_ms / 2;
+                        let input = Box::new(wj::Input::Cancel);
+                        self.at(d, Ev::AtWorker { w, job, input });
+                    }
+                }
+                Effect::Forward(_) => {}
             }
         }
     }
 
     /// A claim exchange's answer reaches the worker after its round trip,
     /// or is lost and the worker's request times out.
-    fn reply(&mut self, w: usize, job: usize, ev: Ev) {
+    fn reply(&mut self, w: usize, job: usize, a: Answer) {
+        let claim = wj::Request::Claim;
         if self.rng.lost(self.spec.loss) {
-            self.at(RR_TIMEOUT_MS, Ev::FreeSlot { job, w });
+            let input = Box::new(wj::Input::Answer(claim, Answer::Failed("timeout".into())));
+            self.at(RR_TIMEOUT_MS, Ev::AtWorker { w, job, input });
         } else {
             let d = self.workers[w].rtt_ms / 2 + self.rng.exp(2.0);
-            self.at(d, ev);
+            self.at(d, Ev::AtWorker { w, job, input: Box::new(wj::Input::Answer(claim, a)) });
         }
     }
+
+    /// A direct answer reaches the worker after half its round trip.
+    fn answer(&mut self, w: usize, job: usize, to: wj::Request, a: Answer) {
+        let d = self.workers[w].rtt_ms / 2;
+        self.at(d, Ev::AtWorker { w, job, input: Box::new(wj::Input::Answer(to, a)) });
+    }
+
 
     /// Floods the announcement over the mesh from the gateway: each node
     /// forwards once to every mesh peer but the sender; dead nodes drop it.
@@ -409,97 +421,95 @@ impl Sim {
         }
     }
 
-    /// `WorkerState::consider`: claim while a slot is free, else backlog.
+    /// `WorkerState::consider`: the node's policy and slots decide.
     fn consider(&mut self, w: usize, job: usize) {
+        let now = self.now;
         let wk = &mut self.workers[w];
-        let me = wk.key.node_id();
-        if !wk.alive || self.jobs[job].announced.routing.excluded_nodes.contains(&me) {
+        let announced = self.jobs[job].announced.clone();
+        if !wk.alive || !Policy::default().allows(&announced, &wk.key.node_id()) {
             return;
         }
-        if wk.reserved.contains(&job) {
+        let Offer::Start(announced) = wk.slots.offer(announced) else { return };
+        let reg = wk.reg.registration_id.clone();
+        let Ok((m, effects)) = WorkerJob::new(*announced, &self.model, &wk.key, reg, now) else {
+            return;
+        };
+        wk.running.insert(job, m);
+        self.perform(w, job, effects);
+    }
+
+    fn at_worker(&mut self, w: usize, job: usize, input: wj::Input) {
+        let now = self.now;
+        let wk = &mut self.workers[w];
+        if !wk.alive {
             return;
         }
-        if wk.reserved.len() >= self.spec.slots as usize {
-            if !wk.backlog.contains(&job) {
-                wk.backlog.push_back(job);
-                if wk.backlog.len() > BACKLOG {
-                    wk.backlog.pop_front();
+        if matches!(input, wj::Input::Tick) {
+            wk.tick_at.remove(&job);
+        }
+        let Some(m) = wk.running.get_mut(&job) else { return };
+        let effects = m.handle(input, now, &wk.key);
+        self.perform(w, job, effects);
+    }
+
+    /// Carries out a worker machine's effects; the engine is modelled.
+    fn perform(&mut self, w: usize, job: usize, effects: Vec<wj::Effect>) {
+        let d = self.workers[w].rtt_ms / 2;
+        for e in effects {
+            match e {
+                wj::Effect::SendClaim(claim) => {
+                    if self.rng.lost(self.spec.loss) {
+                        let a = Answer::Failed("timeout".into());
+                        let input = Box::new(wj::Input::Answer(wj::Request::Claim, a));
+                        self.at(RR_TIMEOUT_MS, Ev::AtWorker { w, job, input });
+                    } else {
+                        let d = d + self.rng.exp(2.0);
+                        self.at(d, Ev::ClaimAtGw { job, w, claim });
+                    }
+                }
+                wj::Effect::FetchPayload { .. } => {
+                    let p = self.jobs[job].announced.request.payload_ref.inline.clone();
+                    let a = Answer::Payload(p.unwrap_or_default());
+                    self.answer(w, job, wj::Request::Payload, a);
+                }
+                wj::Effect::StartEngine(_) => {
+                    let ttft = 100 + self.rng.exp(300.0);
+                    let service = ttft + self.rng.exp(self.spec.service_ms);
+                    let delta = wj::Input::Delta { text: "x".into(), tokens: 1, logprobs: vec![] };
+                    self.at(ttft, Ev::AtWorker { w, job, input: Box::new(delta) });
+                    let done = wj::Input::EngineDone(Ok(outcome()));
+                    self.at(service, Ev::AtWorker { w, job, input: Box::new(done) });
+                }
+                wj::Effect::StopEngine => {
+                    let done = wj::Input::EngineDone(Ok(outcome()));
+                    self.at(STOP_MS, Ev::AtWorker { w, job, input: Box::new(done) });
+                }
+                wj::Effect::SendChunk(c) => self.at(d, Ev::ChunkAtGw { job, w, c }),
+                wj::Effect::SendRenewal(r) => self.at(d, Ev::RenewalAtGw { job, r: Box::new(r) }),
+                wj::Effect::SendResult(r) => self.at(d, Ev::ResultAtGw { job, w, r }),
+                wj::Effect::Done(_) => {
+                    let wk = &mut self.workers[w];
+                    wk.running.remove(&job);
+                    let id = &self.jobs[job].announced.job_id;
+                    if let Some(next) = wk.slots.finished(id, self.now) {
+                        if let Some(&n) = self.job_by_id.get(&next.job_id) {
+                            self.consider(w, n);
+                        }
+                    }
+                    return;
                 }
             }
-            return;
         }
-        wk.reserved.insert(job);
-        let mut c = samples::claim(&wk.key, &Params { now_ms: self.now, ..Params::default() });
-        c.job_id = self.jobs[job].announced.job_id.clone();
-        c.claim_id = id_from_parts(ids::CLAIM, self.now, (w as u128) << 32 | job as u128);
-        c.registration_id = wk.reg.registration_id.clone();
-        let _ = sign(&mut c, &wk.key);
-        if self.rng.lost(self.spec.loss) {
-            self.at(RR_TIMEOUT_MS, Ev::FreeSlot { job, w });
-        } else {
-            let d = self.workers[w].rtt_ms / 2 + self.rng.exp(2.0);
-            self.at(d, Ev::ClaimAtGw { job, w, claim: Box::new(c) });
-        }
-    }
-
-    fn free(&mut self, w: usize, job: usize) {
+        // The machine asks for time when a renewal is due.
         let wk = &mut self.workers[w];
-        if wk.running.contains_key(&job) || !wk.reserved.remove(&job) || !wk.alive {
-            return;
-        }
-        while let Some(next) = self.workers[w].backlog.pop_front() {
-            if self.now < self.jobs[next].announced.expires_at_ms && !self.jobs[next].done {
-                self.consider(w, next);
-                break;
+        let due = wk.running.get(&job).and_then(|m| m.poll_timeout());
+        if let Some(t) = due {
+            if wk.tick_at.get(&job) != Some(&t) {
+                wk.tick_at.insert(job, t);
+                let delay = t.saturating_sub(self.now);
+                self.at(delay, Ev::AtWorker { w, job, input: Box::new(wj::Input::Tick) });
             }
         }
-    }
-
-    fn leased(&mut self, w: usize, job: usize, lease: &LeaseGrant) {
-        if !self.workers[w].alive || !self.workers[w].reserved.contains(&job) {
-            return;
-        }
-        let id = lease.lease_id.clone();
-        self.workers[w].running.insert(job, id.clone());
-        let ttft = 100 + self.rng.exp(300.0);
-        let service = ttft + self.rng.exp(self.spec.service_ms);
-        self.at(ttft, Ev::FirstToken { job, w, lease: id.clone() });
-        self.at(2_000, Ev::Renew { job, w, lease: id.clone() });
-        self.at(service, Ev::Finish { job, w, lease: id });
-    }
-
-    fn holds(&self, w: usize, job: usize, lease: &str) -> bool {
-        let wk = &self.workers[w];
-        wk.alive && wk.running.get(&job).is_some_and(|l| l == lease)
-    }
-
-    fn chunk(&self, w: usize, job: usize, lease: &str) -> StreamChunk {
-        let key = &self.workers[w].key;
-        let mut c = samples::chunk(key, &Params { n: 0, now_ms: self.now, ..Params::default() });
-        c.job_id = self.jobs[job].announced.job_id.clone();
-        c.lease_id = lease.into();
-        let _ = sign(&mut c, key);
-        c
-    }
-
-    fn renewal(&self, w: usize, job: usize, lease: &str) -> LeaseRenewal {
-        let key = &self.workers[w].key;
-        let mut r = samples::renewal(key, &Params { now_ms: self.now, ..Params::default() });
-        r.job_id = self.jobs[job].announced.job_id.clone();
-        r.lease_id = lease.into();
-        let _ = sign(&mut r, key);
-        r
-    }
-
-    fn result(&self, w: usize, job: usize, lease: &str) -> gcs_protocol::FinalResult {
-        let key = &self.workers[w].key;
-        let mut r =
-            samples::final_result(key, &Params { n: 1, now_ms: self.now, ..Params::default() });
-        r.job_id = self.jobs[job].announced.job_id.clone();
-        r.lease_id = Some(lease.into());
-        r.status = ResultStatus::Completed;
-        let _ = sign(&mut r, key);
-        r
     }
 
     fn heartbeat(&mut self, w: usize) {
@@ -510,7 +520,7 @@ impl Sim {
         }
         let mut reg = samples::registration(&wk.key, &Params { now_ms: now, ..Params::default() });
         reg.queue.max_concurrent_api_jobs = self.spec.slots;
-        reg.queue.current_api_jobs = wk.running.len() as u32;
+        reg.queue.current_api_jobs = wk.slots.running() as u32;
         let _ = sign(&mut reg, &wk.key);
         wk.reg = reg;
     }
@@ -583,6 +593,17 @@ impl Sim {
             requeue_reasons: self.requeue_reasons.clone(),
             reject_reasons: self.reject_reasons.clone(),
         }
+    }
+}
+
+/// What the modelled engine returns.
+fn outcome() -> ExecOutcome {
+    ExecOutcome {
+        finish_reason: FinishReason::Stop,
+        input_tokens: 10,
+        output_tokens: 1,
+        cached_tokens: 0,
+        body: serde_json::Value::Null,
     }
 }
 

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use gcs_keyspace::Keyspace;
+use gcs_keyspace::{keys, Keyspace, KeyspaceError};
 use gcs_protocol::{
-    ids, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
+    ids, now_ms, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
     MessageType, NodeKey, PayloadMode, PayloadRef, ReplyTo, RequestInfo, Requirements, Source,
     TenantRef, PROTOCOL_VERSION,
 };
@@ -19,7 +19,6 @@ use super::{peer_of, JobEvent, JobSpec};
 use crate::error::NodeError;
 use crate::lifecycle::tracker::{Effect, Input, JobTracker, TrackerConfig};
 use crate::network::Network;
-use crate::node::now_ms;
 use crate::registry::Registry;
 use crate::topics;
 
@@ -50,7 +49,7 @@ struct IdempotencyEntry {
 fn idempotency_key(tenant: &str, key: &str) -> String {
     let mut h = blake3::Hasher::new();
     h.update(tenant.as_bytes()).update(&[0]).update(key.as_bytes());
-    format!("/gcs/local/idempotency/{}", h.finalize().to_hex())
+    keys::idempotency(&h.finalize().to_hex())
 }
 
 /// The metered result of a job that already ended at the gateway (the
@@ -61,16 +60,15 @@ fn idempotency_key(tenant: &str, key: &str) -> String {
 async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<bool, NodeError> {
     let Some(m) = &r.metering else { return Ok(false) };
     let job = &r.job_id;
-    let Some(lease) = ctx.keyspace.get_bytes(&format!("/gcs/api/leases/{job}"))? else {
+    let Some(lease) = ctx.keyspace.get_cbor::<gcs_protocol::LeaseGrant>(&keys::lease(job))? else {
         return Ok(false);
     };
-    let lease: gcs_protocol::LeaseGrant = gcs_protocol::codec::from_cbor_bytes(&lease)?;
     if r.node_id != lease.node_id || r.lease_id.as_deref() != Some(lease.lease_id.as_str()) {
         return Ok(false);
     }
-    let key = format!("/gcs/api/usage/{job}");
-    let Some(bytes) = ctx.keyspace.get_bytes(&key)? else { return Ok(false) };
-    let mut u: gcs_protocol::UsageRecord = gcs_protocol::codec::from_cbor_bytes(&bytes)?;
+    let Some(mut u) = ctx.keyspace.get_cbor::<gcs_protocol::UsageRecord>(&keys::usage(job))? else {
+        return Ok(false);
+    };
     let generated = u.output_tokens_generated.max(m.output_tokens);
     if generated == u.output_tokens_generated && u.input_tokens > 0 {
         return Ok(true);
@@ -104,16 +102,21 @@ async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) {
     }
 }
 
+/// A stored record that does not decode counts as absent; a failing store
+/// is an error.
+fn readable<T>(r: Result<Option<T>, KeyspaceError>) -> Result<Option<T>, NodeError> {
+    match r {
+        Err(KeyspaceError::Corrupt { .. }) => Ok(None),
+        other => Ok(other?),
+    }
+}
+
 /// Tokens of the fenced stream recorded for a job (what its client got).
 fn recorded_tokens(keyspace: &Keyspace, job_id: &str) -> Result<u64, NodeError> {
     Ok(keyspace
-        .scan_prefix(&format!("/gcs/api/streams/{job_id}/"))?
+        .scan_cbor::<gcs_protocol::StreamChunk>(&keys::stream(job_id))?
         .into_iter()
-        .filter_map(|(_, v)| {
-            let b = v.as_register().and_then(|r| r.value())?;
-            gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::StreamChunk>(b).ok()
-        })
-        .map(|c| u64::from(c.usage_delta.output_tokens))
+        .map(|(_, c)| u64::from(c.usage_delta.output_tokens))
         .sum())
 }
 
@@ -131,10 +134,6 @@ pub(crate) struct Ctx<'a> {
     pub swarm_id: &'a str,
 }
 
-/// Where this gateway keeps the records of jobs confined to a tenant or a
-/// swarm (never replicated).
-const CONFINED_JOBS: &str = "/gcs/local/jobs/";
-
 /// Where the gateway records a job. A public job is a global record. A
 /// private, hybrid or local-only job names its tenant and model and is
 /// announced only on its tenant's or swarm's topic, so its record stays on
@@ -143,8 +142,8 @@ const CONFINED_JOBS: &str = "/gcs/local/jobs/";
 fn job_record_key(job: &ApiRequestJob) -> String {
     use gcs_protocol::RoutingMode as R;
     match job.routing.network {
-        R::Public | R::GatewayLocal => format!("/gcs/api/jobs/{}", job.job_id),
-        R::Private | R::Hybrid | R::LocalOnly => format!("{CONFINED_JOBS}{}", job.job_id),
+        R::Public | R::GatewayLocal => keys::job(&job.job_id),
+        R::Private | R::Hybrid | R::LocalOnly => keys::confined_job(&job.job_id),
     }
 }
 
@@ -248,22 +247,14 @@ impl GatewayState {
         let me = ctx.key.node_id();
         let now = now_ms();
         let mut n = 0;
-        let mut jobs = ctx.keyspace.scan_prefix("/gcs/api/jobs/")?;
-        jobs.extend(ctx.keyspace.scan_prefix(CONFINED_JOBS)?);
-        for (_, v) in jobs {
-            let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
-            let Ok(job) = gcs_protocol::codec::from_cbor_bytes::<ApiRequestJob>(bytes) else {
-                continue;
-            };
+        let mut jobs = ctx.keyspace.scan_cbor::<ApiRequestJob>(keys::jobs())?;
+        jobs.extend(ctx.keyspace.scan_cbor::<ApiRequestJob>(&keys::confined_jobs())?);
+        for (_, job) in jobs {
             let id = &job.job_id;
-            if job.gateway_node_id != me
-                || ctx.keyspace.get_bytes(&format!("/gcs/api/usage/{id}"))?.is_some()
-            {
+            if job.gateway_node_id != me || ctx.keyspace.get_bytes(&keys::usage(id))?.is_some() {
                 continue;
             }
-            let lease = ctx.keyspace.get_bytes(&format!("/gcs/api/leases/{id}"))?.and_then(|b| {
-                gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::LeaseGrant>(&b).ok()
-            });
+            let lease = readable(ctx.keyspace.get_cbor(&keys::lease(id)))?;
             let (mut tracker, _) = JobTracker::new(job.clone(), ctx.tracker, now);
             tracker.restore_lease(lease);
             tracker.restore_delivered(recorded_tokens(ctx.keyspace, id)?);
@@ -296,7 +287,7 @@ impl GatewayState {
                 signature: None,
             };
             sign(&mut r, ctx.key)?;
-            ctx.keyspace.put(&format!("/gcs/api/results/{id}"), gcs_protocol::encode(&r)?, now)?;
+            ctx.keyspace.put(&keys::result(id), gcs_protocol::encode(&r)?, now)?;
             tracing::warn!(job_id = %id, "in-flight job ended after a gateway restart");
             n += 1;
         }
@@ -318,7 +309,7 @@ impl GatewayState {
         let mut spec = spec;
         if spec.routing.network == gcs_protocol::RoutingMode::LocalOnly
             && (spec.routing.swarm_id.is_empty()
-                || spec.routing.swarm_id == crate::node::PUBLIC_SWARM)
+                || spec.routing.swarm_id == topics::PUBLIC_SWARM)
         {
             // "Local" means this gateway's own swarm.
             spec.routing.swarm_id = ctx.swarm_id.to_string();
@@ -329,7 +320,7 @@ impl GatewayState {
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
         ctx.keyspace.put(&idem, gcs_protocol::codec::to_canonical_bytes(&entry)?, now)?;
         ctx.keyspace.put(&job_record_key(&job), gcs_protocol::encode(&job)?, now)?;
-        ctx.keyspace.put(&format!("/gcs/api/payloads/{job_id}"), spec.body.clone(), now)?;
+        ctx.keyspace.put(&keys::payload(&job_id), spec.body.clone(), now)?;
         let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
         self.active.insert(
@@ -373,8 +364,7 @@ impl GatewayState {
         now: u64,
         ctx: &Ctx<'_>,
     ) -> Result<Option<(String, mpsc::Receiver<JobEvent>)>, NodeError> {
-        let Some(bytes) = ctx.keyspace.get_bytes(idem)? else { return Ok(None) };
-        let Ok(e) = gcs_protocol::codec::from_cbor_bytes::<IdempotencyEntry>(&bytes) else {
+        let Some(e) = readable(ctx.keyspace.get_cbor::<IdempotencyEntry>(idem))? else {
             return Ok(None);
         };
         if now.saturating_sub(e.created_at_ms) > IDEMPOTENCY_RETENTION_MS {
@@ -388,10 +378,7 @@ impl GatewayState {
             a.watchers.push(tx);
             return Ok(Some((e.job_id, rx)));
         }
-        let result =
-            ctx.keyspace.get_bytes(&format!("/gcs/api/results/{}", e.job_id))?.and_then(|b| {
-                gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::FinalResult>(&b).ok()
-            });
+        let result = readable(ctx.keyspace.get_cbor::<gcs_protocol::FinalResult>(&keys::result(&e.job_id)))?;
         match result {
             Some(r) if r.status == gcs_protocol::ResultStatus::Completed => {
                 let _ = tx.try_send(JobEvent::Completed(Box::new(r)));
@@ -469,7 +456,7 @@ impl GatewayState {
                         // Every signed claim for a live job is kept (winners
                         // and losers): the audit trail of first-valid-claim.
                         if self.active.contains_key(&c.job_id) {
-                            let key = format!("/gcs/api/claims/{}", c.job_id);
+                            let key = keys::claims(&c.job_id);
                             if let Err(e) = ctx.keyspace.set_add(&key, &bytes, now_ms()) {
                                 tracing::warn!(job_id = %c.job_id, error = %e, "claim not recorded");
                             }
@@ -543,7 +530,7 @@ impl GatewayState {
                 Effect::Lease(l) => {
                     if let Ok(b) = gcs_protocol::encode(&l) {
                         let _ =
-                            ctx.keyspace.put(&format!("/gcs/api/leases/{job_id}"), b.clone(), now);
+                            ctx.keyspace.put(&keys::lease(job_id), b.clone(), now);
                         reply = Some(b);
                     }
                 }
@@ -553,7 +540,7 @@ impl GatewayState {
                         // The fenced stream is recorded (job-participant scope,
                         // compacted after an hour): a restarted gateway or an
                         // auditor can replay exactly what the client received.
-                        let key = format!("/gcs/api/streams/{job_id}/{:08}", c.sequence);
+                        let key = keys::stream_chunk(job_id, c.sequence);
                         if let Ok(b) = gcs_protocol::encode(&c) {
                             let _ = ctx.keyspace.put(&key, b, now);
                         }
@@ -575,7 +562,7 @@ impl GatewayState {
                         let until = self.penalties.strike(node, now);
                         tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
                     }
-                    let key = format!("/gcs/api/requeue/{job_id}/{}", r.requeue_count);
+                    let key = keys::requeue(job_id, r.requeue_count);
                     let _ =
                         ctx.keyspace.put(&key, gcs_protocol::encode(&r).unwrap_or_default(), now);
                     tracing::info!(job_id, reason = %r.reason, attempt = r.requeue_count, "job requeued");
@@ -591,7 +578,7 @@ impl GatewayState {
                 }
                 Effect::Complete(r) => {
                     let _ = ctx.keyspace.put(
-                        &format!("/gcs/api/results/{job_id}"),
+                        &keys::result(job_id),
                         gcs_protocol::encode(r.as_ref()).unwrap_or_default(),
                         now,
                     );

@@ -1,11 +1,14 @@
 //! Jobs over the network: the gateway side (submit, claims, fenced streams,
 //! usage) and the worker side (claim, fetch payload, execute, stream,
 //! renew, honour cancellation), wired to the sans-IO rules in `lifecycle`.
+//! The worker runs jobs through an [`executor::Executor`]; the real one is
+//! [`engine_exec::EngineExecutor`].
 
+pub mod engine_exec;
 pub mod executor;
-pub mod gateway;
+pub(crate) mod gateway;
 pub mod wire;
-pub mod worker;
+pub(crate) mod worker;
 
 pub use gcs_gateway::backend::{JobEvent, JobSpec};
 use gcs_protocol::NodeId;

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::enums::{ClaimPolicy, ClaimRejectReason};
 use crate::crypto::{NodeId, Signature};
-use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage};
+use crate::signed::{impl_signed_common, Limits, MessageType, SignedMessage};
 use crate::error::ProtocolError;
 use crate::ids;
 use crate::validate::{self as v, MAX_SHORT, MAX_TEXT};

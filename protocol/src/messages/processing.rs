@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::enums::JobKind;
 use super::job::ApiRequestJob;
 use crate::crypto::{Hash32, NodeId, Signature};
-use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage, PROTOCOL_VERSION};
+use crate::signed::{impl_signed_common, Limits, MessageType, SignedMessage, PROTOCOL_VERSION};
 use crate::error::ProtocolError;
 use crate::ids;
 use crate::validate::{self as v, MAX_LIST, MAX_SHORT};

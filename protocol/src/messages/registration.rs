@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::enums::{ApiType, NodeStatus};
 use crate::crypto::{NodeId, PublicKey, Signature};
-use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage};
+use crate::signed::{impl_signed_common, Limits, MessageType, SignedMessage};
 use crate::error::ProtocolError;
 use crate::ids;
 use crate::validate::{self as v, MAX_LIST, MAX_SHORT};
@@ -36,7 +36,7 @@ pub struct ModelInfo {
     pub context_tokens: u32,
     /// Weight quantization, e.g. `q4_1`.
     pub quantization: String,
-    /// Execution backend, e.g. `burn-cpu`.
+    /// Execution backend, e.g. `burn-flex` (the engine's CPU backend).
     pub backend: String,
     /// API types it serves.
     pub tasks: Vec<ApiType>,

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::enums::{ApiType, CancellationReason, ResultStatus, RoutingMode};
 use crate::crypto::{Hash32, NodeId, Signature};
-use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage};
+use crate::signed::{impl_signed_common, Limits, MessageType, SignedMessage};
 use crate::error::ProtocolError;
 use crate::ids;
 use crate::validate::{self as v, MAX_SHORT, MAX_TEXT};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::enums::{CancellationReason, FinishReason, RequeueReason};
 use crate::codec::{canonicalize, encode_value, map_get, to_canonical_bytes};
 use crate::crypto::{Hash32, NodeId, Signature};
-use crate::envelope::{impl_signed_common, Limits, MessageType, SignedMessage};
+use crate::signed::{impl_signed_common, Limits, MessageType, SignedMessage};
 use crate::error::ProtocolError;
 use crate::ids;
 use crate::validate::{self as v, MAX_DELTA, MAX_SHORT};

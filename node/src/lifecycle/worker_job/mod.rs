@@ -1,0 +1,594 @@
+//! The worker's side of one job as a sans-IO machine (quinn-proto style):
+//! the async shell (`jobs::worker`) feeds it [`Input`]s with the time, and
+//! performs the [`Effect`]s it returns; the machine never does I/O, reads
+//! no clock and owns every rule of the worker's half of 26.12–26.16:
+//!
+//! claim → (lease) → fetch the payload → run the engine → stream signed
+//! sequenced chunks, at most [`IN_FLIGHT`] unacknowledged → finish chunk →
+//! signed final result, renewing the lease every `renew_interval_ms` until
+//! the engine is done. A cancellation or a refused chunk stops the engine;
+//! the result then says `cancelled` and still meters what was generated.
+//!
+//! [`Slots`] is the worker's admission: a slot per running job and a
+//! bounded backlog of announced jobs, claimed when a slot frees.
+
+mod policy;
+mod slots;
+#[cfg(test)]
+mod tests;
+
+pub use slots::{Offer, Slots, BACKLOG};
+pub use policy::Policy;
+
+use std::collections::VecDeque;
+
+use gcs_protocol::{
+    ids, sign, ApiRequestJob, Attestation, CapabilityMatch, ClaimPolicy, ClaimRejectReason, Delta,
+    ErrorInfo, Estimates, FinalResult, FinishReason, Hash32, JobClaim, LeaseGrant, LeaseRenewal,
+    Message, MessageType, Metering, ModelInfo, NodeKey, ResponseBody, ResultStatus, StreamChunk,
+    TokenLogprob, UsageDelta, PROTOCOL_VERSION,
+};
+
+use crate::jobs::executor::ExecOutcome;
+
+/// Unacknowledged chunks allowed in flight (≤ the gateway's reorder gap of
+/// 8): the window is the stream's backpressure, and a round trip per token
+/// does not cap throughput on slow links.
+pub const IN_FLIGHT: usize = 8;
+
+/// How long a claim is valid.
+pub const CLAIM_TTL_MS: u64 = 10_000;
+
+/// Error messages carried in a result are cut to this many characters.
+const MAX_ERROR_CHARS: usize = 4000;
+
+/// A request the worker sends to the job's gateway; its answer comes back
+/// as [`Input::Answer`] naming it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// The claim.
+    Claim,
+    /// The payload fetch.
+    Payload,
+    /// The chunk with this sequence number.
+    Chunk(u64),
+    /// A lease renewal.
+    Renewal,
+    /// The final result.
+    Result,
+}
+
+/// The gateway's answer to a [`Request`], as the shell received it.
+#[derive(Debug)]
+pub enum Answer {
+    /// Taken.
+    Ack,
+    /// An opened, signature-checked envelope (lease grant, claim rejection).
+    Envelope(Box<Message>),
+    /// Payload bytes.
+    Payload(Vec<u8>),
+    /// Refused by the gateway, with its reason.
+    Refused(String),
+    /// No answer: the request failed or timed out (transport error).
+    Failed(String),
+}
+
+/// What happens to the machine.
+#[derive(Debug)]
+pub enum Input {
+    /// The answer to a request.
+    Answer(Request, Answer),
+    /// The engine produced a text delta of `tokens` tokens.
+    Delta {
+        /// Text.
+        text: String,
+        /// Tokens in it.
+        tokens: u32,
+        /// Per-token logprobs, when asked for.
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// The engine returned.
+    EngineDone(Result<ExecOutcome, String>),
+    /// The job's gateway cancelled the job (authority is checked by the
+    /// caller against [`WorkerJob::gateway`]).
+    Cancel,
+    /// Time passed.
+    Tick,
+}
+
+/// Something the shell must do.
+#[derive(Debug)]
+pub enum Effect {
+    /// Send the claim to the job's gateway.
+    SendClaim(Box<JobClaim>),
+    /// Fetch the payload under this lease.
+    FetchPayload {
+        /// Job.
+        job_id: String,
+        /// Lease.
+        lease_id: String,
+    },
+    /// Run the engine on the (verified) payload.
+    StartEngine(Vec<u8>),
+    /// Stop the engine within one decode step.
+    StopEngine,
+    /// Send (and keep: job-participant scope) a signed chunk.
+    SendChunk(Box<StreamChunk>),
+    /// Send a lease renewal.
+    SendRenewal(LeaseRenewal),
+    /// Send (and keep) the signed final result.
+    SendResult(Box<FinalResult>),
+    /// The job is over here; the slot is free.
+    Done(Termination),
+}
+
+/// Why a job ended on this worker.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Termination {
+    /// Streamed to the end and the result delivered.
+    Completed,
+    /// Another claim won (or the job was no longer open).
+    ClaimLost(ClaimRejectReason),
+    /// Stopped early: the gateway cancelled or refused a chunk. The result
+    /// says `cancelled` and meters what was generated.
+    Cancelled,
+    /// The engine failed; the result says so.
+    EngineFailed(String),
+    /// The gateway did not answer a claim or payload request usefully.
+    Gateway(String),
+    /// A signed message could not be built.
+    Internal(String),
+}
+
+impl Termination {
+    /// A short stable label for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Termination::Completed => "completed",
+            Termination::ClaimLost(_) => "claim_lost",
+            Termination::Cancelled => "cancelled",
+            Termination::EngineFailed(_) => "engine_failed",
+            Termination::Gateway(_) => "gateway",
+            Termination::Internal(_) => "internal",
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Phase {
+    Claiming,
+    Fetching,
+    /// The engine runs; chunks flow.
+    Running,
+    /// The engine returned; waiting for in-flight chunks (then the finish
+    /// chunk) to be answered before the result.
+    Draining,
+    /// The result is sent; waiting for its answer.
+    Reporting,
+    Done,
+}
+
+/// One job on this worker.
+#[derive(Debug)]
+pub struct WorkerJob {
+    job: ApiRequestJob,
+    claim: JobClaim,
+    phase: Phase,
+    lease: Option<LeaseGrant>,
+    /// Next chunk sequence number.
+    seq: u64,
+    /// Chunks sent and not yet answered.
+    in_flight: usize,
+    /// Signed chunks waiting for the window.
+    queued: VecDeque<StreamChunk>,
+    /// The finish chunk's sequence number, once sent.
+    finish_seq: Option<u64>,
+    stopped: bool,
+    outcome: Option<Result<ExecOutcome, String>>,
+    /// Why the job will end (set once the result is sent).
+    termination: Option<Termination>,
+    started_ms: u64,
+    first_token_ms: Option<u64>,
+    engine_done_ms: u64,
+    next_renewal_ms: Option<u64>,
+}
+
+impl WorkerJob {
+    /// Starts on `job` for `model`: the first effect is the signed claim.
+    pub fn new(
+        job: ApiRequestJob,
+        model: &ModelInfo,
+        key: &NodeKey,
+        registration_id: String,
+        now_ms: u64,
+    ) -> Result<(Self, Vec<Effect>), gcs_protocol::ProtocolError> {
+        let claim = signed_claim(&job.job_id, model, key, registration_id, now_ms)?;
+        let effects = vec![Effect::SendClaim(Box::new(claim.clone()))];
+        let me = Self {
+            claim,
+            job,
+            phase: Phase::Claiming,
+            lease: None,
+            seq: 0,
+            in_flight: 0,
+            queued: VecDeque::new(),
+            finish_seq: None,
+            stopped: false,
+            outcome: None,
+            termination: None,
+            started_ms: now_ms,
+            first_token_ms: None,
+            engine_done_ms: 0,
+            next_renewal_ms: None,
+        };
+        Ok((me, effects))
+    }
+
+    /// The job.
+    pub fn job(&self) -> &ApiRequestJob {
+        &self.job
+    }
+
+    /// The node that may cancel this job: its gateway.
+    pub fn gateway(&self) -> &gcs_protocol::NodeId {
+        &self.job.gateway_node_id
+    }
+
+    /// Whether the shell should take the engine's next delta now: while the
+    /// window has room (the shell leaves deltas in the engine's bounded
+    /// channel otherwise, which is what slows the engine down), and always
+    /// once stopped, so a blocked engine can reach its cancel check.
+    pub fn wants_delta(&self) -> bool {
+        self.phase == Phase::Running
+            && (self.stopped || self.in_flight + self.queued.len() < IN_FLIGHT)
+    }
+
+    /// When the machine next needs a [`Input::Tick`].
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.next_renewal_ms
+    }
+
+    /// Whether the job is over.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// Feeds one input at `now_ms`; signs with `key`.
+    pub fn handle(&mut self, input: Input, now_ms: u64, key: &NodeKey) -> Vec<Effect> {
+        if self.phase == Phase::Done {
+            return vec![];
+        }
+        let r = match input {
+            Input::Answer(req, a) => self.on_answer(req, a, now_ms, key),
+            Input::Delta { text, tokens, logprobs } => self.on_delta(text, tokens, logprobs, now_ms, key),
+            Input::EngineDone(o) => self.on_engine_done(o, now_ms, key),
+            Input::Cancel => Ok(self.stop()),
+            Input::Tick => self.on_tick(now_ms, key),
+        };
+        r.unwrap_or_else(|e| self.end(Termination::Internal(e.to_string())))
+    }
+
+    fn on_answer(
+        &mut self,
+        req: Request,
+        a: Answer,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        match (req, &self.phase) {
+            (Request::Claim, Phase::Claiming) => Ok(self.on_claim_answer(a, now)),
+            (Request::Payload, Phase::Fetching) => Ok(match a {
+                Answer::Payload(p) if Hash32::of(&p) == self.job.request.payload_ref.content_hash => {
+                    self.phase = Phase::Running;
+                    self.started_ms = now;
+                    vec![Effect::StartEngine(p)]
+                }
+                Answer::Payload(_) => self.end(Termination::Gateway("payload hash mismatch".into())),
+                other => self.end(Termination::Gateway(format!("payload fetch failed: {other:?}"))),
+            }),
+            (Request::Chunk(s), _) if Some(s) == self.finish_seq => {
+                // The finish chunk was answered: now the result.
+                self.in_flight = self.in_flight.saturating_sub(1);
+                self.report(now, key)
+            }
+            (Request::Chunk(_), _) => {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                let mut fx = vec![];
+                if !matches!(a, Answer::Ack) {
+                    // The gateway no longer takes this stream (ended, fenced
+                    // out, or unreachable): stop generating for nobody.
+                    fx.extend(self.stop());
+                }
+                if let Some(c) = (!self.stopped).then(|| self.queued.pop_front()).flatten() {
+                    self.in_flight += 1;
+                    fx.push(Effect::SendChunk(Box::new(c)));
+                }
+                fx.extend(self.drain(now, key)?);
+                Ok(fx)
+            }
+            (Request::Result, Phase::Reporting) => {
+                let t = self.termination.take().unwrap_or(Termination::Completed);
+                Ok(self.end(t))
+            }
+            // Renewal answers carry nothing the worker acts on; stale
+            // answers of an earlier phase are ignored.
+            _ => Ok(vec![]),
+        }
+    }
+
+    fn on_claim_answer(&mut self, a: Answer, now: u64) -> Vec<Effect> {
+        match a {
+            Answer::Envelope(m) => match *m {
+                Message::LeaseGrant(l)
+                    if l.node_id == self.claim.node_id
+                        && l.claim_id == self.claim.claim_id
+                        && l.job_id == self.job.job_id
+                        && l.gateway_node_id == self.job.gateway_node_id =>
+                {
+                    let fetch = Effect::FetchPayload {
+                        job_id: self.job.job_id.clone(),
+                        lease_id: l.lease_id.clone(),
+                    };
+                    self.next_renewal_ms = Some(now + renew_every(&l));
+                    self.lease = Some(l);
+                    self.phase = Phase::Fetching;
+                    vec![fetch]
+                }
+                Message::ClaimRejection(r) if r.claim_id == self.claim.claim_id => {
+                    self.end(Termination::ClaimLost(r.reason))
+                }
+                other => self.end(Termination::Gateway(format!(
+                    "claim answered with {}",
+                    other.message_type()
+                ))),
+            },
+            other => self.end(Termination::Gateway(format!("claim answered with {other:?}"))),
+        }
+    }
+
+    fn on_delta(
+        &mut self,
+        text: String,
+        tokens: u32,
+        logprobs: Vec<TokenLogprob>,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        // After a stop the engine may still flush a delta: nobody takes it.
+        if self.phase != Phase::Running || self.stopped {
+            return Ok(vec![]);
+        }
+        if self.first_token_ms.is_none() {
+            self.first_token_ms = Some(now.saturating_sub(self.started_ms));
+        }
+        let c = self.chunk(Some(text), tokens, logprobs, None, now, key)?;
+        if self.in_flight < IN_FLIGHT {
+            self.in_flight += 1;
+            Ok(vec![Effect::SendChunk(Box::new(c))])
+        } else {
+            self.queued.push_back(c);
+            Ok(vec![])
+        }
+    }
+
+    fn on_engine_done(
+        &mut self,
+        o: Result<ExecOutcome, String>,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        if self.phase != Phase::Running {
+            return Ok(vec![]);
+        }
+        self.outcome = Some(o);
+        self.engine_done_ms = now;
+        self.phase = Phase::Draining;
+        self.drain(now, key)
+    }
+
+    fn on_tick(&mut self, now: u64, key: &NodeKey) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        let (Some(due), Some(lease)) = (self.next_renewal_ms, &self.lease) else {
+            return Ok(vec![]);
+        };
+        if now < due {
+            return Ok(vec![]);
+        }
+        let term = lease.expires_at_ms.saturating_sub(lease.created_at_ms);
+        let mut r = LeaseRenewal {
+            message_type: MessageType::LeaseRenewal,
+            version: PROTOCOL_VERSION,
+            job_id: lease.job_id.clone(),
+            lease_id: lease.lease_id.clone(),
+            node_id: key.node_id(),
+            chunks_sent: 0,
+            created_at_ms: now,
+            expires_at_ms: now + term,
+            signature: None,
+        };
+        self.next_renewal_ms = Some(now + renew_every(lease));
+        sign(&mut r, key)?;
+        Ok(vec![Effect::SendRenewal(r)])
+    }
+
+    /// Stops the engine (once). Before the engine started there is
+    /// nothing to meter or report: the job just ends here.
+    fn stop(&mut self) -> Vec<Effect> {
+        match self.phase {
+            Phase::Claiming | Phase::Fetching => self.end(Termination::Cancelled),
+            Phase::Running if !self.stopped => {
+                self.stopped = true;
+                self.queued.clear();
+                vec![Effect::StopEngine]
+            }
+            _ => vec![],
+        }
+    }
+
+    /// After the engine returned: once every chunk is answered, the finish
+    /// chunk (completed runs only), then the result.
+    fn drain(&mut self, now: u64, key: &NodeKey) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        if self.phase != Phase::Draining || self.in_flight > 0 || self.finish_seq.is_some() {
+            return Ok(vec![]);
+        }
+        if let Some(c) = self.queued.pop_front() {
+            self.in_flight += 1;
+            return Ok(vec![Effect::SendChunk(Box::new(c))]);
+        }
+        match &self.outcome {
+            Some(Ok(o)) if !self.stopped => {
+                let finish = o.finish_reason;
+                let c = self.chunk(None, 0, vec![], Some(finish), now, key)?;
+                self.finish_seq = Some(c.sequence);
+                self.in_flight += 1;
+                Ok(vec![Effect::SendChunk(Box::new(c))])
+            }
+            _ => self.report(now, key),
+        }
+    }
+
+    /// Signs and sends the final result.
+    fn report(&mut self, now: u64, key: &NodeKey) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        let compute_ms = self.engine_done_ms.saturating_sub(self.started_ms);
+        let first_token_ms = self.first_token_ms.unwrap_or(0);
+        let metering = |o: &ExecOutcome| Metering {
+            input_tokens: o.input_tokens,
+            output_tokens: o.output_tokens,
+            tokens_sent_to_client: 0,
+            cached_tokens: o.cached_tokens.min(o.input_tokens),
+            compute_ms,
+            first_token_ms,
+            child_jobs: 0,
+            cost_gnus: "0".into(),
+        };
+        let error = |kind: &str, code: &str, message: &str| ErrorInfo {
+            kind: kind.into(),
+            code: code.into(),
+            message: message.chars().take(MAX_ERROR_CHARS).collect(),
+        };
+        let (termination, status, response, error, metering) = match &self.outcome {
+            Some(Ok(o)) if !self.stopped => (
+                Termination::Completed,
+                ResultStatus::Completed,
+                Some(ResponseBody {
+                    format: format!("openai.{}", self.job.request.api_type),
+                    body: o.body.clone(),
+                }),
+                None,
+                Some(metering(o)),
+            ),
+            // Cancelled: the result still meters what the engine generated
+            // (more than the client got), so the gateway can bill it.
+            Some(Ok(o)) => (
+                Termination::Cancelled,
+                ResultStatus::Cancelled,
+                None,
+                Some(error("cancelled", "gnus_cancelled", "cancelled")),
+                Some(metering(o)),
+            ),
+            Some(Err(e)) => (
+                Termination::EngineFailed(e.clone()),
+                ResultStatus::Failed,
+                None,
+                Some(error("server_error", "gnus_engine_error", e)),
+                None,
+            ),
+            None => return Ok(vec![]),
+        };
+        let result_hash = Hash32::of(&serde_json::to_vec(&response).unwrap_or_default());
+        let mut r = FinalResult {
+            message_type: MessageType::FinalResult,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            node_id: key.node_id(),
+            lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()),
+            status,
+            response,
+            error,
+            metering,
+            attestation: Some(Attestation {
+                claim_id: self.claim.claim_id.clone(),
+                registration_id: self.claim.registration_id.clone(),
+                result_hash,
+            }),
+            chunks_sent: self.seq,
+            created_at_ms: now,
+            signature: None,
+        };
+        sign(&mut r, key)?;
+        self.termination = Some(termination);
+        self.phase = Phase::Reporting;
+        self.next_renewal_ms = None;
+        Ok(vec![Effect::SendResult(Box::new(r))])
+    }
+
+    fn chunk(
+        &mut self,
+        text: Option<String>,
+        tokens: u32,
+        logprobs: Vec<TokenLogprob>,
+        finish: Option<FinishReason>,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<StreamChunk, gcs_protocol::ProtocolError> {
+        let seq = self.seq;
+        let mut c = StreamChunk {
+            message_type: MessageType::StreamChunk,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            node_id: key.node_id(),
+            lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()).unwrap_or_default(),
+            sequence: seq,
+            delta: Delta { role: (seq == 0).then(|| "assistant".to_string()), content: text, logprobs },
+            usage_delta: UsageDelta { output_tokens: tokens },
+            finish_reason: finish,
+            created_at_ms: now,
+            signature: None,
+        };
+        sign(&mut c, key)?;
+        self.seq += 1;
+        Ok(c)
+    }
+
+    fn end(&mut self, t: Termination) -> Vec<Effect> {
+        self.phase = Phase::Done;
+        self.next_renewal_ms = None;
+        self.queued.clear();
+        vec![Effect::Done(t)]
+    }
+}
+
+fn renew_every(lease: &LeaseGrant) -> u64 {
+    lease.renew_interval_ms.max(100)
+}
+
+/// A signed first-valid claim of `job_id` for `model`, valid for
+/// [`CLAIM_TTL_MS`].
+pub fn signed_claim(
+    job_id: &str,
+    model: &ModelInfo,
+    key: &NodeKey,
+    registration_id: String,
+    now: u64,
+) -> Result<JobClaim, gcs_protocol::ProtocolError> {
+    let mut claim = JobClaim {
+        message_type: MessageType::JobClaim,
+        version: PROTOCOL_VERSION,
+        job_id: job_id.to_string(),
+        claim_id: ids::new_id(ids::CLAIM, now)?,
+        node_id: key.node_id(),
+        registration_id,
+        claim_policy: ClaimPolicy::FirstValidClaim,
+        capability_match: CapabilityMatch {
+            model_id: model.model_id.clone(),
+            supports_streaming: true,
+            context_tokens: model.context_tokens,
+            api_request_job: true,
+        },
+        estimated: Estimates::default(),
+        created_at_ms: now,
+        expires_at_ms: now + CLAIM_TTL_MS,
+        signature: None,
+    };
+    sign(&mut claim, key)?;
+    Ok(claim)
+}

@@ -1,0 +1,10 @@
+//! The wall clock: the one place a GCS process reads it. Sans-IO cores
+//! take `now` as an argument; only the async shells call this.
+
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
