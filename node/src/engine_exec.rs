@@ -244,7 +244,8 @@ impl Executor for EngineExecutor {
                     match ev {
                         SeqEvent::Delta { text, token_ids, logprobs } => {
                             pending_n += token_ids.len() as u32;
-                            pending_lp.extend(logprobs.into_iter().map(wire_logprob));
+                            let tok = engine.tokenizer();
+                            pending_lp.extend(logprobs.iter().map(|lp| wire_logprob(tok, lp)));
                             let sent = text.is_empty()
                                 || emit(
                                     &text,
@@ -286,16 +287,27 @@ impl Executor for EngineExecutor {
     }
 }
 
-/// The engine's logprobs of one token in wire form.
-fn wire_logprob(t: gcs_engine::scheduler::TokenLogprobs) -> TokenLogprob {
+/// The engine's logprobs of one token (token ids) in wire form (text and bytes).
+fn wire_logprob(
+    tok: &gcs_engine::tokenizer::GgufTokenizer,
+    lp: &gcs_engine::Logprobs,
+) -> TokenLogprob {
+    let text = |id: u32| {
+        let bytes = tok.token_bytes(id).to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    };
+    let (token, bytes) = text(lp.chosen.token);
     TokenLogprob {
-        token: t.chosen.text,
-        logprob: t.chosen.logprob,
-        bytes: t.chosen.bytes,
-        top: t
+        token,
+        logprob: lp.chosen.logprob,
+        bytes,
+        top: lp
             .top
-            .into_iter()
-            .map(|a| TopLogprob { token: a.text, logprob: a.logprob, bytes: a.bytes })
+            .iter()
+            .map(|a| {
+                let (token, bytes) = text(a.token);
+                TopLogprob { token, logprob: a.logprob, bytes }
+            })
             .collect(),
     }
 }

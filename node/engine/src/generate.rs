@@ -21,6 +21,9 @@ pub struct GenerateRequest {
     pub extra_stop_ids: Vec<u32>,
 }
 
+/// Why the engine ended a sequence, for [`Engine::generate`] and
+/// [`crate::BatchEngine`] alike. The wire has its own finish reason (without
+/// `Cancelled`); the node converts this one where it builds a job's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
     /// A stop token was produced.
@@ -68,8 +71,7 @@ impl Engine {
 
     /// Render the chat template and tokenize.
     pub fn prompt_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let prompt = self.tokenizer.apply_chat_template(messages, true)?;
-        self.tokenizer.encode(&prompt)
+        self.tokenizer.encode_chat(messages)
     }
 
     /// Generate a chat completion. `on_delta` receives text deltas (never a
@@ -110,16 +112,8 @@ impl Engine {
         extra_stop_ids: &[u32],
         mut on_delta: impl FnMut(&str) -> bool,
     ) -> Result<GenerateResult> {
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("empty prompt".into()));
-        }
         let ctx = self.model.config.context_length;
-        if prompt.len() >= ctx {
-            return Err(EngineError::InvalidRequest(format!(
-                "prompt of {} tokens exceeds context {ctx}",
-                prompt.len()
-            )));
-        }
+        check_prompt_len(prompt, ctx)?;
         let max_tokens = max_tokens.min(ctx - prompt.len());
         let mut sampler = Sampler::new(sampling.clone());
         let mut cache = KvCache::new();
@@ -174,6 +168,20 @@ impl Engine {
             decode_secs,
         })
     }
+}
+
+/// A prompt must have a token and leave room in the context for one more.
+pub(crate) fn check_prompt_len(prompt: &[u32], context: usize) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidRequest("empty prompt".into()));
+    }
+    if prompt.len() >= context {
+        return Err(EngineError::InvalidRequest(format!(
+            "prompt of {} tokens exceeds context {context}",
+            prompt.len()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,15 +1,20 @@
 //! GCS inference engine: a GGUF llama decoder and a BERT embedder on burn.
 //!
-//! Quick tour:
-//! - [`gguf`]: GGUF parser.
-//! - [`quant`]: quantized weights and the CPU matmul kernels over them.
+//! Modules, from the file format up:
+//! - [`quant`]: the ggml tensor types, quantized weight matrices and the
+//!   CPU matmul kernels over them.
+//! - [`gguf`]: the GGUF parser (its tensors are of [`quant`]'s types).
 //! - [`tokenizer`]: tokenizer + chat template from GGUF metadata.
-//! - [`llama`]: the decoder (burn module) and its KV cache.
-//! - [`generate`]: end-to-end chat generation with streaming deltas.
-//! - [`sampling`], [`stop`]: token sampling and stop strings.
+//! - [`numerics`]: llama.cpp's float kernels (`expf`, dot-product orders, RMSNorm, SwiGLU).
+//! - [`attn`]: RoPE, the contiguous KV cache, the paged [`attn::KvPool`] and causal attention.
+//! - [`llama`]: the decoder (burn module) over either KV store.
+//! - [`sampling`], [`stop`]: token sampling with logprobs, and stop strings.
+//! - [`generate`]: [`Engine`], one chat generation at a time with streaming deltas.
 //! - [`paged`]: the paged KV block manager with prefix caching.
-//! - [`scheduler`]: continuous batching ([`BatchEngine`]) over a paged KV pool.
+//! - [`scheduler`]: continuous batching ([`BatchEngine`]) over a paged KV pool,
+//!   run by one engine thread's step loop.
 //! - [`bert`]: sentence embeddings (all-MiniLM-L6-v2).
+//! - [`error`]: [`EngineError`] and [`GgufError`].
 
 // SIMD kernels (x86 intrinsics behind runtime feature detection) need
 // `unsafe`; the workspace denies it by default.
@@ -33,10 +38,7 @@ pub mod tokenizer;
 pub use error::{EngineError, GgufError, Result};
 pub use generate::{Engine, FinishReason, GenerateRequest, GenerateResult};
 pub use sampling::{Logprobs, SamplingOptions, SamplingParams, TokenLogprob};
-pub use scheduler::{
-    BatchConfig, BatchEngine, LogprobEntry, Prompt, SeqEvent, SeqRequest, SeqResult, SeqStream,
-    TokenLogprobs,
-};
+pub use scheduler::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest, SeqResult, SeqStream};
 pub use tokenizer::ChatMessage;
 
 /// The default CPU device (burn's Flex backend).

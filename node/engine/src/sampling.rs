@@ -128,7 +128,9 @@ pub struct TokenLogprob {
 
 /// Logprobs of one sampled token: the chosen one and the `n` most likely.
 /// They are computed from the raw model logits (before bias, penalties and
-/// temperature), like vLLM's default.
+/// temperature), like vLLM's default. This is the engine's one logprob
+/// type: the [`crate::SeqEvent`] stream carries it too, and callers turn the
+/// token ids into text (e.g. a wire format) at their boundary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logprobs {
     pub chosen: TokenLogprob,

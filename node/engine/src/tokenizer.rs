@@ -251,6 +251,12 @@ impl GgufTokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// The prompt tokens of a chat: the chat template rendered with the
+    /// generation prompt, then tokenized.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode(&self.apply_chat_template(messages, true)?)
+    }
+
     /// Render the GGUF's own chat template (`tokenizer.chat_template`).
     pub fn apply_chat_template(
         &self,

@@ -9,7 +9,7 @@
 //! back over bounded channels; the engine thread never blocks on a slow
 //! reader (undelivered deltas are merged and retried next step).
 
-mod worker;
+mod step_loop;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,10 +19,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::{EngineError, Result};
-use crate::generate::{Engine, FinishReason};
+use crate::generate::{check_prompt_len, Engine, FinishReason};
 use crate::paged::{blocks_for, BLOCK_SIZE};
-use crate::sampling::{SamplingOptions, MAX_TOP_LOGPROBS};
+use crate::sampling::{Logprobs, SamplingOptions, MAX_TOP_LOGPROBS};
 use crate::tokenizer::{ChatMessage, GgufTokenizer};
+use step_loop::StepLoop;
 
 /// Scheduler limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,23 +98,6 @@ impl SeqRequest {
     }
 }
 
-/// A token with its text and log-probability.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LogprobEntry {
-    pub token: u32,
-    /// The token's bytes as text (lossy for partial UTF-8 characters).
-    pub text: String,
-    pub bytes: Vec<u8>,
-    pub logprob: f32,
-}
-
-/// Logprobs of one generated token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprobs {
-    pub chosen: LogprobEntry,
-    pub top: Vec<LogprobEntry>,
-}
-
 /// Final accounting of a sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqResult {
@@ -130,8 +114,9 @@ pub struct SeqResult {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SeqEvent {
     /// New text (may be empty while text is held back), the tokens
-    /// generated since the last delta and, if asked for, their logprobs.
-    Delta { text: String, token_ids: Vec<u32>, logprobs: Vec<TokenLogprobs> },
+    /// generated since the last delta and, if asked for, their logprobs
+    /// (token ids; [`GgufTokenizer::token_bytes`] gives their bytes).
+    Delta { text: String, token_ids: Vec<u32>, logprobs: Vec<Logprobs> },
     /// The last event of a sequence.
     Done(SeqResult),
     /// The sequence failed; the last event.
@@ -278,11 +263,11 @@ impl BatchEngine {
         let shared = Arc::new(Shared::default());
         shared.free_kv_tokens.store(cfg.kv_blocks * BLOCK_SIZE, Ordering::Relaxed);
         let (vocab, context) = (model.config.vocab, model.config.context_length);
-        let w = worker::Worker::new(model, tokenizer.clone(), shared.clone(), cfg.clone());
+        let engine_loop = StepLoop::new(model, tokenizer.clone(), shared.clone(), cfg.clone());
         let guard = ExitGuard(shared.clone());
         let thread = std::thread::Builder::new().name("gcs-batch-engine".into()).spawn(move || {
             let _guard = guard;
-            w.run()
+            engine_loop.run()
         });
         let thread = match thread {
             Ok(t) => Some(t),
@@ -314,8 +299,7 @@ impl BatchEngine {
 
     /// Render the chat template and tokenize.
     pub fn prompt_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let t = &self.inner.tokenizer;
-        t.encode(&t.apply_chat_template(messages, true)?)
+        self.inner.tokenizer.encode_chat(messages)
     }
 
     /// KV positions free for new work (free plus evictable cached blocks).
@@ -390,16 +374,7 @@ impl BatchEngine {
     fn validate(&self, req: &SeqRequest, tokens: &[u32]) -> Result<()> {
         let inner = &self.inner;
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
-        if tokens.is_empty() {
-            return bad("empty prompt".into());
-        }
-        if tokens.len() >= inner.context {
-            return bad(format!(
-                "prompt of {} tokens exceeds context {}",
-                tokens.len(),
-                inner.context
-            ));
-        }
+        check_prompt_len(tokens, inner.context)?;
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= inner.vocab) {
             return bad(format!("token id {t} out of range"));
         }

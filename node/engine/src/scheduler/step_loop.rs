@@ -1,4 +1,5 @@
-//! The engine thread: admission, batch building, sampling and delivery.
+//! The engine thread's step loop: admission, batch building, sampling and
+//! delivery.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,14 +7,12 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{
-    BatchConfig, LogprobEntry, Pending, SeqEvent, SeqRequest, SeqResult, Shared, TokenLogprobs,
-};
+use super::{BatchConfig, Pending, SeqEvent, SeqRequest, SeqResult, Shared};
 use crate::attn::KvPool;
 use crate::generate::FinishReason;
 use crate::llama::{Llama, PagedSeq};
 use crate::paged::{tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
-use crate::sampling::{Sampler, TokenLogprob};
+use crate::sampling::{Logprobs, Sampler};
 use crate::stop::StopMatcher;
 use crate::tokenizer::GgufTokenizer;
 
@@ -49,7 +48,7 @@ impl Seq {
         self.tokens.len() - self.prompt_len
     }
 
-    fn emit(&mut self, text: String, token: Option<u32>, lp: Option<TokenLogprobs>) {
+    fn emit(&mut self, text: String, token: Option<u32>, lp: Option<Logprobs>) {
         if text.is_empty() && token.is_none() {
             return;
         }
@@ -95,8 +94,10 @@ struct Work {
     n: usize,
 }
 
+/// The state of the engine thread: the model, the KV pool and every
+/// sequence it owns. [`StepLoop::run`] steps until shutdown.
 #[derive(Debug)]
-pub(super) struct Worker {
+pub(super) struct StepLoop {
     model: Llama,
     tok: Arc<GgufTokenizer>,
     shared: Arc<Shared>,
@@ -110,7 +111,7 @@ pub(super) struct Worker {
     closing: Vec<Seq>,
 }
 
-impl Worker {
+impl StepLoop {
     pub(super) fn new(
         model: Llama,
         tok: Arc<GgufTokenizer>,
@@ -429,10 +430,6 @@ impl Worker {
             return;
         }
         seq.tokens.push(tok);
-        let lp = lp.map(|l| TokenLogprobs {
-            chosen: entry(&self.tok, &l.chosen),
-            top: l.top.iter().map(|t| entry(&self.tok, t)).collect(),
-        });
         let st = seq.stop.push(self.tok.token_bytes(tok));
         seq.emit(st.text, Some(tok), lp);
         if st.stopped {
@@ -501,15 +498,5 @@ impl Worker {
             let _ = s.flush();
         }
         self.publish();
-    }
-}
-
-fn entry(tok: &GgufTokenizer, t: &TokenLogprob) -> LogprobEntry {
-    let bytes = tok.token_bytes(t.token).to_vec();
-    LogprobEntry {
-        token: t.token,
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-        bytes,
-        logprob: t.logprob,
     }
 }
