@@ -6,43 +6,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::GgufError;
+use crate::quant::dequantize;
+pub use crate::quant::GgmlType;
 
 const GGUF_MAGIC: u32 = 0x4655_4747; // "GGUF" little endian
 const DEFAULT_ALIGNMENT: usize = 32;
-
-/// ggml tensor element types we can load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgmlType {
-    F32,
-    F16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-}
-
-impl GgmlType {
-    fn from_u32(v: u32) -> Option<Self> {
-        Some(match v {
-            0 => Self::F32,
-            1 => Self::F16,
-            2 => Self::Q4_0,
-            3 => Self::Q4_1,
-            8 => Self::Q8_0,
-            _ => return None,
-        })
-    }
-
-    /// (elements per block, bytes per block)
-    pub fn block_layout(self) -> (usize, usize) {
-        match self {
-            Self::F32 => (1, 4),
-            Self::F16 => (1, 2),
-            Self::Q4_0 => (32, 18),
-            Self::Q4_1 => (32, 20),
-            Self::Q8_0 => (32, 34),
-        }
-    }
-}
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -385,6 +353,6 @@ impl GgufFile {
     /// Decode a tensor to f32 (only used for small tensors such as norms).
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, GgufError> {
         let info = self.tensor_info(name)?;
-        Ok(crate::quant::dequantize(info.ggml_type, self.tensor_bytes(info)))
+        Ok(dequantize(info.ggml_type, self.tensor_bytes(info)))
     }
 }

@@ -1,4 +1,7 @@
-//! Quantized weight matrices and the CPU matmul kernels that read them.
+//! The ggml tensor types ([`GgmlType`]: their block layouts and decoding
+//! to f32), quantized weight matrices, and the CPU matmul kernels that read
+//! them. The GGUF parser ([`crate::gguf`]) builds on this module, not the
+//! other way round.
 //!
 //! Weights stay in their GGUF block formats, repacked at load time into
 //! groups of 8 rows: for each group and block, the 8 rows' quants are
@@ -12,63 +15,92 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::gguf::GgmlType;
-
 mod kernels;
 
 pub const QK: usize = 32;
 /// Rows per packed group (one f32 lane per row in a 256-bit vector).
 pub const GROUP: usize = 8;
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+/// ggml tensor element types we can load (GGUF tags each tensor with one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl GgmlType {
+    /// The type of ggml's numeric type id, if we support it.
+    pub(crate) fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => Self::F32,
+            1 => Self::F16,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            8 => Self::Q8_0,
+            _ => return None,
+        })
+    }
+
+    /// (elements per block, bytes per block)
+    pub fn block_layout(self) -> (usize, usize) {
+        match self {
+            Self::F32 => (1, 4),
+            Self::F16 => (1, 2),
+            Self::Q4_0 => (QK, 18),
+            Self::Q4_1 => (QK, 20),
+            Self::Q8_0 => (QK, 34),
+        }
+    }
+}
+
+fn f32_of_f16(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// Decode one quantized block: `qs` holds its 16 nibble bytes (low nibbles
+/// are elements 0..16, high nibbles 16..32) or its 32 signed bytes, `d` its
+/// scale and `m` its min (Q4_1 only).
+fn decode_block(kind: QKind, d: f32, m: f32, qs: &[u8], out: &mut [f32]) {
+    match kind {
+        QKind::Q4_0 => {
+            for j in 0..16 {
+                out[j] = ((qs[j] & 0x0f) as i32 - 8) as f32 * d;
+                out[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+        QKind::Q4_1 => {
+            for j in 0..16 {
+                out[j] = (qs[j] & 0x0f) as f32 * d + m;
+                out[j + 16] = (qs[j] >> 4) as f32 * d + m;
+            }
+        }
+        QKind::Q8_0 => {
+            for j in 0..QK {
+                out[j] = qs[j] as i8 as f32 * d;
+            }
+        }
+    }
 }
 
 /// Decode any supported GGUF tensor payload to f32.
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
-    match ty {
-        GgmlType::F32 => {
-            bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    let (per_block, block_bytes) = ty.block_layout();
+    let mut out = vec![0f32; bytes.len() / block_bytes * per_block];
+    let blocks = bytes.chunks_exact(block_bytes).zip(out.chunks_exact_mut(per_block));
+    match QKind::of(ty) {
+        Some(kind) => blocks.for_each(|(blk, o)| {
+            let (d, m, qs) = kind.split(blk);
+            decode_block(kind, f32_of_f16(d), f32_of_f16(m), qs, o);
+        }),
+        None if ty == GgmlType::F16 => {
+            blocks.for_each(|(b, o)| o[0] = f32_of_f16(u16::from_le_bytes([b[0], b[1]])))
         }
-        GgmlType::F16 => bytes.chunks_exact(2).map(|c| f16_at(c, 0)).collect(),
-        GgmlType::Q4_0 => {
-            let mut out = Vec::with_capacity(bytes.len() / 18 * QK);
-            for blk in bytes.chunks_exact(18) {
-                let d = f16_at(blk, 0);
-                let qs = &blk[2..];
-                let mut v = [0f32; QK];
-                for j in 0..16 {
-                    v[j] = ((qs[j] & 0x0f) as i32 - 8) as f32 * d;
-                    v[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
-                }
-                out.extend_from_slice(&v);
-            }
-            out
-        }
-        GgmlType::Q4_1 => {
-            let mut out = Vec::with_capacity(bytes.len() / 20 * QK);
-            for blk in bytes.chunks_exact(20) {
-                let d = f16_at(blk, 0);
-                let m = f16_at(blk, 2);
-                let qs = &blk[4..];
-                let mut v = [0f32; QK];
-                for j in 0..16 {
-                    v[j] = (qs[j] & 0x0f) as f32 * d + m;
-                    v[j + 16] = (qs[j] >> 4) as f32 * d + m;
-                }
-                out.extend_from_slice(&v);
-            }
-            out
-        }
-        GgmlType::Q8_0 => {
-            let mut out = Vec::with_capacity(bytes.len() / 34 * QK);
-            for blk in bytes.chunks_exact(34) {
-                let d = f16_at(blk, 0);
-                out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * d));
-            }
-            out
-        }
+        None => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
     }
+    out
 }
 
 /// Quantized weight kinds. Arrays use the packed group layout: block-row
@@ -88,10 +120,30 @@ pub enum QKind {
 }
 
 impl QKind {
+    /// The quantized kind of a GGUF type; `None` for F32 and F16.
+    fn of(ty: GgmlType) -> Option<Self> {
+        match ty {
+            GgmlType::F32 | GgmlType::F16 => None,
+            GgmlType::Q4_0 => Some(QKind::Q4_0),
+            GgmlType::Q4_1 => Some(QKind::Q4_1),
+            GgmlType::Q8_0 => Some(QKind::Q8_0),
+        }
+    }
+
     fn qbytes(self) -> usize {
         match self {
             QKind::Q4_0 | QKind::Q4_1 => 16,
             QKind::Q8_0 => 32,
+        }
+    }
+
+    /// A GGUF block's scale, min (0 but for Q4_1), both as f16 bits, and
+    /// its quants.
+    fn split(self, blk: &[u8]) -> (u16, u16, &[u8]) {
+        let d = u16::from_le_bytes([blk[0], blk[1]]);
+        match self {
+            QKind::Q4_1 => (d, u16::from_le_bytes([blk[2], blk[3]]), &blk[4..]),
+            QKind::Q4_0 | QKind::Q8_0 => (d, 0, &blk[2..]),
         }
     }
 }
@@ -119,6 +171,12 @@ pub struct QMatrix {
     pub data: QData,
 }
 
+/// Offset of byte `e` of row `r`'s 4-bit block inside its packed group block.
+#[inline]
+fn q4_offset(r: usize, e: usize) -> usize {
+    ((e / 4) * GROUP + r % GROUP) * 4 + e % 4
+}
+
 #[inline]
 fn bidx(nb: usize, r: usize, b: usize) -> usize {
     ((r / GROUP) * nb + b) * GROUP + r % GROUP
@@ -127,14 +185,10 @@ fn bidx(nb: usize, r: usize, b: usize) -> usize {
 impl QMatrix {
     /// Build from a GGUF tensor payload of ggml shape `[cols, rows]`.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Self {
-        let (kind, bsz) = match ty {
-            GgmlType::F32 | GgmlType::F16 => {
-                return Self { rows, cols, data: QData::F32(dequantize(ty, bytes)) };
-            }
-            GgmlType::Q4_0 => (QKind::Q4_0, 18),
-            GgmlType::Q4_1 => (QKind::Q4_1, 20),
-            GgmlType::Q8_0 => (QKind::Q8_0, 34),
+        let Some(kind) = QKind::of(ty) else {
+            return Self { rows, cols, data: QData::F32(dequantize(ty, bytes)) };
         };
+        let (_, bsz) = ty.block_layout();
         let nb = cols / QK;
         let prow = rows.div_ceil(GROUP) * GROUP;
         let qb = kind.qbytes();
@@ -144,23 +198,19 @@ impl QMatrix {
         let mut qs = vec![0u8; prow * nb * qb];
         for r in 0..rows {
             for b in 0..nb {
-                let blk = &bytes[(r * nb + b) * bsz..][..bsz];
                 let k = bidx(nb, r, b);
-                d[k] = u16::from_le_bytes([blk[0], blk[1]]);
-                let q = match kind {
-                    QKind::Q4_1 => {
-                        m[k] = u16::from_le_bytes([blk[2], blk[3]]);
-                        &blk[4..]
-                    }
-                    _ => &blk[2..],
-                };
+                let (dk, mk, q) = kind.split(&bytes[(r * nb + b) * bsz..][..bsz]);
+                d[k] = dk;
+                if kind == QKind::Q4_1 {
+                    m[k] = mk;
+                }
                 match kind {
                     // VNNI-style order inside a group block: 4-byte quads
                     // [quad][row][4], so one 32-byte load feeds 8 rows.
                     QKind::Q4_0 | QKind::Q4_1 => {
                         let base = (k - r % GROUP) * 16;
                         for (e, &byte) in q[..16].iter().enumerate() {
-                            qs[base + ((e / 4) * GROUP + r % GROUP) * 4 + e % 4] = byte;
+                            qs[base + q4_offset(r, e)] = byte;
                         }
                     }
                     QKind::Q8_0 => qs[k * qb..(k + 1) * qb].copy_from_slice(q),
@@ -226,34 +276,12 @@ impl QMatrix {
                     let q: Vec<u8> = match kind {
                         QKind::Q4_0 | QKind::Q4_1 => {
                             let base = (k - r % GROUP) * 16;
-                            (0..16)
-                                .map(|e| qs[base + ((e / 4) * GROUP + r % GROUP) * 4 + e % 4])
-                                .collect()
+                            (0..16).map(|e| qs[base + q4_offset(r, e)]).collect()
                         }
                         QKind::Q8_0 => qs[k * qb..][..qb].to_vec(),
                     };
-                    let o = &mut out[b * QK..][..QK];
-                    let dk = f16::from_bits(d[k]).to_f32();
-                    let mk = m.get(k).map(|&v| f16::from_bits(v).to_f32()).unwrap_or(0.0);
-                    match kind {
-                        QKind::Q4_0 => {
-                            for j in 0..16 {
-                                o[j] = ((q[j] & 15) as i32 - 8) as f32 * dk;
-                                o[j + 16] = ((q[j] >> 4) as i32 - 8) as f32 * dk;
-                            }
-                        }
-                        QKind::Q4_1 => {
-                            for j in 0..16 {
-                                o[j] = (q[j] & 15) as f32 * dk + mk;
-                                o[j + 16] = (q[j] >> 4) as f32 * dk + mk;
-                            }
-                        }
-                        QKind::Q8_0 => {
-                            for j in 0..QK {
-                                o[j] = q[j] as i8 as f32 * dk;
-                            }
-                        }
-                    }
+                    let mk = m.get(k).map_or(0.0, |&v| f32_of_f16(v));
+                    decode_block(*kind, f32_of_f16(d[k]), mk, &q, &mut out[b * QK..][..QK]);
                 }
             }
             QData::F32(w) => out.copy_from_slice(&w[r * self.cols..][..self.cols]),
