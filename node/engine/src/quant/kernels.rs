@@ -148,58 +148,98 @@ mod avx2 {
         _mm256_dpbusd_avx_epi32(acc, u, s)
     }
 
-    pub unsafe fn dot_group(
+    /// The 8 rows' quants of one 4-bit group block (`[quad 0..4][row 0..8][4
+    /// bytes]`): low nibbles of quads 0..4, then their high nibbles.
+    #[inline(always)]
+    unsafe fn unpack_q4(base: *const u8) -> [__m256i; 8] {
+        let mask = _mm256_set1_epi8(0x0f);
+        let mut w = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let v = _mm256_loadu_si256(base.add(j * 32) as *const __m256i);
+            w[j] = _mm256_and_si256(v, mask);
+            w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        }
+        w
+    }
+
+    /// Exact integer dot products of 8 rows' unpacked 4-bit block `w` with
+    /// one activation block `xa` (32 int8 as 8 × 4 bytes); lanes are rows,
+    /// so no horizontal sums are needed.
+    #[inline(always)]
+    unsafe fn q4_isum(vnni: bool, w: &[__m256i; 8], xa: *const i32) -> __m256i {
+        let mut isum = _mm256_setzero_si256();
+        for j in 0..4 {
+            isum = dp(vnni, isum, w[j], _mm256_set1_epi32(xa.add(j).read_unaligned()));
+            isum = dp(vnni, isum, w[j + 4], _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
+        }
+        isum
+    }
+
+    /// Block `b`'s 8 scales and (Q4_1 only, else zeros) 8 mins as f32.
+    #[inline(always)]
+    unsafe fn scales(kind: QKind, d: &[u16], m: &[u16], b: usize) -> (__m256, __m256) {
+        let dw = load_f16x8(d.as_ptr().add(b * GROUP));
+        let mw = if kind == QKind::Q4_1 {
+            load_f16x8(m.as_ptr().add(b * GROUP))
+        } else {
+            _mm256_setzero_ps()
+        };
+        (dw, mw)
+    }
+
+    /// `acc` plus block `b` of 8 rows: `isum * (d_w * d_x)` (Q4_0's offset
+    /// of 8 taken out of `isum` first), then for Q4_1 `+ m_w * s_x`, in the
+    /// order of [`super::scalar_dot_group`].
+    #[inline(always)]
+    unsafe fn add_block(
         kind: QKind,
-        d: &[u16],
-        m: &[u16],
-        q: &[u8],
+        mut isum: __m256i,
+        dw: __m256,
+        mw: __m256,
         a: &ActBlock<'_>,
-    ) -> [f32; GROUP] {
-        if std::is_x86_feature_detected!("avxvnni") {
-            dot_group_vnni(kind, d, m, q, a)
-        } else {
-            dot_group_avx2(kind, d, m, q, a)
+        b: usize,
+        mut acc: __m256,
+    ) -> __m256 {
+        if kind == QKind::Q4_0 {
+            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
         }
-    }
-
-    pub unsafe fn dot_group_q4_multi(
-        kind: QKind,
-        d: &[u16],
-        m: &[u16],
-        q: &[u8],
-        acts: &[ActBlock<'_>],
-        out: &mut [f32],
-    ) {
-        if std::is_x86_feature_detected!("avxvnni") {
-            q4_multi_vnni(kind, d, m, q, acts, out)
-        } else {
-            q4_multi_avx2(kind, d, m, q, acts, out)
+        let dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[b]));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+        if kind == QKind::Q4_1 {
+            acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[b]), acc);
         }
+        acc
     }
 
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn q4_multi_vnni(
-        kind: QKind,
-        d: &[u16],
-        m: &[u16],
-        q: &[u8],
-        acts: &[ActBlock<'_>],
-        out: &mut [f32],
-    ) {
-        q4_multi_impl(true, kind, d, m, q, acts, out)
+    /// `pub unsafe fn $name(args)`: `$imp(vnni, args)` compiled twice, with
+    /// AVX-VNNI and with AVX2 only, calling the variant this CPU has.
+    macro_rules! vnni_or_avx2 {
+        ($name:ident => $imp:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+            pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+                #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+                unsafe fn with_vnni($($arg: $ty),*) $(-> $ret)? {
+                    $imp(true, $($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn with_avx2($($arg: $ty),*) $(-> $ret)? {
+                    $imp(false, $($arg),*)
+                }
+                if std::is_x86_feature_detected!("avxvnni") {
+                    with_vnni($($arg),*)
+                } else {
+                    with_avx2($($arg),*)
+                }
+            }
+        };
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_multi_avx2(
-        kind: QKind,
-        d: &[u16],
-        m: &[u16],
-        q: &[u8],
-        acts: &[ActBlock<'_>],
-        out: &mut [f32],
-    ) {
-        q4_multi_impl(false, kind, d, m, q, acts, out)
-    }
+    vnni_or_avx2!(dot_group => dot_group_impl(
+        kind: QKind, d: &[u16], m: &[u16], q: &[u8], a: &ActBlock<'_>
+    ) -> [f32; GROUP]);
+
+    vnni_or_avx2!(dot_group_q4_multi => q4_multi_impl(
+        kind: QKind, d: &[u16], m: &[u16], q: &[u8], acts: &[ActBlock<'_>], out: &mut [f32]
+    ));
 
     #[inline(always)]
     unsafe fn q4_multi_impl(
@@ -212,64 +252,16 @@ mod avx2 {
         out: &mut [f32],
     ) {
         let nb = acts[0].d.len();
-        let mask = _mm256_set1_epi8(0x0f);
         out.iter_mut().for_each(|x| *x = 0.0);
         for b in 0..nb {
-            let base = q.as_ptr().add(b * GROUP * 16);
-            let mut w = [_mm256_setzero_si256(); 8];
-            for j in 0..4 {
-                let v = _mm256_loadu_si256(base.add(j * 32) as *const __m256i);
-                w[j] = _mm256_and_si256(v, mask);
-                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-            }
-            let dw = load_f16x8(d.as_ptr().add(b * GROUP));
-            let mw = if kind == QKind::Q4_1 {
-                load_f16x8(m.as_ptr().add(b * GROUP))
-            } else {
-                _mm256_setzero_ps()
-            };
+            let w = unpack_q4(q.as_ptr().add(b * GROUP * 16));
+            let (dw, mw) = scales(kind, d, m, b);
             for (a, o) in acts.iter().zip(out.chunks_exact_mut(GROUP)) {
-                let xa = a.qs.as_ptr().add(b * QK) as *const i32;
-                let mut isum = _mm256_setzero_si256();
-                for j in 0..4 {
-                    isum = dp(vnni, isum, w[j], _mm256_set1_epi32(xa.add(j).read_unaligned()));
-                    isum =
-                        dp(vnni, isum, w[j + 4], _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
-                }
-                if kind == QKind::Q4_0 {
-                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
-                }
-                let mut acc = _mm256_loadu_ps(o.as_ptr());
-                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[b]));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
-                if kind == QKind::Q4_1 {
-                    acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[b]), acc);
-                }
+                let isum = q4_isum(vnni, &w, a.qs.as_ptr().add(b * QK) as *const i32);
+                let acc = add_block(kind, isum, dw, mw, a, b, _mm256_loadu_ps(o.as_ptr()));
                 _mm256_storeu_ps(o.as_mut_ptr(), acc);
             }
         }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn dot_group_vnni(
-        kind: QKind,
-        d: &[u16],
-        m: &[u16],
-        q: &[u8],
-        a: &ActBlock<'_>,
-    ) -> [f32; GROUP] {
-        dot_group_impl(true, kind, d, m, q, a)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_group_avx2(
-        kind: QKind,
-        d: &[u16],
-        m: &[u16],
-        q: &[u8],
-        a: &ActBlock<'_>,
-    ) -> [f32; GROUP] {
-        dot_group_impl(false, kind, d, m, q, a)
     }
 
     #[inline(always)]
@@ -289,20 +281,8 @@ mod avx2 {
             let x = _mm256_loadu_si256(a.qs.as_ptr().add(b * QK) as *const __m256i);
             match kind {
                 QKind::Q4_0 | QKind::Q4_1 => {
-                    // Lanes are rows already: no horizontal sums needed.
-                    let base = q.as_ptr().add(b * GROUP * 16);
-                    let xa = a.qs.as_ptr().add(b * QK) as *const i32;
-                    let mask = _mm256_set1_epi8(0x0f);
-                    let mut isum = _mm256_setzero_si256();
-                    for j in 0..4 {
-                        let v = _mm256_loadu_si256(base.add(j * 32) as *const __m256i);
-                        let lo = _mm256_and_si256(v, mask);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                        isum = dp(vnni, isum, lo, _mm256_set1_epi32(xa.add(j).read_unaligned()));
-                        isum =
-                            dp(vnni, isum, hi, _mm256_set1_epi32(xa.add(j + 4).read_unaligned()));
-                    }
-                    p[0] = isum;
+                    let w = unpack_q4(q.as_ptr().add(b * GROUP * 16));
+                    p[0] = q4_isum(vnni, &w, a.qs.as_ptr().add(b * QK) as *const i32);
                 }
                 QKind::Q8_0 => {
                     let base = q.as_ptr().add(b * GROUP * 32);
@@ -313,19 +293,9 @@ mod avx2 {
                     }
                 }
             }
-            let mut isum = if kind == QKind::Q8_0 { transpose_sum(&p) } else { p[0] };
-            if kind == QKind::Q4_0 {
-                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.sum_q[b]));
-            }
-            let dd = _mm256_mul_ps(load_f16x8(d.as_ptr().add(b * GROUP)), _mm256_set1_ps(a.d[b]));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
-            if kind == QKind::Q4_1 {
-                acc = _mm256_fmadd_ps(
-                    load_f16x8(m.as_ptr().add(b * GROUP)),
-                    _mm256_set1_ps(a.s[b]),
-                    acc,
-                );
-            }
+            let isum = if kind == QKind::Q8_0 { transpose_sum(&p) } else { p[0] };
+            let (dw, mw) = scales(kind, d, m, b);
+            acc = add_block(kind, isum, dw, mw, a, b, acc);
         }
         let mut out = [0f32; GROUP];
         _mm256_storeu_ps(out.as_mut_ptr(), acc);
