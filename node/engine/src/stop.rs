@@ -44,7 +44,6 @@ impl StopMatcher {
         }
         let new = self.utf8.push(bytes);
         self.pending.push_str(&new);
-        // Earliest match over all stop strings.
         if let Some(pos) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
             self.stopped = true;
             let text = self.pending[..pos].to_string();

@@ -196,7 +196,6 @@ fn batch_bench(engine: Engine, tokens: usize) -> Result<(), Box<dyn std::error::
             tokens,
         )
     };
-    // Warm-up.
     run_requests(&be, (0..2).map(|i| req(i, "warm")).collect())?;
     for c in [1usize, 4, 8, 16] {
         let (r, wall) = run_requests(&be, (0..c).map(|i| req(i, &format!("c{c}-{i}"))).collect())?;

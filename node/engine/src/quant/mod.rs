@@ -300,10 +300,8 @@ impl QMatrix {
         let nb = self.cols / QK;
         let groups = self.rows.div_ceil(GROUP);
         let qb = kind.qbytes();
-        // Several groups per task keep rayon overhead small for 576-row
-        // matrices while still splitting across both cores.
         // One task per thread for decode-sized work (fewer wake-ups); finer
-        // tasks when there is more work so both cores stay balanced.
+        // tasks when there is more work so all threads stay balanced.
         let threads = rayon::current_num_threads().max(1);
         let per_task =
             if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
