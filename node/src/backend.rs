@@ -26,6 +26,7 @@ pub struct NodeClient {
     keyspace: Arc<Keyspace>,
     /// This node's own worker (`--role all`), for its metrics.
     worker: Option<WorkerState>,
+    network: crate::network::Network,
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -40,8 +41,9 @@ impl NodeClient {
         registry: Arc<Mutex<Registry>>,
         keyspace: Arc<Keyspace>,
         worker: Option<WorkerState>,
+        network: crate::network::Network,
     ) -> Self {
-        Self { commands, registry, keyspace, worker }
+        Self { commands, registry, keyspace, worker, network }
     }
 
     /// Submits a job; see [`crate::NodeHandle::submit`].
@@ -116,6 +118,11 @@ impl Backend for NodeClient {
                 out.push_str(&format!("gcs_worker_jobs_ended_total{{termination=\"{kind}\"}} {n}\n"));
             }
         }
+        out.push_str(&format!(
+            "# HELP gcs_network_events_dropped_total Network events dropped while the runtime was behind.\n\
+             # TYPE gcs_network_events_dropped_total counter\ngcs_network_events_dropped_total {}\n",
+            self.network.events_dropped()
+        ));
         let fresh = self.registrations().len();
         out.push_str(&format!(
             "# HELP gcs_fresh_registrations Fresh worker registrations known.\n\

@@ -29,6 +29,9 @@ pub const PROTOCOL_NAME: &str = "/gcs/1.0.0";
 /// Bound of the command and event channels.
 const CHANNEL_BOUND: usize = 1024;
 
+/// The answer to a direct request the runtime has no room for.
+pub const BUSY: &str = "busy";
+
 /// Network settings.
 #[derive(Clone, Debug)]
 pub struct NetworkConfig {
@@ -139,6 +142,7 @@ enum Command {
 pub struct Network {
     tx: mpsc::Sender<Command>,
     peer_id: PeerId,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Network {
@@ -192,11 +196,12 @@ impl Network {
         }
         let (tx, rx) = mpsc::channel(CHANNEL_BOUND);
         let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_BOUND);
+        let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let peer_id = *swarm.local_peer_id();
         let lp = EventLoop {
             swarm,
             rx,
-            events: ev_tx,
+            events: Events { tx: ev_tx, dropped: dropped.clone() },
             limits: config.limits,
             keyspace,
             anti_entropy_interval: config.anti_entropy_interval,
@@ -219,12 +224,17 @@ impl Network {
             bootstrap: config.bootstrap.clone(),
         };
         tokio::spawn(lp.run());
-        Ok((Network { tx, peer_id }, ev_rx))
+        Ok((Network { tx, peer_id, dropped }, ev_rx))
     }
 
     /// This node's peer id.
     pub fn peer_id(&self) -> PeerId {
         self.peer_id
+    }
+
+    /// Events the loop dropped because the runtime was not keeping up.
+    pub fn events_dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn call<T>(
@@ -387,7 +397,7 @@ const REJOIN_EVERY: u64 = 8;
 struct EventLoop {
     swarm: Swarm<Behaviour>,
     rx: mpsc::Receiver<Command>,
-    events: mpsc::Sender<NetEvent>,
+    events: Events,
     limits: Limits,
     keyspace: Arc<Keyspace>,
     anti_entropy_interval: Duration,
@@ -412,9 +422,44 @@ struct EventLoop {
     redial_round: u64,
 }
 
-/// Bounded: a slow consumer slows the loop rather than growing memory.
-async fn emit(events: &mpsc::Sender<NetEvent>, ev: NetEvent) {
-    let _ = events.send(ev).await;
+/// The loop's events to the runtime. Bounded, and never awaited: the
+/// runtime awaits the loop (publish, respond), so a loop that waited for
+/// the runtime could deadlock under a flood. When the queue is full an
+/// event is dropped and counted — gossip is lossy by design (announcements
+/// repeat, anti-entropy repairs), and a dropped direct request is answered
+/// "busy" by the caller of [`Events::emit`]. Gossip gets only the first
+/// three quarters of the queue, so a flood of it never crowds out the
+/// direct requests of running jobs.
+#[derive(Clone)]
+struct Events {
+    tx: mpsc::Sender<NetEvent>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Events {
+    /// Queues `ev`; gives it back when the queue is full (or closed).
+    fn emit(&self, ev: NetEvent) -> Result<(), NetEvent> {
+        self.tx.try_send(ev).map_err(|e| {
+            self.count_drop();
+            e.into_inner()
+        })
+    }
+
+    /// Queues a gossip event while a quarter of the queue is still free.
+    fn emit_gossip(&self, ev: NetEvent) {
+        if self.tx.capacity() <= CHANNEL_BOUND / 4 {
+            self.count_drop();
+        } else {
+            let _ = self.emit(ev);
+        }
+    }
+
+    fn count_drop(&self) {
+        let n = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n.is_power_of_two() {
+            tracing::warn!(dropped = n + 1, "runtime not keeping up: network events dropped");
+        }
+    }
 }
 
 impl EventLoop {
@@ -425,7 +470,7 @@ impl EventLoop {
             tokio::select! {
                 _ = ae.tick() => self.anti_entropy_round(),
                 _ = redial.tick() => self.redial_bootstrap(),
-                ev = self.swarm.select_next_some() => self.on_swarm(ev).await,
+                ev = self.swarm.select_next_some() => self.on_swarm(ev),
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Shutdown(ack)) => break Some(ack),
                     Some(c) => self.on_command(c),
@@ -511,11 +556,13 @@ impl EventLoop {
                 let id = self.next_inbound;
                 self.next_inbound += 1;
                 self.local.insert(id, reply);
-                let events = self.events.clone();
-                // Not awaited here: the consumer may be the one waiting on us.
-                tokio::spawn(async move {
-                    emit(&events, NetEvent::JobRequest { peer, id, request: req }).await
-                });
+                // The runtime asking itself (`--role all`): refused at once
+                // when it is saturated, like a remote request.
+                if self.events.emit(NetEvent::JobRequest { peer, id, request: req }).is_err() {
+                    if let Some(r) = self.local.remove(&id) {
+                        let _ = r.send(Ok(JobResponse::Refused(BUSY.into())));
+                    }
+                }
             }
             Command::Request(peer, req, reply) => {
                 let id = self.swarm.behaviour_mut().jobs.send_request(&peer, req);
@@ -531,11 +578,11 @@ impl EventLoop {
         }
     }
 
-    async fn on_swarm(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+    fn on_swarm(&mut self, ev: SwarmEvent<BehaviourEvent>) {
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::info!(%address, "listening");
-                emit(&self.events, NetEvent::Listening(address)).await;
+                let _ = self.events.emit(NetEvent::Listening(address));
             }
             SwarmEvent::ConnectionEstablished { peer_id, num_established, endpoint, .. }
                 if num_established.get() == 1 =>
@@ -548,26 +595,23 @@ impl EventLoop {
                 tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
                 // A new peer may hold what we missed (late join, healed partition).
                 self.request_anti_entropy(peer_id);
-                emit(&self.events, NetEvent::PeerConnected(peer_id)).await;
+                let _ = self.events.emit(NetEvent::PeerConnected(peer_id));
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
                 peer_id,
                 topic,
             })) => {
-                emit(
-                    &self.events,
-                    NetEvent::PeerSubscribed { peer: peer_id, topic: topic.to_string() },
-                )
-                .await;
+                let ev = NetEvent::PeerSubscribed { peer: peer_id, topic: topic.to_string() };
+                let _ = self.events.emit(ev);
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
-                emit(&self.events, NetEvent::PeerDisconnected(peer_id)).await;
+                let _ = self.events.emit(NetEvent::PeerDisconnected(peer_id));
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 propagation_source,
                 message_id,
                 message,
-            })) => self.on_gossip(propagation_source, message_id, message).await,
+            })) => self.on_gossip(propagation_source, message_id, message),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
                 peer_id,
                 info,
@@ -584,12 +628,12 @@ impl EventLoop {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::AntiEntropy(ev)) => self.on_anti_entropy(ev),
-            SwarmEvent::Behaviour(BehaviourEvent::Jobs(ev)) => self.on_job_protocol(ev).await,
+            SwarmEvent::Behaviour(BehaviourEvent::Jobs(ev)) => self.on_job_protocol(ev),
             _ => {}
         }
     }
 
-    async fn on_job_protocol(&mut self, ev: request_response::Event<JobRequest, JobResponse>) {
+    fn on_job_protocol(&mut self, ev: request_response::Event<JobRequest, JobResponse>) {
         use request_response::{Event, Message as RrMessage};
         match ev {
             Event::Message {
@@ -597,8 +641,12 @@ impl EventLoop {
             } => {
                 let id = self.next_inbound;
                 self.next_inbound += 1;
-                self.inbound.insert(id, channel);
-                emit(&self.events, NetEvent::JobRequest { peer, id, request }).await;
+                if self.events.emit(NetEvent::JobRequest { peer, id, request }).is_ok() {
+                    self.inbound.insert(id, channel);
+                } else {
+                    let busy = JobResponse::Refused(BUSY.into());
+                    let _ = self.swarm.behaviour_mut().jobs.send_response(channel, busy);
+                }
             }
             Event::Message { message: RrMessage::Response { request_id, response }, .. } => {
                 if let Some(r) = self.outbound.remove(&request_id) {
@@ -711,7 +759,7 @@ impl EventLoop {
     /// signature and clock, then topic fit. Invalid → Reject (penalised by
     /// peer scoring); stale or from a newer version → Ignore. Only accepted
     /// messages are forwarded.
-    async fn on_gossip(
+    fn on_gossip(
         &mut self,
         source: PeerId,
         id: gossipsub::MessageId,
@@ -754,7 +802,7 @@ impl EventLoop {
         match verdict {
             Ok(m) => {
                 gs.report_message_validation_result(&id, &source, MessageAcceptance::Accept);
-                emit(&self.events, NetEvent::Message { topic, message: Box::new(m), source }).await;
+                self.events.emit_gossip(NetEvent::Message { topic, message: Box::new(m), source });
             }
             Err(e) => {
                 let penalised = e.is_penalisable();
@@ -762,12 +810,37 @@ impl EventLoop {
                     if penalised { MessageAcceptance::Reject } else { MessageAcceptance::Ignore };
                 gs.report_message_validation_result(&id, &source, acceptance);
                 tracing::debug!(%source, %topic, error = %e, penalised, "refused gossip message");
-                emit(
-                    &self.events,
-                    NetEvent::Refused { topic, reason: e.to_string(), penalised, source },
-                )
-                .await;
+                let ev = NetEvent::Refused { topic, reason: e.to_string(), penalised, source };
+                self.events.emit_gossip(ev);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_event_queue_drops_gossip_first_and_never_blocks() {
+        let (tx, mut rx) = mpsc::channel(CHANNEL_BOUND);
+        let events = Events { tx, dropped: Arc::default() };
+        let peer = PeerId::random();
+        let gossip = || NetEvent::PeerSubscribed { peer, topic: "t".into() };
+        let direct = || NetEvent::PeerConnected(peer);
+        for _ in 0..CHANNEL_BOUND {
+            events.emit_gossip(gossip());
+        }
+        let gossip_kept = CHANNEL_BOUND - CHANNEL_BOUND / 4;
+        assert_eq!(events.dropped.load(std::sync::atomic::Ordering::Relaxed), (CHANNEL_BOUND / 4) as u64);
+        for _ in gossip_kept..CHANNEL_BOUND {
+            assert!(events.emit(direct()).is_ok(), "the last quarter is for direct events");
+        }
+        assert!(events.emit(direct()).is_err(), "full: given back at once, not awaited");
+        let mut n = 0;
+        while rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, CHANNEL_BOUND);
     }
 }

@@ -281,7 +281,13 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         _ => None,
     };
     let jobs_heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let client = NodeClient::new(cmd_tx, registry.clone(), keyspace.clone(), worker.clone());
+    let client = NodeClient::new(
+        cmd_tx,
+        registry.clone(),
+        keyspace.clone(),
+        worker.clone(),
+        network.clone(),
+    );
     let rt = Runtime {
         gateway: (config.role != Role::Worker).then(GatewayState::default),
         worker,
