@@ -5,6 +5,7 @@
 //! - [`lifecycle`]: the job rules as sans-IO machines — the gateway's
 //!   `JobTracker` (claims, fence, penalties) and the worker's `WorkerJob`
 //!   with its admission `Slots`.
+//! - [`models`]: the model catalogue (ids, aliases, files, context) as data.
 //! - [`network`]: the libp2p swarm on one event loop (gossip with
 //!   application-level validation, Kademlia, mDNS, the direct job and
 //!   anti-entropy protocols), driven through a [`Network`] handle.
@@ -22,6 +23,7 @@ mod error;
 mod identity;
 pub mod jobs;
 pub mod lifecycle;
+pub mod models;
 pub mod network;
 mod node;
 mod registry;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gcs_node::{NodeConfig, Role};
-use gcs_protocol::{ApiType, ModelInfo};
+use gcs_protocol::ModelInfo;
 use libp2p::Multiaddr;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -179,10 +179,15 @@ struct RunArgs {
     /// Default wall-clock timeout in ms.
     #[arg(long, env = "GCS_WALL_TIMEOUT_MS", default_value_t = 120_000)]
     wall_timeout_ms: u64,
-    /// CUDA device for the worker; without it the worker runs on CPU.
+    /// Reserved for a GPU device. GPU inference is not implemented: a worker
+    /// given `--gpu` refuses to start (gateways ignore it); workers run the
+    /// engine on CPU.
     #[arg(long, env = "GCS_GPU")]
     gpu: Option<u32>,
-    /// Model to serve: a name in the model cache or a path (repeatable).
+    /// Model to serve, by id or alias, from the model cache:
+    /// `smollm2-135m-instruct` (`gnus-auto`, `gnus-small`) or
+    /// `all-minilm-l6-v2` (`gnus-embed`); repeatable or comma-separated.
+    /// Default: every model the cache holds.
     #[arg(long = "model", env = "GCS_MODEL", value_delimiter = ',')]
     models: Vec<String>,
     /// Swarm this node belongs to; a worker outside `public` also takes the
@@ -218,47 +223,7 @@ fn model_dir() -> PathBuf {
 
 /// The models a worker hosts: named ones, or what the model cache holds.
 fn models(names: &[String]) -> anyhow::Result<Vec<ModelInfo>> {
-    let dir = model_dir();
-    let chat = ModelInfo {
-        model_id: "smollm2-135m-instruct".into(),
-        aliases: vec!["gnus-auto".into(), "gnus-small".into()],
-        context_tokens: 8192,
-        quantization: "q4_1".into(),
-        backend: "burn-cpu".into(),
-        tasks: vec![ApiType::ChatCompletion, ApiType::Completion],
-    };
-    let embed = ModelInfo {
-        model_id: "all-minilm-l6-v2".into(),
-        aliases: vec!["gnus-embed".into()],
-        context_tokens: 256,
-        quantization: "f32".into(),
-        backend: "burn-cpu".into(),
-        tasks: vec![ApiType::Embedding],
-    };
-    let has_chat =
-        dir.join("smollm2-135m-instruct").join(gcs_node::engine_exec::CHAT_GGUF).is_file();
-    let has_embed = dir.join("all-minilm-l6-v2/model.safetensors").is_file();
-    if names.is_empty() {
-        let mut out = vec![];
-        if has_chat {
-            out.push(chat);
-        }
-        if has_embed {
-            out.push(embed);
-        }
-        return Ok(out);
-    }
-    names
-        .iter()
-        .map(|n| match n.as_str() {
-            "smollm2-135m-instruct" | "gnus-auto" | "gnus-small" if has_chat => Ok(chat.clone()),
-            "all-minilm-l6-v2" | "gnus-embed" if has_embed => Ok(embed.clone()),
-            other => bail!(
-                "model {other:?} is not in the model cache {} (run scripts/fetch-models.sh)",
-                dir.display()
-            ),
-        })
-        .collect()
+    Ok(gcs_node::models::available(&model_dir(), names)?)
 }
 
 fn init_logging(format: LogFormat) {
@@ -375,7 +340,7 @@ fn tenants_of(store: &gcs_gateway::KeyStore) -> anyhow::Result<Vec<String>> {
 async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     if let Some(gpu) = cli.gpu {
         if cli.role.is_worker() {
-            bail!("--gpu {gpu}: this build has no CUDA support (rebuild with --features cuda)");
+            bail!("--gpu {gpu}: GPU inference is not implemented (workers run on CPU)");
         }
     }
     let mut config = NodeConfig::new(cli.role, data_dir.clone());
@@ -413,7 +378,7 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
             let models = config.models.clone();
             let max_jobs = config.max_concurrent_jobs;
             let exec = tokio::task::spawn_blocking(move || {
-                gcs_node::engine_exec::EngineExecutor::load(&dir, &models, max_jobs)
+                gcs_node::jobs::engine_exec::EngineExecutor::load(&dir, &models, max_jobs)
             })
             .await?
             .map_err(|e| anyhow::anyhow!("cannot load model: {e}"))?;
