@@ -11,7 +11,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::rustls::ServerConfig;
-use tokio_rustls::TlsAcceptor;
+pub use tokio_rustls::TlsAcceptor;
 
 /// PEM certificate chain and private key.
 #[derive(Clone, Debug)]

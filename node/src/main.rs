@@ -1,7 +1,7 @@
 //! `gcs-node`: one binary for gateways and workers.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -337,13 +337,21 @@ fn tenants_of(store: &gcs_gateway::KeyStore) -> anyhow::Result<Vec<String>> {
     Ok(t)
 }
 
-async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
+/// The node's settings from the command line.
+fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     if let Some(gpu) = cli.gpu {
         if cli.role.is_worker() {
             bail!("--gpu {gpu}: GPU inference is not implemented (workers run on CPU)");
         }
     }
-    let mut config = NodeConfig::new(cli.role, data_dir.clone());
+    for (flag, v) in
+        [("--swarm", Some(&cli.swarm)), ("--private-tenant", cli.private_tenant.as_ref())]
+    {
+        if let Some(v) = v.filter(|v| !gcs_node::topics::valid_tenant(v)) {
+            bail!("{flag} {v:?}: use 1-128 printable ASCII characters without '/' or spaces");
+        }
+    }
+    let mut config = NodeConfig::new(cli.role, data_dir.to_path_buf());
     config.max_concurrent_jobs = cli.max_jobs.max(1);
     config.network.listen = if cli.listen.is_empty() {
         let port = if cli.role == Role::Worker { 0 } else { 4001 };
@@ -352,16 +360,9 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
             format!("/ip4/0.0.0.0/udp/{port}/quic-v1").parse()?,
         ]
     } else {
-        cli.listen
+        cli.listen.clone()
     };
-    config.network.bootstrap = cli.bootstrap;
-    for (flag, v) in
-        [("--swarm", Some(&cli.swarm)), ("--private-tenant", cli.private_tenant.as_ref())]
-    {
-        if let Some(v) = v.filter(|v| !gcs_node::topics::valid_tenant(v)) {
-            bail!("{flag} {v:?}: use 1-128 printable ASCII characters without '/' or spaces");
-        }
-    }
+    config.network.bootstrap = cli.bootstrap.clone();
     config.swarm_id = cli.swarm.clone();
     config.private_tenant = cli.private_tenant.clone();
     config.private_only = cli.private_only;
@@ -369,116 +370,148 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     config.heartbeat_interval = Duration::from_millis(cli.heartbeat_ms.max(100));
     config.registration_ttl =
         Duration::from_millis(cli.registration_ttl_ms.max(cli.heartbeat_ms + 100));
-    if cli.role.is_worker() {
-        config.models = models(&cli.models)?;
-        if config.models.is_empty() {
-            tracing::warn!(dir = %model_dir().display(), "no models in the cache (run scripts/fetch-models.sh); this worker will claim nothing");
-        } else {
-            let dir = model_dir();
-            let models = config.models.clone();
-            let max_jobs = config.max_concurrent_jobs;
-            let exec = tokio::task::spawn_blocking(move || {
-                gcs_node::jobs::engine_exec::EngineExecutor::load(&dir, &models, max_jobs)
-            })
-            .await?
-            .map_err(|e| anyhow::anyhow!("cannot load model: {e}"))?;
-            tracing::info!(models = ?config.models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models loaded");
-            config.executor = Some(std::sync::Arc::new(exec));
-        }
+    Ok(config)
+}
+
+/// A worker's models, and the engine loaded with them.
+async fn load_engine(config: &mut NodeConfig, names: &[String]) -> anyhow::Result<()> {
+    config.models = models(names)?;
+    if config.models.is_empty() {
+        tracing::warn!(dir = %model_dir().display(), "no models in the cache (run scripts/fetch-models.sh); this worker will claim nothing");
+        return Ok(());
     }
-    // The HTTP port is taken before the node starts, so a port in use is a
-    // clear error and not a half-started node.
-    let http = if cli.role != Role::Worker {
-        let tls = match (&cli.tls_cert, &cli.tls_key) {
-            (Some(cert), Some(key)) => {
-                Some(gcs_gateway::serve::acceptor(&gcs_gateway::TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                })?)
-            }
-            _ => None,
-        };
-        let listener = tokio::net::TcpListener::bind(cli.http)
-            .await
-            .with_context(|| format!("cannot listen for HTTP on {}", cli.http))?;
-        Some((listener, tls))
-    } else {
-        None
+    let (dir, models, max_jobs) = (model_dir(), config.models.clone(), config.max_concurrent_jobs);
+    let exec = tokio::task::spawn_blocking(move || {
+        gcs_node::jobs::engine_exec::EngineExecutor::load(&dir, &models, max_jobs)
+    })
+    .await?
+    .map_err(|e| anyhow::anyhow!("cannot load model: {e}"))?;
+    tracing::info!(models = ?config.models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models loaded");
+    config.executor = Some(std::sync::Arc::new(exec));
+    Ok(())
+}
+
+/// The HTTP listener (and TLS), bound before the node starts, so a port in
+/// use is a clear error and not a half-started node.
+async fn bind_http(
+    cli: &RunArgs,
+) -> anyhow::Result<(tokio::net::TcpListener, Option<gcs_gateway::serve::TlsAcceptor>)> {
+    let tls = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => Some(gcs_gateway::serve::acceptor(&gcs_gateway::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        })?),
+        _ => None,
     };
-    let store = gcs_gateway::KeyStore::new(&data_dir);
-    if http.is_some() {
-        if cli.role == Role::All && store.list()?.is_empty() {
-            let new = gcs_gateway::NewKey {
-                tenant_id: "local".into(),
-                project_id: "default".into(),
-                ..Default::default()
-            };
-            let (secret, rec) = store.create(new, gcs_node::now_ms())?;
-            println!(
-                "Created a local API key ({}; shown only this once, stored as a hash in {}):",
-                rec.id,
-                store.path().display()
-            );
-            println!("  {secret}");
-        }
-        // This gateway's tenants: their usage records replicate among the
-        // gateways that serve them (keys added later take effect at restart).
-        config.network.served_tenants = tenants_of(&store)?;
+    let listener = tokio::net::TcpListener::bind(cli.http)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", cli.http))?;
+    Ok((listener, tls))
+}
+
+/// `--role all` on its first start: a local key, shown once.
+fn first_local_key(store: &gcs_gateway::KeyStore) -> anyhow::Result<()> {
+    if !store.list()?.is_empty() {
+        return Ok(());
     }
-    let config_tenants = config.network.served_tenants.clone();
-    let node = gcs_node::start(config).await?;
-    for a in node.listen_addrs().await? {
-        tracing::info!(addr = %a, "dial this node with --bootstrap");
-    }
-    if http.is_some() {
-        // Keys created for a new tenant while the gateway runs: it starts
-        // keeping that tenant's usage records too.
-        let (net, mut served) = (node.network().clone(), config_tenants.clone());
-        let store = gcs_gateway::KeyStore::new(&data_dir);
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(2));
-            loop {
-                every.tick().await;
-                match tenants_of(&store) {
-                    Ok(t) if t != served => match net.serve_tenants(t.clone()).await {
-                        Ok(()) => served = t,
-                        Err(e) => tracing::warn!(error = %e, "cannot update served tenants"),
-                    },
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "cannot read API keys"),
-                }
-            }
-        });
-    }
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = if let Some((listener, tls)) = http {
-        let gw = gcs_gateway::GatewayConfig {
-            stream_buffer_bytes: cli.stream_buffer_bytes,
-            keepalive: Duration::from_millis(cli.keepalive_ms.max(100)),
-            first_token_timeout_ms: cli.first_token_timeout_ms,
-            idle_timeout_ms: cli.idle_timeout_ms,
-            wall_timeout_ms: cli.wall_timeout_ms,
-            max_in_flight: cli.max_in_flight.max(1),
-            swarm_id: cli.swarm.clone(),
-            ..Default::default()
-        };
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let app =
-            gcs_gateway::router(std::sync::Arc::new(node.client()), std::sync::Arc::new(store), gw);
-        println!("OpenAI-compatible API: {scheme}://{}/v1  (keys: gcs-node keys create --data-dir {} --tenant T --project P)", listener.local_addr()?, data_dir.display());
-        tracing::info!(addr = %listener.local_addr()?, scheme, "HTTP API listening");
-        Some(tokio::spawn(gcs_gateway::serve(listener, app, tls, async move {
-            let _ = http_stopped.await;
-        })))
-    } else {
-        None
+    let new = gcs_gateway::NewKey {
+        tenant_id: "local".into(),
+        project_id: "default".into(),
+        ..Default::default()
     };
+    let (secret, rec) = store.create(new, gcs_node::now_ms())?;
+    println!(
+        "Created a local API key ({}; shown only this once, stored as a hash in {}):",
+        rec.id,
+        store.path().display()
+    );
+    println!("  {secret}");
+    Ok(())
+}
+
+/// Keys created for a new tenant while the gateway runs: it starts keeping
+/// that tenant's usage records too.
+fn follow_tenants(net: gcs_node::Network, mut served: Vec<String>, data_dir: &Path) {
+    let store = gcs_gateway::KeyStore::new(data_dir);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            every.tick().await;
+            match tenants_of(&store) {
+                Ok(t) if t != served => match net.serve_tenants(t.clone()).await {
+                    Ok(()) => served = t,
+                    Err(e) => tracing::warn!(error = %e, "cannot update served tenants"),
+                },
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot read API keys"),
+            }
+        }
+    });
+}
+
+fn gateway_config(cli: &RunArgs) -> gcs_gateway::GatewayConfig {
+    gcs_gateway::GatewayConfig {
+        stream_buffer_bytes: cli.stream_buffer_bytes,
+        keepalive: Duration::from_millis(cli.keepalive_ms.max(100)),
+        first_token_timeout_ms: cli.first_token_timeout_ms,
+        idle_timeout_ms: cli.idle_timeout_ms,
+        wall_timeout_ms: cli.wall_timeout_ms,
+        max_in_flight: cli.max_in_flight.max(1),
+        swarm_id: cli.swarm.clone(),
+        ..Default::default()
+    }
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
         _ = term.recv() => {}
     }
+    Ok(())
+}
+
+async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
+    let mut config = node_config(&data_dir, &cli)?;
+    if cli.role.is_worker() {
+        load_engine(&mut config, &cli.models).await?;
+    }
+    let is_gateway = cli.role != Role::Worker;
+    let http = if is_gateway { Some(bind_http(&cli).await?) } else { None };
+    let store = gcs_gateway::KeyStore::new(&data_dir);
+    if is_gateway {
+        if cli.role == Role::All {
+            first_local_key(&store)?;
+        }
+        // This gateway's tenants: their usage records replicate among the
+        // gateways that serve them.
+        config.network.served_tenants = tenants_of(&store)?;
+    }
+    let served = config.network.served_tenants.clone();
+    let node = gcs_node::start(config).await?;
+    for a in node.listen_addrs().await? {
+        tracing::info!(addr = %a, "dial this node with --bootstrap");
+    }
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = match http {
+        Some((listener, tls)) => {
+            follow_tenants(node.network().clone(), served, &data_dir);
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let app = gcs_gateway::router(
+                std::sync::Arc::new(node.client()),
+                std::sync::Arc::new(store),
+                gateway_config(&cli),
+            );
+            println!("OpenAI-compatible API: {scheme}://{}/v1  (keys: gcs-node keys create --data-dir {} --tenant T --project P)", listener.local_addr()?, data_dir.display());
+            tracing::info!(addr = %listener.local_addr()?, scheme, "HTTP API listening");
+            Some(tokio::spawn(gcs_gateway::serve(listener, app, tls, async move {
+                let _ = http_stopped.await;
+            })))
+        }
+        None => None,
+    };
+    wait_for_signal().await?;
     tracing::info!("shutting down");
     let _ = stop_http.send(());
     if let Some(s) = server {
