@@ -25,7 +25,9 @@ pub struct JobSpec {
     pub model: String,
     /// Whether the client streams.
     pub stream: bool,
-    /// The OpenAI request body (JSON bytes).
+    /// The payload the worker runs: a [`crate::payload::JobRequest`] as
+    /// [`crate::payload::JobRequest::encode`] writes it (opaque to the
+    /// network, which signs its hash).
     pub body: Vec<u8>,
     /// Tenant.
     pub tenant_id: String,

@@ -2,19 +2,25 @@
 //! [`Backend`] (the `gcs-node` runtime implements it over libp2p).
 //!
 //! - [`backend`]: the trait between HTTP and the network, and its events.
-//! - [`request`]: request bodies parsed and validated.
+//! - [`request`]: request bodies parsed and validated into typed requests.
+//! - [`payload`]: the typed request a job carries to its worker (versioned).
+//! - [`codec`]: every OpenAI response body, chunk and usage object.
 //! - [`keys`], [`limits`]: API keys (hashed at rest), rate limits, budgets.
+//! - `admit`: authentication, admission and job submission.
 //! - [`completion`], [`sse`]: blocking answers and streams (26.16).
 //! - [`handlers`]: models, health, metrics, usage.
 //! - [`serve`]: plain HTTP or HTTPS (rustls).
 
+mod admit;
 pub mod backend;
+pub mod codec;
 pub mod completion;
 pub mod error;
 pub mod handlers;
 pub mod keys;
 pub mod limits;
 pub mod metrics;
+pub mod payload;
 pub mod request;
 pub mod serve;
 pub mod sse;

@@ -16,12 +16,14 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use gcs_protocol::{ApiType, CancellationReason, FinalResult, StreamChunk};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::admit::{InFlight, EDGE_GRACE};
 use crate::backend::JobEvent;
-use crate::completion::{response_id, result_finish, usage_json, InFlight, EDGE_GRACE};
+use crate::codec::{self, StreamShape};
 use crate::error::ApiError;
+use crate::request::GenerationRequest;
 
 /// Frames queued between the producer and the HTTP body; the byte bound
 /// below is the real limit, this only caps the channel.
@@ -60,8 +62,12 @@ impl Out {
     }
 }
 
-/// Starts the stream for the submitted jobs (one per choice).
-pub(crate) fn respond(f: InFlight, jobs: Vec<(String, mpsc::Receiver<JobEvent>)>) -> Response {
+/// Starts the stream of request `g` for its submitted jobs (one per choice).
+pub(crate) fn respond(
+    f: InFlight,
+    g: &GenerationRequest,
+    jobs: Vec<(String, mpsc::Receiver<JobEvent>)>,
+) -> Response {
     let (tx, frames) = mpsc::channel::<Bytes>(FRAME_QUEUE);
     let queued = Arc::new(AtomicUsize::new(0));
     let out = Out { tx, queued: queued.clone(), max: f.state.config.stream_buffer_bytes };
@@ -81,56 +87,17 @@ pub(crate) fn respond(f: InFlight, jobs: Vec<(String, mpsc::Receiver<JobEvent>)>
         h.insert("x-request-id", v.clone());
         h.insert("x-gcs-job-id", v);
     }
-    tokio::spawn(pump(f, jobs, out));
+    let first = jobs.first().map_or("", |(id, _)| id.as_str());
+    let shape = StreamShape {
+        api: f.common.api_type,
+        id: codec::response_id(f.common.api_type, first),
+        created: f.created_s,
+        model: f.common.model.clone(),
+        include_usage: g.include_usage,
+        logprobs: g.job.logprobs.is_some(),
+    };
+    tokio::spawn(pump(f, shape, jobs, out));
     r
-}
-
-struct Shape {
-    api: ApiType,
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-}
-
-impl Shape {
-    fn chunk(
-        &self,
-        index: usize,
-        content: Option<&str>,
-        role: bool,
-        finish: Option<&str>,
-        logprobs: Value,
-    ) -> Value {
-        let choice = if self.api == ApiType::ChatCompletion {
-            let mut delta = serde_json::Map::new();
-            if role {
-                delta.insert("role".into(), json!("assistant"));
-            }
-            if let Some(c) = content {
-                delta.insert("content".into(), json!(c));
-            }
-            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-        } else {
-            json!({"index": index, "text": content.unwrap_or(""), "logprobs": null,
-                   "finish_reason": finish})
-        };
-        self.wrap(vec![choice])
-    }
-
-    fn wrap(&self, choices: Vec<Value>) -> Value {
-        let object = if self.api == ApiType::ChatCompletion {
-            "chat.completion.chunk"
-        } else {
-            "text_completion"
-        };
-        let mut v = json!({"id": self.id, "object": object, "created": self.created,
-                           "model": self.model, "system_fingerprint": null, "choices": choices});
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
-    }
 }
 
 /// One choice's stream state.
@@ -154,17 +121,15 @@ struct Progress {
     last_at: Instant,
 }
 
-async fn pump(mut f: InFlight, jobs: Vec<(String, mpsc::Receiver<JobEvent>)>, out: Out) {
+async fn pump(
+    mut f: InFlight,
+    shape: StreamShape,
+    jobs: Vec<(String, mpsc::Receiver<JobEvent>)>,
+    out: Out,
+) {
     let state = f.state.clone();
     state.metrics.active_streams.fetch_add(1, Ordering::Relaxed);
     let ids: Vec<String> = jobs.iter().map(|(id, _)| id.clone()).collect();
-    let shape = Shape {
-        api: f.parsed.api_type,
-        id: response_id(f.parsed.api_type, &ids[0]),
-        created: f.created_s,
-        model: f.parsed.model.clone(),
-        include_usage: f.parsed.include_usage,
-    };
     // One merged, ordered-per-choice event stream, tagged by choice index.
     let mut events =
         futures::stream::select_all(jobs.into_iter().enumerate().map(|(i, (_, rx))| {
@@ -245,7 +210,7 @@ fn on_event(
     f: &mut InFlight,
     job_id: &str,
     i: usize,
-    shape: &Shape,
+    shape: &StreamShape,
     p: &mut Progress,
     out: &Out,
     ev: JobEvent,
@@ -290,7 +255,7 @@ fn on_event(
 fn chunk(
     f: &InFlight,
     i: usize,
-    shape: &Shape,
+    shape: &StreamShape,
     p: &mut Progress,
     out: &Out,
     c: &StreamChunk,
@@ -300,8 +265,8 @@ fn chunk(
     let ch = &mut p.choices[i];
     if text.is_some() || (!ch.role_sent && shape.api == ApiType::ChatCompletion) {
         let role = !ch.role_sent;
-        let lp = if f.parsed.logprobs && text.is_some() {
-            crate::completion::logprobs_json(&c.delta.logprobs)
+        let lp = if shape.logprobs && text.is_some() {
+            codec::logprobs(&c.delta.logprobs)
         } else {
             Value::Null
         };
@@ -330,14 +295,15 @@ fn chunk(
 fn completed(
     f: &mut InFlight,
     i: usize,
-    shape: &Shape,
+    shape: &StreamShape,
     p: &mut Progress,
     out: &Out,
     r: &FinalResult,
 ) -> Result<bool, Stop> {
     let ch = &mut p.choices[i];
     if !ch.finish_sent {
-        out.data(&shape.chunk(i, None, false, Some(&result_finish(r)), Value::Null))?;
+        let finish = codec::result_finish(r);
+        out.data(&shape.chunk(i, None, false, Some(&finish), Value::Null))?;
         ch.finish_sent = true;
     }
     ch.done = true;
@@ -358,9 +324,7 @@ fn completed(
     f.used_tokens = Some(prompt.input_tokens + completion);
     if shape.include_usage {
         let total = gcs_protocol::Metering { output_tokens: completion, ..prompt };
-        let mut v = shape.wrap(vec![]);
-        v["usage"] = usage_json(Some(&total), completion);
-        out.data(&v)?;
+        out.data(&shape.usage_chunk(codec::metered_usage(Some(&total), completion)))?;
     }
     out.send("data: [DONE]\n\n".into())?;
     Ok(false)

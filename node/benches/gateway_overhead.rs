@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gcs_node::engine_exec::EngineExecutor;
+use gcs_node::jobs::engine_exec::EngineExecutor;
 use gcs_node::jobs::executor::{ExecRequest, Executor};
 use gcs_node::{start, NodeConfig, Role};
 use gcs_protocol::{ApiType, ModelInfo};
@@ -22,6 +22,15 @@ fn body() -> serde_json::Value {
     serde_json::json!({"model": "gnus-auto", "max_tokens": TOKENS, "temperature": 0, "stream": true,
         "logit_bias": {"0": -100, "1": -100, "2": -100},
         "messages": [{"role": "user", "content": "Describe the sea in detail."}]})
+}
+
+/// The job payload the gateway builds for [`body`].
+fn payload() -> Vec<u8> {
+    let bytes = serde_json::to_vec(&body()).unwrap();
+    match gcs_gateway::request::parse(ApiType::ChatCompletion, &bytes).unwrap() {
+        gcs_gateway::request::Parsed::Generation(g) => g.choice(0).encode().unwrap(),
+        gcs_gateway::request::Parsed::Embedding(_) => panic!("not a chat body"),
+    }
 }
 
 /// (TTFT, decode tokens/s after the first token) through the HTTP API.
@@ -65,7 +74,7 @@ fn direct(exec: &EngineExecutor) -> (f64, f64) {
     let req = ExecRequest {
         api_type: ApiType::ChatCompletion,
         model: "smollm2-135m-instruct".into(),
-        body: serde_json::to_vec(&body()).unwrap(),
+        body: payload(),
         tenant_id: "bench".into(),
     };
     let t0 = Instant::now();

@@ -8,10 +8,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gcs_engine::{ChatMessage, GenerateRequest, SamplingParams};
-use gcs_node::engine_exec::EngineExecutor;
+use gcs_node::jobs::engine_exec::EngineExecutor;
 use gcs_node::jobs::{JobEvent, JobSpec};
 use gcs_node::{start, NodeConfig, Role};
 use gcs_protocol::{ApiType, JobLimits, ModelInfo};
+
+/// The job payload the gateway builds for this OpenAI body.
+fn payload(body: &serde_json::Value) -> Vec<u8> {
+    let bytes = serde_json::to_vec(body).unwrap();
+    match gcs_gateway::request::parse(ApiType::ChatCompletion, &bytes).unwrap() {
+        gcs_gateway::request::Parsed::Generation(g) => g.choice(0).encode().unwrap(),
+        gcs_gateway::request::Parsed::Embedding(_) => panic!("not a chat body"),
+    }
+}
 
 fn model_dir() -> std::path::PathBuf {
     std::env::var_os("GCS_MODEL_DIR").map(Into::into).unwrap_or_else(|| {
@@ -85,7 +94,7 @@ async fn smollm2_answers_through_gateway_and_worker() {
             api_type: ApiType::ChatCompletion,
             model: "gnus-auto".into(),
             stream: true,
-            body: serde_json::to_vec(&body).unwrap(),
+            body: payload(&body),
             tenant_id: "t".into(),
             project_id: "p".into(),
             api_key_id: "k".into(),

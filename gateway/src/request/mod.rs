@@ -1,12 +1,20 @@
 //! OpenAI request bodies: parsed, validated and normalised before a job is
-//! built. Every field we accept is either applied (by the worker) or
-//! rejected with an `invalid_request_error` naming it; unknown fields are
-//! ignored, as OpenAI clients expect.
+//! built. Every field we accept is either applied (by the worker, through
+//! the typed [`JobRequest`] it receives) or rejected with an
+//! `invalid_request_error` naming it; unknown fields are ignored, as OpenAI
+//! clients expect.
+
+use std::collections::BTreeMap;
 
 use gcs_protocol::{ApiType, PrivacyLevel, RoutingMode};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+mod gnus;
+
+use gnus::gnus_extension;
+
+use crate::payload::{Embedding, Generation, JobRequest, Message, Prompt, Role, Sampling};
 
 /// Largest completion a request may ask for.
 pub const MAX_COMPLETION_TOKENS: u64 = 4096;
@@ -28,22 +36,14 @@ pub struct TimeoutOverrides {
     pub wall_ms: Option<u64>,
 }
 
-/// A validated request.
+/// What every request has: the model, and how its jobs are routed and
+/// admitted.
 #[derive(Clone, Debug)]
-pub struct Parsed {
+pub struct Common {
     /// API surface.
     pub api_type: ApiType,
     /// Requested model or alias.
     pub model: String,
-    /// SSE or one JSON body.
-    pub stream: bool,
-    /// `stream_options.include_usage`.
-    pub include_usage: bool,
-    /// Completion budget (chat and completions).
-    pub max_tokens: u64,
-    /// Choices to generate (`n`; each is its own job, so they may run on
-    /// different workers).
-    pub n: u32,
     /// Characters of prompt text, for the admission estimate.
     pub prompt_chars: usize,
     /// Routing mode (`gnus.network`, default public).
@@ -52,14 +52,82 @@ pub struct Parsed {
     pub privacy: PrivacyLevel,
     /// Timeout overrides.
     pub timeouts: TimeoutOverrides,
-    /// Embedding inputs, in order.
-    pub inputs: Vec<String>,
+}
+
+/// A validated chat or legacy completion request.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    /// Model, routing, limits.
+    pub common: Common,
+    /// SSE or one JSON body.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Choices to generate (`n`; each is its own job, so they may run on
+    /// different workers).
+    pub n: u32,
+    /// The field that set the completion budget, named when it is refused.
+    pub budget_field: &'static str,
+    /// What each choice's worker runs.
+    pub job: Generation,
+}
+
+/// A validated embeddings request.
+#[derive(Clone, Debug)]
+pub struct EmbeddingRequest {
+    /// Model, routing, limits.
+    pub common: Common,
     /// `encoding_format: base64`.
     pub base64: bool,
-    /// The body as it goes to the worker.
-    pub body: Map<String, Value>,
-    /// Chat `logprobs: true`: each choice carries `logprobs.content`.
-    pub logprobs: bool,
+    /// Every input, in order (split into jobs by the handler).
+    pub job: Embedding,
+}
+
+/// A validated request, by kind.
+#[derive(Clone, Debug)]
+pub enum Parsed {
+    /// `/v1/chat/completions` or `/v1/completions`.
+    Generation(GenerationRequest),
+    /// `/v1/embeddings`.
+    Embedding(EmbeddingRequest),
+}
+
+impl Parsed {
+    /// Model, routing, limits.
+    pub fn common(&self) -> &Common {
+        match self {
+            Parsed::Generation(g) => &g.common,
+            Parsed::Embedding(e) => &e.common,
+        }
+    }
+
+    /// The completion budget of each choice (0 for embeddings).
+    pub fn max_tokens(&self) -> u64 {
+        match self {
+            Parsed::Generation(g) => u64::from(g.job.max_tokens),
+            Parsed::Embedding(_) => 0,
+        }
+    }
+
+    /// Choices (1 for embeddings).
+    pub fn n(&self) -> u32 {
+        match self {
+            Parsed::Generation(g) => g.n,
+            Parsed::Embedding(_) => 1,
+        }
+    }
+}
+
+impl GenerationRequest {
+    /// The job of choice `i`: its own seed when one was given, so the
+    /// choices differ under sampling the way OpenAI's do.
+    pub fn choice(&self, i: u32) -> JobRequest {
+        let mut job = self.job.clone();
+        if let Some(seed) = job.sampling.seed.as_mut() {
+            *seed = seed.wrapping_add(u64::from(i));
+        }
+        JobRequest::Generation(job)
+    }
 }
 
 fn num(body: &Map<String, Value>, k: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
@@ -113,47 +181,38 @@ pub fn parse(api_type: ApiType, bytes: &[u8]) -> Result<Parsed, ApiError> {
         Some(_) => return Err(ApiError::invalid("model", "'model' must be a non-empty string")),
     };
     let (network, privacy, timeouts) = gnus_extension(&body)?;
-    let mut p = Parsed {
-        api_type,
-        model,
-        stream: false,
-        include_usage: false,
-        max_tokens: 0,
-        n: 1,
-        prompt_chars: 0,
-        network,
-        privacy,
-        timeouts,
-        inputs: vec![],
-        base64: false,
-        body: Map::new(),
-        logprobs: false,
-    };
+    let common = Common { api_type, model, prompt_chars: 0, network, privacy, timeouts };
     match api_type {
-        ApiType::Embedding => embeddings(&body, &mut p)?,
-        ApiType::ChatCompletion | ApiType::Completion => generation(&body, &mut p)?,
+        ApiType::Embedding => embeddings(&body, common).map(Parsed::Embedding),
+        ApiType::ChatCompletion | ApiType::Completion => {
+            generation(&body, common).map(Parsed::Generation)
+        }
     }
-    p.body = body;
-    Ok(p)
 }
 
-fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError> {
-    if p.api_type == ApiType::ChatCompletion {
-        p.prompt_chars = messages(body)?;
+fn generation(body: &Map<String, Value>, mut common: Common) -> Result<GenerationRequest, ApiError> {
+    let api = common.api_type;
+    let (prompt, chars) = if api == ApiType::ChatCompletion {
+        let (msgs, chars) = messages(body)?;
+        (Prompt::Chat(msgs), chars)
     } else {
-        p.prompt_chars = prompt(body)?;
-    }
-    p.stream = boolean(body, "stream")?;
+        let text = prompt(body)?;
+        let chars = text.len();
+        (Prompt::Text(text), chars)
+    };
+    common.prompt_chars = chars;
+    let stream = boolean(body, "stream")?;
+    let mut include_usage = false;
     match body.get("stream_options") {
         None | Some(Value::Null) => {}
         Some(Value::Object(o)) => {
-            if !p.stream {
+            if !stream {
                 return Err(ApiError::invalid(
                     "stream_options",
                     "'stream_options' is only allowed when 'stream' is true",
                 ));
             }
-            p.include_usage = boolean(o, "include_usage").map_err(|_| {
+            include_usage = boolean(o, "include_usage").map_err(|_| {
                 ApiError::invalid("stream_options.include_usage", "must be a boolean")
             })?;
         }
@@ -161,49 +220,32 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
     }
     let mct = uint(body, "max_completion_tokens", 1, MAX_COMPLETION_TOKENS)?;
     let mt = uint(body, "max_tokens", 1, MAX_COMPLETION_TOKENS)?;
-    p.max_tokens = mct.or(mt).unwrap_or(DEFAULT_COMPLETION_TOKENS);
-    num(body, "temperature", 0.0, 2.0)?;
-    num(body, "top_p", 0.0, 1.0)?;
-    uint(body, "top_k", 0, 1_000_000)?;
-    num(body, "min_p", 0.0, 1.0)?;
-    num(body, "frequency_penalty", -2.0, 2.0)?;
-    num(body, "presence_penalty", -2.0, 2.0)?;
-    match body.get("seed") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.as_i64().is_some() || v.as_u64().is_some() => {}
-        Some(_) => return Err(ApiError::invalid("seed", "'seed' must be an integer")),
-    }
-    match body.get("stop") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(_)) => {}
+    let max_tokens = mct.or(mt).unwrap_or(DEFAULT_COMPLETION_TOKENS);
+    let budget_field = if body.contains_key("max_completion_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let mut sampling = sampling(body)?;
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a))
-            if a.len() <= 4 && a.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) => {}
+            if a.len() <= 4 && a.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) =>
+        {
+            a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 "stop",
                 "'stop' must be a string or an array of up to 4 non-empty strings",
             ))
         }
-    }
-    match body.get("logit_bias") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(o)) => {
-            for (k, v) in o {
-                if k.parse::<u32>().is_err()
-                    || !v.as_f64().is_some_and(|x| (-100.0..=100.0).contains(&x))
-                {
-                    return Err(ApiError::invalid(
-                        "logit_bias",
-                        "'logit_bias' maps token ids to numbers from -100 to 100",
-                    ));
-                }
-            }
-        }
-        Some(_) => return Err(ApiError::invalid("logit_bias", "'logit_bias' must be an object")),
-    }
-    p.n = uint(body, "n", 1, MAX_N)?.unwrap_or(1) as u32;
+    };
+    sampling.logit_bias = logit_bias(body)?;
+    let n = uint(body, "n", 1, MAX_N)?.unwrap_or(1) as u32;
     let top = uint(body, "top_logprobs", 0, 20)?;
-    match (p.api_type, body.get("logprobs")) {
+    let logprobs = match (api, body.get("logprobs")) {
         (_, None | Some(Value::Null) | Some(Value::Bool(false))) => {
             if top.is_some_and(|t| t > 0) {
                 return Err(ApiError::invalid(
@@ -211,8 +253,9 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
                     "'top_logprobs' needs 'logprobs': true",
                 ));
             }
+            None
         }
-        (ApiType::ChatCompletion, Some(Value::Bool(true))) => p.logprobs = true,
+        (ApiType::ChatCompletion, Some(Value::Bool(true))) => Some(top.unwrap_or(0) as u8),
         (ApiType::ChatCompletion, Some(_)) => {
             return Err(ApiError::invalid("logprobs", "'logprobs' must be a boolean"))
         }
@@ -223,7 +266,62 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
                 "log probabilities are served on /v1/chat/completions only",
             ))
         }
+    };
+    unsupported_generation_fields(body, api)?;
+    let job = Generation { prompt, max_tokens: max_tokens as u32, sampling, stop, logprobs };
+    Ok(GenerationRequest { common, stream, include_usage, n, budget_field, job })
+}
+
+fn sampling(body: &Map<String, Value>) -> Result<Sampling, ApiError> {
+    let d = Sampling::default();
+    let f = |k: &str, lo: f64, hi: f64, default: f32| -> Result<f32, ApiError> {
+        Ok(num(body, k, lo, hi)?.map_or(default, |x| x as f32))
+    };
+    let temperature = f("temperature", 0.0, 2.0, d.temperature)?;
+    let top_p = f("top_p", 0.0, 1.0, d.top_p)?;
+    let top_k = uint(body, "top_k", 0, 1_000_000)?.map_or(d.top_k, |k| k as u32);
+    let min_p = f("min_p", 0.0, 1.0, d.min_p)?;
+    let frequency_penalty = f("frequency_penalty", -2.0, 2.0, d.frequency_penalty)?;
+    let presence_penalty = f("presence_penalty", -2.0, 2.0, d.presence_penalty)?;
+    let seed = match body.get("seed") {
+        None | Some(Value::Null) => None,
+        // A negative seed runs as its two's complement.
+        Some(v) if v.as_i64().is_some() || v.as_u64().is_some() => {
+            v.as_u64().or_else(|| v.as_i64().map(|i| i as u64))
+        }
+        Some(_) => return Err(ApiError::invalid("seed", "'seed' must be an integer")),
+    };
+    Ok(Sampling {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        seed,
+        frequency_penalty,
+        presence_penalty,
+        logit_bias: Default::default(),
+    })
+}
+
+fn logit_bias(body: &Map<String, Value>) -> Result<BTreeMap<u32, f32>, ApiError> {
+    match body.get("logit_bias") {
+        None | Some(Value::Null) => Ok(BTreeMap::new()),
+        Some(Value::Object(o)) => o
+            .iter()
+            .map(|(k, v)| match (k.parse::<u32>(), v.as_f64()) {
+                (Ok(id), Some(x)) if (-100.0..=100.0).contains(&x) => Ok((id, x as f32)),
+                _ => Err(ApiError::invalid(
+                    "logit_bias",
+                    "'logit_bias' maps token ids to numbers from -100 to 100",
+                )),
+            })
+            .collect(),
+        Some(_) => Err(ApiError::invalid("logit_bias", "'logit_bias' must be an object")),
     }
+}
+
+/// Fields no node can honour: refused by name rather than ignored.
+fn unsupported_generation_fields(body: &Map<String, Value>, api: ApiType) -> Result<(), ApiError> {
     for k in ["tools", "functions", "audio", "prediction", "web_search_options"] {
         if present(body, k) {
             return Err(ApiError::unsupported(k, format!("'{k}' is not supported by any node")));
@@ -247,7 +345,7 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
             return Err(ApiError::unsupported("modalities", "only text output is supported"));
         }
     }
-    if p.api_type == ApiType::Completion {
+    if api == ApiType::Completion {
         if boolean(body, "echo")? {
             return Err(ApiError::unsupported("echo", "'echo' is not supported"));
         }
@@ -261,8 +359,9 @@ fn generation(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
     Ok(())
 }
 
-/// Validates `messages`; returns the characters of text they hold.
-fn messages(body: &Map<String, Value>) -> Result<usize, ApiError> {
+/// Validates `messages`; returns them typed, and the characters of text
+/// they hold.
+fn messages(body: &Map<String, Value>) -> Result<(Vec<Message>, usize), ApiError> {
     let msgs = match body.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         None | Some(Value::Null) => return Err(ApiError::missing("messages")),
@@ -271,13 +370,15 @@ fn messages(body: &Map<String, Value>) -> Result<usize, ApiError> {
         }
     };
     let mut chars = 0;
+    let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.iter().enumerate() {
         let at = |s: &str| format!("messages[{i}]{s}");
         let Some(o) = m.as_object() else {
             return Err(ApiError::invalid(&at(""), "each message must be an object"));
         };
-        match o.get("role").and_then(Value::as_str) {
-            Some("system" | "developer" | "user") => {}
+        let role = match o.get("role").and_then(Value::as_str) {
+            Some("system" | "developer") => Role::System,
+            Some("user") => Role::User,
             Some("assistant") => {
                 if present(o, "tool_calls") || present(o, "function_call") || present(o, "audio") {
                     return Err(ApiError::unsupported(
@@ -285,6 +386,7 @@ fn messages(body: &Map<String, Value>) -> Result<usize, ApiError> {
                         "tool calls are not supported by any node",
                     ));
                 }
+                Role::Assistant
             }
             Some(r @ ("tool" | "function")) => {
                 return Err(ApiError::unsupported(
@@ -299,17 +401,17 @@ fn messages(body: &Map<String, Value>) -> Result<usize, ApiError> {
                 ))
             }
             None => return Err(ApiError::missing(&at(".role"))),
-        }
-        match o.get("content") {
-            Some(Value::String(s)) => chars += s.len(),
+        };
+        let content = match o.get("content") {
+            Some(Value::String(s)) => s.clone(),
             // An assistant turn may have no content (OpenAI allows null).
-            None | Some(Value::Null)
-                if o.get("role").and_then(Value::as_str) == Some("assistant") => {}
+            None | Some(Value::Null) if role == Role::Assistant => String::new(),
             Some(Value::Array(parts)) => {
+                let mut text = String::new();
                 for (j, part) in parts.iter().enumerate() {
                     let pat = at(&format!(".content[{j}]"));
                     match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => chars += t.len(),
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
                         (Some("text"), _) => {
                             return Err(ApiError::invalid(
                                 &pat,
@@ -325,6 +427,7 @@ fn messages(body: &Map<String, Value>) -> Result<usize, ApiError> {
                         (None, _) => return Err(ApiError::missing(&format!("{pat}.type"))),
                     }
                 }
+                text
             }
             None | Some(Value::Null) => return Err(ApiError::missing(&at(".content"))),
             Some(_) => {
@@ -333,16 +436,18 @@ fn messages(body: &Map<String, Value>) -> Result<usize, ApiError> {
                     "content must be a string or an array of text parts",
                 ))
             }
-        }
+        };
+        chars += content.len();
+        out.push(Message { role, content });
     }
-    Ok(chars)
+    Ok((out, chars))
 }
 
-fn prompt(body: &Map<String, Value>) -> Result<usize, ApiError> {
+fn prompt(body: &Map<String, Value>) -> Result<String, ApiError> {
     match body.get("prompt") {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.len()),
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         Some(Value::Array(a)) if a.len() == 1 && a[0].as_str().is_some_and(|s| !s.is_empty()) => {
-            Ok(a[0].as_str().map_or(0, str::len))
+            Ok(a[0].as_str().unwrap_or_default().to_string())
         }
         Some(Value::Array(a)) if a.iter().all(Value::is_string) && a.len() > 1 => {
             Err(ApiError::unsupported("prompt", "only one prompt per request is supported"))
@@ -356,8 +461,8 @@ fn prompt(body: &Map<String, Value>) -> Result<usize, ApiError> {
     }
 }
 
-fn embeddings(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError> {
-    p.inputs = match body.get("input") {
+fn embeddings(body: &Map<String, Value>, mut common: Common) -> Result<EmbeddingRequest, ApiError> {
+    let inputs: Vec<String> = match body.get("input") {
         Some(Value::String(s)) if !s.is_empty() => vec![s.clone()],
         Some(Value::Array(a))
             if !a.is_empty() && a.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) =>
@@ -381,8 +486,8 @@ fn embeddings(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
             ))
         }
     };
-    p.prompt_chars = p.inputs.iter().map(String::len).sum();
-    p.base64 = match body.get("encoding_format").map(Value::as_str) {
+    common.prompt_chars = inputs.iter().map(String::len).sum();
+    let base64 = match body.get("encoding_format").map(Value::as_str) {
         None | Some(Some("float")) => false,
         Some(Some("base64")) => true,
         _ => {
@@ -395,188 +500,8 @@ fn embeddings(body: &Map<String, Value>, p: &mut Parsed) -> Result<(), ApiError>
     if present(body, "dimensions") {
         return Err(ApiError::unsupported("dimensions", "'dimensions' is not supported"));
     }
-    Ok(())
-}
-
-fn parse_enum<T: Copy + std::fmt::Display>(all: &[T], s: &str) -> Option<T> {
-    all.iter().copied().find(|v| v.to_string() == s)
-}
-
-type Extension = (RoutingMode, PrivacyLevel, TimeoutOverrides);
-
-/// The `gnus` extension object (26.15.4).
-fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, ApiError> {
-    let mut out = (RoutingMode::Public, PrivacyLevel::Standard, TimeoutOverrides::default());
-    let g = match body.get("gnus") {
-        None | Some(Value::Null) => return Ok(out),
-        Some(Value::Object(g)) => g,
-        Some(_) => return Err(ApiError::invalid("gnus", "'gnus' must be an object")),
-    };
-    if let Some(n) = g.get("network").filter(|v| !v.is_null()) {
-        let s = n.as_str().unwrap_or_default();
-        out.0 = match s {
-            "public" => RoutingMode::Public,
-            "private" => RoutingMode::Private,
-            "hybrid" => RoutingMode::Hybrid,
-            "local" | "local_only" => RoutingMode::LocalOnly,
-            _ => {
-                return Err(ApiError::invalid(
-                    "gnus.network",
-                    "'gnus.network' must be public, private, hybrid or local_only",
-                ))
-            }
-        };
-    }
-    if let Some(pm) = g.get("privacy_mode").filter(|v| !v.is_null()) {
-        let s = pm.as_str().unwrap_or_default();
-        out.1 = match s {
-            // The spec's example calls the private-pool level "enterprise".
-            "enterprise" => PrivacyLevel::PrivatePool,
-            _ => parse_enum(PrivacyLevel::ALL, s).ok_or_else(|| {
-                ApiError::invalid("gnus.privacy_mode", format!("unknown privacy mode '{s}'"))
-            })?,
-        };
-        if matches!(out.1, PrivacyLevel::EncryptedPayload | PrivacyLevel::MetadataMinimized) {
-            return Err(ApiError::unsupported(
-                "gnus.privacy_mode",
-                format!("privacy mode '{s}' is not supported yet"),
-            ));
-        }
-    }
-    if let Some(r) = g.get("routing").and_then(Value::as_object) {
-        if r.get("claim_policy").and_then(Value::as_str).is_some_and(|c| c != "first_valid_claim") {
-            return Err(ApiError::unsupported(
-                "gnus.routing.claim_policy",
-                "only first_valid_claim is supported",
-            ));
-        }
-        if r.get("replication_factor").is_some_and(|x| x.as_u64() != Some(1)) {
-            return Err(ApiError::unsupported(
-                "gnus.routing.replication_factor",
-                "only replication_factor 1 is supported",
-            ));
-        }
-        if r.get("verification_mode").and_then(Value::as_str).is_some_and(|c| c != "none") {
-            return Err(ApiError::unsupported(
-                "gnus.routing.verification_mode",
-                "only verification_mode none is supported",
-            ));
-        }
-    }
-    if present(g, "retrieval") {
-        return Err(ApiError::unsupported("gnus.retrieval", "no retrieval nodes are available"));
-    }
-    if let Some(l) = g.get("limits").and_then(Value::as_object) {
-        let ms = |k: &str| {
-            uint(l, k, 100, 3_600_000).map_err(|_| {
-                ApiError::invalid(
-                    &format!("gnus.limits.{k}"),
-                    "must be milliseconds from 100 to 3600000",
-                )
-            })
-        };
-        out.2 = TimeoutOverrides {
-            first_token_ms: ms("first_token_timeout_ms")?,
-            idle_ms: ms("idle_stream_timeout_ms")?,
-            wall_ms: ms("wall_timeout_ms")?,
-        };
-    }
-    Ok(out)
+    Ok(EmbeddingRequest { common, base64, job: Embedding { inputs } })
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use serde_json::json;
-
-    fn chat(v: Value) -> Result<Parsed, ApiError> {
-        parse(ApiType::ChatCompletion, &serde_json::to_vec(&v).unwrap())
-    }
-
-    #[test]
-    fn a_plain_chat_request_parses() {
-        let p = chat(json!({"model": "gnus-auto", "messages": [{"role": "user", "content": "hi"}],
-                            "stream": true, "stream_options": {"include_usage": true},
-                            "max_tokens": 7, "some_future_field": 1}))
-        .unwrap();
-        assert!(p.stream && p.include_usage);
-        assert_eq!((p.max_tokens, p.prompt_chars), (7, 2));
-    }
-
-    #[test]
-    fn max_completion_tokens_wins_over_max_tokens() {
-        let p = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                            "max_tokens": 7, "max_completion_tokens": 9}))
-        .unwrap();
-        assert_eq!(p.max_tokens, 9);
-    }
-
-    #[test]
-    fn what_cannot_be_honoured_is_rejected_naming_the_param() {
-        let m = json!([{"role": "user", "content": "x"}]);
-        let cases = [
-            (json!({"messages": m}), "model"),
-            (json!({"model": "m"}), "messages"),
-            (json!({"model": "m", "messages": []}), "messages"),
-            (json!({"model": "m", "messages": m, "temperature": 3}), "temperature"),
-            (json!({"model": "m", "messages": m, "n": 9}), "n"),
-            (json!({"model": "m", "messages": m, "stop": [1]}), "stop"),
-            (json!({"model": "m", "messages": m, "logit_bias": {"x": 1}}), "logit_bias"),
-            (json!({"model": "m", "messages": m, "tools": [{"type": "function"}]}), "tools"),
-            (
-                json!({"model": "m", "messages": m, "stream_options": {"include_usage": true}}),
-                "stream_options",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
-                "messages[0].content[0].type",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}),
-                "messages[0].role",
-            ),
-            (json!({"model": "m", "messages": m, "gnus": {"network": "moon"}}), "gnus.network"),
-            (
-                json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
-        ];
-        for (body, param) in cases {
-            let e = chat(body.clone()).unwrap_err();
-            assert_eq!(e.status.as_u16(), 400, "{body}");
-            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
-        }
-    }
-
-    #[test]
-    fn malformed_json_is_a_400() {
-        let e = parse(ApiType::ChatCompletion, b"{\"model\":").unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code.as_str()), (400, "invalid_json"));
-    }
-
-    #[test]
-    fn embeddings_take_strings_or_arrays_of_strings() {
-        let p = parse(ApiType::Embedding, br#"{"model":"e","input":["a","bc"]}"#).unwrap();
-        assert_eq!(p.inputs, vec!["a", "bc"]);
-        let e = parse(ApiType::Embedding, br#"{"model":"e","input":[[1,2]]}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("input"));
-        let p =
-            parse(ApiType::Embedding, br#"{"model":"e","input":"x","encoding_format":"base64"}"#)
-                .unwrap();
-        assert!(p.base64);
-    }
-
-    #[test]
-    fn the_gnus_extension_sets_routing_and_timeouts() {
-        let p = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
-            "gnus": {"network": "hybrid", "privacy_mode": "enterprise",
-                     "routing": {"claim_policy": "first_valid_claim", "replication_factor": 1},
-                     "limits": {"max_cost_gnus": "auto", "wall_timeout_ms": 5000}}}))
-        .unwrap();
-        assert_eq!(p.network, RoutingMode::Hybrid);
-        assert_eq!(p.privacy, PrivacyLevel::PrivatePool);
-        assert_eq!(p.timeouts.wall_ms, Some(5000));
-    }
-}
+mod tests;

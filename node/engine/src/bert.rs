@@ -258,8 +258,15 @@ impl Embedder {
 
     /// Embed a batch of texts: mean-pooled, L2-normalised vectors.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        self.embed_counted(texts).map(|(v, _)| v)
+    }
+
+    /// [`Embedder::embed`], and the tokens the encoder read (after
+    /// truncation, with the special tokens, without padding): the usage
+    /// of the request.
+    pub fn embed_counted(&self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, usize)> {
         if texts.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let encs = self
             .tokenizer
@@ -269,9 +276,11 @@ impl Embedder {
         let l = encs[0].len();
         let mut ids = Vec::with_capacity(b * l);
         let mut mask = Vec::with_capacity(b * l);
+        let mut tokens = 0;
         for e in &encs {
             ids.extend(e.get_ids().iter().map(|&i| i as i64));
             mask.extend(e.get_attention_mask().iter().map(|&m| m as f32));
+            tokens += e.get_attention_mask().iter().filter(|&&m| m != 0).count();
         }
         let ids_t = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, l]), &self.device);
         let mask_t = Tensor::<2>::from_data(TensorData::new(mask, [b, l]), &self.device);
@@ -285,6 +294,6 @@ impl Embedder {
             .into_data()
             .try_into_vec::<f32>()
             .map_err(|e| EngineError::InvalidRequest(format!("embedding output: {e:?}")))?;
-        Ok(out.chunks(self.dim).map(<[f32]>::to_vec).collect())
+        Ok((out.chunks(self.dim).map(<[f32]>::to_vec).collect(), tokens))
     }
 }

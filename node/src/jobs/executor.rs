@@ -12,7 +12,8 @@ pub struct ExecRequest {
     pub api_type: ApiType,
     /// Model id or alias as requested.
     pub model: String,
-    /// The OpenAI request body (JSON bytes).
+    /// The job's payload: a typed request as the gateway encoded it
+    /// (`gcs_gateway::payload::JobRequest::encode`).
     pub body: Vec<u8>,
     /// Tenant, for prefix-cache salting.
     pub tenant_id: String,

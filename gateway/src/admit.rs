@@ -1,0 +1,308 @@
+//! Admission: authenticate, parse, resolve the model against what the
+//! network serves now, check the key's scope and limits, and submit jobs.
+//! An admitted request is an [`InFlight`], whose drop settles it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use gcs_protocol::{ApiType, CancellationReason, JobLimits, Routing, RoutingMode};
+use tokio::sync::mpsc;
+
+use crate::backend::{BackendError, JobEvent, JobSpec};
+use crate::error::ApiError;
+use crate::handlers::{authenticate, catalog, serves};
+use crate::keys::KeyRecord;
+use crate::limits::Ticket;
+use crate::payload::JobRequest;
+use crate::request::{parse, Common, Parsed};
+use crate::{now_ms, AppState};
+
+/// Slack on top of a job's own timeouts before the edge gives up on the
+/// network: the network's tracker fires first and says why.
+pub(crate) const EDGE_GRACE: Duration = Duration::from_secs(2);
+
+/// One admitted request. Dropping it (the client went away, or the handler
+/// finished) releases its slot, settles its token reservation, and cancels
+/// its jobs unless they ended.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub state: Arc<AppState>,
+    pub key: KeyRecord,
+    /// Model, routing, limits of the request.
+    pub common: Common,
+    pub limits: JobLimits,
+    pub started: Instant,
+    pub created_s: u64,
+    ticket: Option<Ticket>,
+    estimate: u64,
+    /// Tokens metered, once known.
+    pub used_tokens: Option<u64>,
+    /// Jobs not yet ended.
+    pub open_jobs: Vec<String>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(t) = self.ticket.take() {
+            self.state.limiter.settle(t, self.used_tokens.unwrap_or(self.estimate));
+        }
+        if self.open_jobs.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        for job in std::mem::take(&mut self.open_jobs) {
+            tracing::info!(job_id = %job, "client went away: cancelling its job");
+            self.state.metrics.cancellation(CancellationReason::ClientDisconnected.as_str());
+            let b = self.state.backend.clone();
+            rt.spawn(async move { b.cancel(job, CancellationReason::ClientDisconnected).await });
+        }
+    }
+}
+
+impl InFlight {
+    /// The job ended (any outcome): no cancel on drop.
+    pub fn ended(&mut self, job_id: &str) {
+        self.open_jobs.retain(|j| j != job_id);
+    }
+
+    /// Cancels a job now for `reason`.
+    pub async fn cancel(&mut self, job_id: &str, reason: CancellationReason) {
+        self.ended(job_id);
+        self.state.metrics.cancellation(reason.as_str());
+        self.state.backend.cancel(job_id.to_string(), reason).await;
+    }
+}
+
+async fn read_body(state: &AppState, req: Request) -> Result<(HeaderMap, Vec<u8>), ApiError> {
+    let max = state.config.max_body_bytes;
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(ApiError::too_large(max));
+    }
+    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| ApiError::too_large(max))?;
+    Ok((parts.headers, bytes.to_vec()))
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    match v.to_str() {
+        Ok(s) if !s.is_empty() && s.len() <= 255 && s.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(s.to_string()))
+        }
+        _ => Err(ApiError::invalid(
+            "Idempotency-Key",
+            "the Idempotency-Key header must be 1 to 255 visible ASCII characters",
+        )),
+    }
+}
+
+/// Authenticates, parses and admits a request; returns it, the parsed
+/// request and the client's idempotency key.
+pub(crate) async fn admit(
+    state: &Arc<AppState>,
+    api: ApiType,
+    req: Request,
+) -> Result<(InFlight, Parsed, Option<String>), ApiError> {
+    let key = authenticate(state, req.headers())?;
+    let (headers, bytes) = read_body(state, req).await?;
+    let idem = idempotency_key(&headers)?;
+    let parsed = parse(api, &bytes)?;
+    let (max_tokens, n) = (parsed.max_tokens(), parsed.n());
+    let common = parsed.common().clone();
+    let cat = catalog(state);
+    let served = match cat.get(&common.model) {
+        Some(s) if serves(&s.info, api) => s.clone(),
+        Some(_) => {
+            let mut e = ApiError::invalid(
+                "model",
+                format!("the model '{}' does not serve {}", common.model, api.as_str()),
+            );
+            e.code = "model_not_supported".into();
+            return Err(e);
+        }
+        None => {
+            let seen =
+                state.seen_models.lock().unwrap_or_else(|p| p.into_inner()).contains(&common.model);
+            // A name the network served before, or no worker at all: the
+            // network is short of capacity; otherwise nobody knows the name.
+            if seen || cat.is_empty() {
+                return Err(ApiError::no_capable_nodes(&common.model));
+            }
+            return Err(ApiError::model_not_found(&common.model));
+        }
+    };
+    let context = u64::from(served.info.context_tokens);
+    if context > 0 && max_tokens >= context {
+        let field = match &parsed {
+            Parsed::Generation(g) => g.budget_field,
+            Parsed::Embedding(_) => "max_tokens",
+        };
+        return Err(ApiError::invalid(
+            field,
+            format!("the model '{}' has a context of {context} tokens", common.model),
+        ));
+    }
+    if !key.allows_model(&[common.model.as_str(), served.info.model_id.as_str()]) {
+        return Err(ApiError::forbidden(
+            "model",
+            format!("this API key may not use the model '{}'", common.model),
+        ));
+    }
+    if !key.allows_routing(common.network) {
+        return Err(ApiError::forbidden(
+            "gnus.network",
+            format!("this API key may not use '{}' routing", common.network),
+        ));
+    }
+    if !routable(state, &common.model, &key.tenant_id, common.network) {
+        // Only a node of that kind may win the job: without one it would
+        // wait out its queue timeout, so say so now.
+        let mut e = ApiError::no_capable_nodes(&common.model);
+        e.message = match common.network {
+            RoutingMode::Private => format!(
+                "No private node of this tenant can serve '{}' right now ('private' routing).",
+                common.model
+            ),
+            _ => format!(
+                "No node of swarm '{}' can serve '{}' right now ('local_only' routing).",
+                state.config.swarm_id, common.model
+            ),
+        };
+        return Err(e);
+    }
+    let c = &state.config;
+    if state.in_flight.fetch_add(1, Ordering::Relaxed) >= c.max_in_flight {
+        state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::rate_limited(
+            "gateway_overloaded",
+            format!("this gateway has {} requests in flight; retry shortly", c.max_in_flight),
+            1,
+        ));
+    }
+    let t = common.timeouts;
+    let limits = JobLimits {
+        first_token_timeout_ms: t
+            .first_token_ms
+            .or(key.first_token_timeout_ms)
+            .unwrap_or(c.first_token_timeout_ms),
+        idle_stream_timeout_ms: t.idle_ms.or(key.idle_timeout_ms).unwrap_or(c.idle_timeout_ms),
+        wall_timeout_ms: t.wall_ms.or(key.wall_timeout_ms).unwrap_or(c.wall_timeout_ms),
+        ..JobLimits::default()
+    };
+    // Bytes / 4 is a generous token estimate for English text; it is
+    // replaced by the metered count when the request ends.
+    let estimate = ((common.prompt_chars as u64).div_ceil(4) + max_tokens) * u64::from(n);
+    let mut flight = InFlight {
+        state: state.clone(),
+        key,
+        common,
+        limits,
+        started: Instant::now(),
+        created_s: now_ms() / 1000,
+        ticket: None,
+        estimate,
+        used_tokens: None,
+        open_jobs: vec![],
+    };
+    let ticket = state
+        .limiter
+        .admit(&flight.key, estimate, now_ms(), || spent_tokens(state, &flight.key.id))?;
+    flight.ticket = Some(ticket);
+    Ok((flight, parsed, idem))
+}
+
+/// Whether a fresh registration can win a job of this routing: private
+/// jobs need one of the tenant's private nodes, local-only ones a node of
+/// this gateway's swarm (hybrid jobs fall back to public nodes).
+fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -> bool {
+    let fits = |r: &gcs_protocol::NodeRegistration| match network {
+        RoutingMode::Private => {
+            r.queue.accepts_private_jobs && r.tenant_id.as_deref() == Some(tenant)
+        }
+        RoutingMode::LocalOnly => {
+            r.queue.accepts_local_only_jobs && r.swarm_id == state.config.swarm_id
+        }
+        _ => true,
+    };
+    !matches!(network, RoutingMode::Private | RoutingMode::LocalOnly)
+        || state.backend.registrations().iter().any(|r| {
+            r.status != gcs_protocol::NodeStatus::Offline && r.model(model).is_some() && fits(r)
+        })
+}
+
+/// A key's metered lifetime use, from its usage records.
+fn spent_tokens(state: &AppState, key_id: &str) -> u64 {
+    match state.backend.usage(key_id, 0, u64::MAX) {
+        Ok(recs) => recs.iter().map(|u| u.input_tokens + u.output_tokens_generated).sum(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read usage records for a budget");
+            0
+        }
+    }
+}
+
+/// Submits one job of the admitted request: `job` is its signed payload.
+pub(crate) async fn submit(
+    f: &mut InFlight,
+    job: &JobRequest,
+    stream: bool,
+    idem: String,
+) -> Result<(String, mpsc::Receiver<JobEvent>), ApiError> {
+    let body = job.encode().map_err(|e| ApiError::internal(e.to_string()))?;
+    let max_output_tokens = match job {
+        JobRequest::Generation(g) => g.max_tokens,
+        JobRequest::Embedding(_) => 0,
+    };
+    let c = &f.common;
+    let spec = JobSpec {
+        api_type: c.api_type,
+        model: c.model.clone(),
+        stream,
+        body,
+        tenant_id: f.key.tenant_id.clone(),
+        project_id: f.key.project_id.clone(),
+        api_key_id: f.key.id.clone(),
+        idempotency_key: idem,
+        limits: f.limits.clone(),
+        max_output_tokens,
+        routing: Routing {
+            network: c.network,
+            privacy_mode: c.privacy,
+            swarm_id: f.state.config.swarm_id.clone(),
+            ..Routing::public()
+        },
+    };
+    let r = f.state.backend.submit(spec).await;
+    if r.is_err() && f.open_jobs.is_empty() {
+        // Nothing ran: the request's token reservation is released whole.
+        f.used_tokens = Some(0);
+    }
+    match r {
+        Ok((id, rx)) => {
+            f.open_jobs.push(id.clone());
+            Ok((id, rx))
+        }
+        Err(BackendError::IdempotencyConflict { job_id }) => {
+            Err(ApiError::idempotency_conflict(&job_id))
+        }
+        Err(BackendError::Unavailable(m)) => Err(ApiError::unavailable(m)),
+        Err(BackendError::Internal(m)) => Err(ApiError::internal(m)),
+    }
+}
+
+/// A key for a request that names none: a repeat is then a new job.
+pub(crate) fn fresh_idempotency_key() -> String {
+    let mut raw = [0u8; 16];
+    let _ = getrandom::getrandom(&mut raw);
+    format!("auto_{}", hex::encode(raw))
+}
+

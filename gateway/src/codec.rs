@@ -1,0 +1,211 @@
+//! OpenAI response JSON, built in this one module: the worker's result
+//! body, the gateway's blocking answers and stream chunks, the usage and
+//! logprobs objects, and the readers of what a worker's result holds.
+
+use gcs_protocol::{ApiType, FinalResult, Metering, TokenLogprob};
+use serde_json::{json, Map, Value};
+
+/// `chat.completion` or `text_completion`.
+fn object(api: ApiType) -> &'static str {
+    if api == ApiType::ChatCompletion {
+        "chat.completion"
+    } else {
+        "text_completion"
+    }
+}
+
+/// `chatcmpl-...` / `cmpl-...` from the job id.
+pub fn response_id(api: ApiType, job_id: &str) -> String {
+    let prefix = if api == ApiType::ChatCompletion { "chatcmpl-" } else { "cmpl-" };
+    format!("{prefix}{}", job_id.trim_start_matches(gcs_protocol::ids::JOB))
+}
+
+/// The usage object of a generation.
+pub fn usage(prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens},
+           "completion_tokens_details": {"reasoning_tokens": 0}})
+}
+
+/// The usage object of a finished request from its metering; a worker that
+/// metered no output is billed the tokens the gateway delivered.
+pub fn metered_usage(m: Option<&Metering>, completion_fallback: u64) -> Value {
+    let m = m.cloned().unwrap_or_default();
+    let out = if m.output_tokens == 0 { completion_fallback } else { m.output_tokens };
+    usage(m.input_tokens, out, m.cached_tokens)
+}
+
+/// OpenAI's chat `logprobs` object for these tokens.
+pub fn logprobs(lp: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = lp
+        .iter()
+        .map(|t| {
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|a| json!({"token": a.token, "logprob": a.logprob, "bytes": a.bytes}))
+                .collect();
+            json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes, "top_logprobs": top})
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// One choice of a blocking answer; `logprobs` is `null` unless asked for
+/// (chat only).
+pub fn choice(api: ApiType, index: usize, text: &str, logprobs: Value, finish: &str) -> Value {
+    if api == ApiType::ChatCompletion {
+        json!({"index": index, "message": {"role": "assistant", "content": text, "refusal": null},
+               "logprobs": logprobs, "finish_reason": finish})
+    } else {
+        json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
+    }
+}
+
+/// The gateway's blocking answer.
+pub fn completion(
+    api: ApiType,
+    id: &str,
+    created_s: u64,
+    model: &str,
+    choices: Vec<Value>,
+    usage: Value,
+) -> Value {
+    json!({"id": id, "object": object(api), "created": created_s, "model": model,
+           "system_fingerprint": null, "choices": choices, "usage": usage})
+}
+
+/// The body a worker's result carries for one generated choice: the
+/// answer without the gateway's id and timestamps.
+pub fn result_body(api: ApiType, model: &str, choice: Value, usage: Value) -> Value {
+    json!({"object": object(api), "model": model, "choices": [choice], "usage": usage})
+}
+
+/// One entry of an embeddings list (`embedding`: floats or base64).
+pub fn embedding(index: usize, embedding: Value) -> Value {
+    json!({"object": "embedding", "index": index, "embedding": embedding})
+}
+
+/// An embeddings answer (the worker's and the gateway's).
+pub fn embedding_list(model: &str, data: Vec<Value>, tokens: u64) -> Value {
+    json!({"object": "list", "data": data, "model": model,
+           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+}
+
+/// The finish reason a worker's result states, or `stop`.
+pub fn result_finish(r: &FinalResult) -> String {
+    r.response
+        .as_ref()
+        .and_then(|b| b.body.pointer("/choices/0/finish_reason"))
+        .and_then(Value::as_str)
+        .unwrap_or("stop")
+        .to_string()
+}
+
+/// The generated text a worker's result holds.
+pub fn result_text(r: &FinalResult) -> Option<&str> {
+    let b = &r.response.as_ref()?.body;
+    b.pointer("/choices/0/message/content").or_else(|| b.pointer("/choices/0/text"))?.as_str()
+}
+
+/// The vectors (`data[].embedding`) a worker's result holds, in order.
+pub fn result_embeddings(r: &FinalResult) -> Vec<Value> {
+    let data = r.response.as_ref().and_then(|b| b.body.get("data")).and_then(Value::as_array);
+    data.into_iter()
+        .flatten()
+        .map(|v| v.get("embedding").cloned().unwrap_or(Value::Null))
+        .collect()
+}
+
+/// What every chunk of one stream shares.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamShape {
+    pub api: ApiType,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+    /// Chat `logprobs: true`: text chunks carry them.
+    pub logprobs: bool,
+}
+
+impl StreamShape {
+    /// A chunk of choice `index`: its text (if any), the role on the
+    /// first chat chunk, the finish reason on the last.
+    pub fn chunk(
+        &self,
+        index: usize,
+        content: Option<&str>,
+        role: bool,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
+        let choice = if self.api == ApiType::ChatCompletion {
+            let mut delta = Map::new();
+            if role {
+                delta.insert("role".into(), json!("assistant"));
+            }
+            if let Some(c) = content {
+                delta.insert("content".into(), json!(c));
+            }
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+        } else {
+            json!({"index": index, "text": content.unwrap_or(""), "logprobs": null,
+                   "finish_reason": finish})
+        };
+        self.wrap(vec![choice])
+    }
+
+    /// The final usage chunk (no choices), sent when asked for.
+    pub fn usage_chunk(&self, usage: Value) -> Value {
+        let mut v = self.wrap(vec![]);
+        v["usage"] = usage;
+        v
+    }
+
+    fn wrap(&self, choices: Vec<Value>) -> Value {
+        let object = if self.api == ApiType::ChatCompletion {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let mut v = json!({"id": self.id, "object": object, "created": self.created,
+                           "model": self.model, "system_fingerprint": null, "choices": choices});
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_totals_and_falls_back_to_delivered_tokens() {
+        let m = Metering { input_tokens: 5, output_tokens: 0, cached_tokens: 2, ..Default::default() };
+        let u = metered_usage(Some(&m), 3);
+        assert_eq!((u["completion_tokens"].as_u64(), u["total_tokens"].as_u64()), (Some(3), Some(8)));
+        assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 2);
+    }
+
+    #[test]
+    fn chunks_carry_usage_null_only_when_usage_was_asked_for() {
+        let mut s = StreamShape {
+            api: ApiType::ChatCompletion,
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage: false,
+            logprobs: false,
+        };
+        let c = s.chunk(0, Some(""), true, None, Value::Null);
+        assert_eq!(c["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert!(c.get("usage").is_none());
+        s.include_usage = true;
+        assert!(s.chunk(0, None, false, Some("stop"), Value::Null)["usage"].is_null());
+        assert_eq!(s.usage_chunk(usage(1, 2, 0))["usage"]["total_tokens"], 3);
+    }
+}

@@ -1,0 +1,95 @@
+//! The `gnus` extension object (26.15.4): routing, privacy, per-request
+//! timeouts.
+
+use gcs_protocol::{PrivacyLevel, RoutingMode};
+use serde_json::{Map, Value};
+
+use super::{present, uint, TimeoutOverrides};
+use crate::error::ApiError;
+
+fn parse_enum<T: Copy + std::fmt::Display>(all: &[T], s: &str) -> Option<T> {
+    all.iter().copied().find(|v| v.to_string() == s)
+}
+
+type Extension = (RoutingMode, PrivacyLevel, TimeoutOverrides);
+
+/// The `gnus` extension object (26.15.4).
+pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, ApiError> {
+    let mut out = (RoutingMode::Public, PrivacyLevel::Standard, TimeoutOverrides::default());
+    let g = match body.get("gnus") {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Object(g)) => g,
+        Some(_) => return Err(ApiError::invalid("gnus", "'gnus' must be an object")),
+    };
+    if let Some(n) = g.get("network").filter(|v| !v.is_null()) {
+        let s = n.as_str().unwrap_or_default();
+        out.0 = match s {
+            "public" => RoutingMode::Public,
+            "private" => RoutingMode::Private,
+            "hybrid" => RoutingMode::Hybrid,
+            "local" | "local_only" => RoutingMode::LocalOnly,
+            _ => {
+                return Err(ApiError::invalid(
+                    "gnus.network",
+                    "'gnus.network' must be public, private, hybrid or local_only",
+                ))
+            }
+        };
+    }
+    if let Some(pm) = g.get("privacy_mode").filter(|v| !v.is_null()) {
+        let s = pm.as_str().unwrap_or_default();
+        out.1 = match s {
+            // The spec's example calls the private-pool level "enterprise".
+            "enterprise" => PrivacyLevel::PrivatePool,
+            _ => parse_enum(PrivacyLevel::ALL, s).ok_or_else(|| {
+                ApiError::invalid("gnus.privacy_mode", format!("unknown privacy mode '{s}'"))
+            })?,
+        };
+        if matches!(out.1, PrivacyLevel::EncryptedPayload | PrivacyLevel::MetadataMinimized) {
+            return Err(ApiError::unsupported(
+                "gnus.privacy_mode",
+                format!("privacy mode '{s}' is not supported yet"),
+            ));
+        }
+    }
+    if let Some(r) = g.get("routing").and_then(Value::as_object) {
+        if r.get("claim_policy").and_then(Value::as_str).is_some_and(|c| c != "first_valid_claim") {
+            return Err(ApiError::unsupported(
+                "gnus.routing.claim_policy",
+                "only first_valid_claim is supported",
+            ));
+        }
+        if r.get("replication_factor").is_some_and(|x| x.as_u64() != Some(1)) {
+            return Err(ApiError::unsupported(
+                "gnus.routing.replication_factor",
+                "only replication_factor 1 is supported",
+            ));
+        }
+        if r.get("verification_mode").and_then(Value::as_str).is_some_and(|c| c != "none") {
+            return Err(ApiError::unsupported(
+                "gnus.routing.verification_mode",
+                "only verification_mode none is supported",
+            ));
+        }
+    }
+    if present(g, "retrieval") {
+        return Err(ApiError::unsupported("gnus.retrieval", "no retrieval nodes are available"));
+    }
+    if let Some(l) = g.get("limits").and_then(Value::as_object) {
+        let ms = |k: &str| {
+            uint(l, k, 100, 3_600_000).map_err(|_| {
+                ApiError::invalid(
+                    &format!("gnus.limits.{k}"),
+                    "must be milliseconds from 100 to 3600000",
+                )
+            })
+        };
+        out.2 = TimeoutOverrides {
+            first_token_ms: ms("first_token_timeout_ms")?,
+            idle_ms: ms("idle_stream_timeout_ms")?,
+            wall_ms: ms("wall_timeout_ms")?,
+        };
+    }
+    Ok(out)
+}
+

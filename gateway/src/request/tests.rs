@@ -1,0 +1,148 @@
+#![allow(clippy::unwrap_used, clippy::panic)]
+use super::*;
+use serde_json::json;
+
+fn chat(v: Value) -> Result<Parsed, ApiError> {
+    parse(ApiType::ChatCompletion, &serde_json::to_vec(&v).unwrap())
+}
+
+fn generation(p: Parsed) -> GenerationRequest {
+    match p {
+        Parsed::Generation(g) => g,
+        Parsed::Embedding(_) => panic!("an embedding request"),
+    }
+}
+
+fn embedding(p: Parsed) -> EmbeddingRequest {
+    match p {
+        Parsed::Embedding(e) => e,
+        Parsed::Generation(_) => panic!("a generation request"),
+    }
+}
+
+#[test]
+fn a_plain_chat_request_parses() {
+    let p = chat(json!({"model": "gnus-auto", "messages": [{"role": "user", "content": "hi"}],
+                        "stream": true, "stream_options": {"include_usage": true},
+                        "max_tokens": 7, "some_future_field": 1}))
+    .unwrap();
+    let p = generation(p);
+    assert!(p.stream && p.include_usage);
+    assert_eq!((u64::from(p.job.max_tokens), p.common.prompt_chars), (7, 2));
+}
+
+#[test]
+fn max_completion_tokens_wins_over_max_tokens() {
+    let p = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                        "max_tokens": 7, "max_completion_tokens": 9}))
+    .unwrap();
+    assert_eq!(generation(p).job.max_tokens, 9);
+}
+
+#[test]
+fn what_cannot_be_honoured_is_rejected_naming_the_param() {
+    let m = json!([{"role": "user", "content": "x"}]);
+    let cases = [
+        (json!({"messages": m}), "model"),
+        (json!({"model": "m"}), "messages"),
+        (json!({"model": "m", "messages": []}), "messages"),
+        (json!({"model": "m", "messages": m, "temperature": 3}), "temperature"),
+        (json!({"model": "m", "messages": m, "n": 9}), "n"),
+        (json!({"model": "m", "messages": m, "stop": [1]}), "stop"),
+        (json!({"model": "m", "messages": m, "logit_bias": {"x": 1}}), "logit_bias"),
+        (json!({"model": "m", "messages": m, "tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"model": "m", "messages": m, "stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (json!({"model": "m", "messages": m, "gnus": {"network": "moon"}}), "gnus.network"),
+        (
+            json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ];
+    for (body, param) in cases {
+        let e = chat(body.clone()).unwrap_err();
+        assert_eq!(e.status.as_u16(), 400, "{body}");
+        assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
+    }
+}
+
+#[test]
+fn malformed_json_is_a_400() {
+    let e = parse(ApiType::ChatCompletion, b"{\"model\":").unwrap_err();
+    assert_eq!((e.status.as_u16(), e.code.as_str()), (400, "invalid_json"));
+}
+
+#[test]
+fn embeddings_take_strings_or_arrays_of_strings() {
+    let p = parse(ApiType::Embedding, br#"{"model":"e","input":["a","bc"]}"#).unwrap();
+    assert_eq!(embedding(p).job.inputs, vec!["a", "bc"]);
+    let e = parse(ApiType::Embedding, br#"{"model":"e","input":[[1,2]]}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("input"));
+    let p =
+        parse(ApiType::Embedding, br#"{"model":"e","input":"x","encoding_format":"base64"}"#)
+            .unwrap();
+    assert!(embedding(p).base64);
+}
+
+#[test]
+fn the_gnus_extension_sets_routing_and_timeouts() {
+    let p = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "gnus": {"network": "hybrid", "privacy_mode": "enterprise",
+                 "routing": {"claim_policy": "first_valid_claim", "replication_factor": 1},
+                 "limits": {"max_cost_gnus": "auto", "wall_timeout_ms": 5000}}}))
+    .unwrap();
+    let p = p.common();
+    assert_eq!(p.network, RoutingMode::Hybrid);
+    assert_eq!(p.privacy, PrivacyLevel::PrivatePool);
+    assert_eq!(p.timeouts.wall_ms, Some(5000));
+}
+
+#[test]
+fn the_job_carries_typed_parameters() {
+    let p = generation(
+        chat(json!({"model": "m", "max_completion_tokens": 5, "temperature": 0, "top_k": 3,
+                "seed": -1, "stop": "\n", "logit_bias": {"7": -100}, "logprobs": true,
+                "top_logprobs": 2, "n": 2,
+                "messages": [{"role": "developer", "content": "be brief"},
+                             {"role": "assistant", "content": null},
+                             {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                          {"type": "text", "text": "b"}]}]}))
+        .unwrap(),
+    );
+    assert_eq!(p.budget_field, "max_completion_tokens");
+    let g = &p.job;
+    let msgs = [(Role::System, "be brief"), (Role::Assistant, ""), (Role::User, "ab")]
+        .map(|(role, c)| Message { role, content: c.into() });
+    assert_eq!(g.prompt, Prompt::Chat(msgs.to_vec()));
+    assert_eq!((g.max_tokens, g.stop.clone(), g.logprobs), (5, vec!["\n".to_string()], Some(2)));
+    let s = &g.sampling;
+    assert_eq!((s.temperature, s.top_p, s.top_k, s.seed), (0.0, 1.0, 3, Some(u64::MAX)));
+    assert_eq!(s.logit_bias.get(&7), Some(&-100.0));
+    // Choice 1 runs with the next seed (wrapping), choice 0 with the request's.
+    let seed = |r: JobRequest| match r {
+        JobRequest::Generation(g) => g.sampling.seed,
+        JobRequest::Embedding(_) => None,
+    };
+    assert_eq!((seed(p.choice(0)), seed(p.choice(1))), (Some(u64::MAX), Some(0)));
+}
+
+#[test]
+fn a_completion_prompt_is_text_with_defaults() {
+    let p = parse(ApiType::Completion, br#"{"model":"m","prompt":["once"]}"#).unwrap();
+    let p = generation(p);
+    assert_eq!(p.job.prompt, Prompt::Text("once".into()));
+    assert_eq!((p.job.max_tokens, p.job.logprobs, p.budget_field), (256, None, "max_tokens"));
+    assert_eq!(p.job.sampling, Sampling::default());
+    assert_eq!(p.choice(0).api_type(), ApiType::Completion);
+}

@@ -1,0 +1,238 @@
+//! The real inference engine (`gcs-engine`) behind the worker's [`Executor`]
+//! interface: the gateway's typed [`JobRequest`] in, streamed text deltas
+//! and the result's OpenAI body ([`codec`]) out; embeddings in one piece.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
+
+use gcs_engine::bert::Embedder;
+use gcs_engine::{
+    BatchConfig, BatchEngine, ChatMessage, Engine, Prompt as EnginePrompt, SamplingOptions,
+    SeqEvent, SeqRequest,
+};
+use gcs_gateway::codec;
+use gcs_gateway::payload::{Embedding, Generation, JobRequest, Prompt, Sampling};
+use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
+use serde_json::json;
+
+use super::executor::{ExecOutcome, ExecRequest, Executor};
+
+/// The chat model's file inside its model-cache directory.
+pub const CHAT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Longest completion the engine runs (the gateway refuses longer ones).
+const MAX_TOKENS: usize = gcs_gateway::request::MAX_COMPLETION_TOKENS as usize;
+
+/// The chat model and/or the embedder a worker serves. Chat runs on the
+/// continuous-batching engine: every job is one sequence of its batch.
+pub struct EngineExecutor {
+    chat: Option<(String, BatchEngine)>,
+    embed: Option<(String, Embedder)>,
+}
+
+impl std::fmt::Debug for EngineExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineExecutor")
+            .field("chat", &self.chat.as_ref().map(|c| &c.0))
+            .field("embed", &self.embed.as_ref().map(|e| &e.0))
+            .finish()
+    }
+}
+
+impl EngineExecutor {
+    /// Loads the models in `models` from `model_dir`; the chat engine runs
+    /// up to `max_running` sequences in one batch.
+    pub fn load(
+        model_dir: &Path,
+        models: &[ModelInfo],
+        max_running: usize,
+    ) -> Result<Self, String> {
+        let device = gcs_engine::cpu_device();
+        let mut chat = None;
+        let mut embed = None;
+        for m in models {
+            if m.tasks.contains(&ApiType::Embedding) {
+                let dir = model_dir.join(&m.model_id);
+                let e =
+                    Embedder::load(&dir, &device).map_err(|e| format!("{}: {e}", dir.display()))?;
+                embed = Some((m.model_id.clone(), e));
+            } else {
+                let path = model_dir.join(&m.model_id).join(CHAT_GGUF);
+                let e =
+                    Engine::load(&path, &device).map_err(|e| format!("{}: {e}", path.display()))?;
+                let cfg = BatchConfig { max_running: max_running.max(1), ..BatchConfig::default() };
+                chat = Some((m.model_id.clone(), BatchEngine::start(e, cfg)));
+            }
+        }
+        Ok(Self { chat, embed })
+    }
+}
+
+fn sampling(s: &Sampling) -> SamplingOptions {
+    SamplingOptions {
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k: s.top_k as usize,
+        min_p: s.min_p,
+        seed: s.seed.unwrap_or_else(now_seed),
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        logit_bias: s.logit_bias.iter().map(|(&t, &b)| (t, b)).collect(),
+    }
+}
+
+fn now_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn finish(f: gcs_engine::FinishReason) -> FinishReason {
+    match f {
+        gcs_engine::FinishReason::Length => FinishReason::Length,
+        _ => FinishReason::Stop,
+    }
+}
+
+impl Executor for EngineExecutor {
+    fn free_kv_tokens(&self) -> u64 {
+        self.chat.as_ref().map_or(0, |(_, e)| e.free_kv_tokens() as u64)
+    }
+
+    fn run(
+        &self,
+        req: &ExecRequest,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, String> {
+        let job = JobRequest::decode(&req.body).map_err(|e| e.to_string())?;
+        if job.api_type() != req.api_type {
+            return Err(format!(
+                "the payload is a {} request but the job is {}",
+                job.api_type().as_str(),
+                req.api_type.as_str()
+            ));
+        }
+        match job {
+            JobRequest::Embedding(e) => self.embed(&e),
+            JobRequest::Generation(g) => self.generate(&g, &req.tenant_id, cancel, emit),
+        }
+    }
+}
+
+impl EngineExecutor {
+    fn embed(&self, req: &Embedding) -> Result<ExecOutcome, String> {
+        let (id, e) = self.embed.as_ref().ok_or("no embedding model on this worker")?;
+        let refs: Vec<&str> = req.inputs.iter().map(String::as_str).collect();
+        let (vecs, tokens) = e.embed_counted(&refs).map_err(|e| e.to_string())?;
+        let tokens = tokens as u64;
+        let data = vecs.into_iter().enumerate().map(|(i, v)| codec::embedding(i, json!(v)));
+        Ok(ExecOutcome {
+            finish_reason: FinishReason::Stop,
+            input_tokens: tokens,
+            output_tokens: 0,
+            cached_tokens: 0,
+            body: codec::embedding_list(id, data.collect(), tokens),
+        })
+    }
+
+    fn generate(
+        &self,
+        g: &Generation,
+        tenant: &str,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, String> {
+        let (id, engine) = self.chat.as_ref().ok_or("no chat model on this worker")?;
+        let (api, prompt) = match &g.prompt {
+            Prompt::Chat(msgs) => {
+                let msgs = msgs.iter().map(|m| ChatMessage::new(m.role.as_str(), &m.content));
+                (ApiType::ChatCompletion, EnginePrompt::Chat(msgs.collect()))
+            }
+            Prompt::Text(text) => {
+                let ids = engine.tokenizer().encode(text).map_err(|e| e.to_string())?;
+                (ApiType::Completion, EnginePrompt::Tokens(ids))
+            }
+        };
+        let mut sreq = SeqRequest::new(prompt, (g.max_tokens as usize).min(MAX_TOKENS));
+        sreq.sampling = sampling(&g.sampling);
+        sreq.stop = g.stop.clone();
+        sreq.tenant = tenant.to_string();
+        sreq.logprobs = g.logprobs.map(|top| usize::from(top.min(20)));
+        // Tokens (and their logprobs) whose text is held back (a partial
+        // character, a possible stop string) ride on the next delta that
+        // has text, so every token is counted once.
+        let (mut pending_n, mut pending_lp) = (0u32, Vec::new());
+        let stream = engine.submit(sreq).map_err(|e| e.to_string())?;
+        let r = loop {
+            let ev = match stream.recv_timeout(Duration::from_millis(20)) {
+                Ok(ev) => ev,
+                Err(RecvTimeoutError::Timeout) => {
+                    if cancel.load(Ordering::SeqCst) {
+                        stream.cancel();
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err("the engine stopped".into()),
+            };
+            match ev {
+                SeqEvent::Delta { text, token_ids, logprobs } => {
+                    pending_n += token_ids.len() as u32;
+                    let tok = engine.tokenizer();
+                    pending_lp.extend(logprobs.iter().map(|lp| wire_logprob(tok, lp)));
+                    let sent = text.is_empty()
+                        || emit(
+                            &text,
+                            std::mem::take(&mut pending_n),
+                            std::mem::take(&mut pending_lp),
+                        );
+                    if cancel.load(Ordering::SeqCst) || !sent {
+                        // Freed at the engine's next step; Done follows.
+                        stream.cancel();
+                    }
+                }
+                SeqEvent::Done(r) => break r,
+                SeqEvent::Error(e) => return Err(e),
+            }
+        };
+        let fr = finish(r.finish_reason);
+        let (prompt_n, completion_n) = (r.prompt_tokens as u64, r.completion_tokens as u64);
+        let cached = r.cached_tokens as u64;
+        let choice = codec::choice(api, 0, &r.text, serde_json::Value::Null, fr.as_str());
+        Ok(ExecOutcome {
+            finish_reason: fr,
+            input_tokens: prompt_n,
+            output_tokens: completion_n,
+            cached_tokens: cached,
+            body: codec::result_body(api, id, choice, codec::usage(prompt_n, completion_n, cached)),
+        })
+    }
+}
+
+/// The engine's logprobs of one token (token ids) in wire form (text and bytes).
+fn wire_logprob(
+    tok: &gcs_engine::tokenizer::GgufTokenizer,
+    lp: &gcs_engine::Logprobs,
+) -> TokenLogprob {
+    let text = |id: u32| {
+        let bytes = tok.token_bytes(id).to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    };
+    let (token, bytes) = text(lp.chosen.token);
+    TokenLogprob {
+        token,
+        logprob: lp.chosen.logprob,
+        bytes,
+        top: lp
+            .top
+            .iter()
+            .map(|a| {
+                let (token, bytes) = text(a.token);
+                TopLogprob { token, logprob: a.logprob, bytes }
+            })
+            .collect(),
+    }
+}
