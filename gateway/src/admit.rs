@@ -305,4 +305,3 @@ pub(crate) fn fresh_idempotency_key() -> String {
     let _ = getrandom::getrandom(&mut raw);
     format!("auto_{}", hex::encode(raw))
 }
-

@@ -112,10 +112,7 @@ pub fn result_text(r: &FinalResult) -> Option<&str> {
 /// The vectors (`data[].embedding`) a worker's result holds, in order.
 pub fn result_embeddings(r: &FinalResult) -> Vec<Value> {
     let data = r.response.as_ref().and_then(|b| b.body.get("data")).and_then(Value::as_array);
-    data.into_iter()
-        .flatten()
-        .map(|v| v.get("embedding").cloned().unwrap_or(Value::Null))
-        .collect()
+    data.into_iter().flatten().map(|v| v.get("embedding").cloned().unwrap_or(Value::Null)).collect()
 }
 
 /// What every chunk of one stream shares.
@@ -185,9 +182,13 @@ mod tests {
 
     #[test]
     fn usage_totals_and_falls_back_to_delivered_tokens() {
-        let m = Metering { input_tokens: 5, output_tokens: 0, cached_tokens: 2, ..Default::default() };
+        let m =
+            Metering { input_tokens: 5, output_tokens: 0, cached_tokens: 2, ..Default::default() };
         let u = metered_usage(Some(&m), 3);
-        assert_eq!((u["completion_tokens"].as_u64(), u["total_tokens"].as_u64()), (Some(3), Some(8)));
+        assert_eq!(
+            (u["completion_tokens"].as_u64(), u["total_tokens"].as_u64()),
+            (Some(3), Some(8))
+        );
         assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 2);
     }
 

@@ -163,7 +163,8 @@ async fn generate(
         .map(|(i, c)| {
             let finish =
                 c.finish.map_or_else(|| codec::result_finish(&c.result), |x| x.as_str().into());
-            let lp = if g.job.logprobs.is_some() { codec::logprobs(&c.logprobs) } else { Value::Null };
+            let lp =
+                if g.job.logprobs.is_some() { codec::logprobs(&c.logprobs) } else { Value::Null };
             codec::choice(api, i, &c.text, lp, &finish)
         })
         .collect();

@@ -92,4 +92,3 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
     }
     Ok(out)
 }
-

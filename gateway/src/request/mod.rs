@@ -190,7 +190,10 @@ pub fn parse(api_type: ApiType, bytes: &[u8]) -> Result<Parsed, ApiError> {
     }
 }
 
-fn generation(body: &Map<String, Value>, mut common: Common) -> Result<GenerationRequest, ApiError> {
+fn generation(
+    body: &Map<String, Value>,
+    mut common: Common,
+) -> Result<GenerationRequest, ApiError> {
     let api = common.api_type;
     let (prompt, chars) = if api == ApiType::ChatCompletion {
         let (msgs, chars) = messages(body)?;

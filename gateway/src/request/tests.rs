@@ -60,10 +60,7 @@ fn what_cannot_be_honoured_is_rejected_naming_the_param() {
             {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
             "messages[0].content[0].type",
         ),
-        (
-            json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}),
-            "messages[0].role",
-        ),
+        (json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}), "messages[0].role"),
         (json!({"model": "m", "messages": m, "gnus": {"network": "moon"}}), "gnus.network"),
         (
             json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}),
@@ -89,9 +86,8 @@ fn embeddings_take_strings_or_arrays_of_strings() {
     assert_eq!(embedding(p).job.inputs, vec!["a", "bc"]);
     let e = parse(ApiType::Embedding, br#"{"model":"e","input":[[1,2]]}"#).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("input"));
-    let p =
-        parse(ApiType::Embedding, br#"{"model":"e","input":"x","encoding_format":"base64"}"#)
-            .unwrap();
+    let p = parse(ApiType::Embedding, br#"{"model":"e","input":"x","encoding_format":"base64"}"#)
+        .unwrap();
     assert!(embedding(p).base64);
 }
 
