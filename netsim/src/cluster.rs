@@ -24,21 +24,7 @@ pub fn locate_gcs_node(flag: Option<&Path>) -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os("GCS_NODE_BIN") {
         return Ok(PathBuf::from(p));
     }
-    let mut candidates = vec![];
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.parent() {
-            candidates.push(dir.join("gcs-node"));
-            candidates.push(dir.join("../gcs-node"));
-        }
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".cache/gcs/target")
-    });
-    candidates.push(target.join("debug/gcs-node"));
-    candidates.push(target.join("release/gcs-node"));
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
+    find_built("gcs-node", &["debug", "release"])
         .ok_or_else(|| Error::Setup("gcs-node not found: build it or pass --gcs-node".into()))
 }
 
@@ -49,24 +35,28 @@ pub fn locate_netsim() -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os("NETSIM_BIN") {
         return Ok(PathBuf::from(p));
     }
-    let mut candidates = vec![];
     if let Ok(exe) = std::env::current_exe() {
         if exe.file_name().is_some_and(|n| n == "netsim") {
             return Ok(exe);
         }
-        if let Some(dir) = exe.parent() {
-            candidates.push(dir.join("netsim"));
-            candidates.push(dir.join("../netsim"));
-        }
+    }
+    find_built("netsim", &["debug"])
+        .ok_or_else(|| Error::Setup("netsim binary not found (set NETSIM_BIN)".into()))
+}
+
+/// The first file named `name` beside this executable, one level up from
+/// it, or in the shared target directory under one of `profiles`.
+fn find_built(name: &str, profiles: &[&str]) -> Option<PathBuf> {
+    let mut candidates = vec![];
+    if let Some(dir) = std::env::current_exe().ok().as_deref().and_then(Path::parent) {
+        candidates.push(dir.join(name));
+        candidates.push(dir.join("..").join(name));
     }
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| {
         std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".cache/gcs/target")
     });
-    candidates.push(target.join("debug/netsim"));
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| Error::Setup("netsim binary not found (set NETSIM_BIN)".into()))
+    candidates.extend(profiles.iter().map(|p| target.join(p).join(name)));
+    candidates.into_iter().find(|p| p.is_file())
 }
 
 /// libfaketime's preload library, if installed.
@@ -267,6 +257,30 @@ impl Node {
         out.contains("HTTP/1.1 200").then_some(out)
     }
 
+    /// The GCS node id, from the identity key in its data directory.
+    pub fn node_id(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.dir.join("identity.key")).ok()?;
+        let hex = text.trim();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect();
+        let seed: [u8; 32] = bytes.try_into().ok()?;
+        Some(gcs_protocol::NodeKey::from_seed(seed).node_id().as_str().to_string())
+    }
+
+    /// Every log the node wrote, over all its starts.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("node.") && name.ends_with(".log") {
+                out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
+        out
+    }
+
     /// The keyspace's anti-entropy digest and entry count per globally
     /// replicated namespace, from `/metrics`.
     pub fn keyspace_digests(&self) -> Option<BTreeMap<String, (String, u64)>> {
@@ -308,6 +322,14 @@ pub fn create_key(bin: &Path, dir: &Path, tenant: &str) -> Result<String, Error>
         .find_map(|l| l.split_whitespace().find(|w| w.starts_with("gnus_")).map(str::to_string))
         .ok_or_else(|| Error::Setup("keys create printed no key".into()))
 }
+
+/// How many of `specs` are workers that register with the gateways.
+pub fn registering_workers(specs: &[NodeSpec]) -> usize {
+    specs.iter().filter(|s| matches!(s.role, Role::Worker | Role::All) && s.registers).count()
+}
+
+/// Per running HTTP node: namespace → (anti-entropy digest, entries).
+pub type Views = Vec<(String, BTreeMap<String, (String, u64)>)>;
 
 /// A running topology.
 #[derive(Debug)]
@@ -423,11 +445,7 @@ impl Cluster {
         }
         // Health needs one worker; traffic aimed at a topology needs all of
         // them registered, and a gossip heartbeat (1 s) for the mesh.
-        let workers = specs
-            .iter()
-            .filter(|s| matches!(s.role, Role::Worker | Role::All) && s.registers)
-            .count();
-        c.wait_registrations(workers)?;
+        c.wait_registrations(registering_workers(specs))?;
         std::thread::sleep(Duration::from_millis(1500));
         Ok(c)
     }
@@ -491,6 +509,32 @@ impl Cluster {
             .filter(|n| n.active_jobs().unwrap_or(0) > 0)
             .map(|n| n.name.clone())
             .collect()
+    }
+
+    /// The HTTP nodes whose process runs now.
+    pub fn live_http(&self) -> Vec<&str> {
+        self.live_http_nodes().map(|n| n.name.as_str()).collect()
+    }
+
+    fn live_http_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().filter(|n| n.role.serves_http() && n.pid().is_some())
+    }
+
+    /// Every live HTTP node's digests of the namespaces `want`.
+    pub fn digests(&self, want: &[String]) -> Views {
+        self.live_http_nodes()
+            .filter_map(|n| {
+                let d = n.keyspace_digests()?;
+                Some((n.name.clone(), d.into_iter().filter(|(k, _)| want.contains(k)).collect()))
+            })
+            .collect()
+    }
+
+    /// The model ids a gateway lists in `/v1/models`.
+    pub fn model_ids(&self, node: &str) -> Option<Vec<String>> {
+        let v = self.get_json(node, "/v1/models")?;
+        let ids = v["data"].as_array()?.iter().filter_map(|m| m["id"].as_str());
+        Some(ids.map(str::to_string).collect())
     }
 
     /// The GET body of `path` on an HTTP node, as JSON.

@@ -13,8 +13,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::client::{self, progress, ChatRequest, Record, Shared, Terminal};
-use crate::cluster::{Cluster, ClusterOpts};
-use crate::history::Entry;
+use crate::cluster::{registering_workers, Cluster, ClusterOpts, Node, Views};
+use crate::history::{Check, Entry};
 use crate::scenario::{Action, FaultSpec, NetworkMode, RequestSpec, Role, Scenario};
 use crate::Error;
 
@@ -46,7 +46,7 @@ pub struct Outcome {
     /// Peak RSS growth over the run's start, per HTTP node, in MiB.
     pub rss_growth_mib: BTreeMap<String, f64>,
     /// Run-level checks (faults fired, RSS bounded).
-    pub run_checks: Vec<crate::history::Check>,
+    pub run_checks: Vec<Check>,
     /// Seconds the run took.
     pub seconds: f64,
     /// Why the scenario was not run (e.g. no network namespaces here).
@@ -113,63 +113,15 @@ pub fn usage_of(addr: SocketAddr, key: &str, job: &str) -> Option<Value> {
     v["data"].as_array()?.iter().find(|u| u["job_id"].as_str() == Some(job)).cloned()
 }
 
-struct Running {
-    group: usize,
-    index: u32,
-    shared: Shared,
-    handle: JoinHandle<Record>,
-}
-
-struct PendingFault {
-    spec: FaultSpec,
-    fired: bool,
-    resume_at: Option<(Instant, String)>,
-}
-
-type Views = Vec<(String, BTreeMap<String, (String, u64)>)>;
-
-/// Every running HTTP node's digests of the namespaces `want`.
-fn digest_views(cluster: &Cluster, want: &[String]) -> Views {
-    cluster
-        .nodes
-        .values()
-        .filter(|n| n.role.serves_http() && n.pid().is_some())
-        .filter_map(|n| {
-            let d = n.keyspace_digests()?;
-            Some((n.name.clone(), d.into_iter().filter(|(k, _)| want.contains(k)).collect()))
-        })
-        .collect()
-}
-
-/// The GCS node id of the node whose data directory is `dir`.
-fn node_id_of(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join("identity.key")).ok()?;
-    let bytes: Vec<u8> = (0..text.trim().len())
-        .step_by(2)
-        .filter_map(|i| u8::from_str_radix(text.trim().get(i..i + 2)?, 16).ok())
-        .collect();
-    let seed: [u8; 32] = bytes.try_into().ok()?;
-    Some(gcs_protocol::NodeKey::from_seed(seed).node_id().as_str().to_string())
-}
-
-/// Every log a node wrote (all its starts).
-fn node_logs(dir: &Path) -> String {
-    let mut out = String::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if name.starts_with("node.") && name.ends_with(".log") {
-            out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
-        }
-    }
-    out
-}
-
-/// The model ids a gateway lists.
-fn model_ids(c: &Cluster, node: &str) -> Option<Vec<String>> {
-    let v = c.get_json(node, "/v1/models")?;
-    Some(
-        v["data"].as_array()?.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect(),
-    )
+/// A gateway's address and the API key `keys` holds for it (the traffic's
+/// tenant or the reference tenant).
+fn endpoint(
+    cluster: &Cluster,
+    keys: &BTreeMap<String, String>,
+    gateway: &str,
+) -> Result<(SocketAddr, String), Error> {
+    let node = cluster.nodes.get(gateway).ok_or_else(|| Error::Setup(gateway.to_string()))?;
+    Ok((node.http, keys.get(gateway).cloned().unwrap_or_default()))
 }
 
 /// Runs one scenario in `workdir` with the given binary.
@@ -181,11 +133,45 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     tracing::info!(scenario = %s.name, "starting the topology");
     let opts = ClusterOpts { network: s.network, netsim_bin: None };
     let mut cluster = Cluster::start_with(bin, workdir, &s.nodes, &opts)?;
-    let addr = |c: &Cluster, n: &str| c.nodes.get(n).map(|x| x.http);
+    let references = take_references(s, &cluster, workdir)?;
+    settle(&cluster, !references.is_empty());
+    start_adversaries(s, &mut cluster)?;
+    let mut rss = RssWatch::start(&cluster);
+    let t0 = Instant::now();
+    let running = start_clients(s, &cluster)?;
+    let faults = play_faults(s, &mut cluster, &running, &mut rss, t0)?;
+    let traffic_end = Instant::now();
+    let entries = collect_history(s, &cluster, running, &faults.died, &references)?;
+    let mut run_checks = cluster_checks(s, &cluster, traffic_end, &entries);
+    run_checks.extend(faults.checks());
+    let rss_growth_mib = rss.growth_mib();
+    run_checks.push(rss_check(s, &rss_growth_mib));
+    drop(cluster);
+    Ok(Outcome {
+        scenario: s.name.clone(),
+        entries,
+        unfired: faults.unfired(),
+        faults: faults.events,
+        rss_growth_mib,
+        run_checks,
+        seconds: started.elapsed().as_secs_f64(),
+        skipped: None,
+    })
+}
+
+/// The unfaulted answer of every group that asks for one, taken before
+/// any fault: temperature 0 makes it what every faulted run must be a
+/// prefix of.
+fn take_references(
+    s: &Scenario,
+    cluster: &Cluster,
+    workdir: &Path,
+) -> Result<BTreeMap<String, String>, Error> {
     let mut references = BTreeMap::new();
     for r in s.requests.iter().filter(|r| r.reference) {
-        let gw = addr(&cluster, &r.gateway).ok_or_else(|| Error::Setup(r.gateway.clone()))?;
-        let key = cluster.reference_keys.get(&r.gateway).cloned().unwrap_or_default();
+        let (gw, key) = endpoint(cluster, &cluster.reference_keys, &r.gateway)?;
+        // The reference reads the whole answer at full speed, whatever the
+        // group's own client does.
         let mut req = chat_request(r);
         req.read_bytes_per_s = None;
         req.vanish_after_frames = None;
@@ -202,346 +188,388 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
         tracing::info!(group = %r.name, chars = rec.content.len(), "reference answer taken");
         references.insert(r.name.clone(), rec.content);
     }
-    // Let the reference jobs' slots free before the traffic: a worker still
-    // busy when a job is announced backlogs it, and its late claim can race
-    // the requeue the scenario means to test (see README, known issues).
-    let settle = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < settle
+    Ok(references)
+}
+
+/// Lets the reference jobs' slots free before the traffic: a worker still
+/// busy when a job is announced backlogs it, and its late claim can race
+/// the requeue the scenario means to test (see README, known issues).
+fn settle(cluster: &Cluster, took_references: bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until
         && cluster.nodes.values().any(|n| n.role == Role::All && n.active_jobs().unwrap_or(0) > 0)
     {
         std::thread::sleep(Duration::from_millis(100));
     }
-    if !references.is_empty() {
+    if took_references {
         std::thread::sleep(Duration::from_millis(1000));
     }
-    // Adversaries join now, after the reference answers: they must not be
-    // the ones that produce them. They register like workers.
+}
+
+/// Adversaries join only after the reference answers, so they cannot be
+/// the ones that produce them. They register like workers: the traffic
+/// waits until every gateway knows them.
+fn start_adversaries(s: &Scenario, cluster: &mut Cluster) -> Result<(), Error> {
     let adversaries = cluster.start_pending()?;
     if adversaries > 0 {
-        let workers = s
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.role, Role::Worker | Role::All) && n.registers)
-            .count();
-        cluster.wait_registrations(workers + adversaries)?;
+        cluster.wait_registrations(registering_workers(&s.nodes) + adversaries)?;
         std::thread::sleep(Duration::from_millis(1000));
     }
-    let http_nodes: Vec<String> =
-        cluster.nodes.values().filter(|n| n.role.serves_http()).map(|n| n.name.clone()).collect();
-    let base_rss: BTreeMap<String, u64> = http_nodes
-        .iter()
-        .filter_map(|n| Some((n.clone(), cluster.nodes.get(n)?.rss_kib()?)))
-        .collect();
-    let mut peak_rss = base_rss.clone();
+    Ok(())
+}
 
-    // Clients.
-    let t0 = Instant::now();
+/// Peak resident memory of every HTTP node against what it used when the
+/// traffic began: a gateway that buffers what slow clients leave unread
+/// grows without bound.
+struct RssWatch {
+    nodes: Vec<String>,
+    base: BTreeMap<String, u64>,
+    peak: BTreeMap<String, u64>,
+}
+
+impl RssWatch {
+    fn start(cluster: &Cluster) -> RssWatch {
+        let nodes: Vec<String> = cluster
+            .nodes
+            .values()
+            .filter(|n| n.role.serves_http())
+            .map(|n| n.name.clone())
+            .collect();
+        let base: BTreeMap<String, u64> = nodes
+            .iter()
+            .filter_map(|n| Some((n.clone(), cluster.nodes.get(n)?.rss_kib()?)))
+            .collect();
+        RssWatch { nodes, peak: base.clone(), base }
+    }
+
+    fn sample(&mut self, cluster: &Cluster) {
+        for n in &self.nodes {
+            if let Some(kib) = cluster.nodes.get(n).and_then(|x| x.rss_kib()) {
+                let p = self.peak.entry(n.clone()).or_insert(kib);
+                *p = (*p).max(kib);
+            }
+        }
+    }
+
+    /// Per node, in MiB; a node first seen during the traffic grew by 0.
+    fn growth_mib(&self) -> BTreeMap<String, f64> {
+        self.peak
+            .iter()
+            .map(|(n, p)| {
+                let base = self.base.get(n).copied().unwrap_or(*p);
+                (n.clone(), p.saturating_sub(base) as f64 / 1024.0)
+            })
+            .collect()
+    }
+}
+
+fn rss_check(s: &Scenario, growth_mib: &BTreeMap<String, f64>) -> Check {
+    let worst = growth_mib.values().copied().fold(0.0, f64::max);
+    let limit = s.limits.max_gateway_rss_growth_mib;
+    Check {
+        name: "gateway_rss",
+        ok: worst <= limit as f64,
+        detail: format!("peak growth {worst:.1} MiB (limit {limit})"),
+    }
+}
+
+struct Running {
+    group: usize,
+    index: u32,
+    shared: Shared,
+    handle: JoinHandle<Record>,
+}
+
+/// Starts every request of every group on its own thread, each at its
+/// offset from now.
+fn start_clients(s: &Scenario, cluster: &Cluster) -> Result<Vec<Running>, Error> {
     let mut running = vec![];
     for (gi, r) in s.requests.iter().enumerate() {
-        let gw = addr(&cluster, &r.gateway).ok_or_else(|| Error::Setup(r.gateway.clone()))?;
-        let key = cluster.keys.get(&r.gateway).cloned().unwrap_or_default();
+        let (gw, key) = endpoint(cluster, &cluster.keys, &r.gateway)?;
         for i in 0..r.count {
             let shared = Shared::default();
-            let (req, key2, sh) = (chat_request(r), key.clone(), shared.clone());
             let delay = Duration::from_millis(r.start_ms + u64::from(i) * r.spacing_ms);
-            let handle = std::thread::spawn(move || {
-                std::thread::sleep(delay);
-                // A slow client stops reading once its job has a usage
-                // record: the gateway has given up on it by then.
-                let give_up = || {
-                    let job = progress(&sh).job_id.clone();
-                    job.is_some_and(|j| usage_of(gw, &key2, &j).is_some())
-                };
-                client::chat(gw, &key2, &req, &sh, &give_up)
-            });
+            let handle = spawn_client(gw, key.clone(), chat_request(r), shared.clone(), delay);
             running.push(Running { group: gi, index: i, shared, handle });
         }
     }
+    Ok(running)
+}
 
-    // Faults.
-    let mut faults: Vec<PendingFault> = s
-        .faults
-        .iter()
-        .map(|f| PendingFault { spec: f.clone(), fired: false, resume_at: None })
-        .collect();
-    let mut events = vec![];
-    let mut died: Vec<(String, Instant)> = vec![];
-    // The digests just before a partition heals (they must differ).
-    let mut at_heal: Option<Views> = None;
-    let hard_stop =
-        t0 + Duration::from_secs(s.requests.iter().map(|r| r.timeout_s).max().unwrap_or(60) + 60);
+fn spawn_client(
+    gw: SocketAddr,
+    key: String,
+    req: ChatRequest,
+    shared: Shared,
+    delay: Duration,
+) -> JoinHandle<Record> {
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        // A slow client stops reading once its job has a usage record: the
+        // gateway has given up on it by then.
+        let give_up = || {
+            let job = progress(&shared).job_id.clone();
+            job.is_some_and(|j| usage_of(gw, &key, &j).is_some())
+        };
+        client::chat(gw, &key, &req, &shared, &give_up)
+    })
+}
+
+/// Plays the fault schedule and samples memory while the clients run,
+/// until every request has ended and every hold is over, or the longest
+/// request timeout plus a minute has passed (a hung client must not hang
+/// the run).
+fn play_faults(
+    s: &Scenario,
+    cluster: &mut Cluster,
+    running: &[Running],
+    rss: &mut RssWatch,
+    t0: Instant,
+) -> Result<Faults, Error> {
+    let mut faults = Faults::new(s);
+    let longest = s.requests.iter().map(|r| r.timeout_s).max().unwrap_or(60);
+    let hard_stop = t0 + Duration::from_secs(longest + 60);
     loop {
         let all_done = running.iter().all(|r| progress(&r.shared).ended);
-        let resumes_left = faults.iter().any(|f| f.resume_at.is_some());
-        if (all_done && !resumes_left) || Instant::now() > hard_stop {
+        if (all_done && !faults.holds_left()) || Instant::now() > hard_stop {
             break;
         }
-        for f in faults.iter_mut() {
-            if let Some((when, node)) = f.resume_at.clone() {
-                if Instant::now() >= when {
-                    if f.spec.action == Action::Partition && !s.checks.converge.is_empty() {
-                        at_heal = Some(digest_views(&cluster, &s.checks.converge));
-                    }
-                    resume(&mut cluster, &f.spec, &node)?;
-                    f.resume_at = None;
-                }
+        faults.step(cluster, s, running, t0)?;
+        rss.sample(cluster);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What the traffic outlived still ends: the cluster checks look at the
+    // healed topology.
+    faults.end_all_holds(cluster, s)?;
+    Ok(faults)
+}
+
+/// The fault schedule as it plays out.
+struct Faults {
+    pending: Vec<PendingFault>,
+    events: Vec<FaultEvent>,
+    /// Nodes killed or restarted: a request whose gateway is among them
+    /// may end with a closed connection.
+    died: Vec<String>,
+    /// The digests just before a partition heals (they must differ).
+    at_heal: Option<Views>,
+}
+
+struct PendingFault {
+    spec: FaultSpec,
+    fired: bool,
+    resume_at: Option<(Instant, String)>,
+}
+
+impl PendingFault {
+    /// Marks it fired on `node` and schedules its end: a kill never ends,
+    /// and neither does a cut without a hold (it lasts the run).
+    fn fired_on(&mut self, node: &str) {
+        self.fired = true;
+        let heals = !matches!(self.spec.action, Action::Isolate | Action::Partition)
+            || self.spec.hold_ms > 0;
+        if self.spec.action != Action::Kill && heals {
+            let when = Instant::now() + Duration::from_millis(self.spec.hold_ms);
+            self.resume_at = Some((when, node.to_string()));
+        }
+    }
+
+    /// Ends its hold if it has one, first taking the digests a partition
+    /// leaves behind (the proof that the two sides diverged).
+    fn end_hold(
+        &mut self,
+        cluster: &mut Cluster,
+        s: &Scenario,
+        at_heal: &mut Option<Views>,
+    ) -> Result<(), Error> {
+        let Some((_, node)) = self.resume_at.take() else { return Ok(()) };
+        if self.spec.action == Action::Partition && !s.checks.converge.is_empty() {
+            *at_heal = Some(cluster.digests(&s.checks.converge));
+        }
+        resume(cluster, &self.spec, &node)
+    }
+}
+
+impl Faults {
+    fn new(s: &Scenario) -> Faults {
+        let pending = s
+            .faults
+            .iter()
+            .map(|f| PendingFault { spec: f.clone(), fired: false, resume_at: None })
+            .collect();
+        Faults { pending, events: vec![], died: vec![], at_heal: None }
+    }
+
+    fn holds_left(&self) -> bool {
+        self.pending.iter().any(|f| f.resume_at.is_some())
+    }
+
+    /// Ends the holds that are over, then fires what has come due.
+    fn step(
+        &mut self,
+        cluster: &mut Cluster,
+        s: &Scenario,
+        running: &[Running],
+        t0: Instant,
+    ) -> Result<(), Error> {
+        for f in self.pending.iter_mut() {
+            if f.resume_at.as_ref().is_some_and(|(when, _)| Instant::now() >= *when) {
+                f.end_hold(cluster, s, &mut self.at_heal)?;
             }
             if f.fired {
                 continue;
             }
-            let Some(ev) = try_fire(&mut cluster, &f.spec, s, &running, t0)? else { continue };
-            f.fired = true;
-            let heals =
-                !matches!(f.spec.action, Action::Isolate | Action::Partition) || f.spec.hold_ms > 0;
-            if f.spec.action != Action::Kill && heals {
-                let when = Instant::now() + Duration::from_millis(f.spec.hold_ms);
-                f.resume_at = Some((when, ev.node.clone()));
-            }
+            let Some(ev) = try_fire(cluster, &f.spec, s, running, t0)? else { continue };
+            f.fired_on(&ev.node);
             if matches!(f.spec.action, Action::Kill | Action::Restart) {
-                died.push((ev.node.clone(), Instant::now()));
+                self.died.push(ev.node.clone());
             }
             tracing::info!(action = %ev.action, node = %ev.node, at_ms = ev.at_ms, "fault");
-            events.push(ev);
+            self.events.push(ev);
         }
-        for n in &http_nodes {
-            if let Some(kib) = cluster.nodes.get(n).and_then(|x| x.rss_kib()) {
-                let p = peak_rss.entry(n.clone()).or_insert(kib);
-                *p = (*p).max(kib);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        Ok(())
     }
-    for f in faults.iter_mut() {
-        if let Some((_, node)) = f.resume_at.take() {
-            if f.spec.action == Action::Partition && !s.checks.converge.is_empty() {
-                at_heal = Some(digest_views(&cluster, &s.checks.converge));
-            }
-            resume(&mut cluster, &f.spec, &node)?;
-        }
-    }
-    let traffic_end = Instant::now();
 
-    // History.
-    let mut entries = vec![];
-    for r in running {
-        let spec = &s.requests[r.group];
-        let record = r.handle.join().unwrap_or_else(|_| Record::lost("client thread panicked"));
-        let gateway_died = died.iter().any(|(n, _)| n == &spec.gateway);
-        entries.push(Entry {
-            group: spec.name.clone(),
-            index: r.index,
-            record,
-            usage: None,
-            gateway_died,
-            checks: vec![],
-            notes: vec![],
+    fn end_all_holds(&mut self, cluster: &mut Cluster, s: &Scenario) -> Result<(), Error> {
+        for f in self.pending.iter_mut() {
+            f.end_hold(cluster, s, &mut self.at_heal)?;
+        }
+        Ok(())
+    }
+
+    fn unfired(&self) -> Vec<String> {
+        self.pending
+            .iter()
+            .filter(|f| !f.fired)
+            .map(|f| format!("{:?} {}", f.spec.action, f.spec.target))
+            .collect()
+    }
+
+    /// A partition must have let the sides diverge (else its convergence
+    /// proves nothing), and every fault must have fired.
+    fn checks(&self) -> Vec<Check> {
+        let mut out = vec![];
+        if let Some(v) = &self.at_heal {
+            out.push(Check {
+                name: "diverged",
+                ok: v.windows(2).any(|w| w[0].1 != w[1].1),
+                detail: format!("at the heal: {}", describe(v, |ns, _, c| format!("{ns}={c}"))),
+            });
+        }
+        let unfired = self.unfired();
+        out.push(Check {
+            name: "faults_fired",
+            ok: unfired.is_empty(),
+            detail: format!("{} fired, {} never triggered", self.events.len(), unfired.len()),
         });
+        out
     }
-    let deadline = Instant::now() + Duration::from_secs(s.limits.usage_wait_s);
-    // A record still waiting for the cut-off worker's late metering.
-    let unmetered = |e: &Entry| {
-        let late = s.requests.iter().any(|r| r.name == e.group && r.expect_late_metering);
-        late && e.usage.as_ref().is_some_and(|u| {
-            u["output_tokens_generated"].as_u64().unwrap_or(0)
-                <= u["output_tokens_sent_to_client"].as_u64().unwrap_or(0)
+}
+
+/// Per node, one `ns=…` item per namespace.
+fn describe(views: &Views, item: impl Fn(&str, &str, u64) -> String) -> String {
+    let nodes: Vec<String> = views
+        .iter()
+        .map(|(n, m)| {
+            let per: Vec<String> = m.iter().map(|(ns, (d, c))| item(ns, d, *c)).collect();
+            format!("{n}: {}", per.join(" "))
         })
-    };
-    loop {
-        let mut missing = 0;
-        for e in entries
-            .iter_mut()
-            .filter(|e| (e.usage.is_none() || unmetered(e)) && e.record.status == 200)
-        {
-            let spec = s.requests.iter().find(|r| r.name == e.group);
-            let (Some(spec), Some(job)) = (spec, e.record.job_id.clone()) else { continue };
-            let gw =
-                addr(&cluster, &spec.gateway).ok_or_else(|| Error::Setup(spec.gateway.clone()))?;
-            let key = cluster.keys.get(&spec.gateway).cloned().unwrap_or_default();
-            e.usage = usage_of(gw, &key, &job);
-            missing += usize::from(e.usage.is_none() || unmetered(e));
-        }
-        if missing == 0 || Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+        .collect();
+    nodes.join("; ")
+}
+
+/// The history: what every client saw, the gateway's usage record of its
+/// job, and the verdicts over both.
+fn collect_history(
+    s: &Scenario,
+    cluster: &Cluster,
+    running: Vec<Running>,
+    died: &[String],
+    references: &BTreeMap<String, String>,
+) -> Result<Vec<Entry>, Error> {
+    let mut entries: Vec<Entry> = running.into_iter().map(|r| join_client(s, r, died)).collect();
+    fetch_usage(s, cluster, &mut entries)?;
     for e in &mut entries {
         if let Some(spec) = s.requests.iter().find(|r| r.name == e.group) {
             e.judge(spec, references.get(&e.group).map(String::as_str));
         }
     }
+    Ok(entries)
+}
 
-    let mut run_checks = cluster_checks(s, &cluster, traffic_end, &entries);
-    if let Some(v) = at_heal {
-        let differ = v.windows(2).any(|w| w[0].1 != w[1].1);
-        let detail: Vec<String> = v
-            .iter()
-            .map(|(n, m)| {
-                let per: Vec<String> = m.iter().map(|(ns, (_, c))| format!("{ns}={c}")).collect();
-                format!("{n}: {}", per.join(" "))
-            })
-            .collect();
-        run_checks.push(crate::history::Check {
-            name: "diverged",
-            ok: differ,
-            detail: format!("at the heal: {}", detail.join("; ")),
-        });
+fn join_client(s: &Scenario, r: Running, died: &[String]) -> Entry {
+    let spec = &s.requests[r.group];
+    let record = r.handle.join().unwrap_or_else(|_| Record::lost("client thread panicked"));
+    Entry {
+        group: spec.name.clone(),
+        index: r.index,
+        record,
+        usage: None,
+        gateway_died: died.contains(&spec.gateway),
+        checks: vec![],
+        notes: vec![],
     }
-    let unfired: Vec<String> = faults
-        .iter()
-        .filter(|f| !f.fired)
-        .map(|f| format!("{:?} {}", f.spec.action, f.spec.target))
-        .collect();
-    run_checks.push(crate::history::Check {
-        name: "faults_fired",
-        ok: unfired.is_empty(),
-        detail: format!("{} fired, {} never triggered", events.len(), unfired.len()),
-    });
-    let rss_growth_mib: BTreeMap<String, f64> = peak_rss
-        .iter()
-        .map(|(n, p)| {
-            (n.clone(), p.saturating_sub(base_rss.get(n).copied().unwrap_or(*p)) as f64 / 1024.0)
-        })
-        .collect();
-    let worst = rss_growth_mib.values().copied().fold(0.0, f64::max);
-    run_checks.push(crate::history::Check {
-        name: "gateway_rss",
-        ok: worst <= s.limits.max_gateway_rss_growth_mib as f64,
-        detail: format!(
-            "peak growth {worst:.1} MiB (limit {})",
-            s.limits.max_gateway_rss_growth_mib
-        ),
-    });
-    drop(cluster);
-    Ok(Outcome {
-        scenario: s.name.clone(),
-        entries,
-        faults: events,
-        unfired,
-        rss_growth_mib,
-        run_checks,
-        seconds: started.elapsed().as_secs_f64(),
-        skipped: None,
+}
+
+/// Polls for the usage record of every accepted job until each has one or
+/// the wait is over: the gateway meters after the stream ends, and a
+/// cut-off worker's tokens arrive later still.
+fn fetch_usage(s: &Scenario, cluster: &Cluster, entries: &mut [Entry]) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(s.limits.usage_wait_s);
+    let wanted = |e: &Entry| e.usage.is_none() || awaiting_late_metering(s, e);
+    loop {
+        let mut missing = 0;
+        for e in entries.iter_mut().filter(|e| wanted(e) && e.record.status == 200) {
+            let spec = s.requests.iter().find(|r| r.name == e.group);
+            let (Some(spec), Some(job)) = (spec, e.record.job_id.clone()) else { continue };
+            let (gw, key) = endpoint(cluster, &cluster.keys, &spec.gateway)?;
+            e.usage = usage_of(gw, &key, &job);
+            missing += usize::from(wanted(e));
+        }
+        if missing == 0 || Instant::now() > deadline {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A record still waiting for the cut-off worker's late metering.
+fn awaiting_late_metering(s: &Scenario, e: &Entry) -> bool {
+    let late = s.requests.iter().any(|r| r.name == e.group && r.expect_late_metering);
+    late && e.usage.as_ref().is_some_and(|u| {
+        u["output_tokens_generated"].as_u64().unwrap_or(0)
+            <= u["output_tokens_sent_to_client"].as_u64().unwrap_or(0)
     })
 }
 
 /// The scenario's cluster-wide checks: keyspace convergence, the models the
-/// gateways list, and what the adversaries managed to inject.
+/// gateways list, who served the traffic, what the nodes logged, and what
+/// the adversaries managed to inject.
 fn cluster_checks(
     s: &Scenario,
     cluster: &Cluster,
     traffic_end: Instant,
     entries: &[Entry],
-) -> Vec<crate::history::Check> {
-    use crate::history::Check;
+) -> Vec<Check> {
+    let c = &s.checks;
+    let http = cluster.live_http();
     let mut out = vec![];
-    let http: Vec<&str> = cluster
-        .nodes
-        .values()
-        .filter(|n| n.role.serves_http() && n.pid().is_some())
-        .map(|n| n.name.as_str())
-        .collect();
-    let want = &s.checks.converge;
-    if !want.is_empty() {
-        let deadline = traffic_end + Duration::from_secs(s.checks.converge_within_s);
-        let mut detail;
-        let ok = loop {
-            let views = digest_views(cluster, want);
-            let complete = views.len() == http.len()
-                && views.iter().all(|(_, v)| want.iter().all(|ns| v.contains_key(ns)));
-            let same = complete && views.windows(2).all(|w| w[0].1 == w[1].1);
-            let enough = views
-                .iter()
-                .all(|(_, v)| v.values().all(|(_, count)| *count >= s.checks.converge_min_entries));
-            detail = views
-                .iter()
-                .map(|(n, v)| {
-                    let per: Vec<String> = v
-                        .iter()
-                        .map(|(ns, (d, c))| format!("{ns}={c}/{}", d.get(..8).unwrap_or("")))
-                        .collect();
-                    format!("{n}: {}", per.join(" "))
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            if same && enough {
-                let after = traffic_end.elapsed().as_secs_f64();
-                detail = format!("equal {after:.1}s after the traffic: {detail}");
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        out.push(Check { name: "converged", ok, detail });
+    if !c.converge.is_empty() {
+        out.push(converged(s, cluster, http.len(), traffic_end));
     }
     let models: Vec<(String, Vec<String>)> =
-        http.iter().map(|n| (n.to_string(), model_ids(cluster, n).unwrap_or_default())).collect();
-    if !s.checks.forbidden_models.is_empty() {
-        let seen: Vec<String> = models
-            .iter()
-            .flat_map(|(n, ids)| {
-                ids.iter()
-                    .filter(|id| s.checks.forbidden_models.contains(id))
-                    .map(move |id| format!("{id} at {n}"))
-            })
-            .collect();
-        let detail = if seen.is_empty() {
-            format!("none of {} listed by {} gateways", s.checks.forbidden_models.len(), http.len())
-        } else {
-            seen.join(", ")
-        };
-        out.push(Check { name: "forbidden_models", ok: seen.is_empty(), detail });
+        http.iter().map(|n| (n.to_string(), cluster.model_ids(n).unwrap_or_default())).collect();
+    if !c.forbidden_models.is_empty() {
+        out.push(forbidden_models(s, &models));
     }
-    if !s.checks.required_models.is_empty() {
-        let missing: Vec<String> = models
-            .iter()
-            .flat_map(|(n, ids)| {
-                s.checks
-                    .required_models
-                    .iter()
-                    .filter(|m| !ids.contains(m))
-                    .map(move |m| format!("{m} missing at {n}"))
-            })
-            .collect();
-        let detail =
-            if missing.is_empty() { "listed everywhere".into() } else { missing.join(", ") };
-        out.push(Check { name: "required_models", ok: missing.is_empty(), detail });
+    if !c.required_models.is_empty() {
+        out.push(required_models(s, &models));
     }
-    let c = &s.checks;
     if !c.served_by.is_empty() || !c.not_served_by.is_empty() {
-        let mut served: BTreeMap<String, u64> = BTreeMap::new();
-        for e in entries {
-            if let Some(id) = e.usage.as_ref().and_then(|u| u["node_id"].as_str()) {
-                *served.entry(id.to_string()).or_default() += 1;
-            }
-        }
-        let count = |name: &str| {
-            let id = cluster.nodes.get(name).and_then(|n| node_id_of(&n.dir)).unwrap_or_default();
-            served.get(&id).copied().unwrap_or(0)
-        };
-        let mut bad = vec![];
-        let mut seen = vec![];
-        for n in &c.served_by {
-            let k = count(n);
-            seen.push(format!("{n}={k}"));
-            if k == 0 {
-                bad.push(format!("{n} served nothing"));
-            }
-        }
-        for n in &c.not_served_by {
-            let k = count(n);
-            seen.push(format!("{n}={k}"));
-            if k > 0 {
-                bad.push(format!("{n} served {k}"));
-            }
-        }
-        let detail = if bad.is_empty() { seen.join(" ") } else { bad.join(", ") };
-        out.push(Check { name: "served_by", ok: bad.is_empty(), detail });
+        out.push(served_by(s, cluster, entries));
     }
     for l in &c.logs {
-        let text = cluster.nodes.get(&l.node).map(|n| node_logs(&n.dir)).unwrap_or_default();
+        let text = cluster.nodes.get(&l.node).map(Node::logs).unwrap_or_default();
         let hits = text.matches(l.contains.as_str()).count();
         out.push(Check {
             name: "log",
@@ -550,33 +578,129 @@ fn cluster_checks(
         });
     }
     for n in cluster.nodes.values().filter(|n| n.role == Role::Adversary) {
-        let report = crate::adversary::read_report(&n.dir);
-        let mut missing: Vec<&str> = crate::adversary::REQUIRED
-            .iter()
-            .copied()
-            .filter(|k| report.get(*k).copied().unwrap_or(0) == 0)
-            .collect();
-        let granted: Vec<&str> = crate::adversary::FORBIDDEN
-            .iter()
-            .copied()
-            .filter(|k| report.get(*k).copied().unwrap_or(0) > 0)
-            .collect();
-        if !granted.is_empty() {
-            out.push(Check {
-                name: "adversary_refused",
-                ok: false,
-                detail: format!("the gateway granted: {}", granted.join(", ")),
-            });
-        }
-        missing.sort_unstable();
-        let counts: Vec<String> = report.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let detail = if missing.is_empty() {
-            counts.join(" ")
-        } else {
-            format!("never injected: {}; did: {}", missing.join(", "), counts.join(" "))
-        };
-        out.push(Check { name: "adversary_injected", ok: missing.is_empty(), detail });
+        out.extend(adversary_checks(n));
     }
+    out
+}
+
+/// Polls until the namespaces to converge have equal digests, each with
+/// enough entries, on all `http_nodes` live HTTP nodes, or the time
+/// allowed after the traffic is over.
+fn converged(s: &Scenario, cluster: &Cluster, http_nodes: usize, traffic_end: Instant) -> Check {
+    let want = &s.checks.converge;
+    let deadline = traffic_end + Duration::from_secs(s.checks.converge_within_s);
+    loop {
+        let views = cluster.digests(want);
+        let complete = views.len() == http_nodes
+            && views.iter().all(|(_, v)| want.iter().all(|ns| v.contains_key(ns)));
+        let same = complete && views.windows(2).all(|w| w[0].1 == w[1].1);
+        let enough = views
+            .iter()
+            .all(|(_, v)| v.values().all(|(_, count)| *count >= s.checks.converge_min_entries));
+        let detail = describe(&views, |ns, d, c| format!("{ns}={c}/{}", d.get(..8).unwrap_or("")));
+        if same && enough {
+            let after = traffic_end.elapsed().as_secs_f64();
+            let detail = format!("equal {after:.1}s after the traffic: {detail}");
+            return Check { name: "converged", ok: true, detail };
+        }
+        if Instant::now() > deadline {
+            return Check { name: "converged", ok: false, detail };
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// No gateway lists a model that only a forged registration announced.
+fn forbidden_models(s: &Scenario, models: &[(String, Vec<String>)]) -> Check {
+    let forbidden = &s.checks.forbidden_models;
+    let seen: Vec<String> = models
+        .iter()
+        .flat_map(|(n, ids)| {
+            ids.iter().filter(|id| forbidden.contains(id)).map(move |id| format!("{id} at {n}"))
+        })
+        .collect();
+    let detail = if seen.is_empty() {
+        format!("none of {} listed by {} gateways", forbidden.len(), models.len())
+    } else {
+        seen.join(", ")
+    };
+    Check { name: "forbidden_models", ok: seen.is_empty(), detail }
+}
+
+/// Every gateway lists the honest workers' models (a refused forgery must
+/// not have evicted them).
+fn required_models(s: &Scenario, models: &[(String, Vec<String>)]) -> Check {
+    let missing: Vec<String> = models
+        .iter()
+        .flat_map(|(n, ids)| {
+            s.checks
+                .required_models
+                .iter()
+                .filter(|m| !ids.contains(m))
+                .map(move |m| format!("{m} missing at {n}"))
+        })
+        .collect();
+    let detail = if missing.is_empty() { "listed everywhere".into() } else { missing.join(", ") };
+    Check { name: "required_models", ok: missing.is_empty(), detail }
+}
+
+/// Which nodes served the traffic, by the node id in its usage records.
+fn served_by(s: &Scenario, cluster: &Cluster, entries: &[Entry]) -> Check {
+    let mut served: BTreeMap<String, u64> = BTreeMap::new();
+    for e in entries {
+        if let Some(id) = e.usage.as_ref().and_then(|u| u["node_id"].as_str()) {
+            *served.entry(id.to_string()).or_default() += 1;
+        }
+    }
+    let count = |name: &str| {
+        let id = cluster.nodes.get(name).and_then(Node::node_id).unwrap_or_default();
+        served.get(&id).copied().unwrap_or(0)
+    };
+    let (mut bad, mut seen) = (vec![], vec![]);
+    for n in &s.checks.served_by {
+        let k = count(n);
+        seen.push(format!("{n}={k}"));
+        if k == 0 {
+            bad.push(format!("{n} served nothing"));
+        }
+    }
+    for n in &s.checks.not_served_by {
+        let k = count(n);
+        seen.push(format!("{n}={k}"));
+        if k > 0 {
+            bad.push(format!("{n} served {k}"));
+        }
+    }
+    let detail = if bad.is_empty() { seen.join(" ") } else { bad.join(", ") };
+    Check { name: "served_by", ok: bad.is_empty(), detail }
+}
+
+/// From an adversary's own report: it tried every attack it must
+/// (`REQUIRED`), else the scenario proves nothing, and the gateway granted
+/// none it must refuse (`FORBIDDEN`).
+fn adversary_checks(n: &Node) -> Vec<Check> {
+    let report = crate::adversary::read_report(&n.dir);
+    let count = |k: &str| report.get(k).copied().unwrap_or(0);
+    let mut out = vec![];
+    let granted: Vec<&str> =
+        crate::adversary::FORBIDDEN.iter().copied().filter(|k| count(k) > 0).collect();
+    if !granted.is_empty() {
+        out.push(Check {
+            name: "adversary_refused",
+            ok: false,
+            detail: format!("the gateway granted: {}", granted.join(", ")),
+        });
+    }
+    let mut missing: Vec<&str> =
+        crate::adversary::REQUIRED.iter().copied().filter(|k| count(k) == 0).collect();
+    missing.sort_unstable();
+    let counts: Vec<String> = report.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let detail = if missing.is_empty() {
+        counts.join(" ")
+    } else {
+        format!("never injected: {}; did: {}", missing.join(", "), counts.join(" "))
+    };
+    out.push(Check { name: "adversary_injected", ok: missing.is_empty(), detail });
     out
 }
 
@@ -612,25 +736,12 @@ fn try_fire(
         let frames_at_fault = watched.map(|w| progress(&w).content_frames);
         return Ok(Some(FaultEvent { at_ms, action: "partition".into(), node, frames_at_fault }));
     }
-    let node = if f.target == "busy_worker" {
-        // A worker counts a job from the moment it claims it: one that lost
-        // the claim frees the slot within milliseconds, the lease holder
-        // keeps it through prefill. Before the first token, busy twice
-        // 250 ms apart is the holder; once tokens flow the race is over.
-        let first = cluster.busy_workers();
-        if first.is_empty() {
-            return Ok(None);
-        }
-        if watched.as_ref().is_none_or(|w| progress(w).content_frames == 0) {
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        match cluster.busy_workers().into_iter().find(|n| first.contains(n)) {
-            Some(n) => n,
-            None => return Ok(None),
-        }
+    let target = if f.target == "busy_worker" {
+        lease_holder(cluster, watched.as_ref())
     } else {
-        f.target.clone()
+        Some(f.target.clone())
     };
+    let Some(node) = target else { return Ok(None) };
     if f.action == Action::Isolate {
         let others: Vec<String> = cluster.nodes.keys().filter(|n| **n != node).cloned().collect();
         cluster.cut(std::slice::from_ref(&node), &others, false)?;
@@ -650,6 +761,22 @@ fn try_fire(
     }
     let action = format!("{:?}", f.action).to_lowercase();
     Ok(Some(FaultEvent { at_ms, action, node, frames_at_fault }))
+}
+
+/// The worker holding the watched request's job, if one is busy. A worker
+/// counts a job from the moment it claims it: one that lost the claim
+/// frees the slot within milliseconds, the lease holder keeps it through
+/// prefill. Before the first token, busy twice 250 ms apart is the holder;
+/// once tokens flow the race is over.
+fn lease_holder(cluster: &Cluster, watched: Option<&Shared>) -> Option<String> {
+    let first = cluster.busy_workers();
+    if first.is_empty() {
+        return None;
+    }
+    if watched.is_none_or(|w| progress(w).content_frames == 0) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    cluster.busy_workers().into_iter().find(|n| first.contains(n))
 }
 
 /// Ends a pause (SIGCONT), a restart's down time (start again), or a cut
