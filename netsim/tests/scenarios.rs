@@ -3,9 +3,15 @@
 //! builds gcs-node and netsim first). The tests take turns (a lock): on a
 //! small machine, parallel scenarios would starve each other's timing.
 //! Without the models they say SKIP; a scenario this machine cannot run
-//! (no network namespaces, no libfaketime) says SKIPPED and why.
+//! (no network namespaces, no libfaketime) says SKIP and why, on the
+//! process's stderr so that a passing run shows it. Under `CI=true` each of
+//! those is a failure naming what is missing (tests/support/prereq.rs):
+//! the test command installs libfaketime and iproute2 and CI runs as root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -18,10 +24,8 @@ static TURN: Mutex<()> = Mutex::new(());
 fn run_all(names: &[&str]) {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     if !cluster::models_present() {
-        eprintln!(
-            "SKIP: models not found in {}; run scripts/fetch-models.sh",
-            cluster::model_dir().display()
-        );
+        let what = format!("models in {}", cluster::model_dir().display());
+        prereq::missing(&what, "run scripts/fetch-models.sh");
         return;
     }
     let bin = cluster::locate_gcs_node(None)
@@ -40,6 +44,10 @@ fn run_all(names: &[&str]) {
             }
         };
         eprint!("{}", report::table(&o));
+        if let Some(why) = &o.skipped {
+            let what = format!("scenario {name}: {why}");
+            prereq::missing(&what, "scripts/test-deps.sh installs it; namespaces need root");
+        }
         if !o.ok() {
             failed.push(*name);
         }
@@ -66,7 +74,8 @@ fn fault_scenarios_keep_every_invariant() {
     ]);
 }
 
-/// Network namespaces: SKIPPED (with the reason) where they cannot be made.
+/// Network namespaces: SKIP (with the reason) where they cannot be made,
+/// a failure under `CI=true`.
 #[test]
 fn partition_scenarios_keep_every_invariant() {
     run_all(&[
@@ -76,7 +85,8 @@ fn partition_scenarios_keep_every_invariant() {
     ]);
 }
 
-/// libfaketime: SKIPPED (with the reason) where it is not installed.
+/// libfaketime: SKIP (with the reason) where it is not installed, a
+/// failure under `CI=true`.
 #[test]
 fn clock_skew_scenarios_keep_every_invariant() {
     run_all(&["clock_skew_within_tolerance", "clock_skew_beyond_expiry"]);

@@ -64,10 +64,12 @@ fn pct(v: &[f64], p: f64) -> f64 {
 async fn run(workers: usize, jobs: usize) {
     let dirs: Vec<_> = (0..=workers).map(|_| tempfile::tempdir().unwrap()).collect();
     let gw = start(config(Role::Gateway, &dirs[0], vec![])).await.unwrap();
+    let t = Instant::now();
     let boot = loop {
         if let Some(a) = gw.listen_addrs().await.unwrap().into_iter().next() {
             break a;
         }
+        assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let mut ws: Vec<NodeHandle> = vec![];

@@ -4,7 +4,13 @@
 //! alternately in one run. `cargo bench -p gcs-node --bench gateway_overhead`
 //! (under `cargo test --benches` it runs a small smoke version).
 
+//! Without the model it says SKIP (a failure under `CI=true`); with it, an
+//! engine that does not load is a failure.
+
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -109,13 +115,14 @@ async fn main() {
         backend: "burn-flex".into(),
         tasks: vec![ApiType::ChatCompletion],
     };
-    let exec = match EngineExecutor::load(&models, std::slice::from_ref(&chat), 4) {
-        Ok(e) => Arc::new(e),
-        Err(e) => {
-            eprintln!("SKIP: {e}; run scripts/fetch-models.sh");
-            return;
-        }
-    };
+    let gguf = models.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.is_file() {
+        prereq::missing(&gguf.display().to_string(), "run scripts/fetch-models.sh");
+        return;
+    }
+    let exec = Arc::new(
+        EngineExecutor::load(&models, std::slice::from_ref(&chat), 4).expect("the engine loads"),
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = NodeConfig::new(Role::All, dir.path().to_path_buf());
     cfg.network.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
@@ -135,7 +142,9 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(gcs_gateway::serve(listener, app, None, std::future::pending()));
+    let t = Instant::now();
     while node.fresh_registrations().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the worker never registered");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (mut gt, mut gr, mut dt, mut dr) = (vec![], vec![], vec![], vec![]);

@@ -43,10 +43,12 @@ async fn main() {
         let (net, mut events) = Network::start(&id, cfg, ks).await.unwrap();
         net.subscribe(topics::API_JOBS_ALL).await.unwrap();
         net.subscribe(topics::CAPABILITIES_ALL).await.unwrap();
+        let t = Instant::now();
         let addr = loop {
             if let Some(a) = net.listen_addrs().await.unwrap().into_iter().next() {
                 break a.with(libp2p::multiaddr::Protocol::P2p(net.peer_id()));
             }
+            assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         addrs.push(addr);

@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +35,7 @@ fn model_dir() -> std::path::PathBuf {
 async fn smollm2_answers_through_gateway_and_worker() {
     let gguf = model_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !gguf.is_file() {
-        eprintln!("SKIP: {} not found; run scripts/fetch-models.sh", gguf.display());
+        prereq::missing(&gguf.display().to_string(), "run scripts/fetch-models.sh");
         return;
     }
     let chat = ModelInfo {
@@ -70,10 +73,12 @@ async fn smollm2_answers_through_gateway_and_worker() {
         c
     };
     let gw = start(cfg(Role::Gateway, &dirs[0], vec![])).await.unwrap();
+    let t = Instant::now();
     let addr = loop {
         if let Some(a) = gw.listen_addrs().await.unwrap().into_iter().next() {
             break a;
         }
+        assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let mut wc = cfg(Role::Worker, &dirs[1], vec![addr]);

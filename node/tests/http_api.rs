@@ -10,10 +10,14 @@
 //!
 //! The checks live in tests/sdk/ (Python SDK, JavaScript SDK, raw SSE);
 //! `scripts/test-deps.sh` installs what they need and the README's test
-//! command exports GCS_PYTHON, GCS_JS_DIR and GCS_NGINX. Without them (a
-//! bare `cargo test`) this test says SKIP.
+//! command exports GCS_PYTHON, GCS_JS_DIR, GCS_NGINX and GCS_CHROMIUM.
+//! Without them (a bare `cargo test`) this test says SKIP; under `CI=true`
+//! each missing one is a failure that names it (tests/support/prereq.rs).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -130,18 +134,22 @@ fn run(what: &str, cmd: &mut Command) {
 
 #[test]
 fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
-    let (Ok(python), Ok(js_dir)) = (std::env::var("GCS_PYTHON"), std::env::var("GCS_JS_DIR"))
-    else {
-        eprintln!(
-            "SKIP: GCS_PYTHON/GCS_JS_DIR unset; run `bash scripts/test.sh` (it installs the SDKs)"
-        );
-        return;
-    };
+    const DEPS: &str = "run `bash scripts/test.sh` (scripts/test-deps.sh installs it)";
+    let Some(python) = prereq::env("GCS_PYTHON", DEPS) else { return };
+    let Some(js_dir) = prereq::env("GCS_JS_DIR", DEPS) else { return };
+    let Some(nginx) = prereq::env("GCS_NGINX", DEPS) else { return };
+    let Some(chromium) = prereq::env("GCS_CHROMIUM", DEPS) else { return };
+    for prog in [python.as_str(), "node", "curl", "openssl", nginx.as_str(), chromium.as_str()] {
+        if !prereq::program(prog, DEPS) {
+            return;
+        }
+    }
     let models = std::env::var_os("GCS_MODEL_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| dirs_home().join(".cache/gcs/models"));
     if !models.join("smollm2-135m-instruct").is_dir() {
-        eprintln!("SKIP: models not found in {}; run scripts/fetch-models.sh", models.display());
+        let what = format!("models in {}", models.display());
+        prereq::missing(&what, "run scripts/fetch-models.sh");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -193,22 +201,18 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
     env(&mut node);
     run("OpenAI JavaScript SDK", &mut node);
     let mut raw = Command::new(&python);
-    raw.args(["tests/sdk/streaming.py", "curl", "two_node", "slow_client"]);
-    if std::env::var_os("GCS_NGINX").is_some() {
-        raw.arg("nginx");
-    }
+    raw.args(["tests/sdk/streaming.py", "curl", "two_node", "slow_client", "nginx"]);
+    raw.env("GCS_NGINX", &nginx);
     env(&mut raw);
     run("SSE on the wire (curl, two nodes, slow client, nginx)", &mut raw);
-    if let Ok(chromium) = std::env::var("GCS_CHROMIUM") {
-        let mut page = Command::new("node");
-        page.arg("tests/sdk/browser.mjs").env("GCS_CHROMIUM", chromium);
-        env(&mut page);
-        run("headless Chromium fetch streaming", &mut page);
-    }
+    let mut page = Command::new("node");
+    page.arg("tests/sdk/browser.mjs").env("GCS_CHROMIUM", &chromium);
+    env(&mut page);
+    run("headless Chromium fetch streaming", &mut page);
     // HTTPS without an edge proxy: a self-signed certificate, curl -k.
     let cert = tmp.path().join("cert.pem");
     let pkey = tmp.path().join("key.pem");
-    let ok = Command::new("openssl")
+    let out = Command::new("openssl")
         .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
         .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
         .arg("-keyout")
@@ -216,44 +220,57 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
         .arg("-out")
         .arg(&cert)
         .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        let dt = tmp.path().join("tls");
-        let t = Node::start(
-            &dt,
-            &[
-                "--role",
-                "gateway",
-                "--bootstrap",
-                &bootstrap,
-                "--tls-cert",
-                cert.to_str().unwrap(),
-                "--tls-key",
-                pkey.to_str().unwrap(),
-            ],
-        );
-        let key_t = create_key(&dt, &[]);
-        let url = format!("https://127.0.0.1:{}/v1/models", t.http);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let body = loop {
-            let out = Command::new("curl")
-                .args(["-sk", "-H", &format!("Authorization: Bearer {key_t}"), &url])
-                .output()
-                .unwrap();
-            let body = String::from_utf8_lossy(&out.stdout).to_string();
-            if body.contains("gnus-auto") || Instant::now() > deadline {
-                break body;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        };
-        assert!(body.contains("\"gnus-auto\""), "HTTPS /v1/models: {body}");
-        // Plain HTTP to the TLS port is not answered as HTTP.
-        assert_ne!(t.get("/health").0, 200);
-        eprintln!("HTTPS gateway: ok");
-    } else {
-        eprintln!("SKIP HTTPS: openssl could not make a test certificate");
-    }
+        .unwrap();
+    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
+    let dt = tmp.path().join("tls");
+    let mut t = Node::start(
+        &dt,
+        &[
+            "--role",
+            "gateway",
+            "--bootstrap",
+            &bootstrap,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            pkey.to_str().unwrap(),
+        ],
+    );
+    let key_t = create_key(&dt, &[]);
+    let url = format!("https://127.0.0.1:{}/v1/models", t.http);
+    let https_models = || {
+        let out = Command::new("curl")
+            .args(["-sk", "--max-time", "10", "-H", &format!("Authorization: Bearer {key_t}")])
+            .arg(&url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let body = https_models();
+        if body.contains("gnus-auto") || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(body.contains("\"gnus-auto\""), "HTTPS /v1/models: {body}");
+    // Plain HTTP to the TLS port is not answered as HTTP: the port accepts
+    // the connection (the node is up) but no HTTP status line comes back,
+    // and the node still answers HTTPS afterwards.
+    let mut plain = TcpStream::connect(("127.0.0.1", t.http)).expect("the TLS port accepts TCP");
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    plain.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = vec![];
+    let _ = plain.read_to_end(&mut answer);
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain HTTP answered on the TLS port: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(t.child.try_wait().unwrap().is_none(), "the TLS gateway exited");
+    assert!(https_models().contains("\"gnus-auto\""), "HTTPS after a plain-HTTP request");
+    eprintln!("HTTPS gateway: ok");
     let (status, metrics) = a.get("/metrics");
     assert_eq!(status, 200);
     for m in ["gcs_ttft_seconds_count", "gcs_tokens_generated_total", "gcs_worker_active_jobs 0"] {

@@ -95,7 +95,10 @@ def chat_blocking():
     u = r.usage
     assert 0 < u.completion_tokens <= 24 and u.prompt_tokens > 0, u
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens, u
-    assert u.prompt_tokens_details.cached_tokens >= 0, u
+    # The field is there and is a count of prompt tokens (never all of them:
+    # at least the last one is computed to sample the first output token).
+    cached = u.prompt_tokens_details.cached_tokens
+    assert isinstance(cached, int) and 0 <= cached < u.prompt_tokens, u
     blocking["text"], blocking["tokens"] = c.message.content, u.completion_tokens
 
 

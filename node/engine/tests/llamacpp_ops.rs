@@ -1,8 +1,9 @@
 //! Op-by-op comparison with llama.cpp's own intermediate tensors.
 //!
-//! Runs only when `GCS_LLAMA_DUMP` names a directory written by
-//! `scripts/fixtures/llama_dump.cpp` (see scripts/fixtures/README.md,
-//! section 3). Each of our ops is fed llama.cpp's input to that op and its
+//! Needs `GCS_LLAMA_DUMP`, a directory written by
+//! `scripts/fixtures/llama_dump.cpp` (scripts/fixtures/README.md, section 3);
+//! the README's test command makes one with `scripts/fixtures/llama-dump.sh`.
+//! Without it the test says SKIP (a failure under `CI=true`). Each of our ops is fed llama.cpp's input to that op and its
 //! output is compared bit for bit, so the first op whose float order differs
 //! is named directly instead of being inferred from diverging generations.
 //!
@@ -58,8 +59,8 @@ fn cols(x: &[f32], width: usize, a: usize, b: usize) -> Vec<f32> {
 
 #[test]
 fn ops_match_llamacpp_dump() {
-    let Some(dir) = std::env::var_os("GCS_LLAMA_DUMP").map(PathBuf::from) else {
-        eprintln!("SKIP: set GCS_LLAMA_DUMP to a llama_dump output directory");
+    let fix = "run `bash scripts/test.sh`, or set it to a scripts/fixtures/llama-dump.sh output";
+    let Some(dir) = common::prereq::env("GCS_LLAMA_DUMP", fix).map(PathBuf::from) else {
         return;
     };
     let Some(path) = common::smollm_path() else { return };

@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+#[path = "../../../../tests/support/prereq.rs"]
+pub mod prereq;
+
 pub fn models_dir() -> PathBuf {
     if let Ok(d) = std::env::var("GCS_MODEL_DIR") {
         return PathBuf::from(d);
@@ -11,34 +14,31 @@ pub fn models_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/gcs/models")
 }
 
-/// Path of the SmolLM2 GGUF, or None (with a message) when absent.
+/// Path of the SmolLM2 GGUF, or None (SKIP; a failure under `CI=true`).
+#[track_caller]
 pub fn smollm_path() -> Option<PathBuf> {
     let p = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIP: model {} not found; run scripts/fetch-models.sh", p.display());
-        None
-    }
+    let what = format!("model {}", p.display());
+    prereq::require(p.exists().then_some(p), &what, "run scripts/fetch-models.sh")
 }
 
+/// The all-MiniLM-L6-v2 directory, or None (SKIP; a failure under `CI=true`).
+#[track_caller]
 pub fn minilm_dir() -> Option<PathBuf> {
     let p = models_dir().join("all-minilm-l6-v2");
-    if p.join("model.safetensors").exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIP: model {} not found; run scripts/fetch-models.sh", p.display());
-        None
-    }
+    let what = format!("model {}", p.join("model.safetensors").display());
+    prereq::require(
+        p.join("model.safetensors").exists().then_some(p),
+        &what,
+        "run scripts/fetch-models.sh",
+    )
 }
 
+/// A committed fixture, or None (SKIP; a failure under `CI=true`).
+#[track_caller]
 pub fn fixture(name: &str) -> Option<serde_json::Value> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    match std::fs::read(&p) {
-        Ok(b) => Some(serde_json::from_slice(&b).expect("fixture is valid JSON")),
-        Err(_) => {
-            eprintln!("SKIP: fixture {} not found", p.display());
-            None
-        }
-    }
+    let b = std::fs::read(&p).ok();
+    let b = prereq::require(b, &format!("fixture {}", p.display()), "it is committed")?;
+    Some(serde_json::from_slice(&b).expect("fixture is valid JSON"))
 }

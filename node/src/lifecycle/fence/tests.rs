@@ -179,8 +179,11 @@ proptest! {
         let got_seqs: Vec<u64> = got.iter().map(|c| c.sequence).collect();
         prop_assert_eq!(&got_seqs, &(0..got.len() as u64).collect::<Vec<_>>());
         prop_assert!(got.iter().zip(&out).all(|(a, b)| a == b));
-        prop_assert!(got.len() as u64 == n || f.failure().is_some() || !f.ended(),
-            "an incomplete stream must have failed or still be open");
+        // Every chunk of the worker arrived at least once, so the stream is
+        // over: complete (ended, nothing failed) or failed, never still open.
+        prop_assert!(f.ended(), "every chunk arrived, yet the stream is still open");
+        prop_assert_eq!(got.len() as u64 == n, f.failure().is_none(),
+            "complete exactly when nothing failed ({} of {} delivered)", got.len(), n);
         prop_assert_eq!(f.delivered_tokens(), got.len() as u64);
     }
 }
