@@ -66,7 +66,7 @@ pub fn registration(worker: &NodeKey, p: &Params) -> NodeRegistration {
             aliases: vec!["gnus-auto".into(), "gnus-small".into()],
             context_tokens: 8192,
             quantization: "q4_1".into(),
-            backend: "burn-cpu".into(),
+            backend: "burn-flex".into(),
             tasks: vec![ApiType::ChatCompletion, ApiType::Completion],
         }],
         queue: QueueInfo {
