@@ -15,6 +15,7 @@
 //! tenant's `gcs.usage.<tenant>` topic, which only that tenant's gateways
 //! join, and anti-entropy compares one digest per tenant both sides serve.
 
+use gcs_protocol::{ApiRequestJob, MessageType};
 use gcs_keyspace::{keys, Delta, Digest, Keyspace, KeyspaceError, MergeOutcome, Namespace, Scope};
 use serde::{Deserialize, Serialize};
 
@@ -175,21 +176,34 @@ pub enum RefusedDelta {
     /// Usage of a tenant this gateway does not serve.
     #[error("this node does not serve tenant {0:?}")]
     TenantNotServed(String),
+    /// A namespace peers may not write.
+    #[error("{0} is not accepted from peers")]
+    NotFromPeers(&'static str),
+    /// A deletion: peers never delete records.
+    #[error("a tombstone from a peer")]
+    Tombstone,
+    /// An envelope of another type than its namespace holds.
+    #[error("a {found} where a {expected} belongs")]
+    WrongType {
+        /// What the namespace holds.
+        expected: MessageType,
+        /// What came.
+        found: MessageType,
+    },
+    /// A set over its cap.
+    #[error("more than {0} elements")]
+    TooMany(usize),
+    /// Signed by someone without authority over the record.
+    #[error("{0}: signed by a node without authority over the record")]
+    NotTheAuthor(&'static str),
 }
 
 fn misfiled(m: &gcs_protocol::Message, key: &str) -> RefusedDelta {
-    use gcs_protocol::Message as M;
-    let id = match m {
-        M::NodeRegistration(r) => r.node_id.to_string(),
-        M::ApiRequestJob(j) => j.job_id.clone(),
-        M::JobClaim(c) => c.job_id.clone(),
-        M::LeaseGrant(l) => l.job_id.clone(),
-        M::Cancellation(c) => c.job_id.clone(),
-        M::Requeue(r) => r.job_id.clone(),
-        M::UsageRecord(u) => u.job_id.clone(),
-        _ => String::new(),
-    };
-    RefusedDelta::Misfiled { message_type: m.message_type(), id, key: key.chars().take(120).collect() }
+    RefusedDelta::Misfiled {
+        message_type: m.message_type(),
+        id: record_id(m).unwrap_or_default().to_string(),
+        key: key.chars().take(120).collect(),
+    }
 }
 
 /// Checks a usage delta from a peer: a signed usage record, stored under
@@ -334,47 +348,81 @@ fn in_scope(d: &Delta, shared: &[String]) -> bool {
     }
 }
 
-/// Checks a delta from a peer before merging: only globally replicated
-/// namespaces, and values that are protocol envelopes must decode and carry
-/// a valid signature (a peer may relay records, never forge them).
+/// Who may write a globally replicated namespace, as a peer sees it (the
+/// record-authority table of specs/network.md). Enforced here and nowhere
+/// else: every delta from gossip or anti-entropy passes [`validate`] and
+/// [`check_against_stored`] before it is merged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Authority {
+    /// Nobody reads it from peers, so nobody may write it from a peer.
+    NotFromPeers,
+    /// A register holding one signed `ty`, filed under the id it names.
+    /// `by_job_gateway`: its signer must be the gateway of the job record
+    /// this node holds. Once stored, only the same signer may replace it,
+    /// and only with an envelope that is newer by its own fields.
+    Register {
+        /// The message type of its values.
+        ty: MessageType,
+        /// Signed by the job's gateway.
+        by_job_gateway: bool,
+    },
+    /// A set of signed `ty` elements, at most `cap` per key.
+    Set {
+        /// The message type of its elements.
+        ty: MessageType,
+        /// Elements per key.
+        cap: usize,
+    },
+}
+
+/// Signed claims kept per job (winners and losers, the audit trail).
+pub const MAX_CLAIMS_PER_JOB: usize = 32;
+
+/// The authority over `ns`.
+pub fn authority(ns: Namespace) -> Authority {
+    use Authority::{NotFromPeers, Register, Set};
+    let by_gateway = |ty| Register { ty, by_job_gateway: true };
+    match ns {
+        Namespace::ApiJobs => Register { ty: MessageType::ApiRequestJob, by_job_gateway: false },
+        Namespace::ApiLeases => by_gateway(MessageType::LeaseGrant),
+        Namespace::ApiCancel => by_gateway(MessageType::Cancellation),
+        Namespace::ApiRequeue => by_gateway(MessageType::Requeue),
+        Namespace::ApiClaims => Set { ty: MessageType::JobClaim, cap: MAX_CLAIMS_PER_JOB },
+        Namespace::NodeRegistrations => {
+            Register { ty: MessageType::NodeRegistration, by_job_gateway: false }
+        }
+        // Written by no node today (states, capabilities, heartbeats, the
+        // processing queue), or never global (payloads, results, streams,
+        // usage, local).
+        _ => NotFromPeers,
+    }
+}
+
+/// Checks a delta from a peer on its own: a globally replicated namespace
+/// that peers may write, no tombstone, and values that are valid signed
+/// envelopes of the namespace's type filed under their own id (a peer may
+/// relay records, never forge them).
 pub fn validate(delta: &Delta) -> Result<(), RefusedDelta> {
     let ns = Namespace::of_key(&delta.key)?;
     if ns.scope() != Scope::Global {
         return Err(RefusedDelta::NotGlobal(ns.cf()));
     }
-    let signed = matches!(
-        ns,
-        Namespace::ApiJobs
-            | Namespace::ApiClaims
-            | Namespace::ApiLeases
-            | Namespace::ApiCancel
-            | Namespace::ApiRequeue
-            | Namespace::NodeRegistrations
-            | Namespace::ProcessingLocks
-            | Namespace::ProcessingResults
-    );
-    if !signed {
-        return Ok(());
-    }
+    let ty = match authority(ns) {
+        Authority::NotFromPeers => return Err(RefusedDelta::NotFromPeers(ns.cf())),
+        Authority::Register { ty, .. } | Authority::Set { ty, .. } => ty,
+    };
     let limits = gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() };
     // The id the key is filed under (`<prefix><id>[/...]`).
     let key_id = delta.key[ns.prefix().len()..].split('/').next().unwrap_or_default();
     let check = |bytes: &[u8]| -> Result<(), RefusedDelta> {
         let m = gcs_protocol::decode(bytes, &limits)?;
         m.verify()?;
+        if m.message_type() != ty {
+            return Err(RefusedDelta::WrongType { expected: ty, found: m.message_type() });
+        }
         // A valid envelope filed under another job's or node's key would
         // overwrite that record: the key must name the envelope's own id.
-        use gcs_protocol::Message as M;
-        let own = match &m {
-            M::NodeRegistration(r) => Some(r.node_id.as_str()),
-            M::ApiRequestJob(j) => Some(j.job_id.as_str()),
-            M::JobClaim(c) => Some(c.job_id.as_str()),
-            M::LeaseGrant(l) => Some(l.job_id.as_str()),
-            M::Cancellation(c) => Some(c.job_id.as_str()),
-            M::Requeue(r) => Some(r.job_id.as_str()),
-            _ => None,
-        };
-        match own {
+        match record_id(&m) {
             Some(id) if id != key_id => Err(misfiled(&m, &delta.key)),
             _ => Ok(()),
         }
@@ -382,9 +430,80 @@ pub fn validate(delta: &Delta) -> Result<(), RefusedDelta> {
     match &delta.value {
         gcs_keyspace::CrdtValue::Register(r) => match r.value() {
             Some(b) => check(b),
-            None => Ok(()),
+            None => Err(RefusedDelta::Tombstone),
         },
-        gcs_keyspace::CrdtValue::Set(s) => s.elements().try_for_each(check),
+        gcs_keyspace::CrdtValue::Set(s) => match authority(ns) {
+            Authority::Set { cap, .. } if s.len() > cap => Err(RefusedDelta::TooMany(cap)),
+            _ => s.elements().try_for_each(check),
+        },
+    }
+}
+
+/// The id a record is filed under: its job's, or its node's.
+fn record_id(m: &gcs_protocol::Message) -> Option<&str> {
+    use gcs_protocol::Message as M;
+    Some(match m {
+        M::NodeRegistration(r) => r.node_id.as_str(),
+        M::ApiRequestJob(j) => j.job_id.as_str(),
+        M::JobClaim(c) => c.job_id.as_str(),
+        M::LeaseGrant(l) => l.job_id.as_str(),
+        M::Cancellation(c) => c.job_id.as_str(),
+        M::Requeue(r) => r.job_id.as_str(),
+        M::UsageRecord(u) => u.job_id.as_str(),
+        _ => return None,
+    })
+}
+
+/// How a register's envelopes are ordered, by their own signed fields: a
+/// peer cannot roll a record back (or pin it) by lying about its clock.
+fn envelope_order(m: &gcs_protocol::Message) -> (u64, u64) {
+    use gcs_protocol::Message as M;
+    match m {
+        M::NodeRegistration(r) => (r.heartbeat.created_at_ms, 0),
+        M::ApiRequestJob(j) => (u64::from(j.announcement), j.created_at_ms),
+        M::LeaseGrant(l) => (u64::from(l.attempt), l.created_at_ms),
+        M::Requeue(r) => (u64::from(r.requeue_count), r.created_at_ms),
+        M::Cancellation(c) => (c.created_at_ms, 0),
+        _ => (0, 0),
+    }
+}
+
+/// Checks a register delta against what this node holds: the signer of a
+/// job's lease, cancellation or requeue is that job's gateway; a stored
+/// record is replaced only by its own signer and only with a newer
+/// envelope; the same envelope again changes nothing (no clock pumping).
+/// `Ok(false)`: nothing to merge.
+pub fn check_against_stored(ks: &Keyspace, d: &Delta) -> Result<bool, RefusedDelta> {
+    let ns = Namespace::of_key(&d.key)?;
+    let Authority::Register { by_job_gateway, .. } = authority(ns) else { return Ok(true) };
+    let Some(bytes) = d.value.as_register().and_then(|r| r.value()) else {
+        return Err(RefusedDelta::Tombstone);
+    };
+    let limits = gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() };
+    let incoming = gcs_protocol::decode(bytes, &limits)?;
+    if by_job_gateway {
+        let job = record_id(&incoming).unwrap_or_default();
+        if let Some(j) = readable_job(ks, job)? {
+            if incoming.signer() != &j.gateway_node_id {
+                return Err(RefusedDelta::NotTheAuthor(ns.cf()));
+            }
+        }
+    }
+    let Some(stored) = ks.get_bytes(&d.key)? else { return Ok(true) };
+    if stored == bytes {
+        return Ok(false);
+    }
+    let Ok(stored) = gcs_protocol::decode(&stored, &limits) else { return Ok(true) };
+    if stored.signer() != incoming.signer() {
+        return Err(RefusedDelta::NotTheAuthor(ns.cf()));
+    }
+    Ok(envelope_order(&incoming) > envelope_order(&stored))
+}
+
+fn readable_job(ks: &Keyspace, job_id: &str) -> Result<Option<ApiRequestJob>, KeyspaceError> {
+    match ks.get_cbor::<ApiRequestJob>(&keys::job(job_id)) {
+        Err(KeyspaceError::Corrupt { .. }) => Ok(None),
+        other => other,
     }
 }
 
@@ -399,29 +518,10 @@ pub fn merge_validated(
 
 fn merge_global(ks: &Keyspace, d: Delta, now_ms: u64) -> Result<MergeOutcome, RefusedDelta> {
     validate(&d)?;
-    if is_older_registration(ks, &d)? {
+    if !check_against_stored(ks, &d)? {
         return Ok(MergeOutcome::Unchanged);
     }
     Ok(ks.merge(d, now_ms)?)
-}
-
-/// A registration register is last-writer-wins by the *writer's* clock, so
-/// a peer that re-writes an old (validly signed) registration would roll
-/// the node's record back. The record's own heartbeat time decides instead.
-fn is_older_registration(ks: &Keyspace, d: &Delta) -> Result<bool, KeyspaceError> {
-    if Namespace::of_key(&d.key).ok() != Some(Namespace::NodeRegistrations) {
-        return Ok(false);
-    }
-    let created = |b: &[u8]| {
-        gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::NodeRegistration>(b)
-            .map(|r| r.heartbeat.created_at_ms)
-            .ok()
-    };
-    let Some(incoming) = d.value.as_register().and_then(|r| r.value()).and_then(created) else {
-        return Ok(false);
-    };
-    let stored = ks.get_bytes(&d.key)?;
-    Ok(stored.as_deref().and_then(created).is_some_and(|have| have >= incoming))
 }
 
 #[cfg(test)]
@@ -467,7 +567,7 @@ mod tests {
         let resp = answer(&a, &digest_request(&b, &[]).unwrap(), &[]).unwrap();
         assert_eq!(resp.deltas.len(), 50);
         for d in &resp.deltas {
-            merge_validated(&b, d, 2000).unwrap();
+            raw_merge(&b, d, 2000);
         }
         assert_eq!(
             a.digest(Namespace::ApiJobStates).unwrap(),
@@ -543,10 +643,119 @@ mod tests {
         assert!(merge_scoped(&b, &misfiled.encode(), &acme, 4001).is_err());
     }
 
+    /// The paging tests fill namespaces peers may not write (unsigned
+    /// filler): they test the answers' mechanics, so they merge below the
+    /// authority rules, which have tests of their own.
+    fn raw_merge(ks: &Keyspace, d: &[u8], now: u64) {
+        ks.merge_bytes(d, now).unwrap();
+    }
+
     fn merge_all(ks: &Keyspace, resp: &DigestResponse) {
         for d in &resp.deltas {
-            merge_scoped(ks, d, &[], 9000).unwrap();
+            raw_merge(ks, d, 9000);
         }
+    }
+
+    /// A job of `gw`, stored where this node keeps job records.
+    fn stored_job(ks: &Keyspace, gw: &gcs_protocol::NodeKey) -> ApiRequestJob {
+        let mut job = samples::api_job(gw, &Params::default());
+        gcs_protocol::sign(&mut job, gw).unwrap();
+        ks.put(&keys::job(&job.job_id), gcs_protocol::encode(&job).unwrap(), 1).unwrap();
+        job
+    }
+
+    fn lease(gw: &gcs_protocol::NodeKey, job: &ApiRequestJob, attempt: u32) -> Delta {
+        let (worker, _) = samples::keys();
+        let mut l = samples::lease(&worker, gw, &Params::default());
+        l.job_id = job.job_id.clone();
+        l.gateway_node_id = gw.node_id();
+        l.attempt = attempt;
+        gcs_protocol::sign(&mut l, gw).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let peer = Keyspace::open(dir.path(), "peer", Default::default()).unwrap();
+        peer.put(&keys::lease(&job.job_id), gcs_protocol::encode(&l).unwrap(), 50 + u64::from(attempt))
+            .unwrap()
+    }
+
+    #[test]
+    fn only_a_jobs_gateway_writes_its_lease_and_only_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = Keyspace::open(dir.path(), "me", Default::default()).unwrap();
+        let (_, gw) = samples::keys();
+        let job = stored_job(&ks, &gw);
+        let thief = gcs_protocol::NodeKey::from_seed([66; 32]);
+        let forged = lease(&thief, &job, 5);
+        assert!(matches!(merge_global(&ks, forged, 100), Err(RefusedDelta::NotTheAuthor(_))));
+        let first = lease(&gw, &job, 1);
+        assert!(matches!(merge_global(&ks, first.clone(), 100), Ok(MergeOutcome::Changed(_))));
+        assert_eq!(merge_global(&ks, first, 200).unwrap(), MergeOutcome::Unchanged, "a replay");
+        let older = lease(&gw, &job, 0);
+        assert_eq!(merge_global(&ks, older, 300).unwrap(), MergeOutcome::Unchanged, "rolled back");
+        let newer = lease(&gw, &job, 2);
+        assert!(matches!(merge_global(&ks, newer, 400), Ok(MergeOutcome::Changed(_))));
+        let l: gcs_protocol::LeaseGrant = ks.get_cbor(&keys::lease(&job.job_id)).unwrap().unwrap();
+        assert_eq!((l.attempt, l.gateway_node_id), (2, gw.node_id()));
+    }
+
+    #[test]
+    fn a_job_record_keeps_its_gateway() {
+        let dir = tempfile::tempdir().unwrap();
+        let ks = Keyspace::open(dir.path(), "me", Default::default()).unwrap();
+        let (_, gw) = samples::keys();
+        let job = stored_job(&ks, &gw);
+        let thief = gcs_protocol::NodeKey::from_seed([66; 32]);
+        let mut hijack = job.clone();
+        hijack.gateway_node_id = thief.node_id();
+        hijack.announcement = 9;
+        hijack.signature = None;
+        gcs_protocol::sign(&mut hijack, &thief).unwrap();
+        let peer_dir = tempfile::tempdir().unwrap();
+        let peer = Keyspace::open(peer_dir.path(), "peer", Default::default()).unwrap();
+        let key = keys::job(&job.job_id);
+        let hijack = peer.put(&key, gcs_protocol::encode(&hijack).unwrap(), 10).unwrap();
+        assert!(matches!(merge_global(&ks, hijack, 20), Err(RefusedDelta::NotTheAuthor(_))));
+    }
+
+    #[test]
+    fn peers_never_delete_and_never_write_what_nobody_reads_from_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let peer = Keyspace::open(dir.path(), "peer", Default::default()).unwrap();
+        let filler = peer.put("/gcs/api/states/j", vec![1; 1000], 1).unwrap();
+        assert!(matches!(validate(&filler), Err(RefusedDelta::NotFromPeers(_))));
+        let hb = peer.put("/gcs/nodes/heartbeat/n", vec![1], 1).unwrap();
+        assert!(matches!(validate(&hb), Err(RefusedDelta::NotFromPeers(_))));
+        let (w, gw) = samples::keys();
+        let mut reg = samples::registration(&w, &Params::default());
+        gcs_protocol::sign(&mut reg, &w).unwrap();
+        let key = keys::registration(reg.node_id.as_str());
+        peer.put(&key, gcs_protocol::encode(&reg).unwrap(), 2).unwrap();
+        let tombstone = peer.delete(&key, 3).unwrap();
+        assert!(matches!(validate(&tombstone), Err(RefusedDelta::Tombstone)));
+        // A lease where a registration belongs.
+        let mut l = samples::lease(&w, &gw, &Params::default());
+        gcs_protocol::sign(&mut l, &gw).unwrap();
+        let wrong = peer.put(&key, gcs_protocol::encode(&l).unwrap(), 4).unwrap();
+        assert!(matches!(validate(&wrong), Err(RefusedDelta::WrongType { .. })));
+    }
+
+    #[test]
+    fn a_claims_set_over_its_cap_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let peer = Keyspace::open(dir.path(), "peer", Default::default()).unwrap();
+        let (w, _) = samples::keys();
+        let mut last = None;
+        for i in 0..=MAX_CLAIMS_PER_JOB {
+            let mut c = samples::claim(&w, &Params::default());
+            c.claim_id = format!("clm_{i}");
+            gcs_protocol::sign(&mut c, &w).unwrap();
+            let key = keys::claims(&c.job_id);
+            let d = peer.set_add(&key, &gcs_protocol::encode(&c).unwrap(), 10 + i as u64).unwrap();
+            if i + 1 == MAX_CLAIMS_PER_JOB {
+                validate(&d).unwrap();
+            }
+            last = Some(d);
+        }
+        assert!(matches!(validate(&last.unwrap()), Err(RefusedDelta::TooMany(_))));
     }
 
     #[test]

@@ -217,20 +217,28 @@ async fn keyspace_deltas_replicate_and_a_late_joiner_converges() {
     let boot = addr(&a).await;
     let b = start(fast(config(Role::Worker, &dirs[1], vec![boot.clone()]))).await.unwrap();
     wait_for("b to register at a", || knows(&a, &b)).await;
-    for i in 0..20u8 {
-        a.put_replicated(&format!("/gcs/api/states/gcsapi_{i:02}"), vec![i]).await.unwrap();
+    // Signed job records of some gateway: a namespace peers may replicate
+    // (unsigned records of any namespace are refused, see replication.rs).
+    let gw = NodeKey::from_seed([77; 32]);
+    for i in 0..20u64 {
+        let p = gcs_protocol::samples::Params { n: i, ..Default::default() };
+        let mut job = gcs_protocol::samples::api_job(&gw, &p);
+        job.job_id = format!("gcsapi_{i:02}");
+        sign(&mut job, &gw).unwrap();
+        let key = gcs_keyspace::keys::job(&job.job_id);
+        a.put_replicated(&key, gcs_protocol::encode(&job).unwrap()).await.unwrap();
     }
     // Job-private data never leaves the node that wrote it.
     a.put_replicated("/gcs/api/payloads/gcsapi_00", b"secret prompt".to_vec()).await.unwrap();
-    let count = |n: &NodeHandle| n.keyspace().scan_prefix("/gcs/api/states/").unwrap().len();
+    let count = |n: &NodeHandle| n.keyspace().scan_prefix(gcs_keyspace::keys::jobs()).unwrap().len();
     wait_for("b to receive all deltas", || count(&b) == 20).await;
     // A late joiner, which saw none of the gossip, converges by anti-entropy.
     let c = start(fast(config(Role::Worker, &dirs[2], vec![boot]))).await.unwrap();
     wait_for("the late joiner to converge", || count(&c) == 20).await;
     for n in [&b, &c] {
         assert_eq!(
-            n.keyspace().digest(Namespace::ApiJobStates).unwrap(),
-            a.keyspace().digest(Namespace::ApiJobStates).unwrap()
+            n.keyspace().digest(Namespace::ApiJobs).unwrap(),
+            a.keyspace().digest(Namespace::ApiJobs).unwrap()
         );
         assert_eq!(n.keyspace().get("/gcs/api/payloads/gcsapi_00").unwrap(), None);
     }

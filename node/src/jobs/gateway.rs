@@ -455,10 +455,18 @@ impl GatewayState {
                     Message::JobClaim(c) => {
                         // Every signed claim for a live job is kept (winners
                         // and losers): the audit trail of first-valid-claim.
+                        // Bounded: a peer minting claim ids adds nothing past
+                        // the cap (peers refuse a larger set too).
                         if self.active.contains_key(&c.job_id) {
                             let key = keys::claims(&c.job_id);
-                            if let Err(e) = ctx.keyspace.set_add(&key, &bytes, now_ms()) {
-                                tracing::warn!(job_id = %c.job_id, error = %e, "claim not recorded");
+                            let held = match ctx.keyspace.get(&key) {
+                                Ok(v) => v.and_then(|v| v.as_set().map(|s| s.len())).unwrap_or(0),
+                                Err(_) => usize::MAX,
+                            };
+                            if held < crate::replication::MAX_CLAIMS_PER_JOB {
+                                if let Err(e) = ctx.keyspace.set_add(&key, &bytes, now_ms()) {
+                                    tracing::warn!(job_id = %c.job_id, error = %e, "claim not recorded");
+                                }
                             }
                         }
                         let reg = ctx
