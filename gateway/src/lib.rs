@@ -61,6 +61,8 @@ pub struct GatewayConfig {
     pub embed_batch: usize,
     /// This gateway's swarm: `local_only` requests go to its nodes.
     pub swarm_id: String,
+    /// Connection limits of the HTTP edge, for [`serve::serve_with`].
+    pub edge: serve::EdgeLimits,
 }
 
 impl Default for GatewayConfig {
@@ -75,6 +77,7 @@ impl Default for GatewayConfig {
             max_in_flight: 256,
             embed_batch: 4,
             swarm_id: "public".into(),
+            edge: serve::EdgeLimits::default(),
         }
     }
 }

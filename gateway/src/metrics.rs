@@ -45,6 +45,25 @@ impl Histogram {
     }
 }
 
+/// The HTTP edge's connections (`serve`). Process-wide: the accept loop has
+/// no handle on a router's state, and a node runs one HTTP listener.
+#[derive(Debug)]
+pub struct Connections {
+    /// Connections open now.
+    pub open: AtomicI64,
+    /// Connections closed at accept because the cap was reached.
+    pub refused: AtomicU64,
+    /// Connections closed by a header, TLS-handshake or idle timeout.
+    pub timed_out: AtomicU64,
+}
+
+/// The process's HTTP connection counters.
+pub static CONNECTIONS: Connections = Connections {
+    open: AtomicI64::new(0),
+    refused: AtomicU64::new(0),
+    timed_out: AtomicU64::new(0),
+};
+
 /// Every gateway metric.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -143,6 +162,28 @@ impl Metrics {
             "counter",
             "Tokens delivered to clients.",
             ld(&self.tokens_delivered),
+        );
+        let c = &CONNECTIONS;
+        g(
+            &mut out,
+            "gcs_http_connections_open",
+            "gauge",
+            "HTTP connections open now.",
+            c.open.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "gcs_http_connections_refused_total",
+            "counter",
+            "HTTP connections closed at accept: connection cap reached.",
+            ld(&c.refused),
+        );
+        g(
+            &mut out,
+            "gcs_http_connections_timed_out_total",
+            "counter",
+            "HTTP connections closed by a header, TLS-handshake or idle timeout.",
+            ld(&c.timed_out),
         );
         out
     }
