@@ -148,70 +148,6 @@ fn r16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
-/// RoPE on one batch row's q and k at position `pos`, and Q rounded to f16
-/// (llama.cpp converts it for the f16 K dot). Returns the row's k and v.
-fn rope_row<'a>(
-    rope: &Rope,
-    row: &'a mut [f32],
-    qd: usize,
-    kvd: usize,
-    pos: usize,
-) -> (&'a [f32], &'a [f32]) {
-    let (q, rest) = row.split_at_mut(qd);
-    let (k, v) = rest.split_at_mut(kvd);
-    rope.apply(q, pos);
-    rope.apply(k, pos);
-    q.iter_mut().for_each(|x| *x = r16(*x));
-    (k, v)
-}
-
-/// `kernel(ctx, i, chunk)` for every `chunk`-sized piece `i` of `out`, on
-/// rayon when `parallel`, and compiled with FMA where the CPU has it so
-/// `mul_add` is one instruction, not a libm call.
-fn for_each_chunk<C: Sync, K: Fn(&C, usize, &mut [f32]) + Sync>(
-    out: &mut [f32],
-    chunk: usize,
-    parallel: bool,
-    ctx: &C,
-    kernel: K,
-) {
-    #[cfg(target_arch = "x86_64")]
-    let fma = std::is_x86_feature_detected!("fma");
-    let work = |(idx, o): (usize, &mut [f32])| {
-        #[cfg(target_arch = "x86_64")]
-        if fma {
-            // SAFETY: FMA support was detected above.
-            return unsafe { with_fma(&kernel, ctx, idx, o) };
-        }
-        kernel(ctx, idx, o)
-    };
-    if parallel {
-        out.par_chunks_mut(chunk).enumerate().for_each(work);
-    } else {
-        out.chunks_mut(chunk).enumerate().for_each(work);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma,avx2")]
-unsafe fn with_fma<C, K: Fn(&C, usize, &mut [f32])>(kernel: &K, c: &C, idx: usize, o: &mut [f32]) {
-    kernel(c, idx, o)
-}
-
-/// Softmax probabilities of query `q` against the keys `key(0..n)`, scaled
-/// by 1/√head_dim, into `p` (its length a multiple of 16; `p[n..]` zeroed).
-#[inline(always)]
-fn probs<'k>(single: bool, q: &[f32], n: usize, key: impl Fn(usize) -> &'k [f32], p: &mut [f32]) {
-    let scale = 1.0 / (q.len() as f32).sqrt();
-    p[n..].fill(0.0);
-    let mut max = f32::NEG_INFINITY;
-    for (j, pj) in p[..n].iter_mut().enumerate() {
-        *pj = qk_dot(single, q, key(j)) * scale;
-        max = max.max(*pj);
-    }
-    softmax_f16(p, n, max);
-}
-
 /// Shapes needed by the kernel.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -239,14 +175,33 @@ pub fn attend(
     let t = qkv.len() / width;
     debug_assert_eq!(out.len(), t * qd);
     for (i, row) in qkv.chunks_exact_mut(width).enumerate() {
-        let (k, v) = rope_row(rope, row, qd, kvd, past + i);
+        let (q, rest) = row.split_at_mut(qd);
+        let (k, v) = rest.split_at_mut(kvd);
+        rope.apply(q, past + i);
+        rope.apply(k, past + i);
+        // Q is rounded to f16 because llama.cpp converts it for the f16 K dot.
+        q.iter_mut().for_each(|x| *x = r16(*x));
         kv.k.extend(k.iter().map(|&x| r16(x)));
         kv.push_v(v);
     }
     let len = past + t;
+    #[cfg(target_arch = "x86_64")]
+    let fma = std::is_x86_feature_detected!("fma");
     let ctx = HeadCtx { qkv: &*qkv, k: &kv.k, v_t: &kv.v_t, cap: kv.cap, sh, past, single: t == 1 };
+    let work = |(idx, o): (usize, &mut [f32])| {
+        #[cfg(target_arch = "x86_64")]
+        if fma {
+            // SAFETY: FMA support was detected above.
+            return unsafe { head_fma(&ctx, idx, o) };
+        }
+        head(&ctx, idx, o)
+    };
     // out rows are [t, nh, hd]: one chunk per (row, head).
-    for_each_chunk(out, hd, t * len * nh >= 2048, &ctx, head);
+    if t * len * nh >= 2048 {
+        out.par_chunks_mut(hd).enumerate().for_each(work);
+    } else {
+        out.chunks_mut(hd).enumerate().for_each(work);
+    }
     debug_assert_eq!(kv.k.len(), len * kvd);
 }
 
@@ -261,20 +216,35 @@ struct HeadCtx<'a> {
     single: bool,
 }
 
+/// Same code compiled with FMA so `mul_add` is one instruction, not a libm call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn head_fma(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
+    head(c, idx, o)
+}
+
 /// Attention output of one (row, head) pair into `o` (`[head_dim]`).
 #[inline(always)]
+#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
 fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     let (nh, nkv, hd) = (c.sh.n_heads, c.sh.n_kv_heads, c.sh.head_dim);
     let width = (nh + 2 * nkv) * hd;
     let (i, h) = (idx / nh, idx % nh);
     let q = &c.qkv[i * width + h * hd..][..hd];
     let kvh = h / (nh / nkv);
-    // Causal: keys 0..=past+i, their scores padded to a multiple of 16 with
-    // exact zeros after softmax, mirroring llama.cpp's padded, masked KV rows.
-    let n = c.past + i + 1;
+    let n = c.past + i + 1; // causal: keys 0..=past+i
+    let scale = 1.0 / (hd as f32).sqrt();
+    // Scores padded to a multiple of 16 with exact zeros after softmax,
+    // mirroring llama.cpp's padded, masked KV rows.
     let padded = n.div_ceil(16) * 16;
     let mut p = vec![0f32; padded];
-    probs(c.single, q, n, |j| &c.k[(j * nkv + kvh) * hd..][..hd], &mut p);
+    let mut max = f32::NEG_INFINITY;
+    for (j, pj) in p[..n].iter_mut().enumerate() {
+        let kj = &c.k[(j * nkv + kvh) * hd..][..hd];
+        *pj = qk_dot(c.single, q, kj) * scale;
+        max = max.max(*pj);
+    }
+    softmax_f16(&mut p, n, max);
     // out[d] = Σ_j p_j v_j[d] in llama.cpp's order for this batch shape.
     // Padding keys have p = 0 and zeroed V, adding exact zeros.
     for (dd, od) in o.iter_mut().enumerate() {
@@ -373,7 +343,11 @@ impl KvPool {
                 let Some(row) = chunks.next() else { break };
                 rows.push((si, i));
                 let pos = s.past + i;
-                let (k, v) = rope_row(rope, row, qd, kvd, pos);
+                let (q, rest) = row.split_at_mut(qd);
+                let (k, v) = rest.split_at_mut(kvd);
+                rope.apply(q, pos);
+                rope.apply(k, pos);
+                q.iter_mut().for_each(|x| *x = r16(*x));
                 let (b, off) = (s.table[pos / BS] as usize, pos % BS);
                 for h in 0..nkv {
                     let base = b * bl + h * BS * hd;
@@ -384,10 +358,25 @@ impl KvPool {
                 }
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        let fma = std::is_x86_feature_detected!("fma");
         let ctx = PagedCtx { qkv: &*qkv, k: kl, v: vl, sh: self.sh, seqs, rows: &rows, bl };
+        let work = |(idx, o): (usize, &mut [f32])| {
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: FMA support was detected above.
+                return unsafe { paged_group_fma(&ctx, idx, o) };
+            }
+            paged_group(&ctx, idx, o)
+        };
         let cost: usize = rows.iter().map(|&(si, i)| seqs[si].past + i + 1).sum::<usize>() * nh;
         // One task per (row, KV head): its query heads share the converted K/V.
-        for_each_chunk(out, (nh / nkv) * hd, cost >= 2048, &ctx, paged_group);
+        let group = (nh / nkv) * hd;
+        if cost >= 2048 {
+            out.par_chunks_mut(group).enumerate().for_each(work);
+        } else {
+            out.chunks_mut(group).enumerate().for_each(work);
+        }
     }
 }
 
@@ -401,8 +390,15 @@ struct PagedCtx<'a> {
     bl: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,avx2")]
+unsafe fn paged_group_fma(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
+    paged_group(c, idx, o)
+}
+
 /// Attention output of the query heads of one (row, KV head) pair.
 #[inline(always)]
+#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
 fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
     let (nh, nkv, hd) = (c.sh.n_heads, c.sh.n_kv_heads, c.sh.head_dim);
     let g = nh / nkv;
@@ -429,12 +425,20 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
             vbuf[last + d * BS + lane] = 0.0;
         }
     }
+    let scale = 1.0 / (hd as f32).sqrt();
     let single = s.t == 1;
     let mut p = vec![0f32; padded];
     for (gh, og) in o.chunks_exact_mut(hd).enumerate() {
         let h = kvh * g + gh;
         let q = &c.qkv[r * width + h * hd..][..hd];
-        probs(single, q, n, |j| &kbuf[j * hd..][..hd], &mut p);
+        p.iter_mut().for_each(|x| *x = 0.0);
+        let mut max = f32::NEG_INFINITY;
+        for (j, pj) in p[..n].iter_mut().enumerate() {
+            let kj = &kbuf[j * hd..][..hd];
+            *pj = qk_dot(single, q, kj) * scale;
+            max = max.max(*pj);
+        }
+        softmax_f16(&mut p, n, max);
         // Same accumulation over positions as [`pv_dot`] on a contiguous
         // V row: block bi is 16-chunk bi (decode: accumulator bi % 4 of
         // `vec_dot_f16_order`; prefill: `dot16`'s single accumulator).
