@@ -106,13 +106,7 @@ pub struct AppState {
     pub(crate) catalog: Mutex<Option<(std::time::Instant, Arc<handlers::Catalog>)>>,
 }
 
-/// Wall-clock milliseconds.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use gcs_protocol::now_ms;
 
 /// A JSON body with the right content type.
 pub(crate) fn json_body(v: &serde_json::Value) -> axum::response::Response {

@@ -498,14 +498,16 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         Some((listener, tls)) => {
             follow_tenants(node.network().clone(), served, &data_dir);
             let scheme = if tls.is_some() { "https" } else { "http" };
+            let gw = gateway_config(&cli);
+            let edge = gw.edge.clone();
             let app = gcs_gateway::router(
                 std::sync::Arc::new(node.client()),
                 std::sync::Arc::new(store),
-                gateway_config(&cli),
+                gw,
             );
             println!("OpenAI-compatible API: {scheme}://{}/v1  (keys: gcs-node keys create --data-dir {} --tenant T --project P)", listener.local_addr()?, data_dir.display());
             tracing::info!(addr = %listener.local_addr()?, scheme, "HTTP API listening");
-            Some(tokio::spawn(gcs_gateway::serve(listener, app, tls, async move {
+            Some(tokio::spawn(gcs_gateway::serve::serve_with(listener, app, tls, edge, async move {
                 let _ = http_stopped.await;
             })))
         }
