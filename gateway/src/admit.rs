@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use gcs_protocol::{ApiType, CancellationReason, JobLimits, Routing, RoutingMode};
 use tokio::sync::mpsc;
 
-use crate::backend::{BackendError, JobEvent, JobSpec};
+use crate::backend::{JobEvent, JobSpec};
 use crate::error::ApiError;
 use crate::handlers::{authenticate, catalog, serves};
 use crate::keys::KeyRecord;
@@ -291,11 +291,7 @@ pub(crate) async fn submit(
             f.open_jobs.push(id.clone());
             Ok((id, rx))
         }
-        Err(BackendError::IdempotencyConflict { job_id }) => {
-            Err(ApiError::idempotency_conflict(&job_id))
-        }
-        Err(BackendError::Unavailable(m)) => Err(ApiError::unavailable(m)),
-        Err(BackendError::Internal(m)) => Err(ApiError::internal(m)),
+        Err(e) => Err(e.to_api()),
     }
 }
 

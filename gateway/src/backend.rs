@@ -77,12 +77,32 @@ pub enum BackendError {
         /// The job the key belongs to.
         job_id: String,
     },
-    /// The node cannot take jobs now (shutting down, overloaded).
-    #[error("{0}")]
-    Unavailable(String),
-    /// Anything else (storage, signing).
+    /// The node is shutting down.
+    #[error("the node is stopping")]
+    Stopping,
+    /// The node's storage failed (logged; never shown to a client).
+    #[error("storage: {0}")]
+    Storage(String),
+    /// Anything else (signing, the runtime): logged, never shown to a client.
     #[error("{0}")]
     Internal(String),
+}
+
+impl BackendError {
+    /// The answer a client gets: storage and internal details stay in the
+    /// gateway's log.
+    pub fn to_api(&self) -> crate::ApiError {
+        match self {
+            BackendError::IdempotencyConflict { job_id } => {
+                crate::ApiError::idempotency_conflict(job_id)
+            }
+            BackendError::Stopping => crate::ApiError::unavailable(self.to_string()),
+            BackendError::Storage(_) | BackendError::Internal(_) => {
+                tracing::error!(error = %self, "backend failure");
+                crate::ApiError::internal("internal error; the gateway's log has the details")
+            }
+        }
+    }
 }
 
 /// The network as the gateway sees it.

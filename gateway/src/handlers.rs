@@ -177,7 +177,7 @@ pub(crate) async fn usage(
         let mut recs = state
             .backend
             .usage(&key.id, since, until)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+            .map_err(|e| e.to_api())?;
         recs.sort_by_key(|r| std::cmp::Reverse(r.created_at_ms));
         let has_more = recs.len() > limit;
         recs.truncate(limit);

@@ -135,56 +135,48 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed) as i64;
-        g(
-            &mut out,
-            "gcs_requeues_total",
-            "counter",
-            "Jobs moved to another worker.",
-            ld(&self.requeues),
-        );
-        g(
-            &mut out,
-            "gcs_active_streams",
-            "gauge",
-            "SSE streams open now.",
-            self.active_streams.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "gcs_tokens_generated_total",
-            "counter",
-            "Tokens the workers generated.",
-            ld(&self.tokens_generated),
-        );
-        g(
-            &mut out,
-            "gcs_tokens_delivered_total",
-            "counter",
-            "Tokens delivered to clients.",
-            ld(&self.tokens_delivered),
-        );
         let c = &CONNECTIONS;
-        g(
-            &mut out,
-            "gcs_http_connections_open",
-            "gauge",
-            "HTTP connections open now.",
-            c.open.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "gcs_http_connections_refused_total",
-            "counter",
-            "HTTP connections closed at accept: connection cap reached.",
-            ld(&c.refused),
-        );
-        g(
-            &mut out,
-            "gcs_http_connections_timed_out_total",
-            "counter",
-            "HTTP connections closed by a header, TLS-handshake or idle timeout.",
-            ld(&c.timed_out),
-        );
+        for (name, kind, help, v) in [
+            ("gcs_requeues_total", "counter", "Jobs moved to another worker.", ld(&self.requeues)),
+            (
+                "gcs_active_streams",
+                "gauge",
+                "SSE streams open now.",
+                self.active_streams.load(Ordering::Relaxed),
+            ),
+            (
+                "gcs_tokens_generated_total",
+                "counter",
+                "Tokens the workers generated.",
+                ld(&self.tokens_generated),
+            ),
+            (
+                "gcs_tokens_delivered_total",
+                "counter",
+                "Tokens delivered to clients.",
+                ld(&self.tokens_delivered),
+            ),
+            (
+                "gcs_http_connections_open",
+                "gauge",
+                "HTTP connections open now.",
+                c.open.load(Ordering::Relaxed),
+            ),
+            (
+                "gcs_http_connections_refused_total",
+                "counter",
+                "HTTP connections closed at accept: connection cap reached.",
+                ld(&c.refused),
+            ),
+            (
+                "gcs_http_connections_timed_out_total",
+                "counter",
+                "HTTP connections closed by a header, TLS-handshake or idle timeout.",
+                ld(&c.timed_out),
+            ),
+        ] {
+            g(&mut out, name, kind, help, v);
+        }
         out
     }
 }

@@ -639,8 +639,10 @@ impl Adv {
             self.bump("stall_never_requeued");
             return;
         }
-        // The honest worker needs a moment to claim and start.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // At once: the honest worker that takes over may finish a short job
+        // within a few hundred ms, and the attack is on the live job (the
+        // gateway acknowledges, the fence drops).
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let n = u64::from(TOKENS);
         for i in 0..200u64 {
             let Some(c) = self.chunk(

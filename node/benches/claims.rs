@@ -11,10 +11,13 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gcs_node::jobs::executor::{ExecOutcome, ExecRequest, Executor};
+#[path = "../../tests/support/loopback.rs"]
+mod loopback;
+
+use gcs_node::jobs::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use gcs_node::jobs::{JobEvent, JobSpec};
 use gcs_node::{start, NodeConfig, NodeHandle, Role};
-use gcs_protocol::{ApiType, FinishReason, JobLimits, ModelInfo};
+use gcs_protocol::{ApiType, FinishReason, JobLimits};
 
 #[derive(Debug)]
 struct OneToken;
@@ -25,7 +28,7 @@ impl Executor for OneToken {
         _: &ExecRequest,
         _: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<gcs_protocol::TokenLogprob>) -> bool,
-    ) -> Result<ExecOutcome, String> {
+    ) -> Result<ExecOutcome, ExecError> {
         emit("x", 1, vec![]);
         Ok(ExecOutcome {
             finish_reason: FinishReason::Stop,
@@ -38,20 +41,8 @@ impl Executor for OneToken {
 }
 
 fn config(role: Role, dir: &tempfile::TempDir, boot: Vec<libp2p::Multiaddr>) -> NodeConfig {
-    let mut c = NodeConfig::new(role, dir.path().to_path_buf());
-    c.network.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
-    c.network.bootstrap = boot;
-    c.network.mdns = false;
-    c.heartbeat_interval = Duration::from_millis(500);
-    c.registration_ttl = Duration::from_millis(5_000);
-    c.models = vec![ModelInfo {
-        model_id: "bench-model".into(),
-        aliases: vec![],
-        context_tokens: 2048,
-        quantization: "none".into(),
-        backend: "bench".into(),
-        tasks: vec![ApiType::ChatCompletion],
-    }];
+    let mut c = loopback::config(role, dir, boot);
+    c.models = vec![loopback::model("bench-model", &[])];
     c.executor = Some(Arc::new(OneToken));
     c.max_concurrent_jobs = 64;
     c

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use gcs_node::jobs::engine_exec::EngineExecutor;
 use gcs_node::jobs::executor::{ExecRequest, Executor};
 use gcs_node::{start, NodeConfig, Role};
-use gcs_protocol::{ApiType, ModelInfo};
+use gcs_protocol::ApiType;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKENS: usize = 64;
@@ -107,15 +107,9 @@ async fn main() {
     let models = std::env::var_os("GCS_MODEL_DIR").map(Into::into).unwrap_or_else(|| {
         std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models")
     });
-    let chat = ModelInfo {
-        model_id: "smollm2-135m-instruct".into(),
-        aliases: vec!["gnus-auto".into()],
-        context_tokens: 8192,
-        quantization: "q4_1".into(),
-        backend: "burn-flex".into(),
-        tasks: vec![ApiType::ChatCompletion],
-    };
-    let gguf = models.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let entry = gcs_node::models::entry("smollm2-135m-instruct").expect("in the catalogue");
+    let chat = entry.info();
+    let gguf = entry.path(&models);
     if !gguf.is_file() {
         prereq::missing(&gguf.display().to_string(), "run scripts/fetch-models.sh");
         return;

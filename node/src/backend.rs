@@ -78,9 +78,8 @@ impl Backend for NodeClient {
                 NodeError::IdempotencyConflict { job_id } => {
                     BackendError::IdempotencyConflict { job_id }
                 }
-                NodeError::NetworkStopped => {
-                    BackendError::Unavailable("the node is stopping".into())
-                }
+                NodeError::NetworkStopped => BackendError::Stopping,
+                e @ NodeError::Keyspace(_) => BackendError::Storage(e.to_string()),
                 other => BackendError::Internal(other.to_string()),
             })
         })
@@ -166,7 +165,7 @@ impl Backend for NodeClient {
         let rows = self
             .keyspace
             .scan_cbor::<UsageRecord>(gcs_keyspace::keys::all_usage())
-            .map_err(|e| BackendError::Internal(e.to_string()))?;
+            .map_err(|e| BackendError::Storage(e.to_string()))?;
         Ok(rows
             .into_iter()
             .map(|(_, u)| u)

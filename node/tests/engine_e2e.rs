@@ -14,7 +14,7 @@ use gcs_engine::{ChatMessage, GenerateRequest, SamplingParams};
 use gcs_node::jobs::engine_exec::EngineExecutor;
 use gcs_node::jobs::{JobEvent, JobSpec};
 use gcs_node::{start, NodeConfig, Role};
-use gcs_protocol::{ApiType, JobLimits, ModelInfo};
+use gcs_protocol::{ApiType, JobLimits};
 
 /// The job payload the gateway builds for this OpenAI body.
 fn payload(body: &serde_json::Value) -> Vec<u8> {
@@ -33,19 +33,13 @@ fn model_dir() -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_answers_through_gateway_and_worker() {
-    let gguf = model_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let entry = gcs_node::models::entry("smollm2-135m-instruct").expect("in the catalogue");
+    let gguf = entry.path(&model_dir());
     if !gguf.is_file() {
         prereq::missing(&gguf.display().to_string(), "run scripts/fetch-models.sh");
         return;
     }
-    let chat = ModelInfo {
-        model_id: "smollm2-135m-instruct".into(),
-        aliases: vec!["gnus-auto".into()],
-        context_tokens: 8192,
-        quantization: "q4_1".into(),
-        backend: "burn-flex".into(),
-        tasks: vec![ApiType::ChatCompletion],
-    };
+    let chat = entry.info();
     let exec = EngineExecutor::load(&model_dir(), std::slice::from_ref(&chat), 4).unwrap();
     // Reference: the engine alone, greedy.
     let engine = gcs_engine::Engine::load(&gguf, &gcs_engine::cpu_device()).unwrap();

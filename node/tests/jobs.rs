@@ -7,10 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gcs_node::jobs::executor::{ExecOutcome, ExecRequest, Executor};
+use gcs_node::jobs::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use gcs_node::jobs::{JobEvent, JobSpec};
+#[path = "../../tests/support/loopback.rs"]
+mod loopback;
+
+use gcs_keyspace::keys;
 use gcs_node::{start, NodeConfig, NodeHandle, Role};
-use gcs_protocol::{ApiType, CancellationReason, FinishReason, JobLimits, ModelInfo, UsageRecord};
+use gcs_protocol::{ApiType, CancellationReason, FinishReason, JobLimits, UsageRecord};
 
 /// Emits `words` numbered words, `first_ms` before the first and `step_ms`
 /// between the rest, checking the cancel flag every step.
@@ -34,9 +38,9 @@ impl Executor for Scripted {
         req: &ExecRequest,
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<gcs_protocol::TokenLogprob>) -> bool,
-    ) -> Result<ExecOutcome, String> {
+    ) -> Result<ExecOutcome, ExecError> {
         let prompt: serde_json::Value =
-            serde_json::from_slice(&req.body).map_err(|e| e.to_string())?;
+            serde_json::from_slice(&req.body).map_err(|e| ExecError::Invalid(e.to_string()))?;
         std::thread::sleep(Duration::from_millis(self.first_ms));
         let mut n = 0;
         while n < self.words {
@@ -60,30 +64,13 @@ impl Executor for Scripted {
     }
 }
 
-fn model() -> ModelInfo {
-    ModelInfo {
-        model_id: "test-model".into(),
-        aliases: vec!["gnus-test".into()],
-        context_tokens: 2048,
-        quantization: "f32".into(),
-        backend: "scripted".into(),
-        tasks: vec![ApiType::ChatCompletion],
-    }
-}
-
 fn config(
     role: Role,
     dir: &tempfile::TempDir,
     boot: Vec<libp2p::Multiaddr>,
     exec: Option<Arc<Scripted>>,
 ) -> NodeConfig {
-    let mut c = NodeConfig::new(role, dir.path().to_path_buf());
-    c.network.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
-    c.network.bootstrap = boot;
-    c.network.mdns = false;
-    c.heartbeat_interval = Duration::from_millis(300);
-    c.registration_ttl = Duration::from_millis(3_000);
-    c.models = vec![model()];
+    let mut c = loopback::config(role, dir, boot);
     c.executor = exec.map(|e| e as Arc<dyn Executor>);
     c
 }
@@ -157,14 +144,12 @@ async fn next(rx: &mut tokio::sync::mpsc::Receiver<JobEvent>) -> JobEvent {
 }
 
 fn usage(gw: &NodeHandle, job: &str) -> UsageRecord {
-    let b =
-        gw.keyspace().get_bytes(&format!("/gcs/api/usage/{job}")).unwrap().expect("usage record");
-    gcs_protocol::codec::from_cbor_bytes(&b).unwrap()
+    gw.keyspace().get_cbor(&keys::usage(job)).unwrap().expect("usage record")
 }
 
 fn lease_holder(gw: &NodeHandle, job: &str) -> Option<gcs_protocol::NodeId> {
-    let b = gw.keyspace().get_bytes(&format!("/gcs/api/leases/{job}")).unwrap()?;
-    Some(gcs_protocol::codec::from_cbor_bytes::<gcs_protocol::LeaseGrant>(&b).unwrap().node_id)
+    let l: gcs_protocol::LeaseGrant = gw.keyspace().get_cbor(&keys::lease(job)).unwrap()?;
+    Some(l.node_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,11 +181,11 @@ async fn two_workers_race_exactly_one_wins_and_the_stream_is_fenced_in_order() {
     assert_eq!(ran, 12, "the loser never ran the engine");
     let u = usage(&net.gw, &job);
     assert_eq!((u.output_tokens_generated, u.output_tokens_sent_to_client), (12, 12));
-    let recorded = net.gw.keyspace().scan_prefix(&format!("/gcs/api/streams/{job}/")).unwrap();
+    let recorded = net.gw.keyspace().scan_prefix(&keys::stream(&job)).unwrap();
     assert_eq!(recorded.len(), 13, "every forwarded chunk is recorded in the keyspace");
     assert_eq!(u.node_id.as_ref(), nodes.iter().next());
     // Both signed claims are on record, the winner's among them.
-    let claims = net.gw.keyspace().get(&format!("/gcs/api/claims/{job}")).unwrap().unwrap();
+    let claims = net.gw.keyspace().get(&keys::claims(&job)).unwrap().unwrap();
     let claims: Vec<gcs_protocol::JobClaim> = claims
         .as_set()
         .unwrap()
@@ -276,7 +261,7 @@ async fn a_winner_killed_before_its_first_token_is_replaced_and_the_job_complete
     let mut again = spec();
     again.idempotency_key = "idem_after_loss".into();
     let (job2, mut rx2) = net.gw.submit(again).await.unwrap();
-    let b = net.gw.keyspace().get_bytes(&format!("/gcs/api/jobs/{job2}")).unwrap().unwrap();
+    let b = net.gw.keyspace().get_bytes(&keys::job(&job2)).unwrap().unwrap();
     let announced: gcs_protocol::ApiRequestJob = gcs_protocol::codec::from_cbor_bytes(&b).unwrap();
     assert!(announced.routing.excluded_nodes.contains(&winner), "{:?}", announced.routing);
     while !matches!(next(&mut rx2).await, JobEvent::Completed(_)) {}
@@ -376,11 +361,11 @@ async fn a_gateway_restart_leaves_no_job_hanging() {
         vec![a.iter().filter(|p| !matches!(p, libp2p::multiaddr::Protocol::P2p(_))).collect()];
     let gw = start(gc).await.unwrap();
     wait_for("the job to be ended", || {
-        gw.keyspace().get_bytes(&format!("/gcs/api/usage/{job}")).unwrap().is_some()
+        gw.keyspace().get_bytes(&keys::usage(&job)).unwrap().is_some()
     })
     .await;
     let res: gcs_protocol::FinalResult = gcs_protocol::codec::from_cbor_bytes(
-        &gw.keyspace().get_bytes(&format!("/gcs/api/results/{job}")).unwrap().unwrap(),
+        &gw.keyspace().get_bytes(&keys::result(&job)).unwrap().unwrap(),
     )
     .unwrap();
     assert_eq!(res.error.unwrap().code, "gnus_gateway_restarted");
@@ -505,9 +490,7 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
     wait_for("the public announcement at the public worker", || public.jobs_heard() == 1).await;
     // Nor does anti-entropy hand the confined jobs' records to anyone: the
     // public job's record arrives, theirs never do.
-    let record = |n: &NodeHandle, j: &str| {
-        n.keyspace().get_bytes(&format!("/gcs/api/jobs/{j}")).unwrap().is_some()
-    };
+    let record = |n: &NodeHandle, j: &str| n.keyspace().get_bytes(&keys::job(j)).unwrap().is_some();
     wait_for("the public job's record at the public worker", || record(&public, &public_job)).await;
     for j in &confined {
         assert!(!record(&public, j) && !record(&lab, j), "confined job {j} replicated");
@@ -543,15 +526,12 @@ async fn scoped_records_reach_their_scope_and_no_one_else() {
     s.idempotency_key = "usage-1".into();
     let (job, mut rx) = g1.submit(s).await.unwrap();
     while !matches!(next(&mut rx).await, JobEvent::Completed(_)) {}
-    let key = format!("/gcs/api/usage/{job}");
+    let key = keys::usage(&job);
     let has = |n: &NodeHandle| n.keyspace().get_bytes(&key).unwrap().is_some();
     wait_for("the usage record at g2", || has(&g2)).await;
     assert_eq!(usage(&g2, &job), usage(&g1, &job), "the same signed record");
     assert!(
-        g2.keyspace()
-            .get_bytes(&format!("/gcs/api/jobs_by_tenant/tenant_1/{job}"))
-            .unwrap()
-            .is_some(),
+        g2.keyspace().get_bytes(&keys::job_of_tenant("tenant_1", &job)).unwrap().is_some(),
         "indexed under its tenant"
     );
     // A gateway of the tenant that joins afterwards catches up.
@@ -563,8 +543,8 @@ async fn scoped_records_reach_their_scope_and_no_one_else() {
     assert!(!has(&w), "a worker got the record");
     // Job-participant scope: the stream and the result live on the job's
     // gateway and worker, identical, and nowhere else.
-    let first = format!("/gcs/api/streams/{job}/00000000");
-    let result = format!("/gcs/api/results/{job}");
+    let first = keys::stream_chunk(&job, 0);
+    let result = keys::result(&job);
     for k in [&first, &result] {
         let at = |n: &NodeHandle| n.keyspace().get_bytes(k).unwrap();
         assert!(at(&g1).is_some() && at(&w).is_some(), "{k} at both participants");
@@ -591,8 +571,12 @@ async fn a_flood_of_requests_and_gossip_does_not_stall_a_running_stream() {
     let dir = tempfile::tempdir().unwrap();
     let identity = gcs_node::Identity::load_or_create(dir.path()).unwrap();
     let ks = Arc::new(
-        gcs_keyspace::Keyspace::open(&dir.path().join("ks"), identity.node_id().as_str(), Default::default())
-            .unwrap(),
+        gcs_keyspace::Keyspace::open(
+            &dir.path().join("ks"),
+            identity.node_id().as_str(),
+            Default::default(),
+        )
+        .unwrap(),
     );
     let mut cfg = gcs_node::NetworkConfig { mdns: false, ..Default::default() };
     cfg.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
@@ -645,7 +629,11 @@ async fn a_flood_of_requests_and_gossip_does_not_stall_a_running_stream() {
     loop {
         let t = Instant::now();
         net.gw.listen_addrs().await.unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1), "the gateway's loop stalled: {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "the gateway's loop stalled: {:?}",
+            t.elapsed()
+        );
         match next(&mut rx).await {
             JobEvent::Chunk(c) if c.finish_reason.is_none() => words += 1,
             JobEvent::Chunk(_) | JobEvent::Leased { .. } => {}
@@ -657,7 +645,8 @@ async fn a_flood_of_requests_and_gossip_does_not_stall_a_running_stream() {
         }
     }
     assert_eq!(words, 40, "every word arrived");
-    let (answered, busy) = tokio::time::timeout(Duration::from_secs(60), flood).await.unwrap().unwrap();
+    let (answered, busy) =
+        tokio::time::timeout(Duration::from_secs(60), flood).await.unwrap().unwrap();
     eprintln!("flood: {answered} requests answered, {busy} busy");
     assert!(answered + busy > 1000, "the flood was answered, not dropped: {answered} + {busy}");
     flooder.shutdown().await;

@@ -5,26 +5,13 @@
 
 use std::time::{Duration, Instant};
 
+use gcs_keyspace::keys;
 use gcs_node::{start, NodeConfig, NodeHandle, Role};
-use gcs_protocol::{sign, ApiType, ModelInfo, NodeKey, NodeRegistration};
+use gcs_protocol::{sign, NodeKey, NodeRegistration};
 
-fn config(role: Role, dir: &tempfile::TempDir, bootstrap: Vec<libp2p::Multiaddr>) -> NodeConfig {
-    let mut c = NodeConfig::new(role, dir.path().to_path_buf());
-    c.network.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
-    c.network.bootstrap = bootstrap;
-    c.network.mdns = false;
-    c.heartbeat_interval = Duration::from_millis(300);
-    c.registration_ttl = Duration::from_millis(3_000);
-    c.models = vec![ModelInfo {
-        model_id: "test-model".into(),
-        aliases: vec!["gnus-test".into()],
-        context_tokens: 2048,
-        quantization: "f32".into(),
-        backend: "test".into(),
-        tasks: vec![ApiType::ChatCompletion],
-    }];
-    c
-}
+#[path = "../../tests/support/loopback.rs"]
+mod loopback;
+use loopback::config;
 
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -67,7 +54,7 @@ async fn registrations_reach_every_node_and_forgeries_do_not() {
     .await;
     assert!(!knows(&gw, &gw), "a gateway does not register as a worker");
     // Registrations are stored in the keyspace too.
-    let key = format!("/gcs/nodes/registrations/{}", w1.node_id);
+    let key = keys::registration(w1.node_id.as_str());
     assert!(gw.keyspace().get_bytes(&key).unwrap().is_some());
 
     // A misbehaving node (w1) publishes envelopes that must be refused by
@@ -189,11 +176,11 @@ async fn a_restarted_node_keeps_its_identity_and_keyspace() {
     let dir = tempfile::tempdir().unwrap();
     let n = start(config(Role::Worker, &dir, vec![])).await.unwrap();
     let id = n.node_id.clone();
-    n.keyspace().put("/gcs/local/marker", b"kept".to_vec(), gcs_node::now_ms()).unwrap();
+    n.keyspace().put(&keys::idempotency("marker"), b"kept".to_vec(), gcs_node::now_ms()).unwrap();
     n.shutdown().await;
     let n = start(config(Role::Worker, &dir, vec![])).await.unwrap();
     assert_eq!(n.node_id, id);
-    assert_eq!(n.keyspace().get_bytes("/gcs/local/marker").unwrap().unwrap(), b"kept");
+    assert_eq!(n.keyspace().get_bytes(&keys::idempotency("marker")).unwrap().unwrap(), b"kept");
     n.shutdown().await;
     let key_file = std::fs::read_to_string(dir.path().join("identity.key")).unwrap();
     assert_eq!(key_file.trim().len(), 64);
@@ -229,8 +216,9 @@ async fn keyspace_deltas_replicate_and_a_late_joiner_converges() {
         a.put_replicated(&key, gcs_protocol::encode(&job).unwrap()).await.unwrap();
     }
     // Job-private data never leaves the node that wrote it.
-    a.put_replicated("/gcs/api/payloads/gcsapi_00", b"secret prompt".to_vec()).await.unwrap();
-    let count = |n: &NodeHandle| n.keyspace().scan_prefix(gcs_keyspace::keys::jobs()).unwrap().len();
+    a.put_replicated(&keys::payload("gcsapi_00"), b"secret prompt".to_vec()).await.unwrap();
+    let count =
+        |n: &NodeHandle| n.keyspace().scan_prefix(gcs_keyspace::keys::jobs()).unwrap().len();
     wait_for("b to receive all deltas", || count(&b) == 20).await;
     // A late joiner, which saw none of the gossip, converges by anti-entropy.
     let c = start(fast(config(Role::Worker, &dirs[2], vec![boot]))).await.unwrap();
@@ -240,7 +228,7 @@ async fn keyspace_deltas_replicate_and_a_late_joiner_converges() {
             n.keyspace().digest(Namespace::ApiJobs).unwrap(),
             a.keyspace().digest(Namespace::ApiJobs).unwrap()
         );
-        assert_eq!(n.keyspace().get("/gcs/api/payloads/gcsapi_00").unwrap(), None);
+        assert_eq!(n.keyspace().get(&keys::payload("gcsapi_00")).unwrap(), None);
     }
     for n in [a, b, c] {
         n.shutdown().await;

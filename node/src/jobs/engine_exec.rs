@@ -17,10 +17,7 @@ use gcs_gateway::payload::{Embedding, Generation, JobRequest, Prompt, Sampling};
 use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
 use serde_json::json;
 
-use super::executor::{ExecOutcome, ExecRequest, Executor};
-
-/// The chat model's file inside its model-cache directory.
-pub const CHAT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 
 /// Longest completion the engine runs (the gateway refuses longer ones).
 const MAX_TOKENS: usize = gcs_gateway::request::MAX_COMPLETION_TOKENS as usize;
@@ -59,7 +56,9 @@ impl EngineExecutor {
                     Embedder::load(&dir, &device).map_err(|e| format!("{}: {e}", dir.display()))?;
                 embed = Some((m.model_id.clone(), e));
             } else {
-                let path = model_dir.join(&m.model_id).join(CHAT_GGUF);
+                let path = crate::models::entry(&m.model_id)
+                    .map(|e| e.path(model_dir))
+                    .ok_or_else(|| format!("{}: not in the model catalogue", m.model_id))?;
                 let e =
                     Engine::load(&path, &device).map_err(|e| format!("{}: {e}", path.display()))?;
                 let cfg = BatchConfig { max_running: max_running.max(1), ..BatchConfig::default() };
@@ -107,14 +106,14 @@ impl Executor for EngineExecutor {
         req: &ExecRequest,
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
-    ) -> Result<ExecOutcome, String> {
-        let job = JobRequest::decode(&req.body).map_err(|e| e.to_string())?;
+    ) -> Result<ExecOutcome, ExecError> {
+        let job = JobRequest::decode(&req.body).map_err(|e| ExecError::Invalid(e.to_string()))?;
         if job.api_type() != req.api_type {
-            return Err(format!(
+            return Err(ExecError::Invalid(format!(
                 "the payload is a {} request but the job is {}",
                 job.api_type().as_str(),
                 req.api_type.as_str()
-            ));
+            )));
         }
         match job {
             JobRequest::Embedding(e) => self.embed(&e),
@@ -124,10 +123,14 @@ impl Executor for EngineExecutor {
 }
 
 impl EngineExecutor {
-    fn embed(&self, req: &Embedding) -> Result<ExecOutcome, String> {
-        let (id, e) = self.embed.as_ref().ok_or("no embedding model on this worker")?;
+    fn embed(&self, req: &Embedding) -> Result<ExecOutcome, ExecError> {
+        let (id, e) = self
+            .embed
+            .as_ref()
+            .ok_or(ExecError::Invalid("no embedding model on this worker".into()))?;
         let refs: Vec<&str> = req.inputs.iter().map(String::as_str).collect();
-        let (vecs, tokens) = e.embed_counted(&refs).map_err(|e| e.to_string())?;
+        let (vecs, tokens) =
+            e.embed_counted(&refs).map_err(|e| ExecError::Engine(e.to_string()))?;
         let tokens = tokens as u64;
         let data = vecs.into_iter().enumerate().map(|(i, v)| codec::embedding(i, json!(v)));
         Ok(ExecOutcome {
@@ -145,15 +148,16 @@ impl EngineExecutor {
         tenant: &str,
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
-    ) -> Result<ExecOutcome, String> {
-        let (id, engine) = self.chat.as_ref().ok_or("no chat model on this worker")?;
+    ) -> Result<ExecOutcome, ExecError> {
+        let (id, engine) =
+            self.chat.as_ref().ok_or(ExecError::Invalid("no chat model on this worker".into()))?;
         let (api, prompt) = match &g.prompt {
             Prompt::Chat(msgs) => {
                 let msgs = msgs.iter().map(|m| ChatMessage::new(m.role.as_str(), &m.content));
                 (ApiType::ChatCompletion, EnginePrompt::Chat(msgs.collect()))
             }
             Prompt::Text(text) => {
-                let ids = engine.tokenizer().encode(text).map_err(|e| e.to_string())?;
+                let ids = engine.tokenizer().encode(text).map_err(exec_error)?;
                 (ApiType::Completion, EnginePrompt::Tokens(ids))
             }
         };
@@ -166,7 +170,7 @@ impl EngineExecutor {
         // character, a possible stop string) ride on the next delta that
         // has text, so every token is counted once.
         let (mut pending_n, mut pending_lp) = (0u32, Vec::new());
-        let stream = engine.submit(sreq).map_err(|e| e.to_string())?;
+        let stream = engine.submit(sreq).map_err(exec_error)?;
         let r = loop {
             let ev = match stream.recv_timeout(Duration::from_millis(20)) {
                 Ok(ev) => ev,
@@ -176,7 +180,9 @@ impl EngineExecutor {
                     }
                     continue;
                 }
-                Err(RecvTimeoutError::Disconnected) => return Err("the engine stopped".into()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(ExecError::Engine("the engine stopped".into()))
+                }
             };
             match ev {
                 SeqEvent::Delta { text, token_ids, logprobs } => {
@@ -195,7 +201,7 @@ impl EngineExecutor {
                     }
                 }
                 SeqEvent::Done(r) => break r,
-                SeqEvent::Error(e) => return Err(e),
+                SeqEvent::Error(e) => return Err(ExecError::Engine(e)),
             }
         };
         let fr = finish(r.finish_reason);
@@ -234,5 +240,15 @@ fn wire_logprob(
                 TopLogprob { token, logprob: a.logprob, bytes }
             })
             .collect(),
+    }
+}
+
+/// The engine's refusals of the request itself are client errors; the
+/// rest are the engine's.
+fn exec_error(e: gcs_engine::EngineError) -> ExecError {
+    match e {
+        gcs_engine::EngineError::InvalidRequest(m) => ExecError::Invalid(m),
+        gcs_engine::EngineError::Tokenizer(m) => ExecError::Invalid(format!("tokenizer: {m}")),
+        other => ExecError::Engine(other.to_string()),
     }
 }

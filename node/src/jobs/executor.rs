@@ -34,6 +34,28 @@ pub struct ExecOutcome {
     pub body: serde_json::Value,
 }
 
+/// Why the engine did not run a request to its end.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ExecError {
+    /// The request cannot run on this engine as asked (a client error: a
+    /// prompt longer than the context, a payload of another kind).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The engine failed or stopped.
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl ExecError {
+    /// A short stable label for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecError::Invalid(_) => "invalid_request",
+            ExecError::Engine(_) => "engine",
+        }
+    }
+}
+
 /// An inference engine as a worker sees it.
 pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
     /// Runs one request, calling `emit(text, tokens, logprobs)` for each
@@ -45,7 +67,7 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
         req: &ExecRequest,
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
-    ) -> Result<ExecOutcome, String>;
+    ) -> Result<ExecOutcome, ExecError>;
 
     /// Free KV-cache capacity in tokens, advertised in registrations.
     fn free_kv_tokens(&self) -> u64 {

@@ -15,7 +15,7 @@ use gcs_keyspace::keys;
 use libp2p::PeerId;
 use tokio::sync::{mpsc, Notify};
 
-use super::executor::{ExecOutcome, ExecRequest, Executor};
+use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use super::peer_of;
 use super::wire::{JobRequest, JobResponse};
 use crate::lifecycle::worker_job::{
@@ -69,7 +69,7 @@ impl std::fmt::Debug for WorkerState {
 /// The engine as one job's task sees it: its deltas, then its outcome.
 struct Engine {
     deltas: mpsc::Receiver<(String, u32, Vec<TokenLogprob>)>,
-    run: tokio::task::JoinHandle<Result<ExecOutcome, String>>,
+    run: tokio::task::JoinHandle<Result<ExecOutcome, ExecError>>,
     cancel: Arc<AtomicBool>,
 }
 
@@ -328,7 +328,9 @@ async fn next_delta(engine: &mut Option<Engine>) -> Input {
     match e.deltas.recv().await {
         Some((text, tokens, logprobs)) => Input::Delta { text, tokens, logprobs },
         None => {
-            let outcome = (&mut e.run).await.unwrap_or_else(|e| Err(format!("engine task: {e}")));
+            let outcome = (&mut e.run)
+                .await
+                .unwrap_or_else(|e| Err(ExecError::Engine(format!("engine task: {e}"))));
             *engine = None;
             Input::EngineDone(outcome)
         }

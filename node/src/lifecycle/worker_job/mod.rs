@@ -29,7 +29,7 @@ use gcs_protocol::{
     TokenLogprob, UsageDelta, PROTOCOL_VERSION,
 };
 
-use crate::jobs::executor::ExecOutcome;
+use crate::jobs::executor::{ExecError, ExecOutcome};
 
 /// Unacknowledged chunks allowed in flight (≤ the gateway's reorder gap of
 /// 8): the window is the stream's backpressure, and a round trip per token
@@ -88,7 +88,7 @@ pub enum Input {
         logprobs: Vec<TokenLogprob>,
     },
     /// The engine returned.
-    EngineDone(Result<ExecOutcome, String>),
+    EngineDone(Result<ExecOutcome, ExecError>),
     /// The job's gateway cancelled the job (authority is checked by the
     /// caller against [`WorkerJob::gateway`]).
     Cancel,
@@ -132,8 +132,8 @@ pub enum Termination {
     /// Stopped early: the gateway cancelled or refused a chunk. The result
     /// says `cancelled` and meters what was generated.
     Cancelled,
-    /// The engine failed; the result says so.
-    EngineFailed(String),
+    /// The engine did not run the request to its end; the result says so.
+    EngineFailed(ExecError),
     /// The gateway did not answer a claim or payload request usefully.
     Gateway(String),
     /// A signed message could not be built.
@@ -184,7 +184,7 @@ pub struct WorkerJob {
     /// The finish chunk's sequence number, once sent.
     finish_seq: Option<u64>,
     stopped: bool,
-    outcome: Option<Result<ExecOutcome, String>>,
+    outcome: Option<Result<ExecOutcome, ExecError>>,
     /// Why the job will end (set once the result is sent).
     termination: Option<Termination>,
     started_ms: u64,
@@ -373,7 +373,7 @@ impl WorkerJob {
 
     fn on_engine_done(
         &mut self,
-        o: Result<ExecOutcome, String>,
+        o: Result<ExecOutcome, ExecError>,
         now: u64,
         key: &NodeKey,
     ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
@@ -489,7 +489,7 @@ impl WorkerJob {
                 Termination::EngineFailed(e.clone()),
                 ResultStatus::Failed,
                 None,
-                Some(error("server_error", "gnus_engine_error", e)),
+                Some(error("server_error", "gnus_engine_error", &e.to_string())),
                 None,
             ),
             None => return Ok(vec![]),

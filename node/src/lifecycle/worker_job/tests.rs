@@ -46,7 +46,8 @@ impl World {
     }
 
     fn lease(&self) -> LeaseGrant {
-        let mut l = samples::lease(&self.key, &self.gw, &Params { now_ms: self.now, ..Params::default() });
+        let mut l =
+            samples::lease(&self.key, &self.gw, &Params { now_ms: self.now, ..Params::default() });
         l.job_id = self.m.job().job_id.clone();
         l.claim_id = self.claim.claim_id.clone();
         sign(&mut l, &self.gw).unwrap();
@@ -111,7 +112,10 @@ fn new_sends_a_signed_claim_for_the_job() {
 fn granted_fetches_the_payload_under_the_lease() {
     let (mut w, _) = World::new();
     let l = w.lease();
-    let fx = w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l.clone())))));
+    let fx = w.feed(Input::Answer(
+        Request::Claim,
+        Answer::Envelope(Box::new(Message::LeaseGrant(l.clone()))),
+    ));
     match &fx[..] {
         [Effect::FetchPayload { job_id, lease_id }] => {
             assert_eq!((job_id, lease_id), (&l.job_id, &l.lease_id));
@@ -126,13 +130,15 @@ fn a_lease_for_another_claim_or_gateway_is_not_taken() {
     let (mut w, _) = World::new();
     let mut l = w.lease();
     l.claim_id = "clm_other".into();
-    let fx = w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
+    let fx =
+        w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
     assert!(matches!(done(&fx), Some(Termination::Gateway(_))), "{fx:?}");
 
     let (mut w, _) = World::new();
     let mut l = w.lease();
     l.gateway_node_id = NodeKey::from_seed([9; 32]).node_id();
-    let fx = w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
+    let fx =
+        w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
     assert!(matches!(done(&fx), Some(Termination::Gateway(_))), "{fx:?}");
 }
 
@@ -142,7 +148,10 @@ fn a_rejected_or_unanswered_claim_ends_the_job() {
     let mut r = samples::claim_rejection(&w.key, &w.gw, &Params::default());
     r.claim_id = w.claim.claim_id.clone();
     r.reason = ClaimRejectReason::AlreadyClaimed;
-    let fx = w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::ClaimRejection(r)))));
+    let fx = w.feed(Input::Answer(
+        Request::Claim,
+        Answer::Envelope(Box::new(Message::ClaimRejection(r))),
+    ));
     assert_eq!(done(&fx), Some(&Termination::ClaimLost(ClaimRejectReason::AlreadyClaimed)));
     assert!(w.m.is_done());
     assert!(w.feed(Input::Tick).is_empty(), "a finished machine does nothing");
@@ -219,7 +228,7 @@ fn engine_done_sends_the_finish_chunk_after_every_ack_then_the_result() {
 fn an_engine_failure_is_reported_without_a_finish_chunk() {
     let mut w = World::running();
     w.delta("a");
-    w.feed(Input::EngineDone(Err("out of KV blocks".into())));
+    w.feed(Input::EngineDone(Err(ExecError::Engine("out of KV blocks".into()))));
     let fx = w.feed(Input::Answer(Request::Chunk(0), Answer::Ack));
     assert!(chunks(&fx).is_empty());
     let r = result(&fx);
@@ -227,7 +236,10 @@ fn an_engine_failure_is_reported_without_a_finish_chunk() {
     assert_eq!(r.error.as_ref().unwrap().code, "gnus_engine_error");
     assert_eq!(r.chunks_sent, 1);
     let fx = w.feed(Input::Answer(Request::Result, Answer::Failed("closed".into())));
-    assert_eq!(done(&fx), Some(&Termination::EngineFailed("out of KV blocks".into())));
+    assert_eq!(
+        done(&fx),
+        Some(&Termination::EngineFailed(ExecError::Engine("out of KV blocks".into())))
+    );
 }
 
 #[test]
