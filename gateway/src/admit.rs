@@ -200,7 +200,10 @@ pub(crate) async fn admit(
     };
     // Bytes / 4 is a generous token estimate for English text; it is
     // replaced by the metered count when the request ends.
-    let estimate = ((common.prompt_chars as u64).div_ceil(4) + max_tokens) * u64::from(n);
+    let estimate = (common.prompt_chars as u64)
+        .div_ceil(4)
+        .saturating_add(max_tokens)
+        .saturating_mul(u64::from(n));
     let mut flight = InFlight {
         state: state.clone(),
         key,
@@ -242,7 +245,10 @@ fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -
 /// A key's metered lifetime use, from its usage records.
 fn spent_tokens(state: &AppState, key_id: &str) -> u64 {
     match state.backend.usage(key_id, 0, u64::MAX) {
-        Ok(recs) => recs.iter().map(|u| u.input_tokens + u.output_tokens_generated).sum(),
+        // Saturating: a record's counts come from the network.
+        Ok(recs) => recs.iter().fold(0u64, |a, u| {
+            a.saturating_add(u.input_tokens).saturating_add(u.output_tokens_generated)
+        }),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read usage records for a budget");
             0

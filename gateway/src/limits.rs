@@ -66,8 +66,8 @@ impl Limiter {
             }
         }
         if let Some(tpm) = key.tpm {
-            let used: u64 = w.events.iter().map(|e| e.2).sum();
-            if used > 0 && used + estimate > tpm {
+            let used = w.events.iter().fold(0u64, |a, e| a.saturating_add(e.2));
+            if used > 0 && used.saturating_add(estimate) > tpm {
                 return Err(ApiError::rate_limited(
                     "rate_limit_exceeded",
                     format!(
@@ -80,7 +80,7 @@ impl Limiter {
         }
         if let Some(budget) = key.budget_tokens {
             let spent = *w.spent.get_or_insert_with(spent);
-            if spent + w.reserved + estimate > budget {
+            if spent.saturating_add(w.reserved).saturating_add(estimate) > budget {
                 // A budget does not refill: retrying later helps only once
                 // in-flight requests settle below their estimates.
                 return Err(ApiError::rate_limited(
@@ -96,7 +96,7 @@ impl Limiter {
         }
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         w.events.push_back((now_ms, id, estimate));
-        w.reserved += estimate;
+        w.reserved = w.reserved.saturating_add(estimate);
         Ok(Ticket { key_id: key.id.clone(), id, estimate })
     }
 
@@ -109,7 +109,7 @@ impl Limiter {
         }
         w.reserved = w.reserved.saturating_sub(ticket.estimate);
         if let Some(s) = w.spent.as_mut() {
-            *s += actual;
+            *s = s.saturating_add(actual);
         }
     }
 }

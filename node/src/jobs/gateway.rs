@@ -69,6 +69,13 @@ async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<b
     let Some(mut u) = ctx.keyspace.get_cbor::<gcs_protocol::UsageRecord>(&keys::usage(job))? else {
         return Ok(false);
     };
+    // Bounded by what this gateway knows of the job (a worker may lie).
+    let record = match readable(ctx.keyspace.get_cbor::<ApiRequestJob>(&keys::job(job)))? {
+        Some(j) => Some(j),
+        None => readable(ctx.keyspace.get_cbor(&keys::confined_job(job)))?,
+    };
+    let Some(record) = record else { return Ok(false) };
+    let m = &crate::lifecycle::tracker::bounded_metering(&record, m, u.output_tokens_sent_to_client);
     let generated = u.output_tokens_generated.max(m.output_tokens);
     if generated == u.output_tokens_generated && u.input_tokens > 0 {
         return Ok(true);

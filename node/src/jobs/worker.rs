@@ -142,7 +142,8 @@ impl WorkerState {
             let job_id = job.job_id.clone();
             let t = w.run(job, model, cancel).await;
             match &t {
-                Termination::Completed | Termination::Cancelled => {
+                // Losing a claim race is the common case, not news.
+                Termination::Completed | Termination::Cancelled | Termination::ClaimLost(_) => {
                     tracing::debug!(job_id, termination = t.kind(), "job ended here")
                 }
                 other => tracing::info!(job_id, termination = ?other, "job not completed here"),

@@ -197,8 +197,8 @@ impl StreamFence {
             self.close();
         }
         self.chunks_delivered += out.len() as u64;
-        self.delivered_tokens +=
-            out.iter().map(|c| u64::from(c.usage_delta.output_tokens)).sum::<u64>();
+        let n = out.iter().fold(0u64, |a, c| a.saturating_add(u64::from(c.usage_delta.output_tokens)));
+        self.delivered_tokens = self.delivered_tokens.saturating_add(n);
         Verdict::Deliver(out)
     }
 

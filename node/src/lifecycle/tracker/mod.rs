@@ -181,7 +181,7 @@ impl JobTracker {
 
     /// Tokens forwarded to the client.
     pub fn delivered_tokens(&self) -> u64 {
-        self.fence.delivered_tokens() + self.restored_delivered
+        self.fence.delivered_tokens().saturating_add(self.restored_delivered)
     }
 
     fn set(&mut self, s: JobState) {
@@ -347,9 +347,10 @@ impl JobTracker {
             return vec![];
         }
         if let Some(m) = &r.metering {
+            let m = bounded_metering(&self.job, m, self.delivered_tokens());
             self.generated_tokens = self.generated_tokens.max(m.output_tokens);
             self.input_tokens = m.input_tokens;
-            self.cached_tokens = m.cached_tokens.min(m.input_tokens);
+            self.cached_tokens = m.cached_tokens;
             self.compute_ms = m.compute_ms;
         }
         match r.status {
@@ -608,6 +609,31 @@ pub fn no_capable_nodes() -> ErrorInfo {
         "gnus_no_capable_nodes",
         "No GNUS nodes are currently available for the requested model and routing policy.",
     )
+}
+
+/// Slack for the tokens a chat template and a default system prompt add to
+/// a payload (the engine's, not the client's).
+const TEMPLATE_TOKENS: u64 = 1024;
+
+/// A worker's metering, bounded by what the gateway knows (a worker may
+/// lie): output at least what was delivered and at most the job's
+/// `max_output_tokens` (a job without generation meters only what it
+/// delivered); input at most one token per payload byte plus the template's
+/// [`TEMPLATE_TOKENS`]; cached at most the input.
+pub fn bounded_metering(
+    job: &ApiRequestJob,
+    m: &gcs_protocol::Metering,
+    delivered: u64,
+) -> gcs_protocol::Metering {
+    let max_out = u64::from(job.requirements.max_output_tokens).max(delivered);
+    let max_in = job.request.payload_ref.size_bytes.saturating_add(TEMPLATE_TOKENS);
+    let input_tokens = m.input_tokens.min(max_in);
+    gcs_protocol::Metering {
+        input_tokens,
+        output_tokens: m.output_tokens.clamp(delivered, max_out),
+        cached_tokens: m.cached_tokens.min(input_tokens),
+        ..m.clone()
+    }
 }
 
 #[cfg(test)]

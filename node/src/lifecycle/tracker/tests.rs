@@ -344,3 +344,27 @@ proptest! {
         prop_assert!(u[0].output_tokens_sent_to_client <= u[0].output_tokens_generated);
     }
 }
+
+#[test]
+fn a_workers_metering_is_bounded_by_what_the_gateway_knows() {
+    let gw = samples::keys().1;
+    let job = samples::api_job(&gw, &Params::default());
+    let lie = Metering {
+        input_tokens: u64::MAX,
+        output_tokens: u64::MAX,
+        tokens_sent_to_client: 0,
+        cached_tokens: u64::MAX,
+        compute_ms: 5,
+        first_token_ms: 1,
+        child_jobs: 0,
+        cost_gnus: "0".into(),
+    };
+    let m = bounded_metering(&job, &lie, 7);
+    let max_out = u64::from(job.requirements.max_output_tokens);
+    assert_eq!(m.output_tokens, max_out, "at most max_output_tokens");
+    assert_eq!(m.input_tokens, job.request.payload_ref.size_bytes + TEMPLATE_TOKENS);
+    assert_eq!(m.cached_tokens, m.input_tokens);
+    let under = Metering { output_tokens: 2, input_tokens: 3, cached_tokens: 1, ..lie };
+    let m = bounded_metering(&job, &under, 7);
+    assert_eq!((m.output_tokens, m.input_tokens, m.cached_tokens), (7, 3, 1), "never below delivered");
+}
