@@ -24,6 +24,33 @@ use crate::{now_ms, AppState};
 /// network: the network's tracker fires first and says why.
 pub(crate) const EDGE_GRACE: Duration = Duration::from_secs(2);
 
+/// A place among the gateway's `max_in_flight` requests, held from before
+/// the body is read (so unadmitted clients cannot hold many bodies in
+/// memory) until the request ends.
+#[derive(Debug)]
+pub(crate) struct Slot(Arc<AppState>);
+
+impl Slot {
+    fn take(state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let max = state.config.max_in_flight;
+        if state.in_flight.fetch_add(1, Ordering::Relaxed) >= max {
+            state.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return Err(ApiError::rate_limited(
+                "gateway_overloaded",
+                format!("this gateway has {max} requests in flight; retry shortly"),
+                1,
+            ));
+        }
+        Ok(Slot(state.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One admitted request. Dropping it (the client went away, or the handler
 /// finished) releases its slot, settles its token reservation, and cancels
 /// its jobs unless they ended.
@@ -42,11 +69,11 @@ pub(crate) struct InFlight {
     pub used_tokens: Option<u64>,
     /// Jobs not yet ended.
     pub open_jobs: Vec<String>,
+    _slot: Slot,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
         if let Some(t) = self.ticket.take() {
             self.state.limiter.settle(t, self.used_tokens.unwrap_or(self.estimate));
         }
@@ -113,6 +140,7 @@ pub(crate) async fn admit(
     req: Request,
 ) -> Result<(InFlight, Parsed, Option<String>), ApiError> {
     let key = authenticate(state, req.headers())?;
+    let slot = Slot::take(state)?;
     let (headers, bytes) = read_body(state, req).await?;
     let idem = idempotency_key(&headers)?;
     let parsed = parse(api, &bytes)?;
@@ -180,14 +208,6 @@ pub(crate) async fn admit(
         return Err(e);
     }
     let c = &state.config;
-    if state.in_flight.fetch_add(1, Ordering::Relaxed) >= c.max_in_flight {
-        state.in_flight.fetch_sub(1, Ordering::Relaxed);
-        return Err(ApiError::rate_limited(
-            "gateway_overloaded",
-            format!("this gateway has {} requests in flight; retry shortly", c.max_in_flight),
-            1,
-        ));
-    }
     let t = common.timeouts;
     let limits = JobLimits {
         first_token_timeout_ms: t
@@ -215,6 +235,7 @@ pub(crate) async fn admit(
         estimate,
         used_tokens: None,
         open_jobs: vec![],
+        _slot: slot,
     };
     let ticket = state
         .limiter

@@ -520,7 +520,9 @@ impl Sim {
         }
         let mut reg = samples::registration(&wk.key, &Params { now_ms: now, ..Params::default() });
         reg.queue.max_concurrent_api_jobs = self.spec.slots;
-        reg.queue.current_api_jobs = wk.slots.running() as u32;
+        // As the node advertises: jobs under a lease, not claims in flight.
+        reg.queue.current_api_jobs =
+            wk.running.values().filter(|m| m.lease_id().is_some()).count() as u32;
         let _ = sign(&mut reg, &wk.key);
         wk.reg = reg;
     }

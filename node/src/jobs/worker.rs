@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use gcs_keyspace::keys;
 use gcs_protocol::{
     now_ms, open, ApiRequestJob, Cancellation, Limits, ModelInfo, NodeId, NodeKey, TokenLogprob,
 };
-use gcs_keyspace::keys;
 use libp2p::PeerId;
 use tokio::sync::{mpsc, Notify};
 
@@ -30,6 +30,9 @@ struct Control {
     gateway: NodeId,
     /// Wakes the task to feed the machine a cancellation.
     cancel: Arc<Notify>,
+    /// The lease the job runs under, once granted: a cancellation naming
+    /// another lease is not for this run.
+    lease: Arc<Mutex<Option<String>>>,
 }
 
 /// Slots, backlog and the controls of the running jobs, under one lock.
@@ -86,11 +89,8 @@ impl WorkerState {
         policy: Policy,
         keyspace: Arc<gcs_keyspace::Keyspace>,
     ) -> Self {
-        let book = Book {
-            slots: Slots::new(max_jobs),
-            controls: HashMap::new(),
-            ended: BTreeMap::new(),
-        };
+        let book =
+            Book { slots: Slots::new(max_jobs), controls: HashMap::new(), ended: BTreeMap::new() };
         Self {
             executor,
             key: Arc::new(key),
@@ -104,9 +104,11 @@ impl WorkerState {
         }
     }
 
-    /// Jobs running now.
+    /// Jobs running here under a lease (what registrations advertise: a
+    /// claim still in flight is no load, and counting it would make the
+    /// gateway refuse this worker's claims as `no_capacity`).
     pub fn load(&self) -> usize {
-        lock(&self.book).slots.running()
+        lock(&self.book).controls.values().filter(|c| lock(&c.lease).is_some()).count()
     }
 
     /// Jobs waiting in the backlog.
@@ -134,13 +136,18 @@ impl WorkerState {
             Offer::Backlogged | Offer::Duplicate => return,
         };
         let cancel = Arc::new(Notify::new());
-        let control = Control { gateway: job.gateway_node_id.clone(), cancel: cancel.clone() };
+        let lease = Arc::new(Mutex::new(None));
+        let control = Control {
+            gateway: job.gateway_node_id.clone(),
+            cancel: cancel.clone(),
+            lease: lease.clone(),
+        };
         book.controls.insert(job.job_id.clone(), control);
         drop(book);
         let w = self.clone();
         tokio::spawn(async move {
             let job_id = job.job_id.clone();
-            let t = w.run(job, model, cancel).await;
+            let t = w.run(job, model, cancel, lease).await;
             match &t {
                 // Losing a claim race is the common case, not news.
                 Termination::Completed | Termination::Cancelled | Termination::ClaimLost(_) => {
@@ -162,20 +169,30 @@ impl WorkerState {
     }
 
     /// A cancellation that came from its signer: honoured only when the
-    /// signer is the job's gateway.
+    /// signer is the job's gateway and it names no other lease than ours
+    /// (before the grant reaches us, any lease of that gateway is).
     pub fn on_cancel(&self, c: &Cancellation) -> bool {
-        match lock(&self.book).controls.get(&c.job_id) {
-            Some(ctl) if ctl.gateway == c.issued_by => {
-                ctl.cancel.notify_one();
-                tracing::info!(job_id = %c.job_id, reason = %c.reason, "job cancelled by the gateway");
-                true
-            }
-            _ => false,
+        let book = lock(&self.book);
+        let Some(ctl) = book.controls.get(&c.job_id) else { return false };
+        let held = lock(&ctl.lease).clone();
+        let ours = c.lease_id.is_none() || held.is_none() || held == c.lease_id;
+        if ctl.gateway != c.issued_by || !ours {
+            tracing::warn!(job_id = %c.job_id, issued_by = %c.issued_by, "cancellation without authority refused");
+            return false;
         }
+        ctl.cancel.notify_one();
+        tracing::info!(job_id = %c.job_id, reason = %c.reason, "job cancelled by the gateway");
+        true
     }
 
     /// Runs one job's machine to its end.
-    async fn run(&self, job: ApiRequestJob, model: ModelInfo, cancel: Arc<Notify>) -> Termination {
+    async fn run(
+        &self,
+        job: ApiRequestJob,
+        model: ModelInfo,
+        cancel: Arc<Notify>,
+        lease: Arc<Mutex<Option<String>>>,
+    ) -> Termination {
         let Some(gateway) = peer_of(&job.gateway_node_id) else {
             return Termination::Gateway(format!("bad gateway id {}", job.gateway_node_id));
         };
@@ -205,6 +222,9 @@ impl WorkerState {
                 _ = sleep_until(deadline), if deadline.is_some() => Input::Tick,
             };
             effects = m.handle(input, now_ms(), &self.key);
+            if m.lease_id().is_some() && lock(&lease).is_none() {
+                *lock(&lease) = m.lease_id().map(str::to_string);
+            }
         }
     }
 
@@ -271,7 +291,8 @@ impl WorkerState {
         req: JobRequest,
         answers: &mpsc::Sender<(Request, Answer)>,
     ) {
-        let (network, limits, answers) = (self.network.clone(), self.limits.clone(), answers.clone());
+        let (network, limits, answers) =
+            (self.network.clone(), self.limits.clone(), answers.clone());
         tokio::spawn(async move {
             let a = match network.request(gateway, req).await {
                 Ok(JobResponse::Ack) => Answer::Ack,

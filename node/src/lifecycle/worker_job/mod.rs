@@ -234,6 +234,11 @@ impl WorkerJob {
         &self.job.gateway_node_id
     }
 
+    /// The lease this worker holds, once granted.
+    pub fn lease_id(&self) -> Option<&str> {
+        self.lease.as_ref().map(|l| l.lease_id.as_str())
+    }
+
     /// Whether the shell should take the engine's next delta now: while the
     /// window has room (the shell leaves deltas in the engine's bounded
     /// channel otherwise, which is what slows the engine down), and always
