@@ -68,6 +68,13 @@ struct Worker {
     rtt_ms: u64,
 }
 
+impl Worker {
+    /// Busy: running a job under a lease (not merely claiming one).
+    fn holds_a_lease(&self) -> bool {
+        self.running.values().any(|m| m.lease_id().is_some())
+    }
+}
+
 #[derive(Debug)]
 struct Job {
     tracker: JobTracker,
@@ -530,7 +537,7 @@ impl Sim {
     /// Kills a fraction of the busy workers (at least one) at once.
     fn kill(&mut self) {
         let busy: Vec<usize> =
-            (0..self.workers.len()).filter(|&w| !self.workers[w].running.is_empty()).collect();
+            (0..self.workers.len()).filter(|&w| self.workers[w].holds_a_lease()).collect();
         let k = ((self.workers.len() as f64 * self.spec.kill_fraction) as usize).max(1);
         let mut pool = busy;
         for _ in 0..k.min(pool.len()) {
