@@ -244,6 +244,18 @@ impl Keyspace {
         self.get_bytes(key)?.map(|b| decode_cbor(key, &b)).transpose()
     }
 
+    /// Like [`Keyspace::get_cbor`], but a value that does not decode as `T`
+    /// counts as absent (garbage is no record); a failing store is an error.
+    pub fn find_cbor<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, KeyspaceError> {
+        match self.get_cbor(key) {
+            Err(KeyspaceError::Corrupt { .. }) => Ok(None),
+            other => other,
+        }
+    }
+
     /// Every register under `prefix` whose value decodes as `T`, in key
     /// order; undecodable and deleted entries are skipped (a peer's
     /// garbage never hides the rest).
@@ -626,7 +638,12 @@ impl Watcher {
     }
 }
 
-fn decode_cbor<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, KeyspaceError> {
-    gcs_protocol::codec::from_cbor_bytes(bytes)
-        .map_err(|e| KeyspaceError::Corrupt { key: key.chars().take(80).collect(), reason: e.to_string() })
+fn decode_cbor<T: serde::de::DeserializeOwned>(
+    key: &str,
+    bytes: &[u8],
+) -> Result<T, KeyspaceError> {
+    gcs_protocol::codec::from_cbor_bytes(bytes).map_err(|e| KeyspaceError::Corrupt {
+        key: key.chars().take(80).collect(),
+        reason: e.to_string(),
+    })
 }

@@ -15,8 +15,8 @@
 //! tenant's `gcs.usage.<tenant>` topic, which only that tenant's gateways
 //! join, and anti-entropy compares one digest per tenant both sides serve.
 
-use gcs_protocol::{ApiRequestJob, MessageType};
 use gcs_keyspace::{keys, Delta, Digest, Keyspace, KeyspaceError, MergeOutcome, Namespace, Scope};
+use gcs_protocol::{ApiRequestJob, MessageType};
 use serde::{Deserialize, Serialize};
 
 /// Most entries answered per namespace in one anti-entropy response.
@@ -88,7 +88,6 @@ pub fn digest_request(ks: &Keyspace, served: &[String]) -> Result<DigestRequest,
     }
     Ok(DigestRequest { version: 1, digests, tenants, since: None, after: vec![] })
 }
-
 
 /// Stores a usage record and its entry in the tenant's index
 /// (`/gcs/api/jobs_by_tenant/<tenant>/<job>`, 26.23); returns the usage
@@ -402,7 +401,8 @@ pub fn authority(ns: Namespace) -> Authority {
 /// that peers may write, no tombstone, and values that are valid signed
 /// envelopes of the namespace's type filed under their own id (a peer may
 /// relay records, never forge them).
-pub fn validate(delta: &Delta) -> Result<(), RefusedDelta> {
+/// Returns a register's envelope, decoded once for [`check_against_stored`].
+pub fn validate(delta: &Delta) -> Result<Option<gcs_protocol::Message>, RefusedDelta> {
     let ns = Namespace::of_key(&delta.key)?;
     if ns.scope() != Scope::Global {
         return Err(RefusedDelta::NotGlobal(ns.cf()));
@@ -411,10 +411,10 @@ pub fn validate(delta: &Delta) -> Result<(), RefusedDelta> {
         Authority::NotFromPeers => return Err(RefusedDelta::NotFromPeers(ns.cf())),
         Authority::Register { ty, .. } | Authority::Set { ty, .. } => ty,
     };
-    let limits = gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() };
+    let limits = record_limits();
     // The id the key is filed under (`<prefix><id>[/...]`).
     let key_id = delta.key[ns.prefix().len()..].split('/').next().unwrap_or_default();
-    let check = |bytes: &[u8]| -> Result<(), RefusedDelta> {
+    let check = |bytes: &[u8]| -> Result<gcs_protocol::Message, RefusedDelta> {
         let m = gcs_protocol::decode(bytes, &limits)?;
         m.verify()?;
         if m.message_type() != ty {
@@ -424,19 +424,24 @@ pub fn validate(delta: &Delta) -> Result<(), RefusedDelta> {
         // overwrite that record: the key must name the envelope's own id.
         match record_id(&m) {
             Some(id) if id != key_id => Err(misfiled(&m, &delta.key)),
-            _ => Ok(()),
+            _ => Ok(m),
         }
     };
     match &delta.value {
         gcs_keyspace::CrdtValue::Register(r) => match r.value() {
-            Some(b) => check(b),
+            Some(b) => check(b).map(Some),
             None => Err(RefusedDelta::Tombstone),
         },
         gcs_keyspace::CrdtValue::Set(s) => match authority(ns) {
             Authority::Set { cap, .. } if s.len() > cap => Err(RefusedDelta::TooMany(cap)),
-            _ => s.elements().try_for_each(check),
+            _ => s.elements().try_for_each(|e| check(e).map(drop)).map(|()| None),
         },
     }
+}
+
+/// The bounds of an envelope a peer's record may hold.
+fn record_limits() -> gcs_protocol::Limits {
+    gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() }
 }
 
 /// The id a record is filed under: its job's, or its node's.
@@ -468,22 +473,24 @@ fn envelope_order(m: &gcs_protocol::Message) -> (u64, u64) {
     }
 }
 
-/// Checks a register delta against what this node holds: the signer of a
-/// job's lease, cancellation or requeue is that job's gateway; a stored
-/// record is replaced only by its own signer and only with a newer
-/// envelope; the same envelope again changes nothing (no clock pumping).
-/// `Ok(false)`: nothing to merge.
-pub fn check_against_stored(ks: &Keyspace, d: &Delta) -> Result<bool, RefusedDelta> {
+/// Checks a register delta (its envelope `incoming`, from [`validate`])
+/// against what this node holds: the signer of a job's lease, cancellation
+/// or requeue is that job's gateway; a stored record is replaced only by
+/// its own signer and only with a newer envelope; the same envelope again
+/// changes nothing (no clock pumping). `Ok(false)`: nothing to merge.
+fn check_against_stored(
+    ks: &Keyspace,
+    d: &Delta,
+    incoming: &gcs_protocol::Message,
+) -> Result<bool, RefusedDelta> {
     let ns = Namespace::of_key(&d.key)?;
     let Authority::Register { by_job_gateway, .. } = authority(ns) else { return Ok(true) };
     let Some(bytes) = d.value.as_register().and_then(|r| r.value()) else {
         return Err(RefusedDelta::Tombstone);
     };
-    let limits = gcs_protocol::Limits { max_message_bytes: 1024 * 1024, ..Default::default() };
-    let incoming = gcs_protocol::decode(bytes, &limits)?;
     if by_job_gateway {
-        let job = record_id(&incoming).unwrap_or_default();
-        if let Some(j) = readable_job(ks, job)? {
+        let job = record_id(incoming).unwrap_or_default();
+        if let Some(j) = ks.find_cbor::<ApiRequestJob>(&keys::job(job))? {
             if incoming.signer() != &j.gateway_node_id {
                 return Err(RefusedDelta::NotTheAuthor(ns.cf()));
             }
@@ -493,18 +500,11 @@ pub fn check_against_stored(ks: &Keyspace, d: &Delta) -> Result<bool, RefusedDel
     if stored == bytes {
         return Ok(false);
     }
-    let Ok(stored) = gcs_protocol::decode(&stored, &limits) else { return Ok(true) };
+    let Ok(stored) = gcs_protocol::decode(&stored, &record_limits()) else { return Ok(true) };
     if stored.signer() != incoming.signer() {
         return Err(RefusedDelta::NotTheAuthor(ns.cf()));
     }
-    Ok(envelope_order(&incoming) > envelope_order(&stored))
-}
-
-fn readable_job(ks: &Keyspace, job_id: &str) -> Result<Option<ApiRequestJob>, KeyspaceError> {
-    match ks.get_cbor::<ApiRequestJob>(&keys::job(job_id)) {
-        Err(KeyspaceError::Corrupt { .. }) => Ok(None),
-        other => other,
-    }
+    Ok(envelope_order(incoming) > envelope_order(&stored))
 }
 
 /// Validates and merges one encoded delta of a global namespace.
@@ -517,9 +517,11 @@ pub fn merge_validated(
 }
 
 fn merge_global(ks: &Keyspace, d: Delta, now_ms: u64) -> Result<MergeOutcome, RefusedDelta> {
-    validate(&d)?;
-    if !check_against_stored(ks, &d)? {
-        return Ok(MergeOutcome::Unchanged);
+    let incoming = validate(&d)?;
+    if let Some(m) = &incoming {
+        if !check_against_stored(ks, &d, m)? {
+            return Ok(MergeOutcome::Unchanged);
+        }
     }
     Ok(ks.merge(d, now_ms)?)
 }
@@ -673,8 +675,12 @@ mod tests {
         gcs_protocol::sign(&mut l, gw).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let peer = Keyspace::open(dir.path(), "peer", Default::default()).unwrap();
-        peer.put(&keys::lease(&job.job_id), gcs_protocol::encode(&l).unwrap(), 50 + u64::from(attempt))
-            .unwrap()
+        peer.put(
+            &keys::lease(&job.job_id),
+            gcs_protocol::encode(&l).unwrap(),
+            50 + u64::from(attempt),
+        )
+        .unwrap()
     }
 
     #[test]

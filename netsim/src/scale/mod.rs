@@ -22,8 +22,8 @@ use gcs_node::lifecycle::worker_job::{self as wj, Answer, Offer, Policy, Slots, 
 use gcs_protocol::ids::{self, id_from_parts};
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::{
-    sign, ApiRequestJob, FinishReason, JobClaim, LeaseRenewal, Limits, Message, ModelInfo,
-    NodeKey, NodeRegistration, StreamChunk,
+    sign, ApiRequestJob, FinishReason, JobClaim, LeaseRenewal, Limits, Message, ModelInfo, NodeKey,
+    NodeRegistration, StreamChunk,
 };
 
 mod figures;
@@ -40,15 +40,39 @@ const MESH_REPAIR_MS: u64 = 2_000;
 #[derive(Debug)]
 enum Ev {
     Arrival,
-    Announce { w: usize, job: usize },
-    ClaimAtGw { job: usize, w: usize, claim: Box<JobClaim> },
-    RenewalAtGw { job: usize, r: Box<LeaseRenewal> },
-    ChunkAtGw { job: usize, w: usize, c: Box<StreamChunk> },
-    ResultAtGw { job: usize, w: usize, r: Box<gcs_protocol::FinalResult> },
+    Announce {
+        w: usize,
+        job: usize,
+    },
+    ClaimAtGw {
+        job: usize,
+        w: usize,
+        claim: Box<JobClaim>,
+    },
+    RenewalAtGw {
+        job: usize,
+        r: Box<LeaseRenewal>,
+    },
+    ChunkAtGw {
+        job: usize,
+        w: usize,
+        c: Box<StreamChunk>,
+    },
+    ResultAtGw {
+        job: usize,
+        w: usize,
+        r: Box<gcs_protocol::FinalResult>,
+    },
     /// Something reaches one worker's job machine.
-    AtWorker { w: usize, job: usize, input: Box<wj::Input> },
+    AtWorker {
+        w: usize,
+        job: usize,
+        input: Box<wj::Input>,
+    },
     Tick,
-    Heartbeat { w: usize },
+    Heartbeat {
+        w: usize,
+    },
     Kill,
     MeshRepair,
 }
@@ -242,7 +266,8 @@ impl Sim {
                     && self.jobs[job].tracker.lease().is_some_and(|l| l.lease_id == c.lease_id);
                 let seq = c.sequence;
                 self.feed(job, Input::Chunk(c));
-                let a = if current { Answer::Ack } else { Answer::Refused("not this lease".into()) };
+                let a =
+                    if current { Answer::Ack } else { Answer::Refused("not this lease".into()) };
                 self.answer(w, job, wj::Request::Chunk(seq), a);
             }
             Ev::ResultAtGw { job, w, r } => {
@@ -356,10 +381,13 @@ impl Sim {
                     self.jobs[job].done = true;
                     self.active.remove(&job);
                 }
-                Effect::Cancel(_) => {
+                Effect::Cancel(c) => {
                     if let Some(w) = holder {
                         let d = self.workers[w].rtt_ms / 2;
-                        let input = Box::new(wj::Input::Cancel);
+                        let input = Box::new(wj::Input::Cancel {
+                            issued_by: c.issued_by,
+                            lease_id: c.lease_id,
+                        });
                         self.at(d, Ev::AtWorker { w, job, input });
                     }
                 }
@@ -386,7 +414,6 @@ impl Sim {
         let d = self.workers[w].rtt_ms / 2;
         self.at(d, Ev::AtWorker { w, job, input: Box::new(wj::Input::Answer(to, a)) });
     }
-
 
     /// Floods the announcement over the mesh from the gateway: each node
     /// forwards once to every mesh peer but the sender; dead nodes drop it.

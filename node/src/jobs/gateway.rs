@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use gcs_keyspace::{keys, Keyspace, KeyspaceError};
+use gcs_keyspace::{keys, Keyspace};
 use gcs_protocol::{
     ids, now_ms, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
     MessageType, NodeKey, PayloadMode, PayloadRef, ReplyTo, RequestInfo, Requirements, Source,
@@ -70,12 +70,13 @@ async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<b
         return Ok(false);
     };
     // Bounded by what this gateway knows of the job (a worker may lie).
-    let record = match readable(ctx.keyspace.get_cbor::<ApiRequestJob>(&keys::job(job)))? {
+    let record = match ctx.keyspace.find_cbor::<ApiRequestJob>(&keys::job(job))? {
         Some(j) => Some(j),
-        None => readable(ctx.keyspace.get_cbor(&keys::confined_job(job)))?,
+        None => ctx.keyspace.find_cbor(&keys::confined_job(job))?,
     };
     let Some(record) = record else { return Ok(false) };
-    let m = &crate::lifecycle::tracker::bounded_metering(&record, m, u.output_tokens_sent_to_client);
+    let m =
+        &crate::lifecycle::tracker::bounded_metering(&record, m, u.output_tokens_sent_to_client);
     let generated = u.output_tokens_generated.max(m.output_tokens);
     if generated == u.output_tokens_generated && u.input_tokens > 0 {
         return Ok(true);
@@ -106,15 +107,6 @@ async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) {
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(job_id = %u.job_id, error = %e, "usage record not stored"),
-    }
-}
-
-/// A stored record that does not decode counts as absent; a failing store
-/// is an error.
-fn readable<T>(r: Result<Option<T>, KeyspaceError>) -> Result<Option<T>, NodeError> {
-    match r {
-        Err(KeyspaceError::Corrupt { .. }) => Ok(None),
-        other => Ok(other?),
     }
 }
 
@@ -261,7 +253,7 @@ impl GatewayState {
             if job.gateway_node_id != me || ctx.keyspace.get_bytes(&keys::usage(id))?.is_some() {
                 continue;
             }
-            let lease = readable(ctx.keyspace.get_cbor(&keys::lease(id)))?;
+            let lease = ctx.keyspace.find_cbor(&keys::lease(id))?;
             let (mut tracker, _) = JobTracker::new(job.clone(), ctx.tracker, now);
             tracker.restore_lease(lease);
             tracker.restore_delivered(recorded_tokens(ctx.keyspace, id)?);
@@ -315,8 +307,7 @@ impl GatewayState {
         }
         let mut spec = spec;
         if spec.routing.network == gcs_protocol::RoutingMode::LocalOnly
-            && (spec.routing.swarm_id.is_empty()
-                || spec.routing.swarm_id == topics::PUBLIC_SWARM)
+            && (spec.routing.swarm_id.is_empty() || spec.routing.swarm_id == topics::PUBLIC_SWARM)
         {
             // "Local" means this gateway's own swarm.
             spec.routing.swarm_id = ctx.swarm_id.to_string();
@@ -371,7 +362,7 @@ impl GatewayState {
         now: u64,
         ctx: &Ctx<'_>,
     ) -> Result<Option<(String, mpsc::Receiver<JobEvent>)>, NodeError> {
-        let Some(e) = readable(ctx.keyspace.get_cbor::<IdempotencyEntry>(idem))? else {
+        let Some(e) = ctx.keyspace.find_cbor::<IdempotencyEntry>(idem)? else {
             return Ok(None);
         };
         if now.saturating_sub(e.created_at_ms) > IDEMPOTENCY_RETENTION_MS {
@@ -385,7 +376,8 @@ impl GatewayState {
             a.watchers.push(tx);
             return Ok(Some((e.job_id, rx)));
         }
-        let result = readable(ctx.keyspace.get_cbor::<gcs_protocol::FinalResult>(&keys::result(&e.job_id)))?;
+        let result =
+            ctx.keyspace.find_cbor::<gcs_protocol::FinalResult>(&keys::result(&e.job_id))?;
         match result {
             Some(r) if r.status == gcs_protocol::ResultStatus::Completed => {
                 let _ = tx.try_send(JobEvent::Completed(Box::new(r)));
@@ -544,8 +536,7 @@ impl GatewayState {
                 }
                 Effect::Lease(l) => {
                     if let Ok(b) = gcs_protocol::encode(&l) {
-                        let _ =
-                            ctx.keyspace.put(&keys::lease(job_id), b.clone(), now);
+                        let _ = ctx.keyspace.put(&keys::lease(job_id), b.clone(), now);
                         reply = Some(b);
                     }
                 }

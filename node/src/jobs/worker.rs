@@ -13,7 +13,7 @@ use gcs_protocol::{
     now_ms, open, ApiRequestJob, Cancellation, Limits, ModelInfo, NodeId, NodeKey, TokenLogprob,
 };
 use libp2p::PeerId;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use super::peer_of;
@@ -23,16 +23,17 @@ use crate::lifecycle::worker_job::{
 };
 use crate::network::Network;
 
+/// A cancellation for a job's machine: its signer and the lease it names.
+type CancelNote = (NodeId, Option<String>);
+
 /// How a running job's task is reached from outside it.
 #[derive(Debug)]
 struct Control {
-    /// Only the job's gateway may cancel it.
-    gateway: NodeId,
-    /// Wakes the task to feed the machine a cancellation.
-    cancel: Arc<Notify>,
-    /// The lease the job runs under, once granted: a cancellation naming
-    /// another lease is not for this run.
-    lease: Arc<Mutex<Option<String>>>,
+    /// Cancellations, judged by the job's machine (bounded: one is enough,
+    /// the rest of a burst is dropped).
+    cancel: mpsc::Sender<CancelNote>,
+    /// Whether the job holds a lease (what registrations count as load).
+    leased: Arc<AtomicBool>,
 }
 
 /// Slots, backlog and the controls of the running jobs, under one lock.
@@ -108,7 +109,7 @@ impl WorkerState {
     /// claim still in flight is no load, and counting it would make the
     /// gateway refuse this worker's claims as `no_capacity`).
     pub fn load(&self) -> usize {
-        lock(&self.book).controls.values().filter(|c| lock(&c.lease).is_some()).count()
+        lock(&self.book).controls.values().filter(|c| c.leased.load(Ordering::Relaxed)).count()
     }
 
     /// Jobs waiting in the backlog.
@@ -135,19 +136,15 @@ impl WorkerState {
             Offer::Start(job) => *job,
             Offer::Backlogged | Offer::Duplicate => return,
         };
-        let cancel = Arc::new(Notify::new());
-        let lease = Arc::new(Mutex::new(None));
-        let control = Control {
-            gateway: job.gateway_node_id.clone(),
-            cancel: cancel.clone(),
-            lease: lease.clone(),
-        };
+        let (cancel_tx, cancel) = mpsc::channel(4);
+        let leased = Arc::new(AtomicBool::new(false));
+        let control = Control { cancel: cancel_tx, leased: leased.clone() };
         book.controls.insert(job.job_id.clone(), control);
         drop(book);
         let w = self.clone();
         tokio::spawn(async move {
             let job_id = job.job_id.clone();
-            let t = w.run(job, model, cancel, lease).await;
+            let t = w.run(job, model, cancel, leased).await;
             match &t {
                 // Losing a claim race is the common case, not news.
                 Termination::Completed | Termination::Cancelled | Termination::ClaimLost(_) => {
@@ -168,20 +165,14 @@ impl WorkerState {
         });
     }
 
-    /// A cancellation that came from its signer: honoured only when the
-    /// signer is the job's gateway and it names no other lease than ours
-    /// (before the grant reaches us, any lease of that gateway is).
+    /// A cancellation that came from its signer, for the job's machine to
+    /// judge (only the job's gateway, only this run's lease). False when
+    /// the job does not run here.
     pub fn on_cancel(&self, c: &Cancellation) -> bool {
         let book = lock(&self.book);
         let Some(ctl) = book.controls.get(&c.job_id) else { return false };
-        let held = lock(&ctl.lease).clone();
-        let ours = c.lease_id.is_none() || held.is_none() || held == c.lease_id;
-        if ctl.gateway != c.issued_by || !ours {
-            tracing::warn!(job_id = %c.job_id, issued_by = %c.issued_by, "cancellation without authority refused");
-            return false;
-        }
-        ctl.cancel.notify_one();
-        tracing::info!(job_id = %c.job_id, reason = %c.reason, "job cancelled by the gateway");
+        tracing::info!(job_id = %c.job_id, reason = %c.reason, issued_by = %c.issued_by, "cancellation");
+        let _ = ctl.cancel.try_send((c.issued_by.clone(), c.lease_id.clone()));
         true
     }
 
@@ -190,8 +181,8 @@ impl WorkerState {
         &self,
         job: ApiRequestJob,
         model: ModelInfo,
-        cancel: Arc<Notify>,
-        lease: Arc<Mutex<Option<String>>>,
+        mut cancel: mpsc::Receiver<CancelNote>,
+        leased: Arc<AtomicBool>,
     ) -> Termination {
         let Some(gateway) = peer_of(&job.gateway_node_id) else {
             return Termination::Gateway(format!("bad gateway id {}", job.gateway_node_id));
@@ -218,13 +209,11 @@ impl WorkerState {
             let input = tokio::select! {
                 Some((req, a)) = answers.recv() => Input::Answer(req, a),
                 d = next_delta(&mut engine), if take_delta => d,
-                _ = cancel.notified() => Input::Cancel,
+                Some((issued_by, lease_id)) = cancel.recv() => Input::Cancel { issued_by, lease_id },
                 _ = sleep_until(deadline), if deadline.is_some() => Input::Tick,
             };
             effects = m.handle(input, now_ms(), &self.key);
-            if m.lease_id().is_some() && lock(&lease).is_none() {
-                *lock(&lease) = m.lease_id().map(str::to_string);
-            }
+            leased.store(m.lease_id().is_some(), Ordering::Relaxed);
         }
     }
 

@@ -17,8 +17,8 @@ mod slots;
 #[cfg(test)]
 mod tests;
 
-pub use slots::{Offer, Slots, BACKLOG};
 pub use policy::Policy;
+pub use slots::{Offer, Slots, BACKLOG};
 
 use std::collections::VecDeque;
 
@@ -89,9 +89,15 @@ pub enum Input {
     },
     /// The engine returned.
     EngineDone(Result<ExecOutcome, ExecError>),
-    /// The job's gateway cancelled the job (authority is checked by the
-    /// caller against [`WorkerJob::gateway`]).
-    Cancel,
+    /// A signed cancellation arrived from its signer `issued_by` (the
+    /// shell checked the signature and that the sender signed it). Only the
+    /// job's gateway may cancel, and only this run's lease.
+    Cancel {
+        /// Who signed it.
+        issued_by: gcs_protocol::NodeId,
+        /// The lease it revokes, if it names one.
+        lease_id: Option<String>,
+    },
     /// Time passed.
     Tick,
 }
@@ -265,9 +271,11 @@ impl WorkerJob {
         }
         let r = match input {
             Input::Answer(req, a) => self.on_answer(req, a, now_ms, key),
-            Input::Delta { text, tokens, logprobs } => self.on_delta(text, tokens, logprobs, now_ms, key),
+            Input::Delta { text, tokens, logprobs } => {
+                self.on_delta(text, tokens, logprobs, now_ms, key)
+            }
             Input::EngineDone(o) => self.on_engine_done(o, now_ms, key),
-            Input::Cancel => Ok(self.stop()),
+            Input::Cancel { issued_by, lease_id } => Ok(self.on_cancel(&issued_by, lease_id)),
             Input::Tick => self.on_tick(now_ms, key),
         };
         r.unwrap_or_else(|e| self.end(Termination::Internal(e.to_string())))
@@ -283,12 +291,16 @@ impl WorkerJob {
         match (req, &self.phase) {
             (Request::Claim, Phase::Claiming) => Ok(self.on_claim_answer(a, now)),
             (Request::Payload, Phase::Fetching) => Ok(match a {
-                Answer::Payload(p) if Hash32::of(&p) == self.job.request.payload_ref.content_hash => {
+                Answer::Payload(p)
+                    if Hash32::of(&p) == self.job.request.payload_ref.content_hash =>
+                {
                     self.phase = Phase::Running;
                     self.started_ms = now;
                     vec![Effect::StartEngine(p)]
                 }
-                Answer::Payload(_) => self.end(Termination::Gateway("payload hash mismatch".into())),
+                Answer::Payload(_) => {
+                    self.end(Termination::Gateway("payload hash mismatch".into()))
+                }
                 other => self.end(Termination::Gateway(format!("payload fetch failed: {other:?}"))),
             }),
             (Request::Chunk(s), _) if Some(s) == self.finish_seq => {
@@ -391,7 +403,11 @@ impl WorkerJob {
         self.drain(now, key)
     }
 
-    fn on_tick(&mut self, now: u64, key: &NodeKey) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+    fn on_tick(
+        &mut self,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         let (Some(due), Some(lease)) = (self.next_renewal_ms, &self.lease) else {
             return Ok(vec![]);
         };
@@ -415,6 +431,21 @@ impl WorkerJob {
         Ok(vec![Effect::SendRenewal(r)])
     }
 
+    /// A cancellation by anyone but the job's gateway, or naming another
+    /// lease than this run's, changes nothing (before the grant arrives any
+    /// lease of that gateway is this run's).
+    fn on_cancel(
+        &mut self,
+        issued_by: &gcs_protocol::NodeId,
+        lease_id: Option<String>,
+    ) -> Vec<Effect> {
+        let other_lease = matches!((&lease_id, self.lease_id()), (Some(a), Some(b)) if a != b);
+        if issued_by != &self.job.gateway_node_id || other_lease {
+            return vec![];
+        }
+        self.stop()
+    }
+
     /// Stops the engine (once). Before the engine started there is
     /// nothing to meter or report: the job just ends here.
     fn stop(&mut self) -> Vec<Effect> {
@@ -431,7 +462,11 @@ impl WorkerJob {
 
     /// After the engine returned: once every chunk is answered, the finish
     /// chunk (completed runs only), then the result.
-    fn drain(&mut self, now: u64, key: &NodeKey) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+    fn drain(
+        &mut self,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         if self.phase != Phase::Draining || self.in_flight > 0 || self.finish_seq.is_some() {
             return Ok(vec![]);
         }
@@ -452,7 +487,11 @@ impl WorkerJob {
     }
 
     /// Signs and sends the final result.
-    fn report(&mut self, now: u64, key: &NodeKey) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+    fn report(
+        &mut self,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         let compute_ms = self.engine_done_ms.saturating_sub(self.started_ms);
         let first_token_ms = self.first_token_ms.unwrap_or(0);
         let metering = |o: &ExecOutcome| Metering {
@@ -543,7 +582,11 @@ impl WorkerJob {
             node_id: key.node_id(),
             lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()).unwrap_or_default(),
             sequence: seq,
-            delta: Delta { role: (seq == 0).then(|| "assistant".to_string()), content: text, logprobs },
+            delta: Delta {
+                role: (seq == 0).then(|| "assistant".to_string()),
+                content: text,
+                logprobs,
+            },
             usage_delta: UsageDelta { output_tokens: tokens },
             finish_reason: finish,
             created_at_ms: now,

@@ -68,6 +68,11 @@ impl World {
         w
     }
 
+    /// A cancellation by the job's gateway.
+    fn cancel(&self, lease_id: Option<String>) -> Input {
+        Input::Cancel { issued_by: self.gw.node_id(), lease_id }
+    }
+
     fn delta(&mut self, text: &str) -> Vec<Effect> {
         self.feed(Input::Delta { text: text.into(), tokens: 1, logprobs: vec![] })
     }
@@ -246,8 +251,8 @@ fn an_engine_failure_is_reported_without_a_finish_chunk() {
 fn cancel_stops_the_engine_once_and_the_result_meters_what_was_generated() {
     let mut w = World::running();
     w.delta("a");
-    assert!(matches!(&w.feed(Input::Cancel)[..], [Effect::StopEngine]));
-    assert!(w.feed(Input::Cancel).is_empty(), "stopped once");
+    assert!(matches!(&w.feed(w.cancel(None))[..], [Effect::StopEngine]));
+    assert!(w.feed(w.cancel(None)).is_empty(), "stopped once");
     assert!(w.m.wants_delta(), "a stopped engine's deltas are drained");
     assert!(chunks(&w.delta("b")).is_empty(), "and dropped");
     w.feed(Input::Answer(Request::Chunk(0), Answer::Ack));
@@ -263,9 +268,21 @@ fn cancel_stops_the_engine_once_and_the_result_meters_what_was_generated() {
 }
 
 #[test]
+fn only_the_jobs_gateway_cancels_and_only_this_runs_lease() {
+    let mut w = World::running();
+    let thief = NodeKey::from_seed([66; 32]).node_id();
+    let forged = Input::Cancel { issued_by: thief, lease_id: None };
+    assert!(w.feed(forged).is_empty(), "another node's cancellation");
+    assert!(w.feed(w.cancel(Some("lse_other".into()))).is_empty(), "another lease's");
+    assert!(w.m.wants_delta(), "still running");
+    let ours = w.cancel(Some(w.lease().lease_id));
+    assert!(matches!(&w.feed(ours)[..], [Effect::StopEngine]));
+}
+
+#[test]
 fn cancel_before_the_engine_starts_just_ends_the_job() {
     let (mut w, _) = World::new();
-    assert_eq!(done(&w.feed(Input::Cancel)), Some(&Termination::Cancelled));
+    assert_eq!(done(&w.feed(w.cancel(None))), Some(&Termination::Cancelled));
 }
 
 #[test]
