@@ -3,19 +3,23 @@
 //! project, optionally restricted to models and routing modes, with rate
 //! limits and a token budget.
 //!
-//! The file is written by `gcs-node keys ...` (atomically: temp file +
-//! rename) and re-read by a running gateway when it changes, so keys can be
+//! The file is written by `gcs-node keys ...` under an advisory lock (so
+//! concurrent `create`/`revoke` cannot undo each other) and crash-safely
+//! (`durable::write_atomic`: temp file, fsync, rename, directory fsync), and
+//! re-read by a running gateway when its content hash changes, so keys can be
 //! created and revoked without a restart. A lookup hashes the presented key
 //! and compares the stored hash with blake3's constant-time equality.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use gcs_protocol::RoutingMode;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::durable::{write_atomic, FileLock};
 
 /// The key file's format version.
 pub const KEY_FILE_VERSION: u32 = 1;
@@ -149,7 +153,9 @@ pub struct NewKey {
 }
 
 struct Loaded {
-    modified: Option<SystemTime>,
+    /// blake3 of the file's bytes when it was parsed (mtime alone misses a
+    /// rewrite within the file system's timestamp granularity).
+    content: blake3::Hash,
     checked: Instant,
     by_hash: HashMap<String, KeyRecord>,
 }
@@ -186,41 +192,49 @@ impl KeyStore {
         &self.path
     }
 
-    fn read(&self) -> Result<Vec<KeyRecord>, KeyError> {
-        let bytes = match std::fs::read(&self.path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            Err(e) => return Err(io(&self.path, e)),
-        };
+    /// The file's bytes (empty when it does not exist yet).
+    fn read_bytes(&self) -> Result<Vec<u8>, KeyError> {
+        match std::fs::read(&self.path) {
+            Ok(b) => Ok(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+            Err(e) => Err(io(&self.path, e)),
+        }
+    }
+
+    fn parse(&self, bytes: &[u8]) -> Result<Vec<KeyRecord>, KeyError> {
+        if bytes.is_empty() {
+            return Ok(vec![]);
+        }
         let corrupt =
             |r: String| KeyError::Corrupt { path: self.path.display().to_string(), reason: r };
-        let f: KeyFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let f: KeyFile = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
         if f.version != KEY_FILE_VERSION {
             return Err(corrupt(format!("version {}", f.version)));
         }
         Ok(f.keys)
     }
 
-    fn write(&self, keys: Vec<KeyRecord>) -> Result<(), KeyError> {
+    fn read(&self) -> Result<Vec<KeyRecord>, KeyError> {
+        self.parse(&self.read_bytes()?)
+    }
+
+    /// Read, change and write the file while holding its lock, so a second
+    /// writer (another `gcs-node keys` process) sees this one's change.
+    fn modify<T>(
+        &self,
+        change: impl FnOnce(&mut Vec<KeyRecord>) -> Result<T, KeyError>,
+    ) -> Result<T, KeyError> {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         }
+        let _lock = FileLock::exclusive(&self.path).map_err(|e| io(&self.path, e))?;
+        let mut keys = self.read()?;
+        let out = change(&mut keys)?;
         let f = KeyFile { version: KEY_FILE_VERSION, keys };
         let bytes = serde_json::to_vec_pretty(&f).map_err(|e| io(&self.path, e))?;
-        let tmp = self.path.with_extension("json.tmp");
-        {
-            use std::io::Write;
-            let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).create(true).truncate(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-            let mut file = opts.open(&tmp).map_err(|e| io(&tmp, e))?;
-            file.write_all(&bytes).map_err(|e| io(&tmp, e))?;
-            file.sync_all().map_err(|e| io(&tmp, e))?;
-        }
-        std::fs::rename(&tmp, &self.path).map_err(|e| io(&self.path, e))?;
+        write_atomic(&self.path, &bytes).map_err(|e| io(&self.path, e))?;
         *self.loaded.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        Ok(())
+        Ok(out)
     }
 
     /// Creates a key; returns the secret (shown once) and its record.
@@ -252,9 +266,10 @@ impl KeyStore {
             expires_at_ms: new.ttl_ms.map(|t| now_ms + t),
             revoked_at_ms: None,
         };
-        let mut keys = self.read()?;
-        keys.push(rec.clone());
-        self.write(keys)?;
+        self.modify(|keys| {
+            keys.push(rec.clone());
+            Ok(())
+        })?;
         Ok((secret, rec))
     }
 
@@ -265,7 +280,14 @@ impl KeyStore {
 
     /// Revokes the key with this id (or unique prefix of the secret).
     pub fn revoke(&self, id_or_prefix: &str, now_ms: u64) -> Result<KeyRecord, KeyError> {
-        let mut keys = self.read()?;
+        self.modify(|keys| Self::revoke_in(keys, id_or_prefix, now_ms))
+    }
+
+    fn revoke_in(
+        keys: &mut [KeyRecord],
+        id_or_prefix: &str,
+        now_ms: u64,
+    ) -> Result<KeyRecord, KeyError> {
         let hits: Vec<usize> = keys
             .iter()
             .enumerate()
@@ -279,30 +301,25 @@ impl KeyStore {
             return Err(KeyError::NotFound(id_or_prefix.into()));
         };
         keys[i].revoked_at_ms.get_or_insert(now_ms);
-        let rec = keys[i].clone();
-        self.write(keys)?;
-        Ok(rec)
+        Ok(keys[i].clone())
     }
 
-    /// The live key record for a presented secret, if any. Reloads the file
-    /// when it changed (checked at most every 500 ms).
+    /// The live key record for a presented secret, if any. Re-reads the file
+    /// at most every 500 ms and re-parses it when its content hash changed.
     pub fn authenticate(&self, secret: &str, now_ms: u64) -> Result<Option<KeyRecord>, KeyError> {
         let presented = hash_key(secret);
         let mut guard = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        let stale = match guard.as_ref() {
-            None => true,
-            Some(l) if l.checked.elapsed() >= RELOAD_EVERY => {
-                let m = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
-                m != l.modified
+        let due = guard.as_ref().is_none_or(|l| l.checked.elapsed() >= RELOAD_EVERY);
+        if due {
+            let bytes = self.read_bytes()?;
+            let content = blake3::hash(&bytes);
+            if guard.as_ref().is_none_or(|l| l.content != content) {
+                let by_hash =
+                    self.parse(&bytes)?.into_iter().map(|k| (k.hash.clone(), k)).collect();
+                *guard = Some(Loaded { content, checked: Instant::now(), by_hash });
+            } else if let Some(l) = guard.as_mut() {
+                l.checked = Instant::now();
             }
-            Some(_) => false,
-        };
-        if stale {
-            let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
-            let by_hash = self.read()?.into_iter().map(|k| (k.hash.clone(), k)).collect();
-            *guard = Some(Loaded { modified, checked: Instant::now(), by_hash });
-        } else if let Some(l) = guard.as_mut() {
-            l.checked = Instant::now();
         }
         let Some(l) = guard.as_ref() else { return Ok(None) };
         let Some(rec) = l.by_hash.get(presented.to_hex().as_str()) else { return Ok(None) };
@@ -364,6 +381,65 @@ mod tests {
         let (secret, _) = cli.create(new_key(), 1).unwrap();
         std::thread::sleep(RELOAD_EVERY + Duration::from_millis(50));
         assert!(gateway.authenticate(&secret, 2).unwrap().is_some());
+    }
+
+    #[test]
+    fn concurrent_writers_lose_no_key() {
+        // Each thread has its own store (its own lock file descriptor), as
+        // separate `gcs-node keys create` processes do.
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        let store = KeyStore::new(dir.path());
+                        (0..5).map(|_| store.create(new_key(), 1).unwrap().1.id).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        let stored: Vec<String> =
+            KeyStore::new(dir.path()).list().unwrap().into_iter().map(|k| k.id).collect();
+        assert_eq!(stored.len(), 40, "keys lost to concurrent writers");
+        for id in &ids {
+            assert!(stored.contains(id), "{id} missing");
+        }
+    }
+
+    #[test]
+    fn a_revoke_racing_creates_is_not_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, victim) = KeyStore::new(dir.path()).create(new_key(), 1).unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let store = KeyStore::new(dir.path());
+                    for _ in 0..5 {
+                        store.create(new_key(), 1).unwrap();
+                    }
+                });
+            }
+            s.spawn(|| KeyStore::new(dir.path()).revoke(&victim.id, 2).unwrap());
+        });
+        let keys = KeyStore::new(dir.path()).list().unwrap();
+        assert_eq!(keys.len(), 21);
+        let v = keys.iter().find(|k| k.id == victim.id).unwrap();
+        assert_eq!(v.revoked_at_ms, Some(2), "the revocation was overwritten");
+    }
+
+    #[test]
+    fn a_rewrite_with_the_same_mtime_is_still_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let gateway = KeyStore::new(dir.path());
+        let cli = KeyStore::new(dir.path());
+        let (a, _) = cli.create(new_key(), 1).unwrap();
+        assert!(gateway.authenticate(&a, 2).unwrap().is_some());
+        let mtime = std::fs::metadata(cli.path()).unwrap().modified().unwrap();
+        let (b, _) = cli.create(new_key(), 1).unwrap();
+        std::fs::File::options().write(true).open(cli.path()).unwrap().set_modified(mtime).unwrap();
+        std::thread::sleep(RELOAD_EVERY + Duration::from_millis(50));
+        assert!(gateway.authenticate(&b, 2).unwrap().is_some(), "reload went by mtime");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - [`request`]: request bodies parsed and validated into typed requests.
 //! - [`payload`]: the typed request a job carries to its worker (versioned).
 //! - [`codec`]: every OpenAI response body, chunk and usage object.
-//! - [`keys`], [`limits`]: API keys (hashed at rest), rate limits, budgets.
+//! - [`keys`], [`limits`]: API keys (hashed at rest), rate limits, budgets;
+//!   [`durable`]: crash-safe small files and their writer lock.
 //! - `admit`: authentication, admission and job submission.
 //! - [`completion`], [`sse`]: blocking answers and streams (26.16).
 //! - [`handlers`]: models, health, metrics, usage.
@@ -15,6 +16,7 @@ mod admit;
 pub mod backend;
 pub mod codec;
 pub mod completion;
+pub mod durable;
 pub mod error;
 pub mod handlers;
 pub mod keys;

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use gcs_gateway::durable::create_atomic;
 use gcs_protocol::{NodeId, NodeKey};
 use libp2p::identity::Keypair;
 use libp2p::PeerId;
@@ -42,6 +43,8 @@ impl Identity {
     }
 
     /// Loads the key from `data_dir`, creating it (mode 0600) on first start.
+    /// An existing file that is not a key is an error, never replaced: it
+    /// may be the only copy of this node's identity.
     pub fn load_or_create(data_dir: &Path) -> Result<Self, NodeError> {
         let path = data_dir.join(KEY_FILE);
         let err = |reason: String| NodeError::Identity { path: path.display().to_string(), reason };
@@ -54,25 +57,62 @@ impl Identity {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let key = NodeKey::generate()?;
-                write_private(&path, &hex::encode(key.seed())).map_err(|e| err(e.to_string()))?;
-                tracing::info!(path = %path.display(), "created a new node identity");
-                Self::from_seed(key.seed())
+                // Complete and synced before the name appears (a kill leaves
+                // no file or the whole key, never an empty one); a racing
+                // second start keeps the first key.
+                match create_atomic(&path, hex::encode(key.seed()).as_bytes()) {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "created a new node identity");
+                        Self::from_seed(key.seed())
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        Self::load_or_create(data_dir)
+                    }
+                    Err(e) => Err(err(e.to_string())),
+                }
             }
             Err(e) => Err(err(e.to_string())),
         }
     }
 }
 
-#[cfg(unix)]
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()
-}
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
 
-#[cfg(not(unix))]
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::write(path, text)
+    #[test]
+    fn the_key_is_created_once_and_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Identity::load_or_create(dir.path()).unwrap();
+        let b = Identity::load_or_create(dir.path()).unwrap();
+        assert_eq!(a.node_id(), b.node_id());
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(KEY_FILE)], "leftover temp files");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join(KEY_FILE)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "key readable by others: {mode:o}");
+        }
+    }
+
+    #[test]
+    fn a_temp_file_left_by_a_kill_does_not_block_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        // What a kill between the temp file's create and its write leaves.
+        std::fs::write(dir.path().join(format!("{KEY_FILE}.tmp.{}", std::process::id())), b"")
+            .unwrap();
+        let a = Identity::load_or_create(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(KEY_FILE)).unwrap();
+        assert_eq!(text.trim(), hex::encode(a.key.seed()));
+    }
+
+    #[test]
+    fn an_empty_key_file_is_a_typed_error_not_a_new_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(KEY_FILE), b"").unwrap();
+        assert!(matches!(Identity::load_or_create(dir.path()), Err(NodeError::Identity { .. })));
+    }
 }
