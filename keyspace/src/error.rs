@@ -43,6 +43,9 @@ pub enum KeyspaceError {
         /// What arrived.
         found: &'static str,
     },
+    /// A peer's logical clock counter is out of bounds.
+    #[error("remote logical clock counter {0} is out of bounds")]
+    ClockLogical(u32),
     /// A peer's clock is too far ahead.
     #[error("remote clock {remote_ms} ms is too far ahead of ours ({now_ms} ms)")]
     ClockDrift {

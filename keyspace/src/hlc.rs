@@ -17,6 +17,12 @@ pub struct Hlc {
     pub logical: u32,
 }
 
+/// The largest logical counter accepted from a peer. A local clock that
+/// reaches it moves its wall time on by a millisecond instead, so a peer
+/// that sent `u32::MAX` could never freeze our ticks (a saturated counter
+/// would issue the same timestamp twice).
+pub const MAX_LOGICAL: u32 = 1 << 20;
+
 /// A node's clock.
 #[derive(Debug, Clone)]
 pub struct HlcClock {
@@ -34,19 +40,20 @@ impl HlcClock {
     pub fn tick(&mut self, now_ms: u64) -> Hlc {
         let next = if now_ms > self.last.wall_ms {
             Hlc { wall_ms: now_ms, logical: 0 }
+        } else if self.last.logical >= MAX_LOGICAL {
+            Hlc { wall_ms: self.last.wall_ms.saturating_add(1), logical: 0 }
         } else {
-            Hlc { wall_ms: self.last.wall_ms, logical: self.last.logical.saturating_add(1) }
+            Hlc { wall_ms: self.last.wall_ms, logical: self.last.logical + 1 }
         };
         self.last = next;
         next
     }
 
     /// Folds in a remote timestamp so later local ticks exceed it. A remote
-    /// clock too far ahead is refused rather than dragging ours forward.
+    /// clock too far ahead, or a logical counter out of bounds, is refused
+    /// rather than dragging ours forward.
     pub fn observe(&mut self, remote: Hlc, now_ms: u64) -> Result<(), KeyspaceError> {
-        if remote.wall_ms > now_ms.saturating_add(self.max_drift_ms) {
-            return Err(KeyspaceError::ClockDrift { remote_ms: remote.wall_ms, now_ms });
-        }
+        check_remote(remote, now_ms, self.max_drift_ms)?;
         if remote > self.last {
             self.last = remote;
         }
@@ -57,6 +64,19 @@ impl HlcClock {
     pub fn last(&self) -> Hlc {
         self.last
     }
+}
+
+/// Whether a peer's timestamp is within bounds: wall time at most
+/// `max_drift_ms` ahead of `now_ms`, logical counter at most
+/// [`MAX_LOGICAL`].
+pub fn check_remote(remote: Hlc, now_ms: u64, max_drift_ms: u64) -> Result<(), KeyspaceError> {
+    if remote.wall_ms > now_ms.saturating_add(max_drift_ms) {
+        return Err(KeyspaceError::ClockDrift { remote_ms: remote.wall_ms, now_ms });
+    }
+    if remote.logical > MAX_LOGICAL {
+        return Err(KeyspaceError::ClockLogical(remote.logical));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -82,5 +102,19 @@ mod tests {
             c.observe(Hlc { wall_ms: 5000, logical: 0 }, 100),
             Err(KeyspaceError::ClockDrift { .. })
         ));
+    }
+
+    #[test]
+    fn a_logical_counter_out_of_bounds_is_refused_and_ours_never_saturates() {
+        let mut c = HlcClock::new(1000);
+        let huge = Hlc { wall_ms: 100, logical: u32::MAX };
+        assert!(matches!(c.observe(huge, 100), Err(KeyspaceError::ClockLogical(_))));
+        c.observe(Hlc { wall_ms: 100, logical: MAX_LOGICAL }, 100).unwrap();
+        let a = c.tick(100);
+        let b = c.tick(100);
+        assert!(Hlc { wall_ms: 100, logical: MAX_LOGICAL } < a && a < b, "{a:?} {b:?}");
+        assert_eq!(a, Hlc { wall_ms: 101, logical: 0 });
+        assert!(check_remote(Hlc { wall_ms: 1131, logical: 0 }, 100, 1030).is_err());
+        assert!(check_remote(Hlc { wall_ms: 1130, logical: 0 }, 100, 1030).is_ok());
     }
 }

@@ -20,9 +20,10 @@ mod tests;
 pub use codec::{Delta, FORMAT_VERSION};
 pub use crdt::{AwSet, CrdtValue, Marker, Register};
 pub use error::KeyspaceError;
-pub use hlc::{Hlc, HlcClock};
-pub use namespace::{keys, Namespace, Scope, ValueKind};
+pub use hlc::{check_remote, Hlc, HlcClock, MAX_LOGICAL};
+pub use namespace::{keys, Namespace, Scope, ValueKind, USAGE_RETENTION_MS};
 pub use store::{
+    COMPACT_BATCH,
     Change, CompactStats, Digest, Keyspace, KeyspaceOptions, MergeOutcome, Since, WatchError,
     Watcher,
 };

@@ -35,8 +35,16 @@ pub enum Scope {
     Local,
 }
 
+/// An hour, in milliseconds.
+const HOUR: u64 = 3_600_000;
+/// A day, in milliseconds.
+const DAY: u64 = 24 * HOUR;
+/// How long usage records (and their indexes) are kept: a key's budget and
+/// `/v1/usage` count what is within it.
+pub const USAGE_RETENTION_MS: u64 = 400 * DAY;
+
 macro_rules! namespaces {
-    ($($variant:ident => ($prefix:literal, $cf:literal, $kind:ident, $scope:ident)),* $(,)?) => {
+    ($($variant:ident => ($prefix:literal, $cf:literal, $kind:ident, $scope:ident, $retention:expr)),* $(,)?) => {
         /// A namespace of the keyspace.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Namespace {
@@ -64,30 +72,40 @@ macro_rules! namespaces {
             pub fn scope(self) -> Scope {
                 match self { $(Namespace::$variant => Scope::$scope),* }
             }
+            /// Default retention: entries not written for this long are
+            /// compacted away. `None` only for the node's fixed set of
+            /// local markers (bounded by construction).
+            pub fn retention_ms(self) -> Option<u64> {
+                match self { $(Namespace::$variant => $retention),* }
+            }
         }
     };
 }
 
 namespaces! {
-    ApiJobs => ("/gcs/api/jobs/", "api.jobs", Register, Global),
-    ApiJobsByTenant => ("/gcs/api/jobs_by_tenant/", "api.jobs_by_tenant", Register, TenantGateways),
-    ApiJobStates => ("/gcs/api/states/", "api.states", Register, Global),
-    ApiPayloads => ("/gcs/api/payloads/", "api.payloads", Register, JobParticipants),
-    ApiClaims => ("/gcs/api/claims/", "api.claims", Set, Global),
-    ApiLeases => ("/gcs/api/leases/", "api.leases", Register, Global),
-    ApiResults => ("/gcs/api/results/", "api.results", Register, JobParticipants),
-    ApiStreams => ("/gcs/api/streams/", "api.streams", Register, JobParticipants),
-    ApiUsage => ("/gcs/api/usage/", "api.usage", Register, TenantGateways),
-    ApiCancel => ("/gcs/api/cancel/", "api.cancel", Register, Global),
-    ApiRequeue => ("/gcs/api/requeue/", "api.requeue", Register, Global),
-    NodeRegistrations => ("/gcs/nodes/registrations/", "nodes.registrations", Register, Global),
-    NodeCapabilities => ("/gcs/nodes/capabilities/", "nodes.capabilities", Set, Global),
-    NodeHeartbeat => ("/gcs/nodes/heartbeat/", "nodes.heartbeat", Register, Global),
-    ProcessingTasks => ("/gcs/processing/tasks/", "processing.tasks", Register, Global),
-    ProcessingSubtasks => ("/gcs/processing/subtasks/", "processing.subtasks", Register, Global),
-    ProcessingLocks => ("/gcs/processing/locks/", "processing.locks", Register, Global),
-    ProcessingResults => ("/gcs/processing/results/", "processing.results", Register, Global),
-    Local => ("/gcs/local/", "local", Register, Local),
+    ApiJobs => ("/gcs/api/jobs/", "api.jobs", Register, Global, Some(DAY)),
+    ApiJobsByTenant => ("/gcs/api/jobs_by_tenant/", "api.jobs_by_tenant", Register, TenantGateways, Some(USAGE_RETENTION_MS)),
+    ApiJobStates => ("/gcs/api/states/", "api.states", Register, Global, Some(DAY)),
+    ApiPayloads => ("/gcs/api/payloads/", "api.payloads", Register, JobParticipants, Some(HOUR)),
+    ApiClaims => ("/gcs/api/claims/", "api.claims", Set, Global, Some(DAY)),
+    ApiLeases => ("/gcs/api/leases/", "api.leases", Register, Global, Some(DAY)),
+    ApiResults => ("/gcs/api/results/", "api.results", Register, JobParticipants, Some(DAY)),
+    ApiStreams => ("/gcs/api/streams/", "api.streams", Register, JobParticipants, Some(HOUR)),
+    ApiUsage => ("/gcs/api/usage/", "api.usage", Register, TenantGateways, Some(USAGE_RETENTION_MS)),
+    ApiCancel => ("/gcs/api/cancel/", "api.cancel", Register, Global, Some(DAY)),
+    ApiRequeue => ("/gcs/api/requeue/", "api.requeue", Register, Global, Some(DAY)),
+    NodeRegistrations => ("/gcs/nodes/registrations/", "nodes.registrations", Register, Global, Some(10 * 60_000)),
+    NodeCapabilities => ("/gcs/nodes/capabilities/", "nodes.capabilities", Set, Global, Some(10 * 60_000)),
+    NodeHeartbeat => ("/gcs/nodes/heartbeat/", "nodes.heartbeat", Register, Global, Some(10 * 60_000)),
+    ProcessingTasks => ("/gcs/processing/tasks/", "processing.tasks", Register, Global, Some(DAY)),
+    ProcessingSubtasks => ("/gcs/processing/subtasks/", "processing.subtasks", Register, Global, Some(DAY)),
+    ProcessingLocks => ("/gcs/processing/locks/", "processing.locks", Register, Global, Some(DAY)),
+    ProcessingResults => ("/gcs/processing/results/", "processing.results", Register, Global, Some(DAY)),
+    LocalIdempotency => ("/gcs/local/idempotency/", "local.idempotency", Register, Local, Some(DAY)),
+    LocalJobs => ("/gcs/local/jobs/", "local.jobs", Register, Local, Some(DAY)),
+    LocalOpenJobs => ("/gcs/local/open_jobs/", "local.open_jobs", Register, Local, Some(DAY)),
+    LocalUsageByKey => ("/gcs/local/usage_by_key/", "local.usage_by_key", Register, Local, Some(USAGE_RETENTION_MS)),
+    Local => ("/gcs/local/", "local", Register, Local, None),
 }
 
 /// Longest key accepted.
@@ -160,16 +178,41 @@ pub mod keys {
     }
     /// A tenant's idempotency key, by its hash (local).
     pub fn idempotency(hash: &str) -> String {
-        key(N::Local, format_args!("idempotency/{hash}"))
+        key(N::LocalIdempotency, format_args!("{hash}"))
     }
     /// A job confined to a tenant or swarm: its envelope stays on its
     /// gateway (local).
     pub fn confined_job(job_id: &str) -> String {
-        key(N::Local, format_args!("jobs/{job_id}"))
+        key(N::LocalJobs, format_args!("{job_id}"))
     }
     /// Every confined job.
     pub fn confined_jobs() -> String {
-        key(N::Local, format_args!("jobs/"))
+        N::LocalJobs.prefix().to_string()
+    }
+    /// A job this gateway submitted and has not yet metered (local): the
+    /// index restart recovery reads instead of every job record. Its value
+    /// is the job record's key.
+    pub fn open_job(job_id: &str) -> String {
+        key(N::LocalOpenJobs, format_args!("{job_id}"))
+    }
+    /// Every open job.
+    pub fn open_jobs() -> &'static str {
+        N::LocalOpenJobs.prefix()
+    }
+    /// A usage record's entry in its API key's index (local), ordered by
+    /// the record's creation time: `/v1/usage` and budgets read one key's
+    /// time range, not every record.
+    pub fn usage_of_key(api_key_id: &str, created_at_ms: u64, job_id: &str) -> String {
+        key(N::LocalUsageByKey, format_args!("{api_key_id}/{created_at_ms:016}/{job_id}"))
+    }
+    /// Every index entry of one API key.
+    pub fn usage_of_key_prefix(api_key_id: &str) -> String {
+        key(N::LocalUsageByKey, format_args!("{api_key_id}/"))
+    }
+    /// The marker saying the per-key usage index covers every stored record
+    /// (its value: the index's format version).
+    pub fn usage_index_marker() -> String {
+        key(N::Local, format_args!("index/usage_by_key"))
     }
 }
 
@@ -184,10 +227,12 @@ impl Namespace {
         if !key.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(bad("must be printable ASCII without spaces"));
         }
+        // The longest prefix wins: `/gcs/local/jobs/` before `/gcs/local/`.
         let ns = Namespace::ALL
             .iter()
             .copied()
-            .find(|ns| key.starts_with(ns.prefix()))
+            .filter(|ns| key.starts_with(ns.prefix()))
+            .max_by_key(|ns| ns.prefix().len())
             .ok_or_else(|| KeyspaceError::UnknownNamespace(key.chars().take(80).collect()))?;
         let rest = &key[ns.prefix().len()..];
         if rest.is_empty() || rest.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
@@ -219,8 +264,11 @@ mod tests {
             (keys::usage("j"), Namespace::ApiUsage),
             (keys::requeue("j", 2), Namespace::ApiRequeue),
             (keys::registration("n"), Namespace::NodeRegistrations),
-            (keys::idempotency("h"), Namespace::Local),
-            (keys::confined_job("j"), Namespace::Local),
+            (keys::idempotency("h"), Namespace::LocalIdempotency),
+            (keys::confined_job("j"), Namespace::LocalJobs),
+            (keys::open_job("j"), Namespace::LocalOpenJobs),
+            (keys::usage_of_key("k", 5, "j"), Namespace::LocalUsageByKey),
+            (keys::usage_index_marker(), Namespace::Local),
         ];
         for (k, ns) in cases {
             assert_eq!(Namespace::of_key(&k).unwrap(), ns, "{k}");
@@ -229,6 +277,17 @@ mod tests {
         assert!(keys::stream_chunk("j", 10) > keys::stream_chunk("j", 9), "scans in sequence order");
         assert!(keys::job_of_tenant("t", "j").starts_with(&keys::jobs_of_tenant("t")));
         assert!(keys::confined_job("j").starts_with(&keys::confined_jobs()));
+        assert!(keys::open_job("j").starts_with(keys::open_jobs()));
+        assert!(keys::usage_of_key("k", 5, "j").starts_with(&keys::usage_of_key_prefix("k")));
+        assert!(keys::usage_of_key("k", 10, "a") > keys::usage_of_key("k", 9, "z"), "time order");
+    }
+
+    #[test]
+    fn every_shared_namespace_has_a_retention() {
+        for ns in Namespace::ALL {
+            assert!(ns.retention_ms().is_some() || *ns == Namespace::Local, "{ns:?}");
+        }
+        assert_eq!(Namespace::Local.retention_ms(), None, "only the fixed local markers are kept");
     }
 
     #[test]

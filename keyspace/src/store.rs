@@ -17,6 +17,10 @@ use crate::error::KeyspaceError;
 use crate::hlc::{Hlc, HlcClock};
 use crate::namespace::{Namespace, ValueKind};
 
+mod compact;
+pub use compact::COMPACT_BATCH;
+mod migrate;
+
 const LOG_CF: &str = "log";
 const META_CF: &str = "meta";
 const META_SEQ: &[u8] = b"seq";
@@ -42,23 +46,15 @@ pub struct KeyspaceOptions {
 
 impl Default for KeyspaceOptions {
     fn default() -> Self {
-        let hour = 3_600_000;
         Self {
             sync_writes: false,
             max_clock_drift_ms: 30_000,
             log_capacity: 1_000_000,
             watch_capacity: 4096,
-            retention_ms: BTreeMap::from([
-                (Namespace::NodeRegistrations, 10 * 60_000),
-                (Namespace::NodeHeartbeat, 10 * 60_000),
-                (Namespace::NodeCapabilities, 10 * 60_000),
-                (Namespace::ApiStreams, hour),
-                (Namespace::ApiPayloads, hour),
-                (Namespace::ApiClaims, 24 * hour),
-                (Namespace::ApiLeases, 24 * hour),
-                (Namespace::ApiCancel, 24 * hour),
-                (Namespace::ApiRequeue, 24 * hour),
-            ]),
+            retention_ms: Namespace::ALL
+                .iter()
+                .filter_map(|ns| Some((*ns, ns.retention_ms()?)))
+                .collect(),
         }
     }
 }
@@ -136,6 +132,8 @@ pub enum Since {
 pub struct CompactStats {
     /// Entries removed per namespace.
     pub removed: BTreeMap<Namespace, u64>,
+    /// Write batches it took (each under the write lock briefly).
+    pub batches: u64,
 }
 
 struct WriteState {
@@ -188,6 +186,7 @@ impl Keyspace {
                 let _ = clock.observe(h, u64::MAX / 2);
             }
         }
+        migrate::split_local(&db)?;
         let (changes, _) = broadcast::channel(opts.watch_capacity.max(1));
         Ok(Self {
             db,
@@ -289,6 +288,21 @@ impl Keyspace {
     /// Writes `value` into the register at `key`; returns the delta to replicate.
     pub fn put(&self, key: &str, value: Vec<u8>, now_ms: u64) -> Result<Delta, KeyspaceError> {
         self.write_register(key, Some(value), now_ms)
+    }
+
+    /// `put`, then the write-ahead log synced before it returns: for records
+    /// that must survive a power loss once acknowledged (usage, 26.23). On
+    /// error the write may or may not have reached the disk; the caller fails
+    /// the request either way, so nothing is acknowledged that was not stored.
+    pub fn put_durable(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        now_ms: u64,
+    ) -> Result<Delta, KeyspaceError> {
+        let delta = self.write_register(key, Some(value), now_ms)?;
+        self.db.flush_wal(true)?;
+        Ok(delta)
     }
 
     /// Deletes the register at `key` (a replicated tombstone).
@@ -540,48 +554,9 @@ impl Keyspace {
         Ok(Since::Deltas(out))
     }
 
-    /// Every entry of a namespace as deltas (anti-entropy fallback).
-    pub fn snapshot(&self, ns: Namespace) -> Result<Vec<Delta>, KeyspaceError> {
-        Ok(self
-            .scan_prefix(ns.prefix())?
-            .into_iter()
-            .map(|(key, value)| Delta { key, value })
-            .collect())
-    }
-
     /// A stream of changes under `prefix`.
     pub fn watch(&self, prefix: &str) -> Watcher {
         Watcher { rx: self.changes.subscribe(), prefix: prefix.into() }
-    }
-
-    /// Removes entries older than their namespace's retention.
-    pub fn compact(&self, now_ms: u64) -> Result<CompactStats, KeyspaceError> {
-        let mut stats = CompactStats::default();
-        let _st = self.lock();
-        let meta = self.cf(META_CF)?;
-        for &ns in self.opts.retention_ms.keys() {
-            let mut batch = WriteBatch::default();
-            let mut digest = self.digest(ns)?;
-            let mut removed = 0u64;
-            let cf = self.cf(ns.cf())?;
-            self.for_each_raw(ns, ns.prefix(), |k, v| {
-                if let Ok(val) = decode_value(k, v) {
-                    if self.is_expired(ns, val.updated(), now_ms) {
-                        batch.delete_cf(cf, k.as_bytes());
-                        digest.toggle(k.as_bytes(), v, false);
-                        removed += 1;
-                    }
-                }
-                Ok(())
-            })?;
-            if removed > 0 {
-                batch.put_cf(meta, Self::digest_key(ns), digest.to_bytes());
-                self.write(batch)?;
-                stats.removed.insert(ns, removed);
-                tracing::debug!(namespace = ns.cf(), removed, "compacted expired entries");
-            }
-        }
-        Ok(stats)
     }
 
     #[cfg(test)]

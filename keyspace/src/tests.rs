@@ -107,7 +107,7 @@ fn retention_compacts_and_refuses_stale_deltas() {
     let ks = open(&d, "a");
     let old = ks.put("/gcs/nodes/registrations/n1", b"r".to_vec(), 1_000).unwrap();
     ks.put("/gcs/nodes/registrations/n2", b"r".to_vec(), 600_000).unwrap();
-    ks.put("/gcs/api/jobs/j1", b"kept forever".to_vec(), 1_000).unwrap();
+    ks.put("/gcs/api/jobs/j1", b"kept for a day".to_vec(), 1_000).unwrap();
     let stats = ks.compact(700_000).unwrap();
     assert_eq!(stats.removed.get(&Namespace::NodeRegistrations), Some(&1));
     assert_eq!(ks.get("/gcs/nodes/registrations/n1").unwrap(), None);
@@ -157,4 +157,98 @@ fn reopen_keeps_data_sequence_and_clock() {
     ks.put("/gcs/api/jobs/j1", b"w".to_vec(), 10).unwrap();
     assert_eq!(ks.get_bytes("/gcs/api/jobs/j1").unwrap().unwrap(), b"w");
     assert!(ks.get("/gcs/api/jobs/j1").unwrap().unwrap().updated() > hlc_before);
+}
+
+#[test]
+fn a_snapshot_page_starts_after_its_key_and_stops_at_its_caps() {
+    let d = tempfile::tempdir().unwrap();
+    let ks = open(&d, "a");
+    for i in 0..30u8 {
+        ks.put(&format!("/gcs/api/jobs/j{i:02}"), vec![i; 100], 1000).unwrap();
+    }
+    ks.put("/gcs/api/jobs_by_tenant/t/j", vec![], 1000).unwrap();
+    let (page, more) = ks.snapshot_page(Namespace::ApiJobs, None, 10, usize::MAX).unwrap();
+    assert_eq!((page.len(), more), (10, true));
+    assert_eq!(page[9].key, "/gcs/api/jobs/j09");
+    let (page, more) =
+        ks.snapshot_page(Namespace::ApiJobs, Some("/gcs/api/jobs/j09"), 100, usize::MAX).unwrap();
+    assert_eq!((page.len(), more), (20, false), "the rest, nothing of the next namespace");
+    assert_eq!(page[0].key, "/gcs/api/jobs/j10");
+    // The byte cap: entries of ~130 stored bytes, a 300-byte budget.
+    let (page, more) = ks.snapshot_page(Namespace::ApiJobs, None, 100, 300).unwrap();
+    assert!(more && (2..=3).contains(&page.len()), "{}", page.len());
+    let (page, _) = ks.snapshot_page(Namespace::ApiJobs, None, 100, 1).unwrap();
+    assert_eq!(page.len(), 1, "a page holds at least one entry");
+}
+
+#[test]
+fn compaction_deletes_in_batches_and_keeps_what_was_written_meanwhile() {
+    let d = tempfile::tempdir().unwrap();
+    let ks = open(&d, "a");
+    for i in 0..25u8 {
+        ks.put(&format!("/gcs/nodes/heartbeat/n{i:02}"), vec![i], 1_000).unwrap();
+    }
+    ks.put("/gcs/nodes/heartbeat/zz", vec![1], 650_000).unwrap();
+    let stats = ks.compact_in_batches(700_000, 10).unwrap();
+    assert_eq!(stats.removed.get(&Namespace::NodeHeartbeat), Some(&25));
+    assert!(stats.batches >= 3, "25 entries in batches of 10: {}", stats.batches);
+    assert_eq!(ks.digest(Namespace::NodeHeartbeat).unwrap().count, 1);
+    // Deleting is re-checked under the lock: an entry rewritten after the
+    // scan is kept (the bytes scanned no longer match).
+    ks.put("/gcs/nodes/heartbeat/n00", vec![1], 1_000).unwrap();
+    let before = ks.get("/gcs/nodes/heartbeat/n00").unwrap().unwrap();
+    let scanned = crate::codec::encode_value(&before);
+    ks.put("/gcs/nodes/heartbeat/n00", vec![2], 690_000).unwrap();
+    let entries = vec![(b"/gcs/nodes/heartbeat/n00".to_vec(), scanned)];
+    assert_eq!(ks.delete_unchanged_for_test(Namespace::NodeHeartbeat, &entries).unwrap(), 0);
+    assert_eq!(ks.get_bytes("/gcs/nodes/heartbeat/n00").unwrap().unwrap(), vec![2]);
+}
+
+#[test]
+fn every_namespace_but_the_local_markers_is_compacted() {
+    let d = tempfile::tempdir().unwrap();
+    let ks = open(&d, "a");
+    let day = 24 * 3_600_000;
+    for ns in Namespace::ALL {
+        let key = format!("{}x", ns.prefix());
+        match ns.kind() {
+            crate::ValueKind::Register => drop(ks.put(&key, vec![1], 1_000).unwrap()),
+            crate::ValueKind::Set => drop(ks.set_add(&key, b"e", 1_000).unwrap()),
+        }
+    }
+    ks.compact(crate::USAGE_RETENTION_MS + day).unwrap();
+    for ns in Namespace::ALL {
+        let kept = ks.get(&format!("{}x", ns.prefix())).unwrap().is_some();
+        assert_eq!(kept, *ns == Namespace::Local, "{ns:?}");
+    }
+}
+
+#[test]
+fn local_records_of_an_older_layout_move_to_their_namespaces() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        // Written by a build that kept everything local in one family.
+        let db = rocksdb::DB::open_cf(
+            &{
+                let mut o = rocksdb::Options::default();
+                o.create_if_missing(true);
+                o.create_missing_column_families(true);
+                o
+            },
+            d.path(),
+            ["local"],
+        )
+        .unwrap();
+        let cf = db.cf_handle("local").unwrap();
+        let v = crate::codec::encode_value(&crate::CrdtValue::Register(crate::Register::new(
+            Some(b"entry".to_vec()),
+            crate::Hlc { wall_ms: 5, logical: 0 },
+            "a",
+        )));
+        db.put_cf(cf, crate::keys::idempotency("h").as_bytes(), &v).unwrap();
+        db.put_cf(cf, b"/gcs/local/other", &v).unwrap();
+    }
+    let ks = open(&d, "a");
+    assert_eq!(ks.get_bytes(&crate::keys::idempotency("h")).unwrap().unwrap(), b"entry");
+    assert_eq!(ks.get_bytes("/gcs/local/other").unwrap().unwrap(), b"entry");
 }
