@@ -68,6 +68,10 @@ pub enum JobEvent {
     Cancelled,
 }
 
+/// The code of a 503 for a request whose job or usage record could not be
+/// stored (a full or failing disk): the client may retry elsewhere or later.
+pub const STORAGE_UNAVAILABLE: &str = "gnus_storage_unavailable";
+
 /// Why the network did not take a job.
 #[derive(Debug, Error)]
 pub enum BackendError {
@@ -97,7 +101,15 @@ impl BackendError {
                 crate::ApiError::idempotency_conflict(job_id)
             }
             BackendError::Stopping => crate::ApiError::unavailable(self.to_string()),
-            BackendError::Storage(_) | BackendError::Internal(_) => {
+            BackendError::Storage(_) => {
+                tracing::error!(error = %self, "backend storage failure");
+                crate::ApiError::from_info(&gcs_protocol::ErrorInfo {
+                    kind: "service_unavailable".into(),
+                    code: STORAGE_UNAVAILABLE.into(),
+                    message: "the gateway's storage is unavailable; retry later".into(),
+                })
+            }
+            BackendError::Internal(_) => {
                 tracing::error!(error = %self, "backend failure");
                 crate::ApiError::internal("internal error; the gateway's log has the details")
             }
@@ -132,4 +144,23 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         since_ms: u64,
         until_ms: u64,
     ) -> Result<Vec<UsageRecord>, BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_failures_are_a_503_without_their_text() {
+        let e = BackendError::Storage("IO error: No space left on device: /data/000123.log".into());
+        let api = e.to_api();
+        assert_eq!(api.status.as_u16(), 503);
+        assert_eq!(api.code, STORAGE_UNAVAILABLE);
+        assert!(api.retry_after.is_some());
+        let body = api.body().to_string();
+        assert!(!body.contains("No space") && !body.contains("/data"), "{body}");
+        let api = BackendError::Internal("signing: bad key at /root/x".into()).to_api();
+        assert_eq!(api.status.as_u16(), 500);
+        assert!(!api.body().to_string().contains("/root"));
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! - [`backend`]: the trait between HTTP and the network, and its events.
 //! - [`request`]: request bodies parsed and validated into typed requests.
-//! - [`payload`]: the typed request a job carries to its worker (versioned).
+//! - [`payload`]: the typed request a job carries to its worker (versioned);
+//!   [`validate`]: its one check against a model, at the edge and the worker.
 //! - [`codec`]: every OpenAI response body, chunk and usage object.
 //! - [`keys`], [`limits`]: API keys (hashed at rest), rate limits, budgets;
 //!   [`durable`]: crash-safe small files and their writer lock.
@@ -26,6 +27,7 @@ pub mod payload;
 pub mod request;
 pub mod serve;
 pub mod sse;
+pub mod validate;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicUsize;

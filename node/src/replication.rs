@@ -91,15 +91,17 @@ pub fn digest_request(ks: &Keyspace, served: &[String]) -> Result<DigestRequest,
 
 /// Stores a usage record and its entry in the tenant's index
 /// (`/gcs/api/jobs_by_tenant/<tenant>/<job>`, 26.23); returns the usage
-/// delta, which the caller gossips to the tenant's other gateways.
+/// delta, which the caller gossips to the tenant's other gateways. The
+/// record is synced to disk before this returns (the index entry first, so
+/// the one sync covers both); an error means the job must not be answered.
 pub fn record_usage(
     ks: &Keyspace,
     u: &gcs_protocol::UsageRecord,
     now_ms: u64,
 ) -> Result<Delta, crate::error::NodeError> {
-    let delta = ks.put(&keys::usage(&u.job_id), gcs_protocol::encode(u)?, now_ms)?;
+    let bytes = gcs_protocol::encode(u)?;
     index_usage(ks, &u.tenant_id, &u.job_id, now_ms)?;
-    Ok(delta)
+    Ok(ks.put_durable(&keys::usage(&u.job_id), bytes, now_ms)?)
 }
 
 /// The index entry is derived locally (an empty register: its own CRDT

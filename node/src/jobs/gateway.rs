@@ -87,26 +87,40 @@ async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<b
     u.compute_ms = u.compute_ms.max(m.compute_ms);
     u.signature = None;
     sign(&mut u, ctx.key)?;
-    store_usage(&u, ctx).await;
+    // The job was already answered; a failure here leaves the first record
+    // (logged by store_usage).
+    let _ = store_usage(&u, ctx).await;
     tracing::debug!(job_id = %job, generated, "usage updated with the worker's late metering");
     Ok(true)
 }
 
-/// Stores a usage record and gossips it to the tenant's other gateways
-/// (tenant-gateway scope): a tenant's budget and `/v1/usage` then hold on
-/// every gateway that serves it.
-async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) {
-    match crate::replication::record_usage(ctx.keyspace, u, now_ms()) {
-        Ok(delta) if topics::valid_tenant(&u.tenant_id) => {
-            let topic = topics::tenant_usage(&u.tenant_id);
-            if let Err(e) = ctx.network.publish(&topic, delta.encode()).await {
-                // No other gateway of this tenant is connected: anti-entropy
-                // brings them the record when one is.
-                tracing::debug!(job_id = %u.job_id, error = %e, "usage record not gossiped");
-            }
+/// Stores a usage record (synced to disk) and gossips it to the tenant's
+/// other gateways (tenant-gateway scope): a tenant's budget and `/v1/usage`
+/// then hold on every gateway that serves it. An error means the record is
+/// not known to be stored: the caller must not answer the job as served.
+async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) -> Result<(), NodeError> {
+    let delta = crate::replication::record_usage(ctx.keyspace, u, now_ms()).inspect_err(|e| {
+        tracing::error!(job_id = %u.job_id, error = %e, "usage record not stored");
+    })?;
+    if topics::valid_tenant(&u.tenant_id) {
+        let topic = topics::tenant_usage(&u.tenant_id);
+        if let Err(e) = ctx.network.publish(&topic, delta.encode()).await {
+            // No other gateway of this tenant is connected: anti-entropy
+            // brings them the record when one is.
+            tracing::debug!(job_id = %u.job_id, error = %e, "usage record not gossiped");
         }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(job_id = %u.job_id, error = %e, "usage record not stored"),
+    }
+    Ok(())
+}
+
+/// What the client gets instead of an answer whose usage record could not
+/// be stored (serving unbilled is not an option; the storage error itself
+/// stays in the log).
+pub fn storage_unavailable() -> gcs_protocol::ErrorInfo {
+    gcs_protocol::ErrorInfo {
+        kind: "service_unavailable".into(),
+        code: gcs_gateway::backend::STORAGE_UNAVAILABLE.into(),
+        message: "the gateway could not record this request's usage; retry later".into(),
     }
 }
 
@@ -512,6 +526,8 @@ impl GatewayState {
         let mut client_gone = None;
         // The client hears of the end only after the usage record is stored.
         let mut terminal = None;
+        // Set when the usage record failed to store: whether tokens were sent.
+        let mut usage_lost = None;
         let now = now_ms();
         for e in effects {
             if let (Effect::Lease(l), Some(a)) = (&e, self.active.get_mut(job_id)) {
@@ -597,8 +613,20 @@ impl GatewayState {
                     }
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
                 }
-                Effect::Usage(u) => store_usage(&u, ctx).await,
+                Effect::Usage(u) => {
+                    if store_usage(&u, ctx).await.is_err() {
+                        usage_lost = Some(a.tracker.delivered_tokens() > 0);
+                    }
+                }
             }
+        }
+        // An answer whose usage is not stored is not given: a blocking
+        // request gets a 503, a stream an error event after what it got.
+        if let (Some(partial), Some(JobEvent::Completed(_))) = (usage_lost, &terminal) {
+            terminal = Some(JobEvent::Failed {
+                error: storage_unavailable(),
+                after_partial_output: partial,
+            });
         }
         if let (Some(ev), Some(a)) = (terminal, self.active.get(job_id)) {
             for w in &a.watchers {

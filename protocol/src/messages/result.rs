@@ -30,6 +30,29 @@ pub struct ErrorInfo {
     pub message: String,
 }
 
+impl ErrorInfo {
+    /// The error type of a client error: the request cannot be served as
+    /// asked on any worker (a failed result of this type is returned to the
+    /// client as a 400, never requeued and never held against the worker).
+    pub const CLIENT_ERROR: &'static str = "invalid_request_error";
+    /// The code of a worker's refusal of a job as invalid.
+    pub const INVALID_REQUEST_CODE: &'static str = "gnus_invalid_request";
+
+    /// A client error with this message.
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self {
+            kind: Self::CLIENT_ERROR.into(),
+            code: Self::INVALID_REQUEST_CODE.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether this is a client error (see [`Self::CLIENT_ERROR`]).
+    pub fn is_client_error(&self) -> bool {
+        self.kind == Self::CLIENT_ERROR
+    }
+}
+
 /// Worker-side metering.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]

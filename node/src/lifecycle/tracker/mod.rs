@@ -368,7 +368,19 @@ impl JobTracker {
                     .clone()
                     .unwrap_or_else(|| err("server_error", "gnus_worker_failed", "worker failed"));
                 let node = r.node_id.clone();
-                if self.fence.started() {
+                if e.is_client_error() {
+                    // The worker refused the request itself (the gateway's
+                    // validation is the engine's, so this is rare: e.g. a
+                    // prompt that tokenises past the context). Another worker
+                    // would refuse it too: answer the client now, no requeue,
+                    // and no strike (only requeues and gnus_worker_lost
+                    // strike). The code is ours, not the worker's; its
+                    // message is bounded by the result's field limits. A
+                    // lying holder gains nothing it could not do already by
+                    // streaming a wrong answer.
+                    let e = ErrorInfo::invalid_request(e.message);
+                    self.fail(e, now, key)
+                } else if self.fence.started() {
                     self.fail(e, now, key)
                 } else {
                     self.on_worker_lost(&node, RequeueReason::InvalidResult, now, key)

@@ -368,3 +368,50 @@ fn a_workers_metering_is_bounded_by_what_the_gateway_knows() {
     let m = bounded_metering(&job, &under, 7);
     assert_eq!((m.output_tokens, m.input_tokens, m.cached_tokens), (7, 3, 1), "never below delivered");
 }
+
+fn failed_result(w: &mut World, worker: usize, error: ErrorInfo) -> Vec<Effect> {
+    let key = &w.workers[worker];
+    let mut r = samples::final_result(key, &Params { now_ms: w.now, ..Params::default() });
+    r.job_id = w.tracker.job.job_id.clone();
+    r.lease_id = w.tracker.lease().map(|l| l.lease_id.clone());
+    r.status = ResultStatus::Failed;
+    r.response = None;
+    r.error = Some(error);
+    sign(&mut r, key).unwrap();
+    w.feed(Input::Result(Box::new(r)))
+}
+
+#[test]
+fn a_client_error_result_fails_the_job_at_once_without_requeue_or_strike() {
+    let mut w = World::new();
+    w.claim(0);
+    let mut e = ErrorInfo::invalid_request("logit_bias token 999999 beyond the vocabulary");
+    e.code = "worker_chosen_code".into();
+    let fx = failed_result(&mut w, 0, e);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Requeue(_) | Effect::Publish(_))), "{fx:?}");
+    let fail = fx.iter().find_map(|e| match e {
+        Effect::Fail { error, after_partial_output } => Some((error, *after_partial_output)),
+        _ => None,
+    });
+    let (error, partial) = fail.expect("the job fails at once");
+    assert!(error.is_client_error() && !partial);
+    // Our code, not the worker's; and not the code that strikes the worker.
+    assert_eq!(error.code, ErrorInfo::INVALID_REQUEST_CODE);
+    assert!(error.message.contains("beyond the vocabulary"));
+    assert!(w.tracker.state().is_terminal());
+    assert_eq!(w.usages().len(), 1, "a failed job still has its one usage record");
+}
+
+#[test]
+fn an_engine_failure_before_the_first_token_still_requeues() {
+    let mut w = World::new();
+    w.claim(0);
+    let e = ErrorInfo {
+        kind: "server_error".into(),
+        code: "gnus_engine_error".into(),
+        message: "out of KV blocks".into(),
+    };
+    let fx = failed_result(&mut w, 0, e);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Requeue(_))), "{fx:?}");
+    assert!(!w.tracker.state().is_terminal());
+}

@@ -529,11 +529,16 @@ impl WorkerJob {
                 Some(error("cancelled", "gnus_cancelled", "cancelled")),
                 Some(metering(o)),
             ),
+            // A refusal of the request itself is a client error: the
+            // gateway answers it at once instead of requeueing the job.
             Some(Err(e)) => (
                 Termination::EngineFailed(e.clone()),
                 ResultStatus::Failed,
                 None,
-                Some(error("server_error", "gnus_engine_error", &e.to_string())),
+                Some(match e {
+                    ExecError::Invalid(m) => ErrorInfo::invalid_request(m.as_str()),
+                    ExecError::Engine(m) => error("server_error", "gnus_engine_error", m),
+                }),
                 None,
             ),
             None => return Ok(vec![]),

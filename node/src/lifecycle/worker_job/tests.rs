@@ -248,6 +248,19 @@ fn an_engine_failure_is_reported_without_a_finish_chunk() {
 }
 
 #[test]
+fn an_invalid_request_is_reported_as_a_client_error() {
+    let mut w = World::running();
+    let fx =
+        w.feed(Input::EngineDone(Err(ExecError::Invalid("prompt longer than the context".into()))));
+    let r = result(&fx);
+    assert_eq!(r.status, ResultStatus::Failed);
+    let e = r.error.as_ref().unwrap();
+    assert!(e.is_client_error(), "{e:?}");
+    assert_eq!(e.code, gcs_protocol::ErrorInfo::INVALID_REQUEST_CODE);
+    assert_eq!(e.message, "prompt longer than the context");
+}
+
+#[test]
 fn cancel_stops_the_engine_once_and_the_result_meters_what_was_generated() {
     let mut w = World::running();
     w.delta("a");
