@@ -203,11 +203,15 @@ pub mod keys {
     /// the record's creation time: `/v1/usage` and budgets read one key's
     /// time range, not every record.
     pub fn usage_of_key(api_key_id: &str, created_at_ms: u64, job_id: &str) -> String {
-        key(N::LocalUsageByKey, format_args!("{api_key_id}/{created_at_ms:016}/{job_id}"))
+        key(N::LocalUsageByKey, format_args!("{api_key_id}/{created_at_ms:020}/{job_id}"))
     }
     /// Every index entry of one API key.
     pub fn usage_of_key_prefix(api_key_id: &str) -> String {
         key(N::LocalUsageByKey, format_args!("{api_key_id}/"))
+    }
+    /// Where one key's entries created at or after `ms` start.
+    pub fn usage_of_key_from(api_key_id: &str, ms: u64) -> String {
+        key(N::LocalUsageByKey, format_args!("{api_key_id}/{ms:020}"))
     }
     /// The marker saying the per-key usage index covers every stored record
     /// (its value: the index's format version).

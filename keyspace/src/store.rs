@@ -197,6 +197,11 @@ impl Keyspace {
         })
     }
 
+    /// How far ahead of this node's clock a peer's HLC may be.
+    pub fn max_clock_drift_ms(&self) -> u64 {
+        self.opts.max_clock_drift_ms
+    }
+
     /// This replica's writer name.
     pub fn actor(&self) -> &str {
         &self.actor

@@ -252,3 +252,18 @@ fn local_records_of_an_older_layout_move_to_their_namespaces() {
     assert_eq!(ks.get_bytes(&crate::keys::idempotency("h")).unwrap().unwrap(), b"entry");
     assert_eq!(ks.get_bytes("/gcs/local/other").unwrap().unwrap(), b"entry");
 }
+
+#[test]
+fn a_range_scan_reads_only_its_range() {
+    let d = tempfile::tempdir().unwrap();
+    let ks = open(&d, "a");
+    for (t, j) in [(5u64, "a"), (10, "b"), (15, "c"), (20, "d")] {
+        ks.put(&crate::keys::usage_of_key("k1", t, j), vec![], 1).unwrap();
+        ks.put(&crate::keys::usage_of_key("k2", t, j), vec![], 1).unwrap();
+    }
+    let from = crate::keys::usage_of_key_from("k1", 10);
+    let to = crate::keys::usage_of_key_from("k1", 20);
+    let got: Vec<_> = ks.scan_range(&from, &to, 100).unwrap().into_iter().map(|e| e.0).collect();
+    assert_eq!(got, vec![crate::keys::usage_of_key("k1", 10, "b"), crate::keys::usage_of_key("k1", 15, "c")]);
+    assert_eq!(ks.scan_range(&from, &to, 1).unwrap().len(), 1, "the limit");
+}

@@ -122,6 +122,7 @@ impl Backend for NodeClient {
              # TYPE gcs_network_events_dropped_total counter\ngcs_network_events_dropped_total {}\n",
             self.network.events_dropped()
         ));
+        out.push_str(&network_counters(self.network.stats()));
         let fresh = self.registrations().len();
         out.push_str(&format!(
             "# HELP gcs_fresh_registrations Fresh worker registrations known.\n\
@@ -162,18 +163,27 @@ impl Backend for NodeClient {
         since_ms: u64,
         until_ms: u64,
     ) -> Result<Vec<UsageRecord>, BackendError> {
-        let rows = self
-            .keyspace
-            .scan_cbor::<UsageRecord>(gcs_keyspace::keys::all_usage())
-            .map_err(|e| BackendError::Storage(e.to_string()))?;
-        Ok(rows
-            .into_iter()
-            .map(|(_, u)| u)
-            .filter(|u| {
-                u.api_key_id == api_key_id
-                    && u.created_at_ms >= since_ms
-                    && u.created_at_ms < until_ms
-            })
-            .collect())
+        // One key's time range of its index, not every usage record.
+        crate::indexes::usage_of_key(&self.keyspace, api_key_id, since_ms, until_ms)
+            .map_err(|e| BackendError::Storage(e.to_string()))
     }
+}
+
+/// The network layer's refusals and shedding, one counter family each.
+fn network_counters(st: &crate::network::NetStats) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rows = [
+        ("gcs_keyspace_deltas_refused_quota_total", "Peer deltas refused: the sender's quota was spent.", &st.quota_refused),
+        ("gcs_keyspace_deltas_refused_clock_total", "Peer deltas refused: an HLC or set clock out of bounds.", &st.clock_refused),
+        ("gcs_anti_entropy_busy_total", "Anti-entropy requests answered busy (per-peer rate or concurrency).", &st.ae_busy),
+        ("gcs_anti_entropy_answered_total", "Anti-entropy requests answered.", &st.ae_answered),
+        ("gcs_anti_entropy_rounds_total", "Anti-entropy rounds started.", &st.ae_rounds),
+        ("gcs_anti_entropy_rounds_capped_total", "Anti-entropy rounds stopped at the page cap.", &st.ae_rounds_capped),
+        ("gcs_connections_denied_total", "Connections refused by the connection limits.", &st.connections_denied),
+    ];
+    rows.iter()
+        .map(|(name, help, v)| {
+            format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n", v.load(Relaxed))
+        })
+        .collect()
 }

@@ -21,10 +21,12 @@
 mod backend;
 mod error;
 mod identity;
+mod indexes;
 pub mod jobs;
 pub mod lifecycle;
 pub mod models;
 pub mod network;
+pub mod quota;
 mod node;
 mod registry;
 mod replication;

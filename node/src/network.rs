@@ -21,8 +21,15 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::NodeError;
 use crate::identity::Identity;
 use crate::jobs::wire::{JobRequest, JobResponse};
+use crate::quota::{PeerQuotas, QuotaConfig};
 use crate::replication::{self, DigestRequest, DigestResponse};
 use std::collections::HashMap;
+
+mod anti_entropy;
+pub mod intake;
+
+pub use anti_entropy::{MAX_PAGES_PER_ROUND, MAX_TENANTS, REQUESTS_PER_INTERVAL};
+pub use intake::NetStats;
 
 /// Identify / kad protocol name.
 pub const PROTOCOL_NAME: &str = "/gcs/1.0.0";
@@ -50,6 +57,30 @@ pub struct NetworkConfig {
     /// Tenants whose gateway this node is: it takes their usage records
     /// (tenant-gateway replication scope) and no one else's.
     pub served_tenants: Vec<String>,
+    /// Bytes and keys a peer's deltas may add per window.
+    pub quota: QuotaConfig,
+    /// libp2p connection limits.
+    pub connections: ConnectionCaps,
+}
+
+/// Connection limits (`libp2p::connection_limits`): a peer cannot hold
+/// more than a few connections, nor the node more than it can serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionCaps {
+    /// Established connections per peer.
+    pub per_peer: u32,
+    /// Established connections in all.
+    pub established: u32,
+    /// Incoming connections still handshaking.
+    pub pending_incoming: u32,
+    /// Outgoing connections still handshaking.
+    pub pending_outgoing: u32,
+}
+
+impl Default for ConnectionCaps {
+    fn default() -> Self {
+        Self { per_peer: 4, established: 512, pending_incoming: 64, pending_outgoing: 64 }
+    }
 }
 
 impl Default for NetworkConfig {
@@ -62,12 +93,15 @@ impl Default for NetworkConfig {
             gossip_heartbeat: Duration::from_millis(700),
             anti_entropy_interval: Duration::from_secs(10),
             served_tenants: vec![],
+            quota: QuotaConfig::default(),
+            connections: ConnectionCaps::default(),
         }
     }
 }
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    limits: libp2p::connection_limits::Behaviour,
     gossipsub: gossipsub::Behaviour,
     identify: identify::Behaviour,
     kad: kad::Behaviour<kad::store::MemoryStore>,
@@ -143,6 +177,7 @@ pub struct Network {
     tx: mpsc::Sender<Command>,
     peer_id: PeerId,
     dropped: Arc<std::sync::atomic::AtomicU64>,
+    stats: Arc<NetStats>,
 }
 
 impl Network {
@@ -197,17 +232,24 @@ impl Network {
         let (tx, rx) = mpsc::channel(CHANNEL_BOUND);
         let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_BOUND);
         let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stats = Arc::new(NetStats::default());
         let peer_id = *swarm.local_peer_id();
+        let intake = intake::Intake {
+            keyspace: keyspace.clone(),
+            quotas: Arc::new(std::sync::Mutex::new(PeerQuotas::new(config.quota))),
+            stats: stats.clone(),
+        };
         let lp = EventLoop {
             swarm,
             rx,
             events: Events { tx: ev_tx, dropped: dropped.clone() },
             limits: config.limits,
             keyspace,
+            intake,
+            stats: stats.clone(),
             anti_entropy_interval: config.anti_entropy_interval,
             served_tenants: config.served_tenants.clone(),
-            ae_round: 0,
-            ae_cursor: HashMap::new(),
+            ae: anti_entropy::AntiEntropy::new(config.anti_entropy_interval),
             outbound: HashMap::new(),
             inbound: HashMap::new(),
             local: HashMap::new(),
@@ -224,7 +266,7 @@ impl Network {
             bootstrap: config.bootstrap.clone(),
         };
         tokio::spawn(lp.run());
-        Ok((Network { tx, peer_id, dropped }, ev_rx))
+        Ok((Network { tx, peer_id, dropped, stats }, ev_rx))
     }
 
     /// This node's peer id.
@@ -235,6 +277,11 @@ impl Network {
     /// Events the loop dropped because the runtime was not keeping up.
     pub fn events_dropped(&self) -> u64 {
         self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What the network layer refused or shed.
+    pub fn stats(&self) -> &NetStats {
+        &self.stats
     }
 
     async fn call<T>(
@@ -341,6 +388,12 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
         .build()
         .map_err(|e| net(&e))?;
     let mdns_on = config.mdns;
+    let c = config.connections;
+    let caps = libp2p::connection_limits::ConnectionLimits::default()
+        .with_max_established_per_peer(Some(c.per_peer))
+        .with_max_established(Some(c.established))
+        .with_max_pending_incoming(Some(c.pending_incoming))
+        .with_max_pending_outgoing(Some(c.pending_outgoing));
     let swarm = libp2p::SwarmBuilder::with_existing_identity(identity.keypair.clone())
         .with_tokio()
         .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
@@ -375,11 +428,15 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
                     request_response::Config::default()
                         .with_request_timeout(Duration::from_secs(30)),
                 ),
-                anti_entropy: request_response::cbor::Behaviour::new(
+                anti_entropy: request_response::cbor::Behaviour::with_codec(
+                    request_response::cbor::codec::Codec::default()
+                        .set_request_size_maximum(anti_entropy::REQUEST_MAX_BYTES)
+                        .set_response_size_maximum(anti_entropy::RESPONSE_MAX_BYTES),
                     [(StreamProtocol::new("/gcs/anti-entropy/1.0.0"), ProtocolSupport::Full)],
                     request_response::Config::default()
                         .with_request_timeout(Duration::from_secs(30)),
                 ),
+                limits: libp2p::connection_limits::Behaviour::new(caps),
             })
         })
         .map_err(|e| net(&e))?
@@ -400,11 +457,12 @@ struct EventLoop {
     events: Events,
     limits: Limits,
     keyspace: Arc<Keyspace>,
+    /// The merge path of peer deltas (clock bounds, quotas).
+    intake: intake::Intake,
+    stats: Arc<NetStats>,
     anti_entropy_interval: Duration,
     served_tenants: Vec<String>,
-    ae_round: usize,
-    /// Per peer: its delta-log position we have everything up to.
-    ae_cursor: HashMap<PeerId, u64>,
+    ae: anti_entropy::AntiEntropy,
     outbound: HashMap<
         request_response::OutboundRequestId,
         oneshot::Sender<Result<JobResponse, NodeError>>,
@@ -471,6 +529,7 @@ impl EventLoop {
                 _ = ae.tick() => self.anti_entropy_round(),
                 _ = redial.tick() => self.redial_bootstrap(),
                 ev = self.swarm.select_next_some() => self.on_swarm(ev),
+                Some(done) = self.ae.done_rx.recv() => self.on_done(done),
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Shutdown(ack)) => break Some(ack),
                     Some(c) => self.on_command(c),
@@ -515,7 +574,7 @@ impl EventLoop {
                 if tenants.iter().any(|t| !self.served_tenants.contains(t)) {
                     // The log pulls so far skipped the new tenants' records:
                     // compare digests with every peer again.
-                    self.ae_cursor.clear();
+                    self.ae.cursor.clear();
                 }
                 tracing::info!(?tenants, "usage records kept for these tenants");
                 self.served_tenants = tenants;
@@ -593,8 +652,9 @@ impl EventLoop {
                     }
                 }
                 tracing::debug!(%peer_id, addr = %endpoint.get_remote_address(), "peer connected");
-                // A new peer may hold what we missed (late join, healed partition).
-                self.request_anti_entropy(peer_id);
+                // A new peer may hold what we missed (late join, healed
+                // partition); at most one round per peer per interval.
+                self.start_round(peer_id);
                 let _ = self.events.emit(NetEvent::PeerConnected(peer_id));
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
@@ -605,8 +665,15 @@ impl EventLoop {
                 let _ = self.events.emit(ev);
             }
             SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
+                self.ae.forget(&peer_id);
                 let _ = self.events.emit(NetEvent::PeerDisconnected(peer_id));
             }
+            SwarmEvent::IncomingConnectionError {
+                error: libp2p::swarm::ListenError::Denied { .. }, ..
+            }
+            | SwarmEvent::OutgoingConnectionError {
+                error: libp2p::swarm::DialError::Denied { .. }, ..
+            } => NetStats::bump(&self.stats.connections_denied),
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 propagation_source,
                 message_id,
@@ -684,77 +751,6 @@ impl EventLoop {
         }
     }
 
-    fn request_anti_entropy(&mut self, peer: PeerId) {
-        self.request_anti_entropy_page(peer, vec![]);
-    }
-
-    /// Asks `peer` for what this node lacks: its log after our cursor, or
-    /// (first contact, or `after` resume points) what differing digests show.
-    fn request_anti_entropy_page(&mut self, peer: PeerId, after: Vec<(String, String)>) {
-        match replication::digest_request(&self.keyspace, &self.served_tenants) {
-            Ok(mut req) => {
-                req.since = self.ae_cursor.get(&peer).copied();
-                req.after = after;
-                self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot compute keyspace digests"),
-        }
-    }
-
-    /// One round: ask the next connected peer (round-robin) for what differs.
-    fn anti_entropy_round(&mut self) {
-        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
-        if peers.is_empty() {
-            return;
-        }
-        self.ae_round = self.ae_round.wrapping_add(1);
-        self.request_anti_entropy(peers[self.ae_round % peers.len()]);
-    }
-
-    fn on_anti_entropy(&mut self, ev: request_response::Event<DigestRequest, DigestResponse>) {
-        use request_response::{Event, Message as RrMessage};
-        match ev {
-            Event::Message {
-                peer, message: RrMessage::Request { request, channel, .. }, ..
-            } => match replication::answer(&self.keyspace, &request, &self.served_tenants) {
-                Ok(resp) => {
-                    let _ = self.swarm.behaviour_mut().anti_entropy.send_response(channel, resp);
-                }
-                Err(e) => tracing::warn!(%peer, error = %e, "cannot answer anti-entropy"),
-            },
-            Event::Message { peer, message: RrMessage::Response { response, .. }, .. } => {
-                let (mut changed, mut refused) = (0usize, 0usize);
-                for d in &response.deltas {
-                    match replication::merge_scoped(
-                        &self.keyspace,
-                        d,
-                        &self.served_tenants,
-                        now_ms(),
-                    ) {
-                        Ok(gcs_keyspace::MergeOutcome::Changed(_)) => changed += 1,
-                        Ok(_) => {}
-                        Err(_) => refused += 1,
-                    }
-                }
-                if changed > 0 || refused > 0 {
-                    tracing::info!(%peer, changed, refused, "anti-entropy merged");
-                }
-                if let Some(seq) = response.last_seq {
-                    self.ae_cursor.insert(peer, seq);
-                }
-                if !response.resume.is_empty() {
-                    self.request_anti_entropy_page(peer, response.resume);
-                } else if !response.truncated.is_empty() {
-                    self.request_anti_entropy(peer);
-                }
-            }
-            Event::OutboundFailure { peer, error, .. } => {
-                tracing::debug!(%peer, %error, "anti-entropy request failed");
-            }
-            _ => {}
-        }
-    }
-
     /// Application-level gossip validation: decode, version, size, fields,
     /// signature and clock, then topic fit. Invalid → Reject (penalised by
     /// peer scoring); stale or from a newer version → Ignore. Only accepted
@@ -769,16 +765,26 @@ impl EventLoop {
         use crate::topics::{Carries, TopicSpec};
         let family = crate::topics::spec(&topic);
         if let Some((TopicSpec { carries: Carries::KeyspaceDeltas, .. }, tenant)) = family {
+            // The quota is the author's (signed gossip names it), not the
+            // relay's: an honest relay of a flood is not refused for it.
+            let author = msg.source.unwrap_or(source);
             let r = match tenant {
                 // Only the topic's own tenant, and only one this node serves.
                 Some(t) if self.served_tenants.iter().any(|s| s == t) => {
-                    replication::merge_scoped(&self.keyspace, &msg.data, &[t.to_string()], now_ms())
+                    self.intake.merge(&author, &msg.data, &[t.to_string()], now_ms())
                 }
-                Some(t) => Err(replication::RefusedDelta::TenantNotServed(t.to_string())),
-                None => replication::merge_validated(&self.keyspace, &msg.data, now_ms()),
+                Some(t) => Err(replication::RefusedDelta::TenantNotServed(t.to_string()).into()),
+                None => self.intake.merge(&author, &msg.data, &[], now_ms()),
             };
-            let acceptance =
-                if r.is_ok() { MessageAcceptance::Accept } else { MessageAcceptance::Reject };
+            use intake::Refused;
+            let acceptance = match &r {
+                Ok(_) => MessageAcceptance::Accept,
+                // Penalised when the author sent it itself; a relay of it
+                // (or a clock off by more than the skew) is only dropped.
+                Err(Refused::Quota(_)) if author == source => MessageAcceptance::Reject,
+                Err(Refused::Quota(_) | Refused::Clock(_)) => MessageAcceptance::Ignore,
+                Err(Refused::Delta(_)) => MessageAcceptance::Reject,
+            };
             if let Err(e) = &r {
                 tracing::debug!(%source, error = %e, "refused keyspace delta");
             }

@@ -251,6 +251,12 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         node_id.as_str(),
         KeyspaceOptions::default(),
     )?);
+    // Records stored before the per-key usage index existed (once per store).
+    match crate::indexes::backfill_usage_index(&keyspace, now_ms()) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(records = n, "usage index built"),
+        Err(e) => tracing::warn!(error = %e, "usage index not built"),
+    }
     let (network, events) =
         Network::start(&identity, config.network.clone(), keyspace.clone()).await?;
     for t in subscriptions(&config) {
@@ -392,6 +398,7 @@ impl Runtime {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         // Retention (specs/keyspace.md) only holds if someone compacts.
         let mut compact = tokio::time::interval(Duration::from_secs(60));
+        let mut compacting: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
                 _ = &mut stop => break,
@@ -409,10 +416,17 @@ impl Runtime {
                     self.env.publish_registration(NodeStatus::Online, self.worker.as_ref()).await;
                 }
                 _ = compact.tick() => {
-                    match self.env.keyspace.compact(now_ms()) {
-                        Ok(stats) if !stats.removed.is_empty() => tracing::debug!(?stats, "keyspace compacted"),
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "keyspace compaction failed"),
+                    // Off the runtime task: a scan of every namespace must
+                    // not hold up job events. One compaction at a time.
+                    if compacting.as_ref().is_none_or(|h: &tokio::task::JoinHandle<()>| h.is_finished()) {
+                        let ks = self.env.keyspace.clone();
+                        compacting = Some(tokio::task::spawn_blocking(move || {
+                            match ks.compact(now_ms()) {
+                                Ok(stats) if !stats.removed.is_empty() => tracing::debug!(?stats, "keyspace compacted"),
+                                Ok(_) => {}
+                                Err(e) => tracing::warn!(error = %e, "keyspace compaction failed"),
+                            }
+                        }));
                     }
                 }
                 _ = prune.tick() => {

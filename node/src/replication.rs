@@ -60,6 +60,24 @@ pub struct DigestResponse {
     /// the requester asks again with these as `after`.
     #[serde(default)]
     pub resume: Vec<(String, String)>,
+    /// The responder had no room for this request (its per-peer rate or
+    /// its concurrent answers): nothing else in the answer; ask next round.
+    #[serde(default)]
+    pub busy: bool,
+}
+
+impl DigestResponse {
+    /// The answer to a request refused for load.
+    pub fn busy() -> Self {
+        DigestResponse {
+            version: 1,
+            deltas: vec![],
+            truncated: vec![],
+            last_seq: None,
+            resume: vec![],
+            busy: true,
+        }
+    }
 }
 
 /// Log entries read per answer; a full page means "ask again at once".
@@ -101,7 +119,11 @@ pub fn record_usage(
 ) -> Result<Delta, crate::error::NodeError> {
     let bytes = gcs_protocol::encode(u)?;
     index_usage(ks, &u.tenant_id, &u.job_id, now_ms)?;
-    Ok(ks.put_durable(&keys::usage(&u.job_id), bytes, now_ms)?)
+    crate::indexes::index_usage(ks, u, now_ms)?;
+    let delta = ks.put_durable(&keys::usage(&u.job_id), bytes, now_ms)?;
+    // Metered: restart recovery no longer needs to end it.
+    crate::indexes::close_job(ks, &u.job_id, now_ms)?;
+    Ok(delta)
 }
 
 /// The index entry is derived locally (an empty register: its own CRDT
@@ -244,6 +266,9 @@ pub fn merge_scoped(
     let (tenant, job) = validate_usage(&d, served)?;
     let out = ks.merge(d, now_ms)?;
     index_usage(ks, &tenant, &job, now_ms)?;
+    if matches!(out, MergeOutcome::Changed(_)) {
+        crate::indexes::index_stored_usage(ks, &job, now_ms)?;
+    }
     Ok(out)
 }
 
@@ -281,6 +306,7 @@ pub fn answer(
                 truncated,
                 last_seq: Some(last),
                 resume: vec![],
+                busy: false,
             });
         }
     }
@@ -300,21 +326,27 @@ pub fn answer(
             continue;
         }
         let after = req.after.iter().find(|(cf, _)| cf == ns.cf()).map(|(_, k)| k.as_str());
-        // Up to the per-namespace cap and the byte budget; the rest on the
-        // next page, after the last key sent ("" = from the start).
+        // Up to the per-namespace cap and the byte budget, read from an
+        // iterator at `after`; the rest on the next page, after the last key
+        // sent ("" = from the start).
+        let after = after.filter(|a| !a.is_empty());
+        if bytes >= RESPONSE_BUDGET {
+            truncated.push(ns.cf().to_string());
+            resume.push((ns.cf().to_string(), after.unwrap_or_default().to_string()));
+            continue;
+        }
+        let (page, more) =
+            ks.snapshot_page(ns, after, MAX_ENTRIES_PER_NAMESPACE, RESPONSE_BUDGET - bytes)?;
         let mut last_key = after.map(str::to_string);
-        let pending =
-            ks.snapshot(ns)?.into_iter().filter(|d| after.is_none_or(|a| d.key.as_str() > a));
-        for (sent, d) in pending.enumerate() {
-            if sent == MAX_ENTRIES_PER_NAMESPACE || bytes >= RESPONSE_BUDGET {
-                truncated.push(ns.cf().to_string());
-                resume.push((ns.cf().to_string(), last_key.unwrap_or_default()));
-                break;
-            }
+        for d in page {
             let e = d.encode();
             bytes += e.len();
             last_key = Some(d.key);
             deltas.push(e);
+        }
+        if more {
+            truncated.push(ns.cf().to_string());
+            resume.push((ns.cf().to_string(), last_key.unwrap_or_default()));
         }
     }
     for (tenant, hash, count) in &req.tenants {
@@ -336,7 +368,7 @@ pub fn answer(
             deltas.push(e);
         }
     }
-    Ok(DigestResponse { version: 1, deltas, truncated, last_seq, resume })
+    Ok(DigestResponse { version: 1, deltas, truncated, last_seq, resume, busy: false })
 }
 
 /// Whether a logged delta goes to a peer: global namespaces, and usage
@@ -509,7 +541,10 @@ fn check_against_stored(
     Ok(envelope_order(incoming) > envelope_order(&stored))
 }
 
-/// Validates and merges one encoded delta of a global namespace.
+/// Validates and merges one encoded delta of a global namespace (the
+/// network merges through `network::intake`, which adds quotas and clock
+/// bounds in front of [`merge_scoped`]).
+#[cfg(test)]
 pub fn merge_validated(
     ks: &Keyspace,
     bytes: &[u8],

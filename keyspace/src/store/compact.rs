@@ -72,6 +72,33 @@ impl Keyspace {
         Ok((out, false))
     }
 
+    /// The entries with `from <= key < to` (both in one namespace), in key
+    /// order, at most `limit`: an index read of one range, not a prefix.
+    pub fn scan_range(
+        &self,
+        from: &str,
+        to: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, CrdtValue)>, KeyspaceError> {
+        let ns = Namespace::of_key(from)?;
+        let iter = self
+            .db
+            .iterator_cf(self.cf(ns.cf())?, IteratorMode::From(from.as_bytes(), Direction::Forward));
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, v) = item?;
+            if k.as_ref() >= to.as_bytes() || out.len() >= limit {
+                break;
+            }
+            let Ok(key) = std::str::from_utf8(&k) else { continue };
+            match decode_value(key, &v) {
+                Ok(val) => out.push((key.to_string(), val)),
+                Err(e) => tracing::warn!(key, error = %e, "skipping unreadable value"),
+            }
+        }
+        Ok(out)
+    }
+
     /// Removes entries older than their namespace's retention, in batches
     /// of [`COMPACT_BATCH`].
     pub fn compact(&self, now_ms: u64) -> Result<CompactStats, KeyspaceError> {

@@ -260,11 +260,12 @@ impl GatewayState {
         let me = ctx.key.node_id();
         let now = now_ms();
         let mut n = 0;
-        let mut jobs = ctx.keyspace.scan_cbor::<ApiRequestJob>(keys::jobs())?;
-        jobs.extend(ctx.keyspace.scan_cbor::<ApiRequestJob>(&keys::confined_jobs())?);
-        for (_, job) in jobs {
+        // The open-jobs index (written at submit, cleared with the usage
+        // record), not every job record this node holds.
+        for job in crate::indexes::open_jobs(ctx.keyspace)? {
             let id = &job.job_id;
             if job.gateway_node_id != me || ctx.keyspace.get_bytes(&keys::usage(id))?.is_some() {
+                crate::indexes::close_job(ctx.keyspace, id, now)?;
                 continue;
             }
             let lease = ctx.keyspace.find_cbor(&keys::lease(id))?;
@@ -331,7 +332,9 @@ impl GatewayState {
         let job_id = job.job_id.clone();
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
         ctx.keyspace.put(&idem, gcs_protocol::codec::to_canonical_bytes(&entry)?, now)?;
-        ctx.keyspace.put(&job_record_key(&job), gcs_protocol::encode(&job)?, now)?;
+        let record_key = job_record_key(&job);
+        ctx.keyspace.put(&record_key, gcs_protocol::encode(&job)?, now)?;
+        crate::indexes::open_job(ctx.keyspace, &job_id, &record_key, now)?;
         ctx.keyspace.put(&keys::payload(&job_id), spec.body.clone(), now)?;
         let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);

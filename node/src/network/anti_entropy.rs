@@ -1,0 +1,329 @@
+//! Anti-entropy, kept off the swarm loop: the loop only forwards requests
+//! and answers (request-response keeps its channels); building a request
+//! (digests), answering one (a RocksDB iterator from `after`) and merging a
+//! page run on blocking tasks, which report back over a bounded channel.
+//!
+//! Bounds (specs/network.md, "Anti-entropy limits"): a request's tenants
+//! are deduplicated and capped; a peer gets at most
+//! [`REQUESTS_PER_INTERVAL`] answers per interval and the node builds at
+//! most [`MAX_ANSWERS_IN_FLIGHT`] at once (beyond either: "busy"); a round
+//! follows at most [`MAX_PAGES_PER_ROUND`] pages and resumes where it
+//! stopped next round; a round starts at most once per peer per interval
+//! (a reconnecting peer does not trigger one per connection); an answer
+//! is at most [`RESPONSE_MAX_BYTES`] on the wire; its deltas go through the
+//! sender's quota like gossip.
+
+use std::collections::HashMap;
+
+use gcs_protocol::now_ms;
+use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
+use libp2p::PeerId;
+use tokio::sync::mpsc;
+
+use super::intake::NetStats;
+use super::EventLoop;
+use crate::replication::{self, DigestRequest, DigestResponse};
+
+/// Tenants one request may name (after deduplication).
+pub const MAX_TENANTS: usize = 64;
+/// Digests and resume points one request may carry.
+pub const MAX_DIGESTS: usize = 64;
+/// Pages one round follows; the rest waits for the next round.
+pub const MAX_PAGES_PER_ROUND: u32 = 16;
+/// Answers one peer gets per anti-entropy interval: two rounds' pages.
+pub const REQUESTS_PER_INTERVAL: u32 = 2 * (MAX_PAGES_PER_ROUND + 1);
+/// Answers built at once, for all peers together.
+pub const MAX_ANSWERS_IN_FLIGHT: usize = 4;
+/// Rounds this node runs at once.
+pub const MAX_ROUNDS_IN_FLIGHT: usize = 8;
+/// A request on the wire at most (digests of every namespace and
+/// [`MAX_TENANTS`] tenants fit many times over).
+pub const REQUEST_MAX_BYTES: u64 = 256 << 10;
+/// An answer on the wire at most: the answer budget plus one record.
+pub const RESPONSE_MAX_BYTES: u64 = (replication::RESPONSE_BUDGET as u64) + (2 << 20);
+/// Per-peer cursors kept at most (a peer's cursor is its log position).
+const MAX_CURSORS: usize = 4096;
+
+/// What a blocking task reports back to the loop.
+#[derive(Debug)]
+pub(super) enum Done {
+    /// An answer to send on the inbound request `id`.
+    Answer { id: u64, response: DigestResponse },
+    /// A request to send to `peer` (None: the digests could not be read).
+    Built { peer: PeerId, request: Option<DigestRequest> },
+    /// A page from `peer` was merged.
+    Merged { peer: PeerId, last_seq: Option<u64>, resume: Vec<(String, String)>, more: bool, over_quota: bool },
+}
+
+/// A round in progress with one peer.
+#[derive(Debug, Default)]
+struct Round {
+    pages: u32,
+}
+
+/// The loop's anti-entropy state.
+pub(super) struct AntiEntropy {
+    pub(super) done_tx: mpsc::Sender<Done>,
+    pub(super) done_rx: mpsc::Receiver<Done>,
+    interval_ms: u64,
+    answering: usize,
+    next_answer: u64,
+    channels: HashMap<u64, ResponseChannel<DigestResponse>>,
+    rounds: HashMap<PeerId, Round>,
+    last_round: HashMap<PeerId, u64>,
+    outbound: HashMap<OutboundRequestId, PeerId>,
+    /// Per peer: its delta-log position we have everything up to.
+    pub(super) cursor: HashMap<PeerId, u64>,
+    /// Per peer: where a round cut at the page cap stopped.
+    resume: HashMap<PeerId, Vec<(String, String)>>,
+    requests: crate::quota::RateLimit<PeerId>,
+    round_robin: usize,
+}
+
+impl AntiEntropy {
+    pub(super) fn new(interval: std::time::Duration) -> Self {
+        let interval_ms = (interval.as_millis() as u64).max(1);
+        let (done_tx, done_rx) = mpsc::channel(MAX_ANSWERS_IN_FLIGHT + MAX_ROUNDS_IN_FLIGHT + 4);
+        Self {
+            done_tx,
+            done_rx,
+            interval_ms,
+            answering: 0,
+            next_answer: 0,
+            channels: HashMap::new(),
+            rounds: HashMap::new(),
+            last_round: HashMap::new(),
+            outbound: HashMap::new(),
+            cursor: HashMap::new(),
+            resume: HashMap::new(),
+            requests: crate::quota::RateLimit::new(REQUESTS_PER_INTERVAL, interval_ms),
+            round_robin: 0,
+        }
+    }
+
+    /// Forgets a disconnected peer's rounds and rate (its cursor stays, so
+    /// a reconnect pulls only what changed, up to [`MAX_CURSORS`] peers).
+    pub(super) fn forget(&mut self, peer: &PeerId) {
+        self.rounds.remove(peer);
+        self.requests.forget(peer);
+        if self.cursor.len() > MAX_CURSORS {
+            self.cursor.remove(peer);
+            self.resume.remove(peer);
+        }
+    }
+}
+
+/// A peer's request, bounded: tenants deduplicated (first kept) and capped,
+/// digests and resume points deduplicated by namespace and capped.
+pub fn sanitize(mut req: DigestRequest) -> DigestRequest {
+    fn dedupe<T>(v: &mut Vec<T>, cap: usize, name: impl Fn(&T) -> &str) {
+        let mut seen = std::collections::HashSet::new();
+        v.retain(|t| seen.len() < cap && seen.insert(name(t).to_string()));
+    }
+    dedupe(&mut req.tenants, MAX_TENANTS, |t| t.0.as_str());
+    dedupe(&mut req.digests, MAX_DIGESTS, |d| d.0.as_str());
+    dedupe(&mut req.after, MAX_DIGESTS, |a| a.0.as_str());
+    req
+}
+
+impl EventLoop {
+    /// A round with `peer`, unless one runs, one ran within the interval,
+    /// or [`MAX_ROUNDS_IN_FLIGHT`] run.
+    pub(super) fn start_round(&mut self, peer: PeerId) {
+        let now = now_ms();
+        let ae = &mut self.ae;
+        let recent = ae.last_round.get(&peer).is_some_and(|t| now < t.saturating_add(ae.interval_ms));
+        if ae.rounds.contains_key(&peer) || recent || ae.rounds.len() >= MAX_ROUNDS_IN_FLIGHT {
+            return;
+        }
+        ae.rounds.insert(peer, Round::default());
+        ae.last_round.insert(peer, now);
+        if ae.last_round.len() > MAX_CURSORS {
+            ae.last_round.retain(|_, t| now < t.saturating_add(ae.interval_ms));
+        }
+        NetStats::bump(&self.stats.ae_rounds);
+        let after = ae.resume.remove(&peer).unwrap_or_default();
+        self.build_request(peer, after);
+    }
+
+    /// One interval tick: a round with the next connected peer.
+    pub(super) fn anti_entropy_round(&mut self) {
+        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        if peers.is_empty() {
+            return;
+        }
+        self.ae.round_robin = self.ae.round_robin.wrapping_add(1);
+        self.start_round(peers[self.ae.round_robin % peers.len()]);
+    }
+
+    fn end_round(&mut self, peer: &PeerId) {
+        self.ae.rounds.remove(peer);
+    }
+
+    /// Builds the digests on a blocking task; the loop sends the request.
+    fn build_request(&mut self, peer: PeerId, after: Vec<(String, String)>) {
+        let ks = self.keyspace.clone();
+        let served = self.served_tenants.clone();
+        let since = self.ae.cursor.get(&peer).copied();
+        let tx = self.ae.done_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let request = match replication::digest_request(&ks, &served) {
+                Ok(mut r) => {
+                    r.since = since;
+                    r.after = after;
+                    Some(r)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot compute keyspace digests");
+                    None
+                }
+            };
+            let _ = tx.blocking_send(Done::Built { peer, request });
+        });
+    }
+
+    pub(super) fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Answer { id, response } => {
+                self.ae.answering = self.ae.answering.saturating_sub(1);
+                if let Some(ch) = self.ae.channels.remove(&id) {
+                    let _ = self.swarm.behaviour_mut().anti_entropy.send_response(ch, response);
+                }
+            }
+            Done::Built { peer, request: Some(req) } if self.ae.rounds.contains_key(&peer) => {
+                let id = self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
+                self.ae.outbound.insert(id, peer);
+            }
+            Done::Built { peer, .. } => self.end_round(&peer),
+            Done::Merged { peer, last_seq, resume, more, over_quota } => {
+                if let Some(seq) = last_seq {
+                    self.ae.cursor.insert(peer, seq);
+                }
+                let Some(round) = self.ae.rounds.get_mut(&peer) else { return };
+                round.pages += 1;
+                let capped = round.pages >= MAX_PAGES_PER_ROUND;
+                if over_quota || !more {
+                    self.end_round(&peer);
+                } else if capped {
+                    // Resume here next round rather than start over.
+                    NetStats::bump(&self.stats.ae_rounds_capped);
+                    if !resume.is_empty() {
+                        self.ae.resume.insert(peer, resume);
+                    }
+                    self.end_round(&peer);
+                } else {
+                    self.build_request(peer, resume);
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_anti_entropy(
+        &mut self,
+        ev: request_response::Event<DigestRequest, DigestResponse>,
+    ) {
+        use request_response::{Event, Message as RrMessage};
+        match ev {
+            Event::Message { peer, message: RrMessage::Request { request, channel, .. }, .. } => {
+                let ae = &mut self.ae;
+                if !ae.requests.allow(&peer, now_ms()) || ae.answering >= MAX_ANSWERS_IN_FLIGHT {
+                    NetStats::bump(&self.stats.ae_busy);
+                    let busy = DigestResponse::busy();
+                    let _ = self.swarm.behaviour_mut().anti_entropy.send_response(channel, busy);
+                    return;
+                }
+                NetStats::bump(&self.stats.ae_answered);
+                let id = ae.next_answer;
+                ae.next_answer = ae.next_answer.wrapping_add(1);
+                ae.channels.insert(id, channel);
+                ae.answering += 1;
+                let (ks, served, tx) =
+                    (self.keyspace.clone(), self.served_tenants.clone(), ae.done_tx.clone());
+                let request = sanitize(request);
+                tokio::task::spawn_blocking(move || {
+                    let response = replication::answer(&ks, &request, &served).unwrap_or_else(|e| {
+                        tracing::warn!(%peer, error = %e, "cannot answer anti-entropy");
+                        DigestResponse::busy()
+                    });
+                    let _ = tx.blocking_send(Done::Answer { id, response });
+                });
+            }
+            Event::Message { peer, message: RrMessage::Response { request_id, response }, .. } => {
+                if self.ae.outbound.remove(&request_id).is_none() || response.busy {
+                    self.end_round(&peer);
+                    return;
+                }
+                self.merge_page(peer, response);
+            }
+            Event::OutboundFailure { peer, request_id, error, .. } => {
+                tracing::debug!(%peer, %error, "anti-entropy request failed");
+                self.ae.outbound.remove(&request_id);
+                self.end_round(&peer);
+            }
+            Event::InboundFailure { .. } | Event::ResponseSent { .. } => {}
+        }
+    }
+
+    /// Merges a page on a blocking task, through the peer's quota.
+    fn merge_page(&mut self, peer: PeerId, response: DigestResponse) {
+        let intake = self.intake.clone();
+        let served = self.served_tenants.clone();
+        let tx = self.ae.done_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let (mut changed, mut refused, mut over_quota) = (0usize, 0usize, false);
+            for d in &response.deltas {
+                match intake.merge(&peer, d, &served, now_ms()) {
+                    Ok(gcs_keyspace::MergeOutcome::Changed(_)) => changed += 1,
+                    Ok(_) => {}
+                    Err(super::intake::Refused::Quota(e)) => {
+                        // The rest of the page would be refused too.
+                        tracing::info!(%peer, error = %e, "anti-entropy page over the peer's quota");
+                        over_quota = true;
+                        break;
+                    }
+                    Err(_) => refused += 1,
+                }
+            }
+            if changed > 0 || refused > 0 {
+                tracing::info!(%peer, changed, refused, "anti-entropy merged");
+            }
+            let more = !response.resume.is_empty() || !response.truncated.is_empty();
+            let done = Done::Merged {
+                peer,
+                last_seq: response.last_seq,
+                resume: response.resume,
+                more,
+                over_quota,
+            };
+            let _ = tx.blocking_send(done);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_deduplicated_and_capped() {
+        let mut req = DigestRequest {
+            version: 1,
+            digests: vec![("api.jobs".into(), vec![1], 1); 500],
+            tenants: (0..5000).map(|i| (format!("t{}", i % 3), vec![], 0)).collect(),
+            since: None,
+            after: vec![("api.jobs".into(), "k".into()); 100],
+        };
+        req.tenants.extend((0..1000).map(|i| (format!("u{i}"), vec![], 0)));
+        let req = sanitize(req);
+        assert_eq!(req.digests.len(), 1);
+        assert_eq!(req.after.len(), 1);
+        assert_eq!(req.tenants.len(), MAX_TENANTS);
+        assert_eq!(&req.tenants[..3].iter().map(|t| t.0.as_str()).collect::<Vec<_>>(), &["t0", "t1", "t2"]);
+    }
+
+    #[test]
+    fn an_answer_fits_the_wire_bound() {
+        assert!(RESPONSE_MAX_BYTES as usize > replication::RESPONSE_BUDGET + (1 << 20));
+        assert!(RESPONSE_MAX_BYTES < 10 << 20, "below the codec's own 10 MiB");
+    }
+}
