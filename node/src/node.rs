@@ -463,6 +463,11 @@ impl Runtime {
                 Message::Requeue(_) | Message::Cancellation(_) => {
                     tracing::debug!(%topic, "gossiped requeue or cancellation ignored")
                 }
+                // Certificates travel inside registrations and as keyspace
+                // records (`keys::membership`), never as gossip messages.
+                Message::MembershipCertificate(_) | Message::MembershipRevocation(_) => {
+                    tracing::debug!(%topic, "membership message on gossip ignored")
+                }
                 // The processing queue (26.22) is not served yet.
                 Message::TaskLock(_) | Message::TaskResult(_) => {
                     tracing::debug!(%topic, "processing message ignored")
@@ -548,6 +553,7 @@ impl Env {
             trust: Trust::default(),
             heartbeat: Heartbeat { created_at_ms: now, expires_at_ms: now + ttl, ttl_ms: ttl },
             addresses: vec![],
+            memberships: vec![],
             signature: None,
         };
         sign(&mut reg, key)?;

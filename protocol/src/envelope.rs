@@ -207,4 +207,6 @@ message_enum! {
     Requeue(Requeue),
     TaskLock(TaskLock),
     TaskResult(TaskResult),
+    MembershipCertificate(MembershipCertificate),
+    MembershipRevocation(MembershipRevocation),
 }

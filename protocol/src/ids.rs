@@ -19,6 +19,8 @@ pub const TASK: &str = "task_";
 pub const SUBTASK: &str = "subtask_";
 /// Prefix of processing lock ids.
 pub const LOCK: &str = "lock_";
+/// Prefix of membership certificate ids.
+pub const MEMBERSHIP: &str = "mcert_";
 
 /// A new id `prefix` + ULID at `now_ms` (time is an input so callers stay
 /// deterministic in tests).

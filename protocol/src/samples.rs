@@ -87,6 +87,45 @@ pub fn registration(worker: &NodeKey, p: &Params) -> NodeRegistration {
             ttl_ms: 30_000,
         },
         addresses: vec!["/ip4/127.0.0.1/tcp/4001".into()],
+        memberships: vec![],
+        signature: None,
+    }
+}
+
+/// The sample tenant's key (it signs membership certificates).
+pub fn tenant_key() -> NodeKey {
+    NodeKey::from_seed([11u8; 32])
+}
+
+/// A certificate of `tenant` admitting `node` to tenant `tenant_123`'s
+/// private pool for a day from `p.now_ms`.
+pub fn membership(tenant: &NodeKey, node: &NodeKey, p: &Params) -> MembershipCertificate {
+    MembershipCertificate {
+        message_type: MessageType::MembershipCertificate,
+        version: PROTOCOL_VERSION,
+        certificate_id: id_from_parts(ids::MEMBERSHIP, p.now_ms - 1_000, 21),
+        scope: MembershipScope::TenantMember,
+        group_id: "tenant_123".into(),
+        node_id: node.node_id(),
+        issuer: tenant.node_id(),
+        issued_at_ms: p.now_ms - 1_000,
+        expires_at_ms: p.now_ms - 1_000 + DEFAULT_MEMBERSHIP_TTL_MS,
+        signature: None,
+    }
+}
+
+/// The revocation of [`membership`].
+pub fn revocation(tenant: &NodeKey, node: &NodeKey, p: &Params) -> MembershipRevocation {
+    let c = membership(tenant, node, p);
+    MembershipRevocation {
+        message_type: MessageType::MembershipRevocation,
+        version: PROTOCOL_VERSION,
+        certificate_id: c.certificate_id,
+        scope: c.scope,
+        group_id: c.group_id,
+        node_id: c.node_id,
+        issuer: c.issuer,
+        created_at_ms: p.now_ms + 5_000,
         signature: None,
     }
 }
@@ -419,6 +458,8 @@ pub fn all(worker: &NodeKey, gateway: &NodeKey, p: &Params) -> Vec<Message> {
         requeue(worker, gateway, p).into(),
         task_lock(worker, p).into(),
         task_result(worker, p).into(),
+        membership(&tenant_key(), worker, p).into(),
+        revocation(&tenant_key(), worker, p).into(),
     ]
 }
 
@@ -427,7 +468,14 @@ pub fn all_signed(worker: &NodeKey, gateway: &NodeKey, p: &Params) -> Vec<Messag
     all(worker, gateway, p)
         .into_iter()
         .map(|mut m| {
-            let key = if m.signer() == &worker.node_id() { worker } else { gateway };
+            let tenant = tenant_key();
+            let key = if m.signer() == &worker.node_id() {
+                worker
+            } else if m.signer() == &tenant.node_id() {
+                &tenant
+            } else {
+                gateway
+            };
             // Samples are well-formed by construction; signing cannot fail.
             let _ = m.sign(key);
             m

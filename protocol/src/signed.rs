@@ -62,6 +62,8 @@ message_types! {
     TaskLock => "GCS_PROCESSING_TASK_LOCK",
     TaskResult => "GCS_PROCESSING_TASK_RESULT",
     QueueJob => "GCS_QUEUE_JOB",
+    MembershipCertificate => "GCS_MEMBERSHIP_CERTIFICATE",
+    MembershipRevocation => "GCS_MEMBERSHIP_REVOCATION",
 }
 
 impl fmt::Display for MessageType {

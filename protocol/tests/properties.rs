@@ -50,14 +50,21 @@ proptest! {
         for mut m in samples::all(&w, &g, &p) {
             prop_assert_eq!(m.verify(), Err(ProtocolError::MissingSignature));
             prop_assert!(m.sign(&other).is_err(), "a key may only sign for its own node id");
-            let key = if m.signer() == &w.node_id() { &w } else { &g };
+            let t = samples::tenant_key();
+            let key = if m.signer() == &w.node_id() {
+                &w
+            } else if m.signer() == &t.node_id() {
+                &t
+            } else {
+                &g
+            };
             m.sign(key).unwrap();
             m.verify().unwrap();
         }
     }
 
     #[test]
-    fn any_single_bit_flip_fails(p in params(), which in 0usize..14, bit in any::<prop::sample::Index>()) {
+    fn any_single_bit_flip_fails(p in params(), which in 0usize..16, bit in any::<prop::sample::Index>()) {
         let (w, g) = samples::keys();
         let m = &samples::all_signed(&w, &g, &p)[which];
         let mut bytes = m.encode().unwrap();
@@ -67,7 +74,7 @@ proptest! {
     }
 
     #[test]
-    fn any_changed_field_fails_verification(p in params(), which in 0usize..14, field in 0usize..64) {
+    fn any_changed_field_fails_verification(p in params(), which in 0usize..16, field in 0usize..64) {
         let (w, g) = samples::keys();
         let m = &samples::all_signed(&w, &g, &p)[which];
         // Change one top-level field of the value tree (keeping it well-typed
@@ -94,7 +101,7 @@ proptest! {
     }
 
     #[test]
-    fn truncations_never_panic_and_never_verify(p in params(), which in 0usize..14, cut in any::<prop::sample::Index>()) {
+    fn truncations_never_panic_and_never_verify(p in params(), which in 0usize..16, cut in any::<prop::sample::Index>()) {
         let (w, g) = samples::keys();
         let bytes = samples::all_signed(&w, &g, &p)[which].encode().unwrap();
         let n = cut.index(bytes.len());

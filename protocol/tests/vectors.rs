@@ -19,7 +19,14 @@ fn generate() -> Value {
     let vectors: Vec<Value> = samples::all_signed(&w, &g, &p)
         .into_iter()
         .map(|m| {
-            let seed = if m.signer() == &w.node_id() { w.seed() } else { g.seed() };
+            let t = samples::tenant_key();
+            let seed = if m.signer() == &w.node_id() {
+                w.seed()
+            } else if m.signer() == &t.node_id() {
+                t.seed()
+            } else {
+                g.seed()
+            };
             let (json, sig) = match &m {
                 Message::NodeRegistration(x) => (serde_json::to_value(x), x.signature),
                 Message::ApiRequestJob(x) => (serde_json::to_value(x), x.signature),
@@ -34,6 +41,8 @@ fn generate() -> Value {
                 Message::Requeue(x) => (serde_json::to_value(x), x.signature),
                 Message::TaskLock(x) => (serde_json::to_value(x), x.signature),
                 Message::TaskResult(x) => (serde_json::to_value(x), x.signature),
+                Message::MembershipCertificate(x) => (serde_json::to_value(x), x.signature),
+                Message::MembershipRevocation(x) => (serde_json::to_value(x), x.signature),
             };
             json!({
                 "message_type": m.message_type().as_str(),

@@ -2,8 +2,8 @@
 //! on all eleven counts; otherwise the claimant is told which count failed.
 
 use gcs_protocol::{
-    verify, ApiRequestJob, ApiType, ClaimRejectReason, JobClaim, Limits, NodeId, NodeRegistration,
-    RoutingMode,
+    verify, ApiRequestJob, ApiType, ClaimRejectReason, JobClaim, Limits, MembershipScope, NodeId,
+    NodeRegistration, RoutingMode,
 };
 
 /// What the gateway knows when a claim arrives.
@@ -23,10 +23,30 @@ pub struct ClaimContext<'a> {
     pub limits: &'a Limits,
 }
 
-/// Whether `reg` is one of the job tenant's private nodes (26.11.3).
-pub(crate) fn private_ok(job: &ApiRequestJob, reg: &NodeRegistration) -> bool {
+/// Whether `reg` presents a certificate, signed by the job's membership
+/// issuer (the tenant's or swarm's key the gateway holds), that admits
+/// exactly this node to `group` in `scope` at `now`. What a node says of
+/// itself (`tenant_id`, `swarm_id`, `accepts_*`) admits nothing. Revoked
+/// and superseded certificates were already removed by the gateway's shell
+/// (`membership::current`).
+pub(crate) fn admitted(
+    job: &ApiRequestJob,
+    reg: &NodeRegistration,
+    scope: MembershipScope,
+    group: &str,
+    now_ms: u64,
+) -> bool {
+    let Some(issuer) = &job.routing.membership_issuer else { return false };
+    reg.memberships.iter().any(|c| {
+        &c.issuer == issuer && c.admits(scope, group, &reg.node_id, now_ms) && verify(c).is_ok()
+    })
+}
+
+/// Whether `reg` is one of the job tenant's private nodes (26.11.3): it
+/// takes private jobs and the tenant admitted it.
+pub(crate) fn private_ok(job: &ApiRequestJob, reg: &NodeRegistration, now_ms: u64) -> bool {
     reg.queue.accepts_private_jobs
-        && reg.tenant_id.as_deref() == Some(job.tenant.tenant_id.as_str())
+        && admitted(job, reg, MembershipScope::TenantMember, &job.tenant.tenant_id, now_ms)
         && (job.routing.allowed_nodes.is_empty()
             || job.routing.allowed_nodes.contains(&reg.node_id))
 }
@@ -73,12 +93,13 @@ pub fn validate_claim(claim: &JobClaim, ctx: &ClaimContext<'_>) -> Result<(), Cl
     let policy = !r.excluded_nodes.contains(&reg.node_id)
         && match r.network {
             RoutingMode::Public => public_ok(reg),
-            RoutingMode::Private => private_ok(job, reg),
+            RoutingMode::Private => private_ok(job, reg, ctx.now_ms),
             // Private first is a preference the gateway applies while the
             // claim window is open; either kind of node is valid.
-            RoutingMode::Hybrid => private_ok(job, reg) || public_ok(reg),
+            RoutingMode::Hybrid => private_ok(job, reg, ctx.now_ms) || public_ok(reg),
             RoutingMode::LocalOnly => {
-                reg.queue.accepts_local_only_jobs && reg.swarm_id == r.swarm_id
+                reg.queue.accepts_local_only_jobs
+                    && admitted(job, reg, MembershipScope::SwarmMember, &r.swarm_id, ctx.now_ms)
             }
             RoutingMode::GatewayLocal => ctx.local_workers.contains(&reg.node_id),
         };
@@ -196,21 +217,114 @@ mod tests {
         c.job.requirements.min_context_tokens = 16_384;
         assert_eq!(c.check(), Err(R::ContextTooSmall));
     }
+    /// A private job of the sample tenant, and a worker presenting `cert`.
+    fn private_case(cert: Option<gcs_protocol::MembershipCertificate>) -> Case {
+        let mut c = Case::new();
+        c.job.routing.network = RoutingMode::Private;
+        c.job.routing.membership_issuer = Some(samples::tenant_key().node_id());
+        c.reg.queue.accepts_private_jobs = true;
+        c.reg.memberships = cert.into_iter().collect();
+        c
+    }
+
+    /// The sample tenant's signed certificate for the sample worker.
+    fn cert(edit: impl FnOnce(&mut gcs_protocol::MembershipCertificate)) -> gcs_protocol::MembershipCertificate {
+        let (w, _) = samples::keys();
+        let t = samples::tenant_key();
+        let mut m = samples::membership(&t, &w, &Params::default());
+        edit(&mut m);
+        sign(&mut m, &t).unwrap();
+        m
+    }
+
     #[test]
-    fn count_8_routing_and_privacy_policy() {
+    fn count_8_a_certified_private_node_wins() {
+        assert_eq!(private_case(Some(cert(|_| {}))).check(), Ok(()));
+    }
+    #[test]
+    fn count_8_self_description_admits_nothing() {
+        let mut c = private_case(None);
+        c.reg.tenant_id = Some(c.job.tenant.tenant_id.clone());
+        assert_eq!(c.check(), Err(R::PolicyDenied), "tenant_id + accepts_private_jobs, no certificate");
         let mut c = Case::new();
         c.job.routing.network = RoutingMode::Private;
         assert_eq!(c.check(), Err(R::PolicyDenied), "a public node cannot take a private job");
-        c.reg.tenant_id = Some(c.job.tenant.tenant_id.clone());
-        c.reg.queue.accepts_private_jobs = true;
-        assert_eq!(c.check(), Ok(()));
-        c.job.routing.allowed_nodes = vec![NodeKey::from_seed([9; 32]).node_id()];
-        assert_eq!(c.check(), Err(R::PolicyDenied), "not on the tenant's allow-list");
+    }
+    #[test]
+    fn count_8_a_certificate_of_another_tenant_is_refused() {
+        let mut c = private_case(Some(cert(|m| m.group_id = "other_tenant".into())));
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+    }
+    #[test]
+    fn count_8_a_certificate_from_an_untrusted_key_is_refused() {
+        // Self-issued: the attacker's own key "admits" it to the tenant.
+        let (w, _) = samples::keys();
+        let mut m = samples::membership(&w, &w, &Params::default());
+        sign(&mut m, &w).unwrap();
+        assert_eq!(private_case(Some(m)).check(), Err(R::PolicyDenied));
+        // A job whose gateway holds no key for the tenant admits no one.
+        let mut c = private_case(Some(cert(|_| {})));
+        c.job.routing.membership_issuer = None;
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+    }
+    #[test]
+    fn count_8_a_certificate_for_another_node_is_refused() {
+        let other = NodeKey::from_seed([9; 32]).node_id();
+        let mut c = private_case(Some(cert(|m| m.node_id = other)));
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+    }
+    #[test]
+    fn count_8_an_expired_certificate_is_refused() {
+        let mut c = private_case(Some(cert(|_| {})));
+        c.now = c.reg.memberships[0].expires_at_ms;
+        c.job.expires_at_ms = c.now + 1;
+        c.reg.heartbeat.expires_at_ms = c.now + 1;
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+        let mut c = private_case(Some(cert(|m| m.scope = MembershipScope::TenantGateway)));
+        assert_eq!(c.check(), Err(R::PolicyDenied), "a gateway certificate is not a member's");
+    }
+    #[test]
+    fn count_8_a_forged_certificate_is_refused() {
+        let mut m = cert(|_| {});
+        m.expires_at_ms += 1; // changed after signing
+        assert_eq!(private_case(Some(m)).check(), Err(R::PolicyDenied));
+    }
+    #[test]
+    fn count_8_a_revoked_certificate_is_refused() {
+        let (w, _) = samples::keys();
+        let t = samples::tenant_key();
+        let mut r = samples::revocation(&t, &w, &Params::default());
+        sign(&mut r, &t).unwrap();
+        let mut c = private_case(Some(cert(|_| {})));
+        c.reg.memberships = crate::lifecycle::membership::current(
+            &w.node_id(),
+            &c.reg.memberships,
+            &[r.into()],
+        );
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+    }
+    #[test]
+    fn count_8_local_only_needs_the_swarm_certificate() {
         let mut c = Case::new();
         c.job.routing.network = RoutingMode::LocalOnly;
+        c.job.routing.swarm_id = "lab".into();
+        c.job.routing.membership_issuer = Some(samples::tenant_key().node_id());
         c.reg.queue.accepts_local_only_jobs = true;
-        c.reg.swarm_id = "other".into();
-        assert_eq!(c.check(), Err(R::PolicyDenied), "outside the swarm");
+        c.reg.swarm_id = "lab".into();
+        assert_eq!(c.check(), Err(R::PolicyDenied), "a self-declared swarm_id admits nothing");
+        c.reg.memberships = vec![cert(|m| {
+            m.scope = MembershipScope::SwarmMember;
+            m.group_id = "lab".into();
+        })];
+        assert_eq!(c.check(), Ok(()));
+        c.job.routing.swarm_id = "other".into();
+        assert_eq!(c.check(), Err(R::PolicyDenied), "another swarm's job");
+    }
+    #[test]
+    fn count_8_routing_and_privacy_policy() {
+        let mut c = private_case(Some(cert(|_| {})));
+        c.job.routing.allowed_nodes = vec![NodeKey::from_seed([9; 32]).node_id()];
+        assert_eq!(c.check(), Err(R::PolicyDenied), "not on the tenant's allow-list");
         let mut c = Case::new();
         c.job.routing.network = RoutingMode::GatewayLocal;
         assert_eq!(c.check(), Err(R::PolicyDenied));
@@ -221,6 +335,12 @@ mod tests {
         assert_eq!(c.check(), Ok(()), "hybrid falls back to public");
         c.job.routing.excluded_nodes = vec![c.reg.node_id.clone()];
         assert_eq!(c.check(), Err(R::PolicyDenied), "excluded after a failure");
+        let mut c = private_case(Some(cert(|_| {})));
+        c.job.routing.network = RoutingMode::Hybrid;
+        c.reg.queue.accepts_public_jobs = false;
+        assert_eq!(c.check(), Ok(()), "a certified private-only node takes hybrid jobs");
+        c.reg.memberships.clear();
+        assert_eq!(c.check(), Err(R::PolicyDenied));
     }
     #[test]
     fn count_9_capacity() {

@@ -5,6 +5,7 @@
 
 pub mod claims;
 pub mod fence;
+pub mod membership;
 pub mod penalty;
 pub mod tracker;
 pub mod worker_job;

@@ -87,6 +87,12 @@ pub struct Routing {
     /// Nodes excluded after failures (extension, grows on requeue).
     #[serde(default)]
     pub excluded_nodes: Vec<NodeId>,
+    /// The key of the job's tenant (private, hybrid) or swarm (local-only)
+    /// whose membership certificates a claimant must present (extension;
+    /// set by the gateway from the tenant keys it holds, so workers can
+    /// check their own certificate before claiming).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership_issuer: Option<NodeId>,
 }
 
 impl Routing {
@@ -103,6 +109,7 @@ impl Routing {
             verification_mode: "none".into(),
             allowed_nodes: vec![],
             excluded_nodes: vec![],
+            membership_issuer: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 mod claim;
 mod enums;
 mod job;
+mod membership;
 mod processing;
 mod registration;
 mod result;
@@ -11,6 +12,7 @@ mod stream;
 pub use claim::*;
 pub use enums::*;
 pub use job::*;
+pub use membership::*;
 pub use processing::*;
 pub use registration::*;
 pub use result::*;

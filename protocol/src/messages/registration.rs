@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::enums::{ApiType, NodeStatus};
+use super::membership::{MembershipCertificate, MAX_MEMBERSHIPS};
 use crate::crypto::{NodeId, PublicKey, Signature};
 use crate::signed::{impl_signed_common, Limits, MessageType, SignedMessage};
 use crate::error::ProtocolError;
@@ -128,6 +129,11 @@ pub struct NodeRegistration {
     /// Multiaddrs the node listens on, for direct streams (extension).
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// Membership certificates the node presents: a private, hybrid or
+    /// local-only claim is valid only with one from the job's tenant or
+    /// swarm naming this node (extension; at most `MAX_MEMBERSHIPS`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memberships: Vec<MembershipCertificate>,
     /// ed25519 signature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
@@ -200,6 +206,15 @@ impl SignedMessage for NodeRegistration {
         v::list("addresses", &self.addresses, 16)?;
         for a in &self.addresses {
             v::short("addresses", a, 256)?;
+        }
+        // Bounds only: each certificate's signature and issuer are checked
+        // by whoever relies on it, against the tenant key it trusts.
+        v::list("memberships", &self.memberships, MAX_MEMBERSHIPS)?;
+        for m in &self.memberships {
+            m.check_fields(limits)?;
+            if m.node_id != self.node_id {
+                return Err(ProtocolError::field("memberships", "names another node"));
+            }
         }
         Ok(())
     }

@@ -271,7 +271,7 @@ impl JobTracker {
         }
         if job.routing.network == RoutingMode::Hybrid
             && now < self.job.created_at_ms + self.config.private_window_ms
-            && !reg.is_some_and(|r| super::claims::private_ok(&job, r))
+            && !reg.is_some_and(|r| super::claims::private_ok(&job, r, now))
         {
             // Re-announced when the window closes (see `on_tick`).
             self.turned_away_public = true;

@@ -38,7 +38,12 @@ impl World {
         let p = Params { now_ms: self.now - 100, ..Params::default() };
         let mut reg = samples::registration(key, &p);
         if private {
-            reg.tenant_id = Some(self.tracker.job.tenant.tenant_id.clone());
+            // Admitted by the tenant's key (the job names it as issuer).
+            let t = samples::tenant_key();
+            let mut m = samples::membership(&t, key, &Params::default());
+            m.group_id = self.tracker.job.tenant.tenant_id.clone();
+            sign(&mut m, &t).unwrap();
+            reg.memberships = vec![m];
             reg.queue.accepts_private_jobs = true;
         }
         sign(&mut reg, key).unwrap();
@@ -128,6 +133,7 @@ fn hybrid_world() -> World {
     let gw = samples::keys().1;
     let mut job = samples::api_job(&gw, &Params::default());
     job.routing.network = gcs_protocol::RoutingMode::Hybrid;
+    job.routing.membership_issuer = Some(samples::tenant_key().node_id());
     sign(&mut job, &gw).unwrap();
     let (tracker, effects) = JobTracker::new(job, TrackerConfig::default(), T0);
     let workers = (1..=3u8).map(|i| NodeKey::from_seed([i; 32])).collect();
