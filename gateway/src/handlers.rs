@@ -1,6 +1,5 @@
 //! Authentication and the small endpoints: models, health, metrics, usage.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
@@ -34,48 +33,28 @@ pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyR
     }
 }
 
-/// One model name the network serves now.
-#[derive(Clone, Debug)]
-pub(crate) struct Served {
-    /// The model behind the name.
-    pub info: ModelInfo,
-    /// Workers serving it.
-    pub workers: usize,
-}
-
-/// Model names served now.
-pub(crate) type Catalog = BTreeMap<String, Served>;
+pub(crate) use crate::catalog::{Catalog, Served};
 
 /// How long a computed model catalogue is reused: every request resolves
 /// its model against it, and building it walks every fresh registration.
 const CATALOG_TTL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Every model id and alias that fresh, available worker registrations
-/// serve now (at most `CATALOG_TTL` old; an empty one is never reused), and
-/// the seen-names memory updated.
-pub(crate) fn catalog(state: &AppState) -> std::sync::Arc<BTreeMap<String, Served>> {
+/// agree on now under the gateway's model policy (`catalog::build`; at most
+/// `CATALOG_TTL` old; an empty one is never reused), and the seen-names
+/// memory updated.
+pub(crate) fn catalog(state: &AppState) -> Arc<Catalog> {
     let mut cache = state.catalog.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((at, cat)) = cache.as_ref() {
         if at.elapsed() < CATALOG_TTL && !cat.is_empty() {
             return cat.clone();
         }
     }
-    let mut out: BTreeMap<String, Served> = BTreeMap::new();
-    for r in state.backend.registrations() {
-        if matches!(r.status, NodeStatus::Offline | NodeStatus::Draining) {
-            continue;
-        }
-        for m in &r.models {
-            for name in std::iter::once(&m.model_id).chain(&m.aliases) {
-                out.entry(name.clone())
-                    .and_modify(|s| s.workers += 1)
-                    .or_insert_with(|| Served { info: m.clone(), workers: 1 });
-            }
-        }
-    }
+    let regs = state.backend.registrations();
+    let out = crate::catalog::build(&regs, &state.config.models);
     let mut seen = state.seen_models.lock().unwrap_or_else(|p| p.into_inner());
-    seen.extend(out.keys().cloned());
-    let out = std::sync::Arc::new(out);
+    seen.note(out.keys(), now_ms());
+    let out = Arc::new(out);
     *cache = Some((std::time::Instant::now(), out.clone()));
     out
 }

@@ -15,6 +15,7 @@
 
 mod admit;
 pub mod backend;
+pub mod catalog;
 pub mod codec;
 pub mod completion;
 pub mod durable;
@@ -29,7 +30,6 @@ pub mod serve;
 pub mod sse;
 pub mod validate;
 
-use std::collections::BTreeSet;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,6 +75,8 @@ impl Default for GatewayConfig {
             max_body_bytes: 4 << 20,
             stream_buffer_bytes: 262_144,
             keepalive: Duration::from_secs(15),
+    /// Which model metadata comes from peers ([`catalog::build`]).
+    pub models: catalog::ModelPolicy,
             first_token_timeout_ms: 10_000,
             idle_timeout_ms: 30_000,
             wall_timeout_ms: 120_000,
@@ -92,6 +94,7 @@ pub struct AppState {
     /// The network.
     pub backend: Arc<dyn Backend>,
     /// API keys.
+            models: catalog::ModelPolicy::default(),
     pub keys: Arc<KeyStore>,
     /// Per-key limits.
     pub limiter: limits::Limiter,
@@ -101,9 +104,9 @@ pub struct AppState {
     pub config: GatewayConfig,
     /// Requests in flight now.
     pub in_flight: AtomicUsize,
-    /// Every model name the network has advertised since start: a name seen
+    /// Model names the network served recently (bounded): a name seen
     /// once but served by nobody now is a 503, not a 404.
-    pub seen_models: Mutex<BTreeSet<String>>,
+    pub seen_models: Mutex<catalog::SeenModels>,
     /// Start time (seconds), the `created` of listed models.
     pub started_s: u64,
     /// The model catalogue and when it was built.
@@ -131,7 +134,7 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         metrics: metrics::Metrics::default(),
         config,
         in_flight: AtomicUsize::new(0),
-        seen_models: Mutex::new(BTreeSet::new()),
+        seen_models: Mutex::new(catalog::SeenModels::default()),
         started_s: now_ms() / 1000,
         catalog: Mutex::new(None),
     });

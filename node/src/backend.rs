@@ -105,9 +105,12 @@ impl Backend for NodeClient {
                 "# HELP gcs_worker_active_jobs Jobs this node's worker runs now.\n\
                  # TYPE gcs_worker_active_jobs gauge\ngcs_worker_active_jobs {}\n\
                  # HELP gcs_worker_backlog_jobs Announced jobs waiting for a free slot here.\n\
-                 # TYPE gcs_worker_backlog_jobs gauge\ngcs_worker_backlog_jobs {}\n",
+                 # TYPE gcs_worker_backlog_jobs gauge\ngcs_worker_backlog_jobs {}\n\
+                 # HELP gcs_worker_gateway_slots_peak Most slots one gateway held at once while another gateway was active.\n\
+                 # TYPE gcs_worker_gateway_slots_peak gauge\ngcs_worker_gateway_slots_peak {}\n",
                 w.load(),
-                w.backlog_len()
+                w.backlog_len(),
+                w.peak_shared()
             ));
             out.push_str(
                 "# HELP gcs_worker_jobs_ended_total Jobs this node's worker ended, by how.\n\

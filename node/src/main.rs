@@ -201,6 +201,23 @@ struct RunArgs {
     /// With --private-tenant: take no public jobs.
     #[arg(long, env = "GCS_PRIVATE_ONLY", requires = "private_tenant")]
     private_only: bool,
+    /// Gateway: serve only these models, `id=context_tokens` (repeatable or
+    /// comma-separated; aliases and tasks from the build's catalogue, or
+    /// what the network agrees on). Default: the build's catalogue is
+    /// trusted for its models, other models come from what registrations
+    /// agree on.
+    #[arg(long, env = "GCS_MODELS_ALLOW", value_delimiter = ',', value_parser = allowed_model)]
+    models_allow: Vec<gcs_gateway::catalog::Trusted>,
+    /// Worker: percent of its slots and of its backlog one gateway may take
+    /// while other gateways offer jobs too (a gateway alone may use all).
+    #[arg(long, env = "GCS_GATEWAY_SHARE", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    gateway_share: u8,
+    /// Worker: take jobs only from these gateway node ids (`gnusnode_...`;
+    /// repeatable or comma-separated). Default: any gateway, each bounded
+    /// by --gateway-share.
+    #[arg(long, env = "GCS_GATEWAYS", value_delimiter = ',')]
+    gateways: Vec<gcs_protocol::NodeId>,
     /// Disable mDNS discovery.
     #[arg(long, env = "GCS_NO_MDNS")]
     no_mdns: bool,
@@ -366,6 +383,8 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     config.swarm_id = cli.swarm.clone();
     config.private_tenant = cli.private_tenant.clone();
     config.private_only = cli.private_only;
+    config.gateway_share = gcs_node::lifecycle::worker_job::Share { percent: cli.gateway_share };
+    config.gateways = (!cli.gateways.is_empty()).then(|| cli.gateways.iter().cloned().collect());
     config.network.mdns = !cli.no_mdns;
     config.heartbeat_interval = Duration::from_millis(cli.heartbeat_ms.max(100));
     config.registration_ttl =
@@ -449,8 +468,36 @@ fn follow_tenants(net: gcs_node::Network, mut served: Vec<String>, data_dir: &Pa
     });
 }
 
+/// One `--models-allow` entry: `id=context_tokens`.
+fn allowed_model(s: &str) -> Result<gcs_gateway::catalog::Trusted, String> {
+    let (id, ctx) = s.split_once('=').ok_or("use id=context_tokens")?;
+    let context_tokens: u32 = ctx.parse().map_err(|e| format!("context_tokens: {e}"))?;
+    if id.is_empty() || context_tokens == 0 {
+        return Err("use id=context_tokens with a context above 0".into());
+    }
+    let known = gcs_node::models::entry(id).map(|e| e.info());
+    Ok(gcs_gateway::catalog::Trusted {
+        model_id: id.into(),
+        context_tokens,
+        aliases: known.as_ref().map(|m| m.aliases.clone()).unwrap_or_default(),
+        tasks: known.map(|m| m.tasks).unwrap_or_default(),
+    })
+}
+
+/// The gateway's model policy: an operator's allow-list, or the build's
+/// catalogue trusted for its own models.
+fn model_policy(cli: &RunArgs) -> gcs_gateway::catalog::ModelPolicy {
+    use gcs_gateway::catalog::{ModelPolicy, Trusted};
+    if !cli.models_allow.is_empty() {
+        return ModelPolicy { trusted: cli.models_allow.clone(), only_trusted: true };
+    }
+    let trusted = gcs_node::models::CATALOG.iter().map(|e| Trusted::from_info(&e.info())).collect();
+    ModelPolicy { trusted, only_trusted: false }
+}
+
 fn gateway_config(cli: &RunArgs) -> gcs_gateway::GatewayConfig {
     gcs_gateway::GatewayConfig {
+        models: model_policy(cli),
         stream_buffer_bytes: cli.stream_buffer_bytes,
         keepalive: Duration::from_millis(cli.keepalive_ms.max(100)),
         first_token_timeout_ms: cli.first_token_timeout_ms,

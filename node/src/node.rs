@@ -22,7 +22,7 @@ use crate::jobs::wire::{JobRequest, JobResponse};
 use crate::jobs::worker::WorkerState;
 use crate::jobs::{JobEvent, JobSpec};
 use crate::lifecycle::tracker::TrackerConfig;
-use crate::lifecycle::worker_job::Policy;
+use crate::lifecycle::worker_job::{Policy, Share};
 use crate::network::{NetEvent, Network, NetworkConfig};
 use crate::registry::{Accepted, Registry};
 use crate::topics::{self, PUBLIC_SWARM};
@@ -77,6 +77,11 @@ pub struct NodeConfig {
     pub private_tenant: Option<String>,
     /// A private worker that takes no public jobs.
     pub private_only: bool,
+    /// How much of a worker's slots and backlog one gateway may take while
+    /// others are active.
+    pub gateway_share: Share,
+    /// The only gateways a worker takes jobs from (`None`: any).
+    pub gateways: Option<std::collections::BTreeSet<NodeId>>,
 }
 
 /// The gossip topics a node joins: private and local job topics only
@@ -116,6 +121,8 @@ impl NodeConfig {
             swarm_id: PUBLIC_SWARM.into(),
             private_tenant: None,
             private_only: false,
+            gateway_share: Share::default(),
+            gateways: None,
             executor: None,
             max_concurrent_jobs: 4,
             tracker: TrackerConfig::default(),
@@ -281,7 +288,9 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
                 private_tenant: config.private_tenant.clone(),
                 public: !(config.private_only && config.private_tenant.is_some()),
                 swarm_id: config.swarm_id.clone(),
+                gateways: config.gateways.clone(),
             },
+            config.gateway_share,
             keyspace.clone(),
         )),
         _ => None,
@@ -591,6 +600,7 @@ impl Env {
             Accepted::Refreshed => self.store_registration(&reg),
             Accepted::Offline => tracing::info!(%node, "worker went offline"),
             Accepted::Outdated | Accepted::Stale => {}
+            Accepted::Full => tracing::debug!(%node, "registry full: registration ignored"),
         }
     }
 

@@ -1,9 +1,15 @@
 //! The registry of fresh worker registrations (26.10): a plain state machine
-//! with time as an input.
+//! with time as an input. Bounded: registrations are a peer's word and node
+//! ids cost nothing, so at most [`MAX_NODES`] are held; expired ones are
+//! pruned, and a new node finds room only when one has expired (the nodes
+//! already known keep refreshing theirs: a sybil flood cannot evict them).
 
 use std::collections::BTreeMap;
 
 use gcs_protocol::{Limits, NodeId, NodeRegistration, NodeStatus};
+
+/// Most registrations held.
+pub const MAX_NODES: usize = 4096;
 
 /// What accepting a registration did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +24,8 @@ pub enum Accepted {
     Stale,
     /// The node said it is going offline: removed.
     Offline,
+    /// A new node while [`MAX_NODES`] fresh ones are held: ignored.
+    Full,
 }
 
 /// Fresh registrations by node.
@@ -25,12 +33,18 @@ pub enum Accepted {
 pub struct Registry {
     nodes: BTreeMap<NodeId, NodeRegistration>,
     limits: Limits,
+    cap: usize,
 }
 
 impl Registry {
     /// An empty registry.
     pub fn new(limits: Limits) -> Self {
-        Self { nodes: BTreeMap::new(), limits }
+        Self::with_cap(limits, MAX_NODES)
+    }
+
+    /// An empty registry holding at most `cap` registrations.
+    pub fn with_cap(limits: Limits, cap: usize) -> Self {
+        Self { nodes: BTreeMap::new(), limits, cap }
     }
 
     /// Takes a verified registration.
@@ -46,6 +60,12 @@ impl Registry {
         }
         if !reg.is_fresh(now_ms, &self.limits) {
             return Accepted::Stale;
+        }
+        if self.nodes.len() >= self.cap && !self.nodes.contains_key(&reg.node_id) {
+            self.prune(now_ms);
+            if self.nodes.len() >= self.cap {
+                return Accepted::Full;
+            }
         }
         match self.nodes.insert(reg.node_id.clone(), reg) {
             None => Accepted::New,
@@ -120,5 +140,26 @@ mod tests {
         off.status = NodeStatus::Offline;
         assert_eq!(reg.accept(off, p.now_ms + 1), Accepted::Offline);
         assert!(reg.get(&w.node_id()).is_none());
+    }
+
+    #[test]
+    fn a_full_registry_takes_new_nodes_only_as_old_ones_expire() {
+        let p = Params::default();
+        let t = p.now_ms;
+        let mut reg = Registry::with_cap(Limits::default(), 2);
+        let keys: Vec<_> =
+            (1u8..=3).map(|i| gcs_protocol::NodeKey::from_seed([i; 32])).collect();
+        assert_eq!(reg.accept(samples::registration(&keys[0], &p), t), Accepted::New);
+        let later = Params { now_ms: t + 5_000, ..p.clone() };
+        assert_eq!(reg.accept(samples::registration(&keys[1], &later), t + 5_000), Accepted::New);
+        assert_eq!(reg.accept(samples::registration(&keys[2], &later), t + 5_000), Accepted::Full);
+        // Known nodes still refresh while full.
+        let again = Params { now_ms: t + 6_000, ..p.clone() };
+        assert_eq!(reg.accept(samples::registration(&keys[1], &again), t + 6_000), Accepted::Refreshed);
+        // The first one expires (30 s): room for the newcomer.
+        let late = Params { now_ms: t + 30_000, ..p.clone() };
+        assert_eq!(reg.accept(samples::registration(&keys[2], &late), t + 30_000), Accepted::New);
+        assert!(reg.get(&keys[0].node_id()).is_none());
+        assert_eq!(reg.fresh(t + 30_000).count(), 2);
     }
 }

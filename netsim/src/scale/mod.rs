@@ -391,7 +391,7 @@ impl Sim {
                         self.at(d, Ev::AtWorker { w, job, input });
                     }
                 }
-                Effect::Forward(_) => {}
+                Effect::Forward(_) | Effect::Strike(_) => {}
             }
         }
     }
@@ -463,7 +463,7 @@ impl Sim {
         if !wk.alive || !Policy::default().allows(&announced, &wk.key.node_id()) {
             return;
         }
-        let Offer::Start(announced) = wk.slots.offer(announced) else { return };
+        let Offer::Start(announced) = wk.slots.offer(announced, now) else { return };
         let reg = wk.reg.registration_id.clone();
         let Ok((m, effects)) = WorkerJob::new(*announced, &self.model, &wk.key, reg, now) else {
             return;

@@ -57,7 +57,11 @@ fn idempotency_key(tenant: &str, key: &str) -> String {
 /// from the recorded lease holder under that lease, the job's usage record
 /// is re-signed with what the worker really generated and consumed. The
 /// record stays the job's only one.
-async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<bool, NodeError> {
+async fn late_metering(
+    r: &gcs_protocol::FinalResult,
+    ctx: &Ctx<'_>,
+    penalties: &mut crate::lifecycle::penalty::PenaltyBox,
+) -> Result<bool, NodeError> {
     let Some(m) = &r.metering else { return Ok(false) };
     let job = &r.job_id;
     let Some(lease) = ctx.keyspace.get_cbor::<gcs_protocol::LeaseGrant>(&keys::lease(job))? else {
@@ -75,8 +79,13 @@ async fn late_metering(r: &gcs_protocol::FinalResult, ctx: &Ctx<'_>) -> Result<b
         None => ctx.keyspace.find_cbor(&keys::confined_job(job))?,
     };
     let Some(record) = record else { return Ok(false) };
+    let reported = m;
     let m =
         &crate::lifecycle::tracker::bounded_metering(&record, m, u.output_tokens_sent_to_client);
+    if !crate::lifecycle::tracker::within_bounds(reported, m) {
+        let until = penalties.strike(&r.node_id, now_ms());
+        tracing::info!(node = %r.node_id, until, "late metering outside its bounds");
+    }
     let generated = u.output_tokens_generated.max(m.output_tokens);
     if generated == u.output_tokens_generated && u.input_tokens > 0 {
         return Ok(true);
@@ -505,7 +514,7 @@ impl GatewayState {
                 };
                 if !self.active.contains_key(&job_id) {
                     if let Input::Result(r) = &input {
-                        if late_metering(r, ctx).await.unwrap_or(false) {
+                        if late_metering(r, ctx, &mut self.penalties).await.unwrap_or(false) {
                             return JobResponse::Ack;
                         }
                     }
@@ -615,6 +624,10 @@ impl GatewayState {
                         tracing::info!(node = %l.node_id, sits_out_ms = until - now, "worker lost a job");
                     }
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
+                }
+                Effect::Strike(node) => {
+                    let until = self.penalties.strike(&node, now);
+                    tracing::info!(%node, sits_out_ms = until - now, "worker broke a checked rule");
                 }
                 Effect::Usage(u) => {
                     if store_usage(&u, ctx).await.is_err() {

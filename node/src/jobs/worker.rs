@@ -19,7 +19,8 @@ use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use super::peer_of;
 use super::wire::{JobRequest, JobResponse};
 use crate::lifecycle::worker_job::{
-    Answer, Effect, Input, Offer, Policy, Request, Slots, Termination, WorkerJob, IN_FLIGHT,
+    Answer, Effect, Input, Offer, Policy, Request, Share, Slots, Termination, WorkerJob,
+    IN_FLIGHT,
 };
 use crate::network::Network;
 
@@ -88,10 +89,11 @@ impl WorkerState {
         registration_id: Arc<Mutex<String>>,
         limits: Limits,
         policy: Policy,
+        share: Share,
         keyspace: Arc<gcs_keyspace::Keyspace>,
     ) -> Self {
-        let book =
-            Book { slots: Slots::new(max_jobs), controls: HashMap::new(), ended: BTreeMap::new() };
+        let slots = Slots::new(max_jobs).with_share(share);
+        let book = Book { slots, controls: HashMap::new(), ended: BTreeMap::new() };
         Self {
             executor,
             key: Arc::new(key),
@@ -117,6 +119,11 @@ impl WorkerState {
         lock(&self.book).slots.backlog_len()
     }
 
+    /// The most slots one gateway held at once while another was active.
+    pub fn peak_shared(&self) -> usize {
+        lock(&self.book).slots.peak_shared()
+    }
+
     /// Jobs ended here so far, by how they ended.
     pub fn ended(&self) -> BTreeMap<&'static str, u64> {
         lock(&self.book).ended.clone()
@@ -132,7 +139,7 @@ impl WorkerState {
         // The slot is reserved under the lock, so a burst of announcements
         // cannot start more than the slots allow.
         let mut book = lock(&self.book);
-        let job = match book.slots.offer(job) {
+        let job = match book.slots.offer(job, now_ms()) {
             Offer::Start(job) => *job,
             Offer::Backlogged | Offer::Duplicate => return,
         };

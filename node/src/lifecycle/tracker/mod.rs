@@ -88,6 +88,9 @@ pub enum Effect {
     },
     /// The job's usage record (exactly one per job, at its end).
     Usage(Box<UsageRecord>),
+    /// The worker broke a rule the gateway can check (its metering fell
+    /// outside [`bounded_metering`]): a penalty strike (`lifecycle::penalty`).
+    Strike(NodeId),
 }
 
 /// Per-job state at the gateway.
@@ -346,13 +349,23 @@ impl JobTracker {
         if !from_holder || gcs_protocol::verify(&r).is_err() {
             return vec![];
         }
+        let mut out = vec![];
         if let Some(m) = &r.metering {
-            let m = bounded_metering(&self.job, m, self.delivered_tokens());
-            self.generated_tokens = self.generated_tokens.max(m.output_tokens);
-            self.input_tokens = m.input_tokens;
-            self.cached_tokens = m.cached_tokens;
-            self.compute_ms = m.compute_ms;
+            let b = bounded_metering(&self.job, m, self.delivered_tokens());
+            if !within_bounds(m, &b) {
+                tracing::info!(job = %self.job.job_id, node = %r.node_id, "metering outside its bounds");
+                out.push(Effect::Strike(r.node_id.clone()));
+            }
+            self.generated_tokens = self.generated_tokens.max(b.output_tokens);
+            self.input_tokens = b.input_tokens;
+            self.cached_tokens = b.cached_tokens;
+            self.compute_ms = b.compute_ms;
         }
+        out.extend(self.on_result_status(r, now, key));
+        out
+    }
+
+    fn on_result_status(&mut self, r: FinalResult, now: u64, key: &NodeKey) -> Vec<Effect> {
         match r.status {
             ResultStatus::Completed => {
                 self.fence.close();
@@ -627,6 +640,13 @@ pub fn no_capable_nodes() -> ErrorInfo {
 /// a payload (the engine's, not the client's).
 const TEMPLATE_TOKENS: u64 = 1024;
 
+/// Whether `m` already was what [`bounded_metering`] made of it (`b`): a
+/// worker that reports counts outside the bounds lies or is broken.
+pub fn within_bounds(m: &gcs_protocol::Metering, b: &gcs_protocol::Metering) -> bool {
+    (m.input_tokens, m.output_tokens, m.cached_tokens)
+        == (b.input_tokens, b.output_tokens, b.cached_tokens)
+}
+
 /// A worker's metering, bounded by what the gateway knows (a worker may
 /// lie): output at least what was delivered and at most the job's
 /// `max_output_tokens` (a job without generation meters only what it
@@ -648,5 +668,7 @@ pub fn bounded_metering(
     }
 }
 
+#[cfg(test)]
+mod metering_tests;
 #[cfg(test)]
 mod tests;

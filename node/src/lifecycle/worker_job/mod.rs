@@ -15,10 +15,12 @@
 mod policy;
 mod slots;
 #[cfg(test)]
+mod share_tests;
+#[cfg(test)]
 mod tests;
 
 pub use policy::Policy;
-pub use slots::{Offer, Slots, BACKLOG};
+pub use slots::{Offer, Share, Slots, BACKLOG};
 
 use std::collections::VecDeque;
 
@@ -38,6 +40,13 @@ pub const IN_FLIGHT: usize = 8;
 
 /// How long a claim is valid.
 pub const CLAIM_TTL_MS: u64 = 10_000;
+
+/// A claim not answered within the job's claim timeout plus this slack is
+/// given up (the gateway answers at once when it hears it; a gateway that
+/// does not answer must not hold the slot for the 30 s request timeout).
+pub const CLAIM_ANSWER_SLACK_MS: u64 = 1_000;
+/// The longest a claim waits for its answer, whatever the job says.
+pub const MAX_CLAIM_WAIT_MS: u64 = 10_000;
 
 /// Error messages carried in a result are cut to this many characters.
 const MAX_ERROR_CHARS: usize = 4000;
@@ -197,6 +206,8 @@ pub struct WorkerJob {
     first_token_ms: Option<u64>,
     engine_done_ms: u64,
     next_renewal_ms: Option<u64>,
+    /// When an unanswered claim is given up.
+    claim_deadline_ms: u64,
 }
 
 impl WorkerJob {
@@ -210,7 +221,9 @@ impl WorkerJob {
     ) -> Result<(Self, Vec<Effect>), gcs_protocol::ProtocolError> {
         let claim = signed_claim(&job.job_id, model, key, registration_id, now_ms)?;
         let effects = vec![Effect::SendClaim(Box::new(claim.clone()))];
+        let wait = job.limits.claim_timeout_ms.saturating_add(CLAIM_ANSWER_SLACK_MS);
         let me = Self {
+            claim_deadline_ms: now_ms.saturating_add(wait.min(MAX_CLAIM_WAIT_MS)),
             claim,
             job,
             phase: Phase::Claiming,
@@ -256,7 +269,10 @@ impl WorkerJob {
 
     /// When the machine next needs a [`Input::Tick`].
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.next_renewal_ms
+        match self.phase {
+            Phase::Claiming => Some(self.claim_deadline_ms),
+            _ => self.next_renewal_ms,
+        }
     }
 
     /// Whether the job is over.
@@ -408,6 +424,13 @@ impl WorkerJob {
         now: u64,
         key: &NodeKey,
     ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
+        if self.phase == Phase::Claiming {
+            return Ok(if now >= self.claim_deadline_ms {
+                self.end(Termination::Gateway("the claim was not answered in time".into()))
+            } else {
+                vec![]
+            });
+        }
         let (Some(due), Some(lease)) = (self.next_renewal_ms, &self.lease) else {
             return Ok(vec![]);
         };

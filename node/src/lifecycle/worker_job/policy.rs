@@ -1,6 +1,8 @@
 //! Which announced jobs a worker may win: its routing policy (mirroring
-//! its registration, so it does not claim what the gateway must refuse)
-//! and the models it serves.
+//! its registration, so it does not claim what the gateway must refuse),
+//! the gateways it works for, and the models it serves.
+
+use std::collections::BTreeSet;
 
 use gcs_protocol::{ApiRequestJob, ModelInfo, NodeId, RoutingMode};
 
@@ -15,12 +17,15 @@ pub struct Policy {
     pub public: bool,
     /// Its swarm.
     pub swarm_id: String,
+    /// The only gateways whose jobs it takes (`--gateways`); `None`: any
+    /// gateway, each bounded by its share of the slots (`Slots`).
+    pub gateways: Option<BTreeSet<NodeId>>,
 }
 
 impl Default for Policy {
     /// A public node of the public swarm.
     fn default() -> Self {
-        Self { private_tenant: None, public: true, swarm_id: PUBLIC_SWARM.into() }
+        Self { private_tenant: None, public: true, swarm_id: PUBLIC_SWARM.into(), gateways: None }
     }
 }
 
@@ -29,6 +34,9 @@ impl Policy {
     pub fn allows(&self, job: &ApiRequestJob, me: &NodeId) -> bool {
         let r = &job.routing;
         if r.excluded_nodes.contains(me) {
+            return false;
+        }
+        if self.gateways.as_ref().is_some_and(|g| !g.contains(&job.gateway_node_id)) {
             return false;
         }
         let private = self.private_tenant.as_deref() == Some(job.tenant.tenant_id.as_str())

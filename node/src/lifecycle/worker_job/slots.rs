@@ -1,68 +1,195 @@
 //! The worker's admission: which announced jobs it starts now, which wait
-//! in its backlog for a free slot, which it forgets.
+//! in its backlog for a free slot, which it forgets — and how much of
+//! either one gateway may take. Any peer can sign jobs as a gateway, so
+//! while more than one gateway offers jobs, each may hold at most
+//! [`Share::percent`] of the slots and of the backlog: a fake gateway that
+//! floods announcements evicts only its own backlog entries and never holds
+//! every slot. Sans-IO: time is passed in.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
-use gcs_protocol::ApiRequestJob;
+use gcs_protocol::{ApiRequestJob, NodeId};
 
 /// Announced jobs a busy worker remembers; the oldest is forgotten first.
 pub const BACKLOG: usize = 256;
+/// A gateway counts as active this long after its last announcement.
+pub const GATEWAY_SEEN_MS: u64 = 60_000;
+/// Most gateways remembered (the least recently seen is forgotten).
+pub const MAX_GATEWAYS: usize = 1024;
+
+/// How much one gateway may take while others are active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Percent of the slots and of the backlog, 1 to 100.
+    pub percent: u8,
+}
+
+impl Default for Share {
+    /// Half: two gateways can always both be served.
+    fn default() -> Self {
+        Self { percent: 50 }
+    }
+}
+
+impl Share {
+    /// Of `total`, what one gateway may take (at least one).
+    fn of(&self, total: usize) -> usize {
+        (total * usize::from(self.percent.clamp(1, 100)) / 100).max(1)
+    }
+}
 
 /// What [`Slots::offer`] decided.
 #[derive(Debug, PartialEq)]
 pub enum Offer {
     /// A slot is reserved for the job: claim it now.
     Start(Box<ApiRequestJob>),
-    /// Every slot is taken; the job waits in the backlog.
+    /// Every slot is taken, or its gateway holds its share; the job waits
+    /// in the backlog.
     Backlogged,
     /// The job already runs or waits here.
     Duplicate,
 }
 
-/// Slots and backlog of one worker. Sans-IO: time is passed in.
+/// Slots and backlog of one worker.
 #[derive(Debug)]
 pub struct Slots {
     max: usize,
     backlog_cap: usize,
-    running: BTreeSet<String>,
+    share: Share,
+    /// Running job → its gateway.
+    running: BTreeMap<String, NodeId>,
     backlog: VecDeque<ApiRequestJob>,
+    /// Gateway → when it last announced a job.
+    seen: BTreeMap<NodeId, u64>,
+    /// The most slots one gateway held at once while another was active.
+    peak_shared: usize,
 }
 
 impl Slots {
-    /// `max` concurrent jobs and the default [`BACKLOG`].
+    /// `max` concurrent jobs, the default [`BACKLOG`] and [`Share`].
     pub fn new(max: usize) -> Self {
         Self::with_backlog(max, BACKLOG)
     }
 
     /// `max` concurrent jobs and a backlog of `backlog_cap` jobs.
     pub fn with_backlog(max: usize, backlog_cap: usize) -> Self {
-        Self { max, backlog_cap, running: BTreeSet::new(), backlog: VecDeque::new() }
+        Self {
+            max,
+            backlog_cap,
+            share: Share::default(),
+            running: BTreeMap::new(),
+            backlog: VecDeque::new(),
+            seen: BTreeMap::new(),
+            peak_shared: 0,
+        }
     }
 
-    /// A job this worker can serve was announced.
-    pub fn offer(&mut self, job: ApiRequestJob) -> Offer {
-        if self.running.contains(&job.job_id) || self.backlog.iter().any(|j| j.job_id == job.job_id)
+    /// The same with another gateway share.
+    pub fn with_share(mut self, share: Share) -> Self {
+        self.share = share;
+        self
+    }
+
+    /// Gateways active at `now` (and the memory of older ones dropped).
+    fn active_gateways(&mut self, now: u64) -> usize {
+        self.seen.retain(|_, t| now.saturating_sub(*t) <= GATEWAY_SEEN_MS);
+        self.seen.len()
+    }
+
+    fn note_gateway(&mut self, gw: &NodeId, now: u64) {
+        self.seen.insert(gw.clone(), now);
+        if self.seen.len() > MAX_GATEWAYS {
+            if let Some(oldest) = self.seen.iter().min_by_key(|(_, t)| **t).map(|(g, _)| g.clone())
+            {
+                self.seen.remove(&oldest);
+            }
+        }
+    }
+
+    /// Slots `gw` may hold now: all of them while it is the only active
+    /// gateway, its share otherwise.
+    fn slot_cap(&mut self, gw: &NodeId, now: u64) -> usize {
+        let others = self.active_gateways(now) - usize::from(self.seen.contains_key(gw));
+        if others == 0 {
+            self.max
+        } else {
+            self.share.of(self.max)
+        }
+    }
+
+    fn held(&self, gw: &NodeId) -> usize {
+        self.running.values().filter(|g| *g == gw).count()
+    }
+
+    fn waiting(&self, gw: &NodeId) -> usize {
+        self.backlog.iter().filter(|j| &j.gateway_node_id == gw).count()
+    }
+
+    /// A job this worker can serve was announced at `now`.
+    pub fn offer(&mut self, job: ApiRequestJob, now: u64) -> Offer {
+        if self.running.contains_key(&job.job_id)
+            || self.backlog.iter().any(|j| j.job_id == job.job_id)
         {
             return Offer::Duplicate;
         }
-        if self.running.len() >= self.max {
-            self.backlog.push_back(job);
-            if self.backlog.len() > self.backlog_cap {
-                self.backlog.pop_front();
-            }
+        let gw = job.gateway_node_id.clone();
+        self.note_gateway(&gw, now);
+        if self.running.len() >= self.max || self.held(&gw) >= self.slot_cap(&gw, now) {
+            self.backlog_push(job, now);
             return Offer::Backlogged;
         }
-        self.running.insert(job.job_id.clone());
+        self.start(job, now)
+    }
+
+    fn start(&mut self, job: ApiRequestJob, now: u64) -> Offer {
+        let gw = job.gateway_node_id.clone();
+        self.running.insert(job.job_id.clone(), gw.clone());
+        if self.active_gateways(now) > 1 {
+            self.peak_shared = self.peak_shared.max(self.held(&gw));
+        }
         Offer::Start(Box::new(job))
     }
 
-    /// A job ended here: its slot frees, and the oldest backlog job that
-    /// has not expired by `now_ms` leaves the backlog, to be offered again.
-    pub fn finished(&mut self, job_id: &str, now_ms: u64) -> Option<ApiRequestJob> {
-        if !self.running.remove(job_id) {
-            return None;
+    /// Into the backlog; over its share a gateway loses its own oldest
+    /// entry, and a full backlog loses the oldest entry of the gateway that
+    /// waits with the most.
+    fn backlog_push(&mut self, job: ApiRequestJob, now: u64) {
+        let gw = job.gateway_node_id.clone();
+        self.backlog.push_back(job);
+        let shared = self.active_gateways(now) > 1;
+        let evict = if shared && self.waiting(&gw) > self.share.of(self.backlog_cap) {
+            Some(gw)
+        } else if self.backlog.len() > self.backlog_cap {
+            let mut count: BTreeMap<&NodeId, usize> = BTreeMap::new();
+            for j in &self.backlog {
+                *count.entry(&j.gateway_node_id).or_default() += 1;
+            }
+            count.into_iter().max_by_key(|(_, n)| *n).map(|(g, _)| g.clone())
+        } else {
+            None
+        };
+        if let Some(g) = evict {
+            if let Some(i) = self.backlog.iter().position(|j| j.gateway_node_id == g) {
+                self.backlog.remove(i);
+            }
         }
-        std::iter::from_fn(|| self.backlog.pop_front()).find(|j| j.expires_at_ms > now_ms)
+    }
+
+    /// A job ended here: its slot frees, and the oldest backlog job that
+    /// has not expired by `now_ms` and whose gateway is under its share
+    /// leaves the backlog, to be offered again.
+    pub fn finished(&mut self, job_id: &str, now_ms: u64) -> Option<ApiRequestJob> {
+        self.running.remove(job_id)?;
+        self.backlog.retain(|j| j.expires_at_ms > now_ms);
+        let mut i = 0;
+        while i < self.backlog.len() {
+            let gw = self.backlog[i].gateway_node_id.clone();
+            if self.held(&gw) < self.slot_cap(&gw, now_ms) {
+                return self.backlog.remove(i);
+            }
+            i += 1;
+        }
+        None
     }
 
     /// Jobs running now.
@@ -77,6 +204,12 @@ impl Slots {
 
     /// Whether `job_id` runs here.
     pub fn is_running(&self, job_id: &str) -> bool {
-        self.running.contains(job_id)
+        self.running.contains_key(job_id)
+    }
+
+    /// The most slots one gateway held at once while another gateway was
+    /// active (what `--gateway-share` bounds).
+    pub fn peak_shared(&self) -> usize {
+        self.peak_shared
     }
 }

@@ -110,7 +110,8 @@ fn new_sends_a_signed_claim_for_the_job() {
     assert_eq!(w.claim.job_id, w.m.job().job_id);
     assert_eq!(w.claim.registration_id, "reg_1");
     assert_eq!(w.claim.expires_at_ms, T0 + CLAIM_TTL_MS);
-    assert_eq!(w.m.poll_timeout(), None, "no lease, nothing to renew");
+    let claim_wait = w.m.job().limits.claim_timeout_ms + CLAIM_ANSWER_SLACK_MS;
+    assert_eq!(w.m.poll_timeout(), Some(T0 + claim_wait), "no lease: only the claim's deadline");
 }
 
 #[test]
@@ -350,18 +351,18 @@ fn job(id: &str, expires_at_ms: u64) -> ApiRequestJob {
 #[test]
 fn slots_start_then_backlog_bounded_then_free_oldest_unexpired() {
     let mut s = Slots::with_backlog(1, 2);
-    assert!(matches!(s.offer(job("a", T0)), Offer::Start(_)));
-    assert_eq!(s.offer(job("a", T0)), Offer::Duplicate);
-    assert_eq!(s.offer(job("b", T0)), Offer::Backlogged);
-    assert_eq!(s.offer(job("b", T0)), Offer::Duplicate);
-    assert_eq!(s.offer(job("c", T0 + 10)), Offer::Backlogged);
-    assert_eq!(s.offer(job("d", T0 + 10)), Offer::Backlogged);
+    assert!(matches!(s.offer(job("a", T0), T0), Offer::Start(_)));
+    assert_eq!(s.offer(job("a", T0), T0), Offer::Duplicate);
+    assert_eq!(s.offer(job("b", T0), T0), Offer::Backlogged);
+    assert_eq!(s.offer(job("b", T0), T0), Offer::Duplicate);
+    assert_eq!(s.offer(job("c", T0 + 10), T0), Offer::Backlogged);
+    assert_eq!(s.offer(job("d", T0 + 10), T0), Offer::Backlogged);
     assert_eq!(s.backlog_len(), 2, "the oldest (b) was forgotten");
     assert_eq!(s.finished("zzz", T0), None, "not running here");
     assert_eq!(s.finished("a", T0 + 10).map(|j| j.job_id), None, "c expired; d expired too");
     assert_eq!(s.running(), 0);
-    assert!(matches!(s.offer(job("e", T0)), Offer::Start(_)));
-    s.offer(job("f", T0 + 100));
+    assert!(matches!(s.offer(job("e", T0), T0), Offer::Start(_)));
+    s.offer(job("f", T0 + 100), T0);
     assert_eq!(s.finished("e", T0).map(|j| j.job_id).as_deref(), Some("f"));
 }
 
