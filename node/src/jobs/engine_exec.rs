@@ -14,6 +14,7 @@ use gcs_engine::{
 };
 use gcs_gateway::codec;
 use gcs_gateway::payload::{Embedding, Generation, JobRequest, Prompt, Sampling};
+use gcs_gateway::validate::{self, ModelLimits, PromptTokens};
 use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
 use serde_json::json;
 
@@ -161,6 +162,19 @@ impl EngineExecutor {
                 (ApiType::Completion, EnginePrompt::Tokens(ids))
             }
         };
+        // The gateway's check, with this engine's own limits: a request
+        // that slipped past it (another build, an unknown vocabulary) is
+        // refused as the client's error before it takes a batch slot. The
+        // chat prompt's exact count is the engine's (after its template).
+        let limits = ModelLimits {
+            context_tokens: u32::try_from(engine.context()).ok(),
+            vocab_size: u32::try_from(engine.vocab()).ok(),
+        };
+        let counted = match &prompt {
+            EnginePrompt::Tokens(ids) => PromptTokens::Exact(ids.len() as u64),
+            EnginePrompt::Chat(_) => PromptTokens::FromBytes,
+        };
+        validate::generation(g, limits, counted).map_err(|e| ExecError::Invalid(e.to_string()))?;
         let mut sreq = SeqRequest::new(prompt, (g.max_tokens as usize).min(MAX_TOKENS));
         sreq.sampling = sampling(&g.sampling);
         sreq.stop = g.stop.clone();

@@ -297,6 +297,16 @@ impl BatchEngine {
         &self.inner.cfg
     }
 
+    /// The model's vocabulary size (valid token ids are below it).
+    pub fn vocab(&self) -> usize {
+        self.inner.vocab
+    }
+
+    /// The model's context length in tokens.
+    pub fn context(&self) -> usize {
+        self.inner.context
+    }
+
     /// Render the chat template and tokenize.
     pub fn prompt_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         self.inner.tokenizer.encode_chat(messages)
