@@ -24,30 +24,84 @@ use crate::{now_ms, AppState};
 /// network: the network's tracker fires first and says why.
 pub(crate) const EDGE_GRACE: Duration = Duration::from_secs(2);
 
-/// A place among the gateway's `max_in_flight` requests, held from before
-/// the body is read (so unadmitted clients cannot hold many bodies in
-/// memory) until the request ends.
+/// Most embedding inputs one job carries when a large request is split into
+/// at most `max_jobs_per_request` jobs.
+pub(crate) const MAX_INPUTS_PER_JOB: usize = 64;
+
+/// Places among the gateway's `max_in_flight` jobs: one taken before the
+/// body is read (so unadmitted clients cannot hold many bodies in memory),
+/// grown to the request's job count once it is parsed, all held until the
+/// request ends.
 #[derive(Debug)]
-pub(crate) struct Slot(Arc<AppState>);
+pub(crate) struct Slot {
+    state: Arc<AppState>,
+    held: usize,
+}
 
 impl Slot {
     fn take(state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let max = state.config.max_in_flight;
-        if state.in_flight.fetch_add(1, Ordering::Relaxed) >= max {
-            state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut s = Slot { state: state.clone(), held: 0 };
+        s.grow(1)?;
+        Ok(s)
+    }
+
+    /// Holds `n` places in all.
+    fn grow(&mut self, n: usize) -> Result<(), ApiError> {
+        let more = n.saturating_sub(self.held);
+        let max = self.state.config.max_in_flight;
+        if self.state.in_flight.fetch_add(more, Ordering::Relaxed) + more > max {
+            self.state.in_flight.fetch_sub(more, Ordering::Relaxed);
             return Err(ApiError::rate_limited(
                 "gateway_overloaded",
-                format!("this gateway has {max} requests in flight; retry shortly"),
+                format!("this gateway has {max} jobs in flight; retry shortly"),
                 1,
             ));
         }
-        Ok(Slot(state.clone()))
+        self.held += more;
+        Ok(())
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state.in_flight.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// Inputs per job for an embeddings request of `inputs` inputs: the
+/// configured batch, larger when that would make more than
+/// `max_jobs_per_request` jobs, and a 400 when even
+/// [`MAX_INPUTS_PER_JOB`] would.
+pub(crate) fn embed_batch(config: &crate::GatewayConfig, inputs: usize) -> Result<usize, ApiError> {
+    let max_jobs = config.max_jobs_per_request.max(1);
+    let per_job = config.embed_batch.max(1).max(inputs.div_ceil(max_jobs));
+    if per_job > MAX_INPUTS_PER_JOB.max(config.embed_batch) {
+        let most = max_jobs * MAX_INPUTS_PER_JOB.max(config.embed_batch);
+        return Err(ApiError::invalid(
+            "input",
+            format!("this gateway takes at most {most} inputs per request"),
+        ));
+    }
+    Ok(per_job)
+}
+
+/// The jobs a parsed request becomes on the network.
+fn job_count(config: &crate::GatewayConfig, parsed: &Parsed) -> Result<usize, ApiError> {
+    match parsed {
+        Parsed::Generation(g) => {
+            let max = config.max_jobs_per_request.max(1);
+            if g.n as usize > max {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("this gateway takes at most n = {max}"),
+                ));
+            }
+            Ok(g.n as usize)
+        }
+        Parsed::Embedding(e) => {
+            let n = e.job.inputs.len();
+            Ok(n.div_ceil(embed_batch(config, n)?))
+        }
     }
 }
 
@@ -115,7 +169,25 @@ async fn read_body(state: &AppState, req: Request) -> Result<(HeaderMap, Vec<u8>
     if declared.is_some_and(|n| n > max) {
         return Err(ApiError::too_large(max));
     }
-    let bytes = axum::body::to_bytes(body, max).await.map_err(|_| ApiError::too_large(max))?;
+    if let Some(ct) = parts.headers.get(axum::http::header::CONTENT_TYPE) {
+        // No Content-Type is read as JSON (as OpenAI does); a declared
+        // form, text or binary body is refused rather than guessed at.
+        let ct = String::from_utf8_lossy(ct.as_bytes()).to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or_default().trim();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(ApiError::unsupported_media_type(essence));
+        }
+    }
+    // The whole body within one bound: a client trickling it byte by byte
+    // would otherwise hold its in-flight slot for as long as it likes.
+    let limit = state.config.edge.body_read_timeout;
+    let bytes = match tokio::time::timeout(limit, axum::body::to_bytes(body, max)).await {
+        Ok(r) => r.map_err(|_| ApiError::too_large(max))?,
+        Err(_) => {
+            state.metrics.body_timeouts.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::request_timeout(limit.as_secs().max(1)));
+        }
+    };
     Ok((parts.headers, bytes.to_vec()))
 }
 
@@ -145,6 +217,7 @@ pub(crate) async fn admit(
     let idem = idempotency_key(&headers)?;
     let parsed = parse(api, &bytes)?;
     let (max_tokens, n) = (parsed.max_tokens(), parsed.n());
+    let jobs = job_count(&state.config, &parsed)?;
     let common = parsed.common().clone();
     let cat = catalog(state);
     let served = match cat.get(&common.model) {
@@ -179,6 +252,16 @@ pub(crate) async fn admit(
             format!("the model '{}' has a context of {context} tokens", common.model),
         ));
     }
+    if let Parsed::Generation(g) = &parsed {
+        // The engine's own rules, with the catalogue's limits for this
+        // model (the worker applies the same function with its engine's).
+        let model = crate::validate::ModelLimits {
+            context_tokens: Some(served.info.context_tokens).filter(|&c| c > 0),
+            vocab_size: None,
+        };
+        crate::validate::generation(&g.job, model, crate::validate::PromptTokens::FromBytes)
+            .map_err(|e| ApiError::invalid(e.param, e.message))?;
+    }
     if !key.allows_model(&[common.model.as_str(), served.info.model_id.as_str()]) {
         return Err(ApiError::forbidden(
             "model",
@@ -207,6 +290,17 @@ pub(crate) async fn admit(
         };
         return Err(e);
     }
+    if let Some(rpm) = key.rpm.filter(|r| (*r as usize) < jobs) {
+        // It would never fit the key's window: say so instead of a 429
+        // that a retry cannot cure.
+        let param = if api == ApiType::Embedding { "input" } else { "n" };
+        return Err(ApiError::invalid(
+            param,
+            format!("this request is {jobs} jobs; this key allows {rpm} per minute"),
+        ));
+    }
+    let mut slot = slot;
+    slot.grow(jobs)?;
     let c = &state.config;
     let t = common.timeouts;
     let limits = JobLimits {
@@ -237,9 +331,9 @@ pub(crate) async fn admit(
         open_jobs: vec![],
         _slot: slot,
     };
-    let ticket = state
-        .limiter
-        .admit(&flight.key, estimate, now_ms(), || spent_tokens(state, &flight.key.id))?;
+    let ticket = state.limiter.admit(&flight.key, estimate, jobs as u32, now_ms(), || {
+        spent_tokens(state, &flight.key.id)
+    })?;
     flight.ticket = Some(ticket);
     Ok((flight, parsed, idem))
 }

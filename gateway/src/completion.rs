@@ -124,7 +124,7 @@ async fn generate(
         jobs.push(submit(&mut f, &g.choice(i), g.stream, key).await?);
     }
     if g.stream {
-        return Ok(crate::sse::respond(f, &g, jobs));
+        return crate::sse::respond(f, &g, jobs).await;
     }
     let first_job = jobs[0].0.clone();
     let waits = jobs.into_iter().map(|(job_id, rx)| {
@@ -195,7 +195,15 @@ fn answer(state: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Re
         if e.status.is_server_error() {
             tracing::warn!(endpoint, error = %e, "request failed");
         }
-        e.into_response()
+        let unread = matches!(e.status.as_u16(), 408 | 413);
+        let mut r = e.into_response();
+        if unread {
+            // The body was not read to its end: this connection cannot
+            // carry another request.
+            r.headers_mut()
+                .insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
     });
     finish(state, endpoint, r)
 }
@@ -214,7 +222,7 @@ async fn embed(
     e: EmbeddingRequest,
     idem: String,
 ) -> Result<Response, ApiError> {
-    let batch = state.config.embed_batch.max(1);
+    let batch = crate::admit::embed_batch(&state.config, e.job.inputs.len())?;
     let inputs = e.job.inputs;
     let mut jobs = vec![];
     for (i, part) in inputs.chunks(batch).enumerate() {

@@ -146,6 +146,28 @@ impl ApiError {
         )
     }
 
+    /// 408: the body did not arrive within `secs`.
+    pub fn request_timeout(secs: u64) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!("The request body did not arrive within {secs} s."),
+        )
+    }
+
+    /// 415: the body is declared as something other than JSON.
+    pub fn unsupported_media_type(declared: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            "unsupported_media_type",
+            format!(
+                "The request body must be JSON (Content-Type: application/json), not '{declared}'."
+            ),
+        )
+    }
+
     /// 422: the idempotency key belongs to a request with another body.
     pub fn idempotency_conflict(job_id: &str) -> Self {
         let mut e = Self::new(

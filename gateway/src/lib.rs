@@ -20,6 +20,7 @@ pub mod codec;
 pub mod completion;
 pub mod durable;
 pub mod error;
+mod guard;
 pub mod handlers;
 pub mod keys;
 pub mod limits;
@@ -53,20 +54,29 @@ pub struct GatewayConfig {
     pub stream_buffer_bytes: usize,
     /// Keepalive comment interval during gaps.
     pub keepalive: Duration,
+    /// How long a stream's HTTP status is held for its first chunk, so that
+    /// a job failing before it gets its own status as JSON (at most one
+    /// keepalive interval).
+    pub stream_hold: Duration,
     /// Default first-token timeout (from the lease; the network requeues).
     pub first_token_timeout_ms: u64,
     /// Default idle-stream timeout.
     pub idle_timeout_ms: u64,
     /// Default wall-clock timeout.
     pub wall_timeout_ms: u64,
-    /// Requests this gateway has in flight before it answers 429.
+    /// Jobs this gateway has in flight before it answers 429.
     pub max_in_flight: usize,
     /// Embedding inputs per job (arrays are split across workers).
     pub embed_batch: usize,
+    /// Jobs one request may become (choices, embedding batches); a larger
+    /// embeddings request gets larger batches, up to 64 inputs a job.
+    pub max_jobs_per_request: usize,
     /// This gateway's swarm: `local_only` requests go to its nodes.
     pub swarm_id: String,
     /// Connection limits of the HTTP edge, for [`serve::serve_with`].
     pub edge: serve::EdgeLimits,
+    /// Which model metadata comes from peers ([`catalog::build`]).
+    pub models: catalog::ModelPolicy,
 }
 
 impl Default for GatewayConfig {
@@ -75,15 +85,16 @@ impl Default for GatewayConfig {
             max_body_bytes: 4 << 20,
             stream_buffer_bytes: 262_144,
             keepalive: Duration::from_secs(15),
-    /// Which model metadata comes from peers ([`catalog::build`]).
-    pub models: catalog::ModelPolicy,
+            stream_hold: Duration::from_secs(2),
             first_token_timeout_ms: 10_000,
             idle_timeout_ms: 30_000,
             wall_timeout_ms: 120_000,
             max_in_flight: 256,
             embed_batch: 4,
+            max_jobs_per_request: 32,
             swarm_id: "public".into(),
             edge: serve::EdgeLimits::default(),
+            models: catalog::ModelPolicy::default(),
         }
     }
 }
@@ -94,7 +105,6 @@ pub struct AppState {
     /// The network.
     pub backend: Arc<dyn Backend>,
     /// API keys.
-            models: catalog::ModelPolicy::default(),
     pub keys: Arc<KeyStore>,
     /// Per-key limits.
     pub limiter: limits::Limiter,
@@ -109,6 +119,8 @@ pub struct AppState {
     pub seen_models: Mutex<catalog::SeenModels>,
     /// Start time (seconds), the `created` of listed models.
     pub started_s: u64,
+    /// Failed authentications per client address.
+    pub(crate) auth_failures: guard::AuthFailures,
     /// The model catalogue and when it was built.
     pub(crate) catalog: Mutex<Option<(std::time::Instant, Arc<handlers::Catalog>)>>,
 }
@@ -128,6 +140,7 @@ pub(crate) fn json_body(v: &serde_json::Value) -> axum::response::Response {
 /// The HTTP application.
 pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayConfig) -> Router {
     let state = Arc::new(AppState {
+        auth_failures: guard::AuthFailures::new(config.edge.unauthenticated_per_ip_per_minute),
         backend,
         keys,
         limiter: limits::Limiter::default(),
@@ -138,8 +151,19 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         started_s: now_ms() / 1000,
         catalog: Mutex::new(None),
     });
-    Router::new()
-        .route("/v1/models", get(handlers::list_models))
+    let r = Router::new();
+    // A handler that panics, for the panic guard's test only.
+    #[cfg(test)]
+    let r = r.route(
+        "/v1/__panic",
+        get(|| async {
+            if std::hint::black_box(true) {
+                panic!("a test panic");
+            }
+            "unreachable"
+        }),
+    );
+    r.route("/v1/models", get(handlers::list_models))
         .route("/v1/models/{*model}", get(handlers::get_model))
         .route("/v1/chat/completions", post(completion::chat))
         .route("/v1/completions", post(completion::completions))
@@ -151,6 +175,7 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         .method_not_allowed_fallback(handlers::method_not_allowed)
         // Bodies are read with our own limit so that 413 is an OpenAI envelope.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
         .layer(axum::middleware::from_fn(cors))
         .with_state(state)
 }

@@ -1,5 +1,6 @@
-//! Admission control per API key: requests per minute, tokens per minute
-//! and a lifetime token budget, answered at once with 429 + Retry-After
+//! Admission control per API key: requests per minute (counted in jobs: a
+//! request of n choices or of many embedding batches is that many jobs on
+//! the network), tokens per minute and a lifetime token budget, answered at once with 429 + Retry-After
 //! (never queued). Token use is reserved at admission with an estimate
 //! (prompt bytes / 4 + the requested completion budget) and settled with the
 //! metered count when the request ends.
@@ -14,8 +15,8 @@ const MINUTE_MS: u64 = 60_000;
 
 #[derive(Debug, Default)]
 struct Window {
-    /// (admitted at, ticket id, tokens) in the last minute.
-    events: VecDeque<(u64, u64, u64)>,
+    /// (admitted at, ticket id, tokens, jobs) in the last minute.
+    events: VecDeque<(u64, u64, u64, u32)>,
     /// Tokens metered over the key's life (loaded from usage records once).
     spent: Option<u64>,
     /// Estimates of admitted requests not yet settled.
@@ -38,13 +39,14 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// Admits a request of `estimate` tokens for `key` at `now_ms`, or says
-    /// why not. `spent` reads the key's metered lifetime use the first time
+    /// Admits a request of `jobs` jobs and `estimate` tokens for `key` at
+    /// `now_ms`, or says why not. `spent` reads the key's metered lifetime use the first time
     /// a budgeted key is seen (after a restart, from its usage records).
     pub fn admit(
         &self,
         key: &KeyRecord,
         estimate: u64,
+        jobs: u32,
         now_ms: u64,
         spent: impl FnOnce() -> u64,
     ) -> Result<Ticket, ApiError> {
@@ -57,10 +59,14 @@ impl Limiter {
             w.events.front().map_or(1, |e| (e.0 + MINUTE_MS).saturating_sub(now_ms).div_ceil(1000))
         };
         if let Some(rpm) = key.rpm {
-            if w.events.len() as u64 >= u64::from(rpm) {
+            let used = w.events.iter().fold(0u64, |a, e| a.saturating_add(u64::from(e.3)));
+            if used.saturating_add(u64::from(jobs)) > u64::from(rpm) {
                 return Err(ApiError::rate_limited(
                     "rate_limit_exceeded",
-                    format!("Rate limit reached: {rpm} requests per minute for this key."),
+                    format!(
+                        "Rate limit reached: {rpm} requests per minute for this key ({used} \
+                         used, this request is {jobs} jobs)."
+                    ),
                     retry(w),
                 ));
             }
@@ -95,7 +101,7 @@ impl Limiter {
             }
         }
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        w.events.push_back((now_ms, id, estimate));
+        w.events.push_back((now_ms, id, estimate, jobs));
         w.reserved = w.reserved.saturating_add(estimate);
         Ok(Ticket { key_id: key.id.clone(), id, estimate })
     }
@@ -144,33 +150,44 @@ mod tests {
     fn requests_per_minute_slide() {
         let l = Limiter::default();
         let k = key(Some(2), None, None);
-        l.admit(&k, 1, 0, || 0).unwrap();
-        l.admit(&k, 1, 10_000, || 0).unwrap();
-        let e = l.admit(&k, 1, 20_000, || 0).unwrap_err();
+        l.admit(&k, 1, 1, 0, || 0).unwrap();
+        l.admit(&k, 1, 1, 10_000, || 0).unwrap();
+        let e = l.admit(&k, 1, 1, 20_000, || 0).unwrap_err();
         assert_eq!(e.status.as_u16(), 429);
         assert_eq!(e.retry_after, Some(40));
-        l.admit(&k, 1, 60_000, || 0).unwrap();
+        l.admit(&k, 1, 1, 60_000, || 0).unwrap();
+    }
+
+    #[test]
+    fn requests_per_minute_count_jobs() {
+        let l = Limiter::default();
+        let k = key(Some(5), None, None);
+        l.admit(&k, 1, 3, 0, || 0).unwrap();
+        let e = l.admit(&k, 1, 3, 1, || 0).unwrap_err();
+        assert_eq!(e.code, "rate_limit_exceeded", "3 + 3 jobs > 5");
+        l.admit(&k, 1, 2, 2, || 0).unwrap();
+        assert!(l.admit(&k, 1, 1, 3, || 0).is_err());
     }
 
     #[test]
     fn tokens_per_minute_count_settled_use() {
         let l = Limiter::default();
         let k = key(None, Some(100), None);
-        let t = l.admit(&k, 90, 0, || 0).unwrap();
-        assert!(l.admit(&k, 20, 1, || 0).is_err());
+        let t = l.admit(&k, 90, 1, 0, || 0).unwrap();
+        assert!(l.admit(&k, 20, 1, 1, || 0).is_err());
         l.settle(t, 10);
-        l.admit(&k, 20, 2, || 0).unwrap();
+        l.admit(&k, 20, 1, 2, || 0).unwrap();
     }
 
     #[test]
     fn a_budget_counts_past_use_and_in_flight_reservations() {
         let l = Limiter::default();
         let k = key(None, None, Some(100));
-        let t = l.admit(&k, 30, 0, || 50).unwrap();
-        let e = l.admit(&k, 30, 1, || unreachable!()).unwrap_err();
+        let t = l.admit(&k, 30, 1, 0, || 50).unwrap();
+        let e = l.admit(&k, 30, 1, 1, || unreachable!()).unwrap_err();
         assert_eq!(e.code, "insufficient_quota");
         l.settle(t, 5);
-        l.admit(&k, 40, 2, || unreachable!()).unwrap();
-        assert!(l.admit(&k, 10, 3, || 0).is_err(), "55 spent + 40 reserved + 10 > 100");
+        l.admit(&k, 40, 1, 2, || unreachable!()).unwrap();
+        assert!(l.admit(&k, 10, 1, 3, || 0).is_err(), "55 spent + 40 reserved + 10 > 100");
     }
 }

@@ -55,6 +55,8 @@ pub struct Connections {
     pub refused: AtomicU64,
     /// Connections closed by a header, TLS-handshake or idle timeout.
     pub timed_out: AtomicU64,
+    /// Connections closed at accept because their address was at its cap.
+    pub refused_per_ip: AtomicU64,
 }
 
 /// The process's HTTP connection counters.
@@ -62,6 +64,7 @@ pub static CONNECTIONS: Connections = Connections {
     open: AtomicI64::new(0),
     refused: AtomicU64::new(0),
     timed_out: AtomicU64::new(0),
+    refused_per_ip: AtomicU64::new(0),
 };
 
 /// Every gateway metric.
@@ -84,6 +87,13 @@ pub struct Metrics {
     pub tokens_generated: AtomicU64,
     /// Tokens delivered to clients.
     pub tokens_delivered: AtomicU64,
+    /// Handler panics answered 500.
+    pub panics: AtomicU64,
+    /// Requests answered 429 because their address failed authentication
+    /// too often.
+    pub unauthenticated_limited: AtomicU64,
+    /// Requests answered 408: the body did not arrive in time.
+    pub body_timeouts: AtomicU64,
 }
 
 fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
@@ -173,6 +183,25 @@ impl Metrics {
                 "counter",
                 "HTTP connections closed by a header, TLS-handshake or idle timeout.",
                 ld(&c.timed_out),
+            ),
+            (
+                "gcs_http_connections_refused_per_ip_total",
+                "counter",
+                "HTTP connections closed at accept: the client address was at its cap.",
+                ld(&c.refused_per_ip),
+            ),
+            ("gcs_http_panics_total", "counter", "Handler panics answered 500.", ld(&self.panics)),
+            (
+                "gcs_http_unauthenticated_limited_total",
+                "counter",
+                "Requests answered 429: their address failed authentication too often.",
+                ld(&self.unauthenticated_limited),
+            ),
+            (
+                "gcs_http_body_timeouts_total",
+                "counter",
+                "Requests answered 408: the body did not arrive within the body-read timeout.",
+                ld(&self.body_timeouts),
             ),
         ] {
             g(&mut out, name, kind, help, v);

@@ -78,6 +78,18 @@ pub struct EdgeLimits {
     pub max_connections: usize,
     /// Concurrent streams per HTTP/2 connection.
     pub h2_max_concurrent_streams: u32,
+    /// Connections open at once from one client address (an IPv6 client is
+    /// its /64); one more is closed at accept and counted in
+    /// `gcs_http_connections_refused_per_ip_total`.
+    pub max_connections_per_ip: usize,
+    /// Time a request body may take to arrive in full once its head is in;
+    /// a slower one is answered 408 and its in-flight slot freed.
+    pub body_read_timeout: Duration,
+    /// Requests from one client address answered 401 per minute; beyond
+    /// it, requests under `/v1/` from that address without a valid key are
+    /// answered 429 (a valid key still passes: neighbours behind one NAT
+    /// keep working, and telling them apart costs one hash).
+    pub unauthenticated_per_ip_per_minute: u32,
 }
 
 impl Default for EdgeLimits {
@@ -88,6 +100,9 @@ impl Default for EdgeLimits {
             keepalive_idle: Duration::from_secs(60),
             max_connections: 4096,
             h2_max_concurrent_streams: 100,
+            max_connections_per_ip: 256,
+            body_read_timeout: Duration::from_secs(30),
+            unauthenticated_per_ip_per_minute: 60,
         }
     }
 }
@@ -126,6 +141,7 @@ pub async fn serve_with(
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let per_ip = Arc::new(crate::guard::PerIpConnections::new(limits.max_connections_per_ip));
     let limits = Arc::new(limits);
     let stats = &crate::metrics::CONNECTIONS;
     loop {
@@ -149,6 +165,12 @@ pub async fn serve_with(
             drop(tcp);
             continue;
         };
+        let Some(ip_slot) = per_ip.acquire(peer.ip()) else {
+            stats.refused_per_ip.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "connection refused: at the per-address cap");
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         // A fixed send buffer (no kernel autotuning up to 4 MiB): what a
         // client does not read backs up into the stream's counted queue
@@ -158,7 +180,7 @@ pub async fn serve_with(
         let (tls, app, limits) = (tls.clone(), app.clone(), limits.clone());
         let open = Open::new(permit);
         tokio::spawn(async move {
-            let _open = open;
+            let _open = (open, ip_slot);
             match tls {
                 None => connection(TokioIo::new(tcp), app, peer, &limits).await,
                 Some(tls) => {
@@ -176,6 +198,12 @@ pub async fn serve_with(
         });
     }
 }
+
+/// The client's address, in every request's extensions (the per-address
+/// limits of [`crate::guard`] read it; a router served some other way has
+/// none, and those limits then do not apply).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
 
 /// One open connection: its permit and its place in the gauge.
 struct Open {
@@ -208,8 +236,9 @@ where
     let track = Arc::new(Track::new());
     let svc = TowerToHyperService::new(app);
     let t = track.clone();
-    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let busy = Busy::begin(&t);
+        req.extensions_mut().insert(ClientAddr(peer));
         let fut = hyper::service::Service::call(&svc, req);
         async move {
             let resp = fut.await?;

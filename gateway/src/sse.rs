@@ -1,4 +1,5 @@
-//! Streaming answers (26.16): headers at once, `: gcs job accepted`,
+//! Streaming answers (26.16): the status is held until there is something
+//! to stream (see [`hold`]), then the headers, `: gcs job accepted`,
 //! keepalive comments during gaps, one OpenAI chunk per fenced internal
 //! chunk flushed as it arrives, exactly one finish chunk, the usage chunk
 //! when asked, `data: [DONE]` after a clean finish, an error-shaped event
@@ -62,12 +63,63 @@ impl Out {
     }
 }
 
-/// Starts the stream of request `g` for its submitted jobs (one per choice).
-pub(crate) fn respond(
-    f: InFlight,
+/// A submitted job: its events read while the status was held, then the rest.
+struct Held {
+    id: String,
+    early: Vec<JobEvent>,
+    rx: mpsc::Receiver<JobEvent>,
+}
+
+/// Holds the HTTP status until every choice has something to stream (a
+/// chunk, or a stored result), for at most `--stream-hold-ms` and never
+/// longer than one keepalive interval. A job that fails or is cancelled
+/// meanwhile is answered with its own status as JSON (503 + Retry-After,
+/// 504, 400), which SDKs retry by status; after the bound the headers are
+/// committed and the stream continues as before.
+async fn hold(
+    f: &mut InFlight,
+    jobs: Vec<(String, mpsc::Receiver<JobEvent>)>,
+) -> Result<Vec<Held>, ApiError> {
+    let c = &f.state.config;
+    let until = tokio::time::Instant::now() + c.stream_hold.min(c.keepalive);
+    let mut held: Vec<Held> =
+        jobs.into_iter().map(|(id, rx)| Held { id, early: vec![], rx }).collect();
+    for h in &mut held {
+        loop {
+            let ev = match tokio::time::timeout_at(until, h.rx.recv()).await {
+                Ok(Some(ev)) => ev,
+                // Closed: the stream reports it. Past the bound: commit.
+                Ok(None) | Err(_) => break,
+            };
+            match ev {
+                JobEvent::Failed { error, .. } => {
+                    f.ended(&h.id);
+                    return Err(ApiError::from_info(&error));
+                }
+                JobEvent::Cancelled => {
+                    f.ended(&h.id);
+                    return Err(ApiError::unavailable("the request was cancelled in the network"));
+                }
+                JobEvent::Leased { .. } => h.early.push(ev),
+                JobEvent::Chunk(_) | JobEvent::Completed(_) => {
+                    h.early.push(ev);
+                    break;
+                }
+            }
+        }
+    }
+    Ok(held)
+}
+
+/// Starts the stream of request `g` for its submitted jobs (one per choice),
+/// once [`hold`] lets it.
+pub(crate) async fn respond(
+    mut f: InFlight,
     g: &GenerationRequest,
     jobs: Vec<(String, mpsc::Receiver<JobEvent>)>,
-) -> Response {
+) -> Result<Response, ApiError> {
+    let accepted = Instant::now();
+    let jobs = hold(&mut f, jobs).await?;
     let (tx, frames) = mpsc::channel::<Bytes>(FRAME_QUEUE);
     let queued = Arc::new(AtomicUsize::new(0));
     let out = Out { tx, queued: queued.clone(), max: f.state.config.stream_buffer_bytes };
@@ -83,11 +135,11 @@ pub(crate) fn respond(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-transform"));
     h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    if let Some(Ok(v)) = jobs.first().map(|(id, _)| HeaderValue::from_str(id)) {
+    if let Some(Ok(v)) = jobs.first().map(|j| HeaderValue::from_str(&j.id)) {
         h.insert("x-request-id", v.clone());
         h.insert("x-gcs-job-id", v);
     }
-    let first = jobs.first().map_or("", |(id, _)| id.as_str());
+    let first = jobs.first().map_or("", |j| j.id.as_str());
     let shape = StreamShape {
         api: f.common.api_type,
         id: codec::response_id(f.common.api_type, first),
@@ -96,8 +148,8 @@ pub(crate) fn respond(
         include_usage: g.include_usage,
         logprobs: g.job.logprobs.is_some(),
     };
-    tokio::spawn(pump(f, shape, jobs, out));
-    r
+    tokio::spawn(pump(f, shape, jobs, out, accepted));
+    Ok(r)
 }
 
 /// One choice's stream state.
@@ -121,22 +173,20 @@ struct Progress {
     last_at: Instant,
 }
 
-async fn pump(
-    mut f: InFlight,
-    shape: StreamShape,
-    jobs: Vec<(String, mpsc::Receiver<JobEvent>)>,
-    out: Out,
-) {
+async fn pump(mut f: InFlight, shape: StreamShape, jobs: Vec<Held>, out: Out, accepted: Instant) {
+    use futures::StreamExt as _;
     let state = f.state.clone();
     state.metrics.active_streams.fetch_add(1, Ordering::Relaxed);
-    let ids: Vec<String> = jobs.iter().map(|(id, _)| id.clone()).collect();
-    // One merged, ordered-per-choice event stream, tagged by choice index.
-    let mut events =
-        futures::stream::select_all(jobs.into_iter().enumerate().map(|(i, (_, rx))| {
-            Box::pin(futures::stream::unfold(rx, move |mut rx| async move {
-                rx.recv().await.map(|ev| ((i, ev), rx))
-            }))
-        }));
+    let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+    // One merged, ordered-per-choice event stream, tagged by choice index:
+    // what was read while the status was held, then the rest.
+    let mut events = futures::stream::select_all(jobs.into_iter().enumerate().map(|(i, j)| {
+        let early = futures::stream::iter(j.early.into_iter().map(move |ev| (i, ev)));
+        let rest = futures::stream::unfold(j.rx, move |mut rx| async move {
+            rx.recv().await.map(|ev| ((i, ev), rx))
+        });
+        Box::pin(early.chain(rest))
+    }));
     let keepalive = state.config.keepalive;
     let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + EDGE_GRACE;
     let idle = Duration::from_millis(f.limits.idle_stream_timeout_ms) + EDGE_GRACE;
@@ -146,12 +196,14 @@ async fn pump(
         last_at: Instant::now(),
     };
     let mut outcome = out.send(": gcs job accepted\n\n".into());
-    let mut last_write = Instant::now();
+    // Keepalives count from acceptance: a hold that lasted a keepalive
+    // interval is followed by one at once.
+    let mut last_write = accepted;
     while outcome.is_ok() {
         let idle_deadline = if p.first_at.is_some() { p.last_at + idle } else { wall };
         let deadline = wall.min(idle_deadline);
         tokio::select! {
-            ev = futures::StreamExt::next(&mut events) => match ev {
+            ev = events.next() => match ev {
                 Some((i, ev)) => match on_event(&mut f, &ids[i], i, &shape, &mut p, &out, ev) {
                     Ok(true) => { last_write = Instant::now(); }
                     Ok(false) => break,

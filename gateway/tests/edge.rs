@@ -34,6 +34,10 @@ fn limits() -> EdgeLimits {
         keepalive_idle: Duration::from_secs(10),
         max_connections: 1024,
         h2_max_concurrent_streams: 100,
+        // Every test client is 127.0.0.1: per-address limits are tested
+        // in abuse.rs.
+        max_connections_per_ip: 100_000,
+        ..EdgeLimits::default()
     }
 }
 
