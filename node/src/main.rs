@@ -161,9 +161,29 @@ struct RunArgs {
     /// Jobs a worker runs at once (sequences in one decode batch).
     #[arg(long, env = "GCS_MAX_JOBS", default_value_t = 16)]
     max_jobs: usize,
-    /// Requests the gateway holds in flight before it answers 429.
+    /// Jobs the gateway holds in flight before it answers 429 (a request
+    /// of n choices or many embedding batches holds that many).
     #[arg(long, env = "GCS_MAX_IN_FLIGHT", default_value_t = 256)]
     max_in_flight: usize,
+    /// Jobs one request may become; larger embeddings requests get larger
+    /// batches (up to 64 inputs a job), beyond that a 400.
+    #[arg(long, env = "GCS_MAX_JOBS_PER_REQUEST", default_value_t = 32)]
+    max_jobs_per_request: usize,
+    /// How long a stream's HTTP status waits for its first chunk, in ms (at
+    /// most one keepalive interval): a job failing before it is answered
+    /// with its own status as JSON.
+    #[arg(long, env = "GCS_STREAM_HOLD_MS", default_value_t = 2_000)]
+    stream_hold_ms: u64,
+    /// Time a request body may take to arrive in full, in ms (then 408).
+    #[arg(long, env = "GCS_BODY_READ_TIMEOUT_MS", default_value_t = 30_000)]
+    body_read_timeout_ms: u64,
+    /// HTTP connections open at once from one client address (IPv6: its /64).
+    #[arg(long, env = "GCS_MAX_CONNECTIONS_PER_IP", default_value_t = 256)]
+    max_connections_per_ip: usize,
+    /// Failed authentications per client address and minute before that
+    /// address's unauthenticated requests are answered 429.
+    #[arg(long, env = "GCS_UNAUTHENTICATED_PER_IP_PER_MINUTE", default_value_t = 60)]
+    unauthenticated_per_ip_per_minute: u32,
     /// Bytes queued for a slow streaming client before its job is cancelled.
     #[arg(long, env = "GCS_STREAM_BUFFER_BYTES", default_value_t = 262_144)]
     stream_buffer_bytes: usize,
@@ -504,7 +524,15 @@ fn gateway_config(cli: &RunArgs) -> gcs_gateway::GatewayConfig {
         idle_timeout_ms: cli.idle_timeout_ms,
         wall_timeout_ms: cli.wall_timeout_ms,
         max_in_flight: cli.max_in_flight.max(1),
+        max_jobs_per_request: cli.max_jobs_per_request.max(1),
+        stream_hold: Duration::from_millis(cli.stream_hold_ms),
         swarm_id: cli.swarm.clone(),
+        edge: gcs_gateway::serve::EdgeLimits {
+            body_read_timeout: Duration::from_millis(cli.body_read_timeout_ms.max(100)),
+            max_connections_per_ip: cli.max_connections_per_ip.max(1),
+            unauthenticated_per_ip_per_minute: cli.unauthenticated_per_ip_per_minute.max(1),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
