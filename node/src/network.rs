@@ -29,6 +29,7 @@ mod anti_entropy;
 pub mod intake;
 
 pub use anti_entropy::{MAX_PAGES_PER_ROUND, MAX_TENANTS, REQUESTS_PER_INTERVAL};
+pub use crate::replication::{DigestRequest as AntiEntropyRequest, DigestResponse as AntiEntropyAnswer};
 pub use intake::NetStats;
 
 /// Identify / kad protocol name.
@@ -57,6 +58,9 @@ pub struct NetworkConfig {
     /// Tenants whose gateway this node is: it takes their usage records
     /// (tenant-gateway replication scope) and no one else's.
     pub served_tenants: Vec<String>,
+    /// The tenant and swarm keys this node trusts (usage records from peers
+    /// count only when signed by a gateway one of them admitted).
+    pub tenant_trust: crate::tenants::TrustHandle,
     /// Bytes and keys a peer's deltas may add per window.
     pub quota: QuotaConfig,
     /// libp2p connection limits.
@@ -93,6 +97,7 @@ impl Default for NetworkConfig {
             gossip_heartbeat: Duration::from_millis(700),
             anti_entropy_interval: Duration::from_secs(10),
             served_tenants: vec![],
+            tenant_trust: Default::default(),
             quota: QuotaConfig::default(),
             connections: ConnectionCaps::default(),
         }
@@ -169,6 +174,7 @@ enum Command {
     Shutdown(oneshot::Sender<()>),
     Request(PeerId, JobRequest, oneshot::Sender<Result<JobResponse, NodeError>>),
     Respond(u64, JobResponse),
+    AntiEntropy(PeerId, DigestRequest, oneshot::Sender<Result<DigestResponse, NodeError>>),
 }
 
 /// Handle to the network event loop.
@@ -238,6 +244,7 @@ impl Network {
             keyspace: keyspace.clone(),
             quotas: Arc::new(std::sync::Mutex::new(PeerQuotas::new(config.quota))),
             stats: stats.clone(),
+            trust: config.tenant_trust.clone(),
         };
         let lp = EventLoop {
             swarm,
@@ -328,6 +335,17 @@ impl Network {
     /// Sends a request on the per-job protocol and waits for the answer.
     pub async fn request(&self, peer: PeerId, req: JobRequest) -> Result<JobResponse, NodeError> {
         self.call(|r| Command::Request(peer, req, r)).await?
+    }
+
+    /// Sends one anti-entropy request as given and returns the answer,
+    /// merging nothing (diagnostics, and the adversary tests that flood a
+    /// node with requests of their own making).
+    pub async fn anti_entropy_request(
+        &self,
+        peer: PeerId,
+        req: AntiEntropyRequest,
+    ) -> Result<AntiEntropyAnswer, NodeError> {
+        self.call(|r| Command::AntiEntropy(peer, req, r)).await?
     }
 
     /// Answers an inbound [`NetEvent::JobRequest`].
@@ -424,7 +442,7 @@ fn build_swarm(identity: &Identity, config: &NetworkConfig) -> Result<Swarm<Beha
                 mdns: Toggle::from(mdns),
                 ping: ping::Behaviour::default(),
                 jobs: request_response::cbor::Behaviour::new(
-                    [(StreamProtocol::new("/gcs/job/1.0.0"), ProtocolSupport::Full)],
+                    [(StreamProtocol::new(crate::jobs::wire::PROTOCOL), ProtocolSupport::Full)],
                     request_response::Config::default()
                         .with_request_timeout(Duration::from_secs(30)),
                 ),
@@ -626,6 +644,10 @@ impl EventLoop {
             Command::Request(peer, req, reply) => {
                 let id = self.swarm.behaviour_mut().jobs.send_request(&peer, req);
                 self.outbound.insert(id, reply);
+            }
+            Command::AntiEntropy(peer, req, reply) => {
+                let id = self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
+                self.ae.raw.insert(id, reply);
             }
             Command::Respond(id, resp) => {
                 if let Some(r) = self.local.remove(&id) {

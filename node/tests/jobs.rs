@@ -655,3 +655,137 @@ async fn a_flood_of_requests_and_gossip_does_not_stall_a_running_stream() {
         w.shutdown().await;
     }
 }
+
+/// One peer floods the gateway with anti-entropy requests of its own
+/// making (thousands of repeated tenants) and with signed job deltas while
+/// a stream runs: the stream completes, the gateway's loop answers
+/// throughout, the requests beyond the per-peer rate are answered "busy",
+/// and what the delta flood adds to the gateway's store is bounded by the
+/// peer's quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anti_entropy_and_delta_flood_neither_stalls_the_node_nor_fills_its_disk() {
+    use gcs_keyspace::Namespace;
+    const QUOTA_BYTES: u64 = 64 << 10;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut gc = config(Role::Gateway, &dirs[0], vec![], None);
+    gc.network.quota =
+        gcs_node::quota::QuotaConfig { window_ms: 600_000, max_bytes: QUOTA_BYTES, max_keys: 10_000 };
+    let gw = start(gc).await.unwrap();
+    let a = addr(&gw).await;
+    let w = start(config(Role::Worker, &dirs[1], vec![a.clone()], Some(Scripted::new(40, 0, 50))))
+        .await
+        .unwrap();
+    wait_for("the worker's registration", || {
+        gw.fresh_registrations().iter().any(|r| r.node_id == w.node_id)
+    })
+    .await;
+    let identity = gcs_node::Identity::load_or_create(dirs[2].path()).unwrap();
+    let fks = Arc::new(
+        gcs_keyspace::Keyspace::open(
+            &dirs[2].path().join("ks"),
+            identity.node_id().as_str(),
+            Default::default(),
+        )
+        .unwrap(),
+    );
+    let mut cfg = gcs_node::NetworkConfig { mdns: false, ..Default::default() };
+    cfg.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
+    cfg.bootstrap = vec![a];
+    let (flooder, _events) = gcs_node::Network::start(&identity, cfg, fks.clone()).await.unwrap();
+    flooder.subscribe(gcs_node::topics::KEYSPACE_DELTAS).await.unwrap();
+    let key = gcs_protocol::NodeKey::from_seed(identity.key.seed());
+    let gw_peer = gw.peer_id;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let jobs_before = gw.keyspace().digest(Namespace::ApiJobs).unwrap().count;
+
+    let (_job, mut rx) = gw.submit(spec()).await.unwrap();
+    let flood = {
+        let (flooder, fks) = (flooder.clone(), fks.clone());
+        tokio::spawn(async move {
+            let mut req = gcs_node::network::AntiEntropyRequest {
+                version: 1,
+                digests: vec![],
+                // Under the request's wire bound (256 KiB): what reaches
+                // the answer is bounded by deduplication and the tenant cap.
+                tenants: vec![("tenant_1".into(), vec![0; 32], 1); 2000],
+                since: None,
+                after: vec![],
+            };
+            req.tenants.extend((0..1000).map(|i| (format!("t{i}"), vec![0; 32], 1)));
+            let (mut answered, mut busy, mut sent_bytes) = (0u32, 0u32, 0u64);
+            let mut failed = None;
+            for round in 0..10u64 {
+                let mut reqs = vec![];
+                for _ in 0..20 {
+                    let (f, r) = (flooder.clone(), req.clone());
+                    reqs.push(tokio::spawn(async move { f.anti_entropy_request(gw_peer, r).await }));
+                }
+                for i in 0..40u64 {
+                    let p = gcs_protocol::samples::Params {
+                        now_ms: gcs_node::now_ms(),
+                        n: round * 100 + i,
+                        ..Default::default()
+                    };
+                    let mut job = gcs_protocol::samples::api_job(&key, &p);
+                    job.job_id = format!("gcsapi_flood{:06}", round * 100 + i);
+                    job.signature = None;
+                    gcs_protocol::sign(&mut job, &key).unwrap();
+                    let d = fks
+                        .put(&keys::job(&job.job_id), gcs_protocol::encode(&job).unwrap(), gcs_node::now_ms())
+                        .unwrap()
+                        .encode();
+                    sent_bytes += d.len() as u64;
+                    let _ = flooder.publish(gcs_node::topics::KEYSPACE_DELTAS, d).await;
+                }
+                for r in reqs {
+                    match r.await.unwrap() {
+                        Ok(a) if a.busy => busy += 1,
+                        Ok(_) => answered += 1,
+                        Err(e) => failed = Some(e.to_string()),
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                eprintln!("some flood requests failed: {e}");
+            }
+            (answered, busy, sent_bytes)
+        })
+    };
+    let mut words = 0;
+    loop {
+        let t = Instant::now();
+        gw.listen_addrs().await.unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "the gateway's loop stalled: {:?}", t.elapsed());
+        match next(&mut rx).await {
+            JobEvent::Chunk(c) if c.finish_reason.is_none() => words += 1,
+            JobEvent::Chunk(_) | JobEvent::Leased { .. } => {}
+            JobEvent::Completed(r) => {
+                assert_eq!(r.status, gcs_protocol::ResultStatus::Completed);
+                break;
+            }
+            other => panic!("the stream did not survive the flood: {other:?}"),
+        }
+    }
+    assert_eq!(words, 40, "every word arrived");
+    let (answered, busy, sent_bytes) =
+        tokio::time::timeout(Duration::from_secs(60), flood).await.unwrap().unwrap();
+    let st = gw.network().stats();
+    let refused = st.quota_refused.load(Ordering::Relaxed);
+    let added = gw.keyspace().digest(Namespace::ApiJobs).unwrap().count - jobs_before - 1;
+    eprintln!(
+        "flood: {answered} answered, {busy} busy; {sent_bytes} delta bytes sent, {added} jobs added, \
+         {refused} refused by quota"
+    );
+    assert!(busy > 0, "requests beyond the per-peer rate are answered busy");
+    assert!(
+        u64::from(answered) <= 2 * u64::from(gcs_node::network::REQUESTS_PER_INTERVAL),
+        "{answered} answers: more than the rate allows"
+    );
+    assert!(sent_bytes > 4 * QUOTA_BYTES, "the flood exceeds the quota: {sent_bytes}");
+    let one = sent_bytes / 400;
+    assert!(added * one <= QUOTA_BYTES + one, "{added} flood jobs stored: beyond the quota");
+    assert!(refused > 0, "refusals are counted");
+    flooder.shutdown().await;
+    gw.shutdown().await;
+    w.shutdown().await;
+}

@@ -18,10 +18,11 @@ use std::collections::HashMap;
 use gcs_protocol::now_ms;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::PeerId;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::intake::NetStats;
 use super::EventLoop;
+use crate::error::NodeError;
 use crate::replication::{self, DigestRequest, DigestResponse};
 
 /// Tenants one request may name (after deduplication).
@@ -78,6 +79,8 @@ pub(super) struct AntiEntropy {
     resume: HashMap<PeerId, Vec<(String, String)>>,
     requests: crate::quota::RateLimit<PeerId>,
     round_robin: usize,
+    /// Requests sent as given by [`super::Network::anti_entropy_request`].
+    pub(super) raw: HashMap<OutboundRequestId, oneshot::Sender<Result<DigestResponse, NodeError>>>,
 }
 
 impl AntiEntropy {
@@ -98,6 +101,7 @@ impl AntiEntropy {
             resume: HashMap::new(),
             requests: crate::quota::RateLimit::new(REQUESTS_PER_INTERVAL, interval_ms),
             round_robin: 0,
+            raw: HashMap::new(),
         }
     }
 
@@ -249,6 +253,10 @@ impl EventLoop {
                 });
             }
             Event::Message { peer, message: RrMessage::Response { request_id, response }, .. } => {
+                if let Some(reply) = self.ae.raw.remove(&request_id) {
+                    let _ = reply.send(Ok(response));
+                    return;
+                }
                 if self.ae.outbound.remove(&request_id).is_none() || response.busy {
                     self.end_round(&peer);
                     return;
@@ -257,6 +265,11 @@ impl EventLoop {
             }
             Event::OutboundFailure { peer, request_id, error, .. } => {
                 tracing::debug!(%peer, %error, "anti-entropy request failed");
+                if let Some(reply) = self.ae.raw.remove(&request_id) {
+                    let reason = error.to_string();
+                    let _ = reply.send(Err(NodeError::Request { peer: peer.to_string(), reason }));
+                    return;
+                }
                 self.ae.outbound.remove(&request_id);
                 self.end_round(&peer);
             }
