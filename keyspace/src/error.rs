@@ -46,6 +46,15 @@ pub enum KeyspaceError {
     /// A peer's logical clock counter is out of bounds.
     #[error("remote logical clock counter {0} is out of bounds")]
     ClockLogical(u32),
+    /// The file system holding the keyspace is below its free-space
+    /// reserve: writes are refused before the disk is actually full.
+    #[error("only {free_bytes} bytes free, below the reserve of {reserve_bytes}")]
+    NoSpace {
+        /// Bytes available to this process.
+        free_bytes: u64,
+        /// `KeyspaceOptions::min_free_bytes`.
+        reserve_bytes: u64,
+    },
     /// A peer's clock is too far ahead.
     #[error("remote clock {remote_ms} ms is too far ahead of ours ({now_ms} ms)")]
     ClockDrift {

@@ -42,6 +42,10 @@ pub struct KeyspaceOptions {
     /// Per-namespace retention: entries not written for this long are
     /// compacted away, and deltas older than it are not accepted back.
     pub retention_ms: BTreeMap<Namespace, u64>,
+    /// Writes are refused while the file system has less than this free
+    /// (RocksDB must never meet a full disk: a failed log write leaves its
+    /// writer in an error state, and the system library asserts on it).
+    pub min_free_bytes: u64,
 }
 
 impl Default for KeyspaceOptions {
@@ -55,6 +59,7 @@ impl Default for KeyspaceOptions {
                 .iter()
                 .filter_map(|ns| Some((*ns, ns.retention_ms()?)))
                 .collect(),
+            min_free_bytes: 64 << 20,
         }
     }
 }
@@ -149,6 +154,10 @@ pub struct Keyspace {
     opts: KeyspaceOptions,
     state: Mutex<WriteState>,
     changes: broadcast::Sender<Arc<Change>>,
+    /// Set by the first failed write (see `write_opt`).
+    write_failed: std::sync::atomic::AtomicBool,
+    /// The database directory, for the free-space check.
+    path: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for Keyspace {
@@ -194,6 +203,8 @@ impl Keyspace {
             opts,
             state: Mutex::new(WriteState { clock, next_seq, log_start }),
             changes,
+            write_failed: std::sync::atomic::AtomicBool::new(false),
+            path: path.to_path_buf(),
         })
     }
 
@@ -295,19 +306,17 @@ impl Keyspace {
         self.write_register(key, Some(value), now_ms)
     }
 
-    /// `put`, then the write-ahead log synced before it returns: for records
-    /// that must survive a power loss once acknowledged (usage, 26.23). On
-    /// error the write may or may not have reached the disk; the caller fails
-    /// the request either way, so nothing is acknowledged that was not stored.
+    /// `put` as a synced write (the write-ahead log is on disk before it
+    /// returns): for records that must survive a power loss once
+    /// acknowledged (usage, 26.23). On error the caller fails the request,
+    /// so nothing is acknowledged that was not stored.
     pub fn put_durable(
         &self,
         key: &str,
         value: Vec<u8>,
         now_ms: u64,
     ) -> Result<Delta, KeyspaceError> {
-        let delta = self.write_register(key, Some(value), now_ms)?;
-        self.db.flush_wal(true)?;
-        Ok(delta)
+        self.write_register_opt(key, Some(value), now_ms, true)
     }
 
     /// Deletes the register at `key` (a replicated tombstone).
@@ -321,11 +330,21 @@ impl Keyspace {
         value: Option<Vec<u8>>,
         now_ms: u64,
     ) -> Result<Delta, KeyspaceError> {
+        self.write_register_opt(key, value, now_ms, false)
+    }
+
+    fn write_register_opt(
+        &self,
+        key: &str,
+        value: Option<Vec<u8>>,
+        now_ms: u64,
+        sync: bool,
+    ) -> Result<Delta, KeyspaceError> {
         let ns = Self::expect_kind(key, ValueKind::Register)?;
         let mut st = self.lock();
         let hlc = st.clock.tick(now_ms);
         let v = CrdtValue::Register(Register::new(value, hlc, &self.actor));
-        let merged = self.apply_locked(&mut st, ns, key, v)?;
+        let merged = self.apply_locked(&mut st, ns, key, v, sync)?;
         Ok(Delta { key: key.into(), value: merged.1 })
     }
 
@@ -358,7 +377,7 @@ impl Keyspace {
             _ => AwSet::default(),
         };
         f(&mut set, &self.actor, hlc);
-        let merged = self.apply_locked(&mut st, ns, key, CrdtValue::Set(set))?;
+        let merged = self.apply_locked(&mut st, ns, key, CrdtValue::Set(set), false)?;
         Ok(Delta { key: key.into(), value: merged.1 })
     }
 
@@ -377,7 +396,7 @@ impl Keyspace {
         }
         let mut st = self.lock();
         st.clock.observe(delta.value.updated(), now_ms)?;
-        Ok(match self.apply_locked(&mut st, ns, &delta.key, delta.value)?.0 {
+        Ok(match self.apply_locked(&mut st, ns, &delta.key, delta.value, false)?.0 {
             Some(seq) => MergeOutcome::Changed(seq),
             None => MergeOutcome::Unchanged,
         })
@@ -405,13 +424,15 @@ impl Keyspace {
 
     /// Joins `incoming` into the stored state in one atomic batch (value,
     /// digest, log entry, sequence, clock). Returns the log sequence number
-    /// if the state changed, and the resulting state.
+    /// if the state changed, and the resulting state. `sync`: the write is
+    /// on disk when this returns.
     fn apply_locked(
         &self,
         st: &mut WriteState,
         ns: Namespace,
         key: &str,
         incoming: CrdtValue,
+        sync: bool,
     ) -> Result<(Option<u64>, CrdtValue), KeyspaceError> {
         let old_bytes = self.read_raw(ns, key)?;
         let merged = match old_bytes.as_deref().map(|b| decode_value(key, b)) {
@@ -464,7 +485,7 @@ impl Keyspace {
             );
             batch.put_cf(meta, META_LOG_START, new_log_start.to_be_bytes());
         }
-        self.write(batch)?;
+        self.write_opt(batch, sync)?;
         st.next_seq = seq + 1;
         st.log_start = new_log_start;
         // No receivers is fine: nobody is watching.
@@ -473,9 +494,48 @@ impl Keyspace {
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), KeyspaceError> {
+        self.write_opt(batch, false)
+    }
+
+    /// Writes a batch (synced when `sync` or `KeyspaceOptions::sync_writes`).
+    /// After one failed write (a full disk) every later write fails at once
+    /// until the keyspace is reopened: RocksDB's log writer is then in an
+    /// error state that a further write or sync must not touch (the system
+    /// librocksdb asserts on it and aborts), and a node that cannot store
+    /// must say so rather than half-store.
+    fn write_opt(&self, batch: WriteBatch, sync: bool) -> Result<(), KeyspaceError> {
+        if self.write_failed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(KeyspaceError::Db(
+                "an earlier write failed (disk full?); reopen the keyspace".into(),
+            ));
+        }
+        self.check_space()?;
         let mut wo = WriteOptions::default();
-        wo.set_sync(self.opts.sync_writes);
-        Ok(self.db.write_opt(batch, &wo)?)
+        wo.set_sync(sync || self.opts.sync_writes);
+        self.db.write_opt(batch, &wo).map_err(|e| {
+            self.write_failed.store(true, std::sync::atomic::Ordering::Release);
+            tracing::error!(error = %e, "keyspace write failed; refusing writes until reopened");
+            KeyspaceError::from(e)
+        })
+    }
+
+    /// Refuses a write while the disk is below the reserve (one statvfs,
+    /// about a microsecond; the reserve leaves room for RocksDB's own
+    /// flushes and for the writes already admitted).
+    fn check_space(&self) -> Result<(), KeyspaceError> {
+        let reserve = self.opts.min_free_bytes;
+        if reserve == 0 {
+            return Ok(());
+        }
+        #[cfg(unix)]
+        if let Ok(st) = rustix::fs::statvfs(&self.path) {
+            let free = st.f_bavail.saturating_mul(st.f_frsize);
+            if free < reserve {
+                tracing::debug!(free, reserve, "keyspace write refused: disk below its reserve");
+                return Err(KeyspaceError::NoSpace { free_bytes: free, reserve_bytes: reserve });
+            }
+        }
+        Ok(())
     }
 
     /// Every entry whose key starts with `prefix`, in key order. Unreadable
