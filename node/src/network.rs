@@ -27,6 +27,7 @@ use std::collections::HashMap;
 
 mod anti_entropy;
 pub mod intake;
+mod rounds;
 
 pub use anti_entropy::{MAX_PAGES_PER_ROUND, MAX_TENANTS, REQUESTS_PER_INTERVAL};
 pub use crate::replication::{DigestRequest as AntiEntropyRequest, DigestResponse as AntiEntropyAnswer};

@@ -29,8 +29,8 @@ use crate::replication::{self, DigestRequest, DigestResponse};
 pub const MAX_TENANTS: usize = 64;
 /// Digests and resume points one request may carry.
 pub const MAX_DIGESTS: usize = 64;
-/// Pages one round follows; the rest waits for the next round.
-pub const MAX_PAGES_PER_ROUND: u32 = 16;
+pub use super::rounds::MAX_PAGES_PER_ROUND;
+use super::rounds::{Next, Rounds};
 /// Answers one peer gets per anti-entropy interval: two rounds' pages.
 pub const REQUESTS_PER_INTERVAL: u32 = 2 * (MAX_PAGES_PER_ROUND + 1);
 /// Answers built at once, for all peers together.
@@ -56,27 +56,17 @@ pub(super) enum Done {
     Merged { peer: PeerId, last_seq: Option<u64>, resume: Vec<(String, String)>, more: bool, over_quota: bool },
 }
 
-/// A round in progress with one peer.
-#[derive(Debug, Default)]
-struct Round {
-    pages: u32,
-}
-
 /// The loop's anti-entropy state.
 pub(super) struct AntiEntropy {
     pub(super) done_tx: mpsc::Sender<Done>,
     pub(super) done_rx: mpsc::Receiver<Done>,
-    interval_ms: u64,
     answering: usize,
     next_answer: u64,
     channels: HashMap<u64, ResponseChannel<DigestResponse>>,
-    rounds: HashMap<PeerId, Round>,
-    last_round: HashMap<PeerId, u64>,
+    rounds: Rounds<PeerId>,
     outbound: HashMap<OutboundRequestId, PeerId>,
     /// Per peer: its delta-log position we have everything up to.
     pub(super) cursor: HashMap<PeerId, u64>,
-    /// Per peer: where a round cut at the page cap stopped.
-    resume: HashMap<PeerId, Vec<(String, String)>>,
     requests: crate::quota::RateLimit<PeerId>,
     round_robin: usize,
     /// Requests sent as given by [`super::Network::anti_entropy_request`].
@@ -90,15 +80,12 @@ impl AntiEntropy {
         Self {
             done_tx,
             done_rx,
-            interval_ms,
             answering: 0,
             next_answer: 0,
             channels: HashMap::new(),
-            rounds: HashMap::new(),
-            last_round: HashMap::new(),
+            rounds: Rounds::new(interval_ms, MAX_ROUNDS_IN_FLIGHT, MAX_CURSORS),
             outbound: HashMap::new(),
             cursor: HashMap::new(),
-            resume: HashMap::new(),
             requests: crate::quota::RateLimit::new(REQUESTS_PER_INTERVAL, interval_ms),
             round_robin: 0,
             raw: HashMap::new(),
@@ -108,11 +95,10 @@ impl AntiEntropy {
     /// Forgets a disconnected peer's rounds and rate (its cursor stays, so
     /// a reconnect pulls only what changed, up to [`MAX_CURSORS`] peers).
     pub(super) fn forget(&mut self, peer: &PeerId) {
-        self.rounds.remove(peer);
+        self.rounds.forget(peer);
         self.requests.forget(peer);
         if self.cursor.len() > MAX_CURSORS {
             self.cursor.remove(peer);
-            self.resume.remove(peer);
         }
     }
 }
@@ -134,19 +120,8 @@ impl EventLoop {
     /// A round with `peer`, unless one runs, one ran within the interval,
     /// or [`MAX_ROUNDS_IN_FLIGHT`] run.
     pub(super) fn start_round(&mut self, peer: PeerId) {
-        let now = now_ms();
-        let ae = &mut self.ae;
-        let recent = ae.last_round.get(&peer).is_some_and(|t| now < t.saturating_add(ae.interval_ms));
-        if ae.rounds.contains_key(&peer) || recent || ae.rounds.len() >= MAX_ROUNDS_IN_FLIGHT {
-            return;
-        }
-        ae.rounds.insert(peer, Round::default());
-        ae.last_round.insert(peer, now);
-        if ae.last_round.len() > MAX_CURSORS {
-            ae.last_round.retain(|_, t| now < t.saturating_add(ae.interval_ms));
-        }
+        let Some(after) = self.ae.rounds.start(&peer, now_ms()) else { return };
         NetStats::bump(&self.stats.ae_rounds);
-        let after = ae.resume.remove(&peer).unwrap_or_default();
         self.build_request(peer, after);
     }
 
@@ -161,7 +136,7 @@ impl EventLoop {
     }
 
     fn end_round(&mut self, peer: &PeerId) {
-        self.ae.rounds.remove(peer);
+        self.ae.rounds.end(peer);
     }
 
     /// Builds the digests on a blocking task; the loop sends the request.
@@ -194,7 +169,7 @@ impl EventLoop {
                     let _ = self.swarm.behaviour_mut().anti_entropy.send_response(ch, response);
                 }
             }
-            Done::Built { peer, request: Some(req) } if self.ae.rounds.contains_key(&peer) => {
+            Done::Built { peer, request: Some(req) } if self.ae.rounds.is_active(&peer) => {
                 let id = self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
                 self.ae.outbound.insert(id, peer);
             }
@@ -203,20 +178,10 @@ impl EventLoop {
                 if let Some(seq) = last_seq {
                     self.ae.cursor.insert(peer, seq);
                 }
-                let Some(round) = self.ae.rounds.get_mut(&peer) else { return };
-                round.pages += 1;
-                let capped = round.pages >= MAX_PAGES_PER_ROUND;
-                if over_quota || !more {
-                    self.end_round(&peer);
-                } else if capped {
-                    // Resume here next round rather than start over.
-                    NetStats::bump(&self.stats.ae_rounds_capped);
-                    if !resume.is_empty() {
-                        self.ae.resume.insert(peer, resume);
-                    }
-                    self.end_round(&peer);
-                } else {
-                    self.build_request(peer, resume);
+                match self.ae.rounds.page(&peer, more, over_quota, resume) {
+                    Next::Ask(resume) => self.build_request(peer, resume),
+                    Next::Capped => NetStats::bump(&self.stats.ae_rounds_capped),
+                    Next::Done => {}
                 }
             }
         }
@@ -338,5 +303,34 @@ mod tests {
     fn an_answer_fits_the_wire_bound() {
         assert!(RESPONSE_MAX_BYTES as usize > replication::RESPONSE_BUDGET + (1 << 20));
         assert!(RESPONSE_MAX_BYTES < 10 << 20, "below the codec's own 10 MiB");
+    }
+
+    /// The page bytes accepted from a responder: an answer over the bound
+    /// is refused by the codec as it is read, whatever the responder sends.
+    #[tokio::test]
+    async fn an_answer_over_the_wire_bound_is_refused_as_it_is_read() {
+        use libp2p::request_response::{cbor::codec::Codec, Codec as _};
+        let proto = libp2p::StreamProtocol::new("/gcs/anti-entropy/1.0.0");
+        let ours = || {
+            Codec::<DigestRequest, DigestResponse>::default()
+                .set_request_size_maximum(REQUEST_MAX_BYTES)
+                .set_response_size_maximum(RESPONSE_MAX_BYTES)
+        };
+        let encode = |resp: DigestResponse| async move {
+            let mut buf = vec![];
+            let mut w = Codec::<DigestRequest, DigestResponse>::default();
+            let proto = libp2p::StreamProtocol::new("/gcs/anti-entropy/1.0.0");
+            w.write_response(&proto, &mut futures::io::Cursor::new(&mut buf), resp).await.unwrap();
+            buf
+        };
+        let huge = DigestResponse { deltas: vec![vec![7u8; 1 << 20]; 7], ..DigestResponse::busy() };
+        let buf = encode(huge).await;
+        assert!(buf.len() as u64 > RESPONSE_MAX_BYTES);
+        let read = ours().read_response(&proto, &mut futures::io::Cursor::new(&buf)).await;
+        assert!(read.is_err(), "a 7 MiB answer is refused");
+        let page = DigestResponse { deltas: vec![vec![7u8; 1 << 20]; 4], ..DigestResponse::busy() };
+        let buf = encode(page).await;
+        let read = ours().read_response(&proto, &mut futures::io::Cursor::new(&buf)).await;
+        assert_eq!(read.unwrap().deltas.len(), 4, "a full page fits");
     }
 }
