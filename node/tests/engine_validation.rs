@@ -41,7 +41,7 @@ fn run(exec: &EngineExecutor, g: Generation) -> Result<u64, ExecError> {
         api_type: api,
         model: "smollm2-135m-instruct".into(),
         body: JobRequest::Generation(g).encode().unwrap(),
-        tenant_id: "t".into(),
+        cache_salt: "t".into(),
     };
     let mut emitted = 0u64;
     let out = exec.run(&req, &AtomicBool::new(false), &mut |_, n, _| {

@@ -372,6 +372,15 @@ async fn a_gateway_restart_leaves_no_job_hanging() {
     // The recovered job bills what its client had received before the restart.
     let u = usage(&gw, &job);
     assert!(u.output_tokens_sent_to_client >= 3, "{u:?}");
+    // Billed from the gateway's local record: the announcement, a global
+    // record, names neither project nor key (26.20.4).
+    assert_eq!((u.project_id.as_str(), u.api_key_id.as_str()), ("proj_1", "key_1"), "{u:?}");
+    let announced: gcs_protocol::ApiRequestJob = gcs_protocol::codec::from_cbor_bytes(
+        &gw.keyspace().get_bytes(&keys::job(&job)).unwrap().unwrap(),
+    )
+    .unwrap();
+    assert!(announced.tenant.api_key_id.is_empty() && announced.tenant.project_id.is_empty());
+    assert_ne!(announced.idempotency_key, "idem_1", "the client's key stays at the gateway");
     assert!(u.output_tokens_generated >= u.output_tokens_sent_to_client, "{u:?}");
     // The worker was told to stop (or stopped when its gateway vanished).
     let t = Instant::now();

@@ -45,10 +45,22 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
                 ApiError::invalid("gnus.privacy_mode", format!("unknown privacy mode '{s}'"))
             })?,
         };
-        if matches!(out.1, PrivacyLevel::EncryptedPayload | PrivacyLevel::MetadataMinimized) {
+        if out.1 == PrivacyLevel::EncryptedPayload {
             return Err(ApiError::unsupported(
                 "gnus.privacy_mode",
                 format!("privacy mode '{s}' is not supported yet"),
+            ));
+        }
+        // A minimized job names only a per-job tenant reference; private,
+        // hybrid and local-only jobs go on their tenant's or swarm's topic
+        // and are claimed by its members, which needs the name: refused,
+        // never silently downgraded.
+        if out.1 == PrivacyLevel::MetadataMinimized
+            && !matches!(out.0, RoutingMode::Public | RoutingMode::GatewayLocal)
+        {
+            return Err(ApiError::unsupported(
+                "gnus.privacy_mode",
+                format!("privacy mode '{s}' cannot be honoured with '{}' routing", out.0),
             ));
         }
     }

@@ -105,6 +105,21 @@ fn the_gnus_extension_sets_routing_and_timeouts() {
 }
 
 #[test]
+fn metadata_minimized_is_public_or_gateway_local_only() {
+    let with = |network: &str| {
+        chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "gnus": {"network": network, "privacy_mode": "metadata_minimized"}}))
+    };
+    let p = with("public").unwrap();
+    assert_eq!(p.common().privacy, PrivacyLevel::MetadataMinimized);
+    for network in ["private", "hybrid", "local_only"] {
+        let e = with(network).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("gnus.privacy_mode"), "{network}");
+        assert!(e.message.contains(network), "{network}: {}", e.message);
+    }
+}
+
+#[test]
 fn the_job_carries_typed_parameters() {
     let p = generation(
         chat(json!({"model": "m", "max_completion_tokens": 5, "temperature": 0, "top_k": 3,

@@ -503,7 +503,8 @@ impl Sim {
                 }
                 wj::Effect::FetchPayload { .. } => {
                     let p = self.jobs[job].announced.request.payload_ref.inline.clone();
-                    let a = Answer::Payload(p.unwrap_or_default());
+                    let p = wj::LeasedPayload::new(p.unwrap_or_default(), "t".into(), [0; 32]);
+                    let a = Answer::Payload(Box::new(p));
                     self.answer(w, job, wj::Request::Payload, a);
                 }
                 wj::Effect::StartEngine(_) => {

@@ -118,7 +118,7 @@ impl Executor for EngineExecutor {
         }
         match job {
             JobRequest::Embedding(e) => self.embed(&e),
-            JobRequest::Generation(g) => self.generate(&g, &req.tenant_id, cancel, emit),
+            JobRequest::Generation(g) => self.generate(&g, &req.cache_salt, cancel, emit),
         }
     }
 }
@@ -146,7 +146,7 @@ impl EngineExecutor {
     fn generate(
         &self,
         g: &Generation,
-        tenant: &str,
+        cache_salt: &str,
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, ExecError> {
@@ -178,7 +178,7 @@ impl EngineExecutor {
         let mut sreq = SeqRequest::new(prompt, (g.max_tokens as usize).min(MAX_TOKENS));
         sreq.sampling = sampling(&g.sampling);
         sreq.stop = g.stop.clone();
-        sreq.tenant = tenant.to_string();
+        sreq.tenant = cache_salt.to_string();
         sreq.logprobs = g.logprobs.map(|top| usize::from(top.min(20)));
         // Tokens (and their logprobs) whose text is held back (a partial
         // character, a possible stop string) ride on the next delta that

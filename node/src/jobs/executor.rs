@@ -15,8 +15,10 @@ pub struct ExecRequest {
     /// The job's payload: a typed request as the gateway encoded it
     /// (`gcs_gateway::payload::JobRequest::encode`).
     pub body: Vec<u8>,
-    /// Tenant, for prefix-cache salting.
-    pub tenant_id: String,
+    /// The prefix-cache salt: a secret the job's gateway derives per
+    /// tenant and sends only to the lease holder. Requests share cached
+    /// prefixes only when their salts are equal.
+    pub cache_salt: String,
 }
 
 /// How a run ended.

@@ -7,14 +7,14 @@ use std::sync::Mutex;
 
 use gcs_keyspace::{keys, Keyspace};
 use gcs_protocol::{
-    ids, now_ms, open, sign, ApiRequestJob, CancellationReason, Hash32, JobLimits, Limits, Message,
-    MessageType, NodeKey, PayloadMode, PayloadRef, ReplyTo, RequestInfo, Requirements, Source,
-    TenantRef, PROTOCOL_VERSION,
+    now_ms, open, sign, ApiRequestJob, CancellationReason, Hash32, Limits, Message, MessageType,
+    NodeKey, PROTOCOL_VERSION,
 };
 use libp2p::PeerId;
 use tokio::sync::mpsc;
 
-use super::wire::{JobRequest, JobResponse};
+use super::announce::{build_job, cache_salt, GatewayRecord};
+use super::wire::{JobRequest, JobResponse, LeasedPayload};
 use super::{peer_of, JobEvent, JobSpec};
 use crate::error::NodeError;
 use crate::lifecycle::tracker::{Effect, Input, JobTracker, TrackerConfig};
@@ -28,7 +28,8 @@ pub const CLIENT_BUFFER: usize = 256;
 struct Active {
     tracker: JobTracker,
     events: mpsc::Sender<JobEvent>,
-    payload: Vec<u8>,
+    /// The body, the real tenant and its cache salt: the lease holder's only.
+    payload: LeasedPayload,
     lease_id: Option<String>,
     /// Repeats of the same idempotent request: they hear only the end.
     watchers: Vec<mpsc::Sender<JobEvent>>,
@@ -193,72 +194,6 @@ pub(crate) struct GatewayState {
     penalties: crate::lifecycle::penalty::PenaltyBox,
 }
 
-fn build_job(
-    spec: &JobSpec,
-    key: &NodeKey,
-    payload: &[u8],
-    now: u64,
-) -> Result<ApiRequestJob, NodeError> {
-    let job_id = ids::new_id(ids::JOB, now)?;
-    let endpoint = match spec.api_type {
-        gcs_protocol::ApiType::ChatCompletion => "/v1/chat/completions",
-        gcs_protocol::ApiType::Completion => "/v1/completions",
-        gcs_protocol::ApiType::Embedding => "/v1/embeddings",
-    };
-    let limits = JobLimits { ..spec.limits.clone() };
-    let mut job = ApiRequestJob {
-        message_type: MessageType::ApiRequestJob,
-        version: PROTOCOL_VERSION,
-        idempotency_key: spec.idempotency_key.clone(),
-        gateway_node_id: key.node_id(),
-        source: Source {
-            kind: "openai_compatible_api".into(),
-            endpoint: endpoint.into(),
-            method: "POST".into(),
-            client_request_id: String::new(),
-        },
-        tenant: TenantRef {
-            tenant_id: spec.tenant_id.clone(),
-            project_id: spec.project_id.clone(),
-            api_key_id: spec.api_key_id.clone(),
-        },
-        // Prompt privacy by default (26.20.4): gossip carries only the hash;
-        // the lease holder fetches the body from this gateway directly.
-        request: RequestInfo {
-            api_type: spec.api_type,
-            model: spec.model.clone(),
-            stream: spec.stream,
-            payload_ref: PayloadRef {
-                mode: PayloadMode::GatewayRef,
-                encrypted: false,
-                content_hash: Hash32::of(payload),
-                size_bytes: payload.len() as u64,
-                inline: None,
-                location: Some(key.node_id().to_string()),
-            },
-        },
-        routing: spec.routing.clone(),
-        requirements: Requirements {
-            min_context_tokens: 0,
-            supports_streaming: spec.stream,
-            supports_chat: spec.api_type != gcs_protocol::ApiType::Embedding,
-            supports_embeddings: spec.api_type == gcs_protocol::ApiType::Embedding,
-            allowed_model_aliases: vec![spec.model.clone()],
-            max_input_tokens: 0,
-            max_output_tokens: spec.max_output_tokens,
-        },
-        reply_to: ReplyTo::for_job(&job_id),
-        created_at_ms: now,
-        expires_at_ms: now + limits.wall_timeout_ms,
-        limits,
-        job_id,
-        announcement: 0,
-        signature: None,
-    };
-    sign(&mut job, key)?;
-    Ok(job)
-}
-
 impl GatewayState {
     /// After a restart: every job this gateway published that has no usage
     /// record was in flight when it stopped. Its client is gone with the old
@@ -286,7 +221,13 @@ impl GatewayState {
             let (tx, _rx) = mpsc::channel(1);
             self.active.insert(
                 id.clone(),
-                Active { tracker, events: tx, payload: vec![], lease_id: None, watchers: vec![] },
+                Active {
+                    tracker,
+                    events: tx,
+                    payload: LeasedPayload::new(vec![], String::new(), [0; 32]),
+                    lease_id: None,
+                    watchers: vec![],
+                },
             );
             self.apply(id, effects, ctx).await;
             let error = gcs_protocol::ErrorInfo {
@@ -317,7 +258,11 @@ impl GatewayState {
         Ok(n)
     }
 
+            let record = ctx.keyspace.get_bytes(&keys::payload(id))?;
     /// Publishes a job and returns its id and the client's event stream.
+            if let Some(r) = record.as_deref().and_then(GatewayRecord::decode) {
+                tracker.bill_to(r.billing);
+            }
     pub async fn submit(
         &mut self,
         spec: JobSpec,
@@ -344,12 +289,21 @@ impl GatewayState {
         let record_key = job_record_key(&job);
         ctx.keyspace.put(&record_key, gcs_protocol::encode(&job)?, now)?;
         crate::indexes::open_job(ctx.keyspace, &job_id, &record_key, now)?;
-        ctx.keyspace.put(&keys::payload(&job_id), spec.body.clone(), now)?;
-        let (tracker, effects) = JobTracker::new(job, ctx.tracker, now);
+        let record = GatewayRecord::of(&spec);
+        let billing = record.billing.clone();
+        ctx.keyspace.put(
+            &keys::payload(&job_id),
+            gcs_protocol::codec::to_canonical_bytes(&record)?,
+            now,
+        )?;
+        let (mut tracker, effects) = JobTracker::new(job, ctx.tracker, now);
+        tracker.bill_to(billing);
+        let salt = cache_salt(ctx.key, &spec.tenant_id);
+        let payload = LeasedPayload::new(spec.body, spec.tenant_id, salt);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
         self.active.insert(
             job_id.clone(),
-            Active { tracker, events: tx, payload: spec.body, lease_id: None, watchers: vec![] },
+            Active { tracker, events: tx, payload, lease_id: None, watchers: vec![] },
         );
         self.apply(&job_id, effects, ctx).await;
         Ok((job_id, rx))
@@ -463,7 +417,7 @@ impl GatewayState {
                 };
                 match a.tracker.lease() {
                     Some(l) if l.lease_id == lease_id && peer_of(&l.node_id) == Some(peer) => {
-                        JobResponse::Payload(a.payload.clone())
+                        JobResponse::Payload(Box::new(a.payload.clone()))
                     }
                     _ => JobResponse::Refused("only the lease holder may fetch the payload".into()),
                 }

@@ -1,8 +1,75 @@
-//! The per-job direct-stream protocol (`/gcs/job/1.0.0`): claims, leases,
+//! The per-job direct-stream protocol ([`PROTOCOL`]): claims, leases,
 //! chunks, results, renewals and cancellations travel between the gateway
-//! and the worker as signed protocol envelopes, not as gossip.
+//! and the worker as signed protocol envelopes, not as gossip; the payload
+//! goes to the lease holder only, with what only it may learn.
 
 use serde::{Deserialize, Serialize};
+
+/// The stream protocol's name; 1.1.0: the payload answer is a
+/// [`LeasedPayload`] (1.0.0 sent the bare body).
+pub const PROTOCOL: &str = "/gcs/job/1.1.0";
+
+/// The [`LeasedPayload`] format version.
+pub const LEASED_PAYLOAD_VERSION: u16 = 1;
+
+/// What the lease holder gets, and nobody else (26.20.4): the request body
+/// (its hash is in the signed job), the job's real tenant (a
+/// `metadata_minimized` announcement names only an opaque reference), and
+/// the prefix-cache salt — a secret of the gateway per tenant, so jobs of
+/// other gateways or tenants never hit this tenant's cached prefixes and
+/// `cached_tokens` tells a prober nothing.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasedPayload {
+    /// [`LEASED_PAYLOAD_VERSION`].
+    pub version: u16,
+    /// The typed request (`gcs_gateway::payload::JobRequest`).
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+    /// The tenant the job runs for.
+    pub tenant_id: String,
+    /// 32 secret bytes; equal salts may share cached prefixes.
+    #[serde(with = "serde_bytes")]
+    pub cache_salt: Vec<u8>,
+}
+
+impl std::fmt::Debug for LeasedPayload {
+    // The salt is a secret and the body a prompt: neither goes to a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedPayload")
+            .field("version", &self.version)
+            .field("body_bytes", &self.body.len())
+            .field("tenant_id", &self.tenant_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Longest tenant id a worker accepts in a [`LeasedPayload`].
+pub const MAX_TENANT_ID: usize = 128;
+
+impl LeasedPayload {
+    /// A payload answer of the current version.
+    pub fn new(body: Vec<u8>, tenant_id: String, cache_salt: [u8; 32]) -> Self {
+        Self { version: LEASED_PAYLOAD_VERSION, body, tenant_id, cache_salt: cache_salt.to_vec() }
+    }
+
+    /// Why the worker must not run it, if anything is wrong with its form.
+    pub fn problem(&self) -> Option<&'static str> {
+        if self.version != LEASED_PAYLOAD_VERSION {
+            Some("unsupported payload answer version")
+        } else if self.cache_salt.len() != 32 {
+            Some("the cache salt is not 32 bytes")
+        } else if self.tenant_id.is_empty() || self.tenant_id.len() > MAX_TENANT_ID {
+            Some("the tenant id is empty or too long")
+        } else {
+            None
+        }
+    }
+
+    /// The salt as the engine keys its prefix cache on it.
+    pub fn salt_hex(&self) -> String {
+        hex::encode(&self.cache_salt)
+    }
+}
 
 /// A request on the job protocol.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -25,8 +92,8 @@ pub enum JobResponse {
     Ack,
     /// A signed envelope in return (lease grant, claim rejection).
     Envelope(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// The payload bytes.
-    Payload(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The payload, to the lease holder.
+    Payload(Box<LeasedPayload>),
     /// Refused, with the reason.
     Refused(String),
 }

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use super::peer_of;
-use super::wire::{JobRequest, JobResponse};
+use super::wire::{JobRequest, JobResponse, LeasedPayload};
 use crate::lifecycle::worker_job::{
     Answer, Effect, Input, Offer, Policy, Request, Share, Slots, Termination, WorkerJob,
     IN_FLIGHT,
@@ -248,7 +248,7 @@ impl WorkerState {
                 JobRequest::FetchPayload { job_id, lease_id },
                 answers,
             ),
-            Effect::StartEngine(body) => *engine = Some(self.start_engine(m.job(), model, body)),
+            Effect::StartEngine(p) => *engine = Some(self.start_engine(m.job(), model, *p)),
             Effect::StopEngine => {
                 if let Some(e) = engine {
                     e.cancel.store(true, Ordering::SeqCst);
@@ -307,14 +307,15 @@ impl WorkerState {
 
     /// Runs the engine on a blocking thread; its deltas arrive on a bounded
     /// channel that the task reads only while the stream's window has room.
-    fn start_engine(&self, job: &ApiRequestJob, model: &ModelInfo, body: Vec<u8>) -> Engine {
+    fn start_engine(&self, job: &ApiRequestJob, model: &ModelInfo, p: LeasedPayload) -> Engine {
         let (tx, deltas) = mpsc::channel(64);
         let exec = self.executor.clone();
+        let cache_salt = p.salt_hex();
         let req = ExecRequest {
             api_type: job.request.api_type,
             model: model.model_id.clone(),
-            body,
-            tenant_id: job.tenant.tenant_id.clone(),
+            body: p.body,
+            cache_salt,
         };
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();

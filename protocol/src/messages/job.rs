@@ -22,12 +22,19 @@ pub struct Source {
     pub client_request_id: String,
 }
 
-/// Who pays.
+/// Who pays. A gateway's public announcement names only the tenant (or,
+/// with `metadata_minimized`, a per-job opaque reference to it): project
+/// and API key stay with the gateway, so they are absent on the wire when
+/// empty (26.20.4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[allow(missing_docs)]
 pub struct TenantRef {
+    /// Tenant id, or an opaque per-job reference (`metadata_minimized`).
     pub tenant_id: String,
+    /// Project (empty in announcements).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub project_id: String,
+    /// API key id (empty in announcements).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub api_key_id: String,
 }
 
@@ -182,7 +189,8 @@ pub struct ApiRequestJob {
     pub version: u16,
     /// `gcsapi_` + ULID.
     pub job_id: String,
-    /// Client idempotency key or request hash.
+    /// An opaque token the gateway derives from the client's idempotency
+    /// key (never the key itself: the gateway keeps that mapping locally).
     pub idempotency_key: String,
     /// The gateway that publishes and signs the job (extension).
     pub gateway_node_id: NodeId,
@@ -240,8 +248,8 @@ impl SignedMessage for ApiRequestJob {
         v::short("source.method", &self.source.method, 16)?;
         v::text("source.client_request_id", &self.source.client_request_id, MAX_SHORT)?;
         v::short("tenant.tenant_id", &self.tenant.tenant_id, MAX_SHORT)?;
-        v::short("tenant.project_id", &self.tenant.project_id, MAX_SHORT)?;
-        v::short("tenant.api_key_id", &self.tenant.api_key_id, MAX_SHORT)?;
+        v::text("tenant.project_id", &self.tenant.project_id, MAX_SHORT)?;
+        v::text("tenant.api_key_id", &self.tenant.api_key_id, MAX_SHORT)?;
         v::short("request.model", &self.request.model, MAX_SHORT)?;
         let p = &self.request.payload_ref;
         match (p.mode, &p.inline) {

@@ -119,6 +119,9 @@ pub struct JobTracker {
     announcements: u32,
     /// A public claim was turned away in the hybrid private window.
     turned_away_public: bool,
+    /// Who the usage record bills: the gateway's own record, since the
+    /// announcement carries no project or key (see `bill_to`).
+    billing: gcs_protocol::TenantRef,
 }
 
 fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
@@ -148,6 +151,7 @@ impl JobTracker {
             restored_delivered: 0,
             announcements: 0,
             turned_away_public: false,
+            billing: job.tenant.clone(),
             job,
         };
         let publish = Effect::Publish(Box::new(t.job.clone()));
@@ -170,6 +174,17 @@ impl JobTracker {
     pub fn restore_delivered(&mut self, tokens: u64) {
         self.restored_delivered = tokens;
         self.generated_tokens = self.generated_tokens.max(tokens);
+    }
+
+    /// Bills the job's usage to `billing` (what the gateway kept of the
+    /// request) rather than to the announcement's tenant reference.
+    pub fn bill_to(&mut self, billing: gcs_protocol::TenantRef) {
+        self.billing = billing;
+    }
+
+    /// The signed job it tracks.
+    pub fn job(&self) -> &ApiRequestJob {
+        &self.job
     }
 
     /// Current state (26.13.1).
@@ -595,9 +610,9 @@ impl JobTracker {
             message_type: MessageType::UsageRecord,
             version: PROTOCOL_VERSION,
             job_id: j.job_id.clone(),
-            tenant_id: j.tenant.tenant_id.clone(),
-            project_id: j.tenant.project_id.clone(),
-            api_key_id: j.tenant.api_key_id.clone(),
+            tenant_id: self.billing.tenant_id.clone(),
+            project_id: self.billing.project_id.clone(),
+            api_key_id: self.billing.api_key_id.clone(),
             node_id: self.lease.as_ref().map(|l| l.node_id.clone()),
             recorded_by: key.node_id(),
             model: j.request.model.clone(),

@@ -32,6 +32,7 @@ use gcs_protocol::{
 };
 
 use crate::jobs::executor::{ExecError, ExecOutcome};
+pub use crate::jobs::wire::LeasedPayload;
 
 /// Unacknowledged chunks allowed in flight (≤ the gateway's reorder gap of
 /// 8): the window is the stream's backpressure, and a round trip per token
@@ -74,8 +75,8 @@ pub enum Answer {
     Ack,
     /// An opened, signature-checked envelope (lease grant, claim rejection).
     Envelope(Box<Message>),
-    /// Payload bytes.
-    Payload(Vec<u8>),
+    /// The payload, with what only the lease holder learns.
+    Payload(Box<LeasedPayload>),
     /// Refused by the gateway, with its reason.
     Refused(String),
     /// No answer: the request failed or timed out (transport error).
@@ -123,8 +124,9 @@ pub enum Effect {
         /// Lease.
         lease_id: String,
     },
-    /// Run the engine on the (verified) payload.
-    StartEngine(Vec<u8>),
+    /// Run the engine on the (verified) payload, keying its prefix cache
+    /// on the payload's salt.
+    StartEngine(Box<LeasedPayload>),
     /// Stop the engine within one decode step.
     StopEngine,
     /// Send (and keep: job-participant scope) a signed chunk.
@@ -307,8 +309,12 @@ impl WorkerJob {
         match (req, &self.phase) {
             (Request::Claim, Phase::Claiming) => Ok(self.on_claim_answer(a, now)),
             (Request::Payload, Phase::Fetching) => Ok(match a {
+                Answer::Payload(p) if p.problem().is_some() => {
+                    let why = p.problem().unwrap_or_default();
+                    self.end(Termination::Gateway(why.into()))
+                }
                 Answer::Payload(p)
-                    if Hash32::of(&p) == self.job.request.payload_ref.content_hash =>
+                    if Hash32::of(&p.body) == self.job.request.payload_ref.content_hash =>
                 {
                     self.phase = Phase::Running;
                     self.started_ms = now;

@@ -134,3 +134,26 @@ fn an_unanswered_claim_is_given_up_near_the_claim_timeout() {
     let (m, _) = WorkerJob::new(job, &model, &key, "reg".into(), T0).unwrap();
     assert_eq!(m.poll_timeout(), Some(T0 + MAX_CLAIM_WAIT_MS));
 }
+
+#[test]
+fn a_payload_answer_of_the_wrong_form_is_not_run() {
+    let (key, g) = samples::keys();
+    let mut job = samples::api_job(&g, &Params { now_ms: T0, ..Params::default() });
+    sign(&mut job, &g).unwrap();
+    let model = samples::registration(&key, &Params::default()).models[0].clone();
+    let body = job.request.payload_ref.inline.clone().unwrap();
+    let good = LeasedPayload::new(body.clone(), "tenant".into(), [1; 32]);
+    let short_salt = LeasedPayload { cache_salt: vec![1; 8], ..good.clone() };
+    let no_tenant = LeasedPayload { tenant_id: String::new(), ..good.clone() };
+    let future = LeasedPayload { version: 9, ..good.clone() };
+    for (bad, why) in [(short_salt, "salt"), (no_tenant, "tenant"), (future, "version")] {
+        let (mut m, _) = WorkerJob::new(job.clone(), &model, &key, "reg".into(), T0).unwrap();
+        let mut l = samples::lease(&key, &g, &Params { now_ms: T0, ..Params::default() });
+        l.job_id = job.job_id.clone();
+        l.claim_id = m.claim.claim_id.clone();
+        sign(&mut l, &g).unwrap();
+        m.handle(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))), T0, &key);
+        let fx = m.handle(Input::Answer(Request::Payload, Answer::Payload(Box::new(bad))), T0, &key);
+        assert!(matches!(&fx[..], [Effect::Done(Termination::Gateway(_))]), "{why}: {fx:?}");
+    }
+}

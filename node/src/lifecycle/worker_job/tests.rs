@@ -63,7 +63,8 @@ impl World {
         let (mut w, _) = World::new();
         let l = w.lease();
         w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
-        let fx = w.feed(Input::Answer(Request::Payload, Answer::Payload(w.payload())));
+        let p = LeasedPayload::new(w.payload(), "tenant".into(), [1; 32]);
+        let fx = w.feed(Input::Answer(Request::Payload, Answer::Payload(Box::new(p))));
         assert!(matches!(&fx[..], [Effect::StartEngine(_)]), "{fx:?}");
         w
     }
@@ -175,7 +176,8 @@ fn payload_starts_the_engine_only_when_its_hash_matches() {
     let (mut w, _) = World::new();
     let l = w.lease();
     w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
-    let fx = w.feed(Input::Answer(Request::Payload, Answer::Payload(b"forged".to_vec())));
+    let forged = LeasedPayload::new(b"forged".to_vec(), "tenant".into(), [1; 32]);
+    let fx = w.feed(Input::Answer(Request::Payload, Answer::Payload(Box::new(forged))));
     assert_eq!(done(&fx), Some(&Termination::Gateway("payload hash mismatch".into())));
 }
 
