@@ -241,6 +241,15 @@ struct RunArgs {
     /// Disable mDNS discovery.
     #[arg(long, env = "GCS_NO_MDNS")]
     no_mdns: bool,
+    /// Delta bytes one peer may add to the keyspace per minute (peer_quota).
+    #[arg(long, env = "GCS_PEER_QUOTA_BYTES", default_value_t = 64 << 20)]
+    peer_quota_bytes: u64,
+    /// Changed keys one peer may add to the keyspace per minute (peer_quota).
+    #[arg(long, env = "GCS_PEER_QUOTA_KEYS", default_value_t = 50_000)]
+    peer_quota_keys: u64,
+    /// Established libp2p connections at most (max_peer_connections).
+    #[arg(long, env = "GCS_MAX_PEER_CONNECTIONS", default_value_t = 512)]
+    max_peer_connections: u32,
     /// Registration heartbeat interval in ms.
     #[arg(long, env = "GCS_HEARTBEAT_MS", default_value_t = 10_000)]
     heartbeat_ms: u64,
@@ -406,6 +415,9 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     config.gateway_share = gcs_node::lifecycle::worker_job::Share { percent: cli.gateway_share };
     config.gateways = (!cli.gateways.is_empty()).then(|| cli.gateways.iter().cloned().collect());
     config.network.mdns = !cli.no_mdns;
+    config.network.quota.max_bytes = cli.peer_quota_bytes;
+    config.network.quota.max_keys = cli.peer_quota_keys;
+    config.network.connections.established = cli.max_peer_connections;
     config.heartbeat_interval = Duration::from_millis(cli.heartbeat_ms.max(100));
     config.registration_ttl =
         Duration::from_millis(cli.registration_ttl_ms.max(cli.heartbeat_ms + 100));
