@@ -97,6 +97,7 @@ namespaces! {
     NodeRegistrations => ("/gcs/nodes/registrations/", "nodes.registrations", Register, Global, Some(10 * 60_000)),
     NodeCapabilities => ("/gcs/nodes/capabilities/", "nodes.capabilities", Set, Global, Some(10 * 60_000)),
     NodeHeartbeat => ("/gcs/nodes/heartbeat/", "nodes.heartbeat", Register, Global, Some(10 * 60_000)),
+    TenantMemberships => ("/gcs/tenants/memberships/", "tenants.memberships", Register, Global, Some(31 * DAY)),
     ProcessingTasks => ("/gcs/processing/tasks/", "processing.tasks", Register, Global, Some(DAY)),
     ProcessingSubtasks => ("/gcs/processing/subtasks/", "processing.subtasks", Register, Global, Some(DAY)),
     ProcessingLocks => ("/gcs/processing/locks/", "processing.locks", Register, Global, Some(DAY)),
@@ -175,6 +176,13 @@ pub mod keys {
     /// A node's latest registration.
     pub fn registration(node_id: &str) -> String {
         key(N::NodeRegistrations, format_args!("{node_id}"))
+    }
+    /// The latest statement of a tenant's or swarm's key (`issuer`) about
+    /// one node in one scope (`tenant_member`, `tenant_gateway`,
+    /// `swarm_member`): its membership certificate, or the revocation that
+    /// replaced it. Only the issuer may write it.
+    pub fn membership(issuer: &str, scope: &str, node_id: &str) -> String {
+        key(N::TenantMemberships, format_args!("{issuer}/{scope}/{node_id}"))
     }
     /// A tenant's idempotency key, by its hash (local).
     pub fn idempotency(hash: &str) -> String {
@@ -259,6 +267,7 @@ mod tests {
     fn every_built_key_is_valid_in_its_namespace() {
         let cases = [
             (keys::job("j"), Namespace::ApiJobs),
+            (keys::membership("i", "tenant_member", "n"), Namespace::TenantMemberships),
             (keys::job_of_tenant("t", "j"), Namespace::ApiJobsByTenant),
             (keys::payload("j"), Namespace::ApiPayloads),
             (keys::claims("j"), Namespace::ApiClaims),

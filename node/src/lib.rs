@@ -11,6 +11,7 @@
 //!   anti-entropy protocols), driven through a [`Network`] handle.
 //! - `replication` (private): which peer deltas are merged, and anti-entropy.
 //! - `registry` (private): the fresh registrations a gateway routes by.
+//! - [`tenants`]: tenant and swarm keys, membership certificates, trust.
 //! - [`jobs`]: the async shells that run the lifecycle machines — the
 //!   gateway side, the worker side, the job wire protocol, and the engine
 //!   behind the [`jobs::executor::Executor`] trait.
@@ -31,6 +32,7 @@ mod node;
 mod registry;
 mod replication;
 mod scoring;
+pub mod tenants;
 pub mod topics;
 
 pub use backend::NodeClient;

@@ -42,6 +42,12 @@ enum Command {
         #[command(subcommand)]
         action: KeysCommand,
     },
+    /// Tenant and swarm membership keys: create, admit a node (a signed,
+    /// expiring certificate), revoke, list (specs/network.md).
+    Tenants {
+        #[command(subcommand)]
+        action: gcs_node::tenants::cli::TenantsCommand,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -221,6 +227,12 @@ struct RunArgs {
     /// With --private-tenant: take no public jobs.
     #[arg(long, env = "GCS_PRIVATE_ONLY", requires = "private_tenant")]
     private_only: bool,
+    /// A membership certificate this node presents (from `gcs-node tenants
+    /// admit`): a tenant's private node, a swarm's node or a tenant's
+    /// gateway. Without one, private, hybrid-private and local-only claims
+    /// are refused. Repeatable or comma-separated.
+    #[arg(long, env = "GCS_MEMBERSHIP", value_delimiter = ',')]
+    membership: Vec<PathBuf>,
     /// Gateway: serve only these models, `id=context_tokens` (repeatable or
     /// comma-separated; aliases and tasks from the build's catalogue, or
     /// what the network agrees on). Default: the build's catalogue is
@@ -375,6 +387,37 @@ fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// API key id → tenant, for the keys this gateway holds.
+fn key_tenants(
+    store: &gcs_gateway::KeyStore,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    Ok(store.list()?.into_iter().map(|k| (k.id, k.tenant_id)).collect())
+}
+
+/// The certificates given with `--membership`; each must name this node.
+fn memberships(
+    data_dir: &Path,
+    files: &[PathBuf],
+) -> anyhow::Result<Vec<gcs_protocol::MembershipCertificate>> {
+    if files.is_empty() {
+        return Ok(vec![]);
+    }
+    let me = gcs_node::Identity::load_or_create(data_dir)?.node_id();
+    let mut out = vec![];
+    for f in files {
+        let c = gcs_node::tenants::read_certificate(f)
+            .with_context(|| format!("--membership {}", f.display()))?;
+        if c.node_id != me {
+            bail!("--membership {}: names {}, not this node ({me})", f.display(), c.node_id);
+        }
+        out.push(c);
+    }
+    if out.len() > gcs_protocol::MAX_MEMBERSHIPS {
+        bail!("at most {} --membership certificates", gcs_protocol::MAX_MEMBERSHIPS);
+    }
+    Ok(out)
+}
+
 /// The tenants that have keys on this gateway, sorted.
 fn tenants_of(store: &gcs_gateway::KeyStore) -> anyhow::Result<Vec<String>> {
     let mut t: Vec<String> = store.list()?.into_iter().map(|k| k.tenant_id).collect();
@@ -412,6 +455,7 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     config.swarm_id = cli.swarm.clone();
     config.private_tenant = cli.private_tenant.clone();
     config.private_only = cli.private_only;
+    config.memberships = memberships(data_dir, &cli.membership)?;
     config.gateway_share = gcs_node::lifecycle::worker_job::Share { percent: cli.gateway_share };
     config.gateways = (!cli.gateways.is_empty()).then(|| cli.gateways.iter().cloned().collect());
     config.network.mdns = !cli.no_mdns;
@@ -575,8 +619,22 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         // gateways that serve them.
         config.network.served_tenants = tenants_of(&store)?;
     }
+    if is_gateway {
+        // The tenant and swarm keys this gateway holds: the only issuers of
+        // certificates it accepts in claims and usage records.
+        let mut trust = gcs_node::tenants::TenantStore::new(&data_dir).trust()?;
+        trust.key_tenants = key_tenants(&store)?;
+        config.network.tenant_trust = gcs_node::tenants::TenantTrust::new(trust);
+    }
+    let trust = config.network.tenant_trust.clone();
     let served = config.network.served_tenants.clone();
     let node = gcs_node::start(config).await?;
+    if is_gateway {
+        let keys = gcs_gateway::KeyStore::new(&data_dir);
+        gcs_node::tenants::follow(&data_dir, node.shared_keyspace(), node.network().clone(), trust, move || {
+            key_tenants(&keys).unwrap_or_default()
+        });
+    }
     for a in node.listen_addrs().await? {
         tracing::info!(addr = %a, "dial this node with --bootstrap");
     }
@@ -615,6 +673,9 @@ fn main() -> ExitCode {
     init_logging(cli.run.log_format);
     let result = data_dir(cli.data_dir).and_then(|dir| match cli.command {
         Some(Command::Keys { action }) => keys(dir, action),
+        Some(Command::Tenants { action }) => {
+            Ok(gcs_node::tenants::cli::run(&dir, action, gcs_node::now_ms())?)
+        }
         Some(Command::Models { action }) => models_cmd(action),
         None => {
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

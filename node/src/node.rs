@@ -77,6 +77,11 @@ pub struct NodeConfig {
     pub private_tenant: Option<String>,
     /// A private worker that takes no public jobs.
     pub private_only: bool,
+    /// Membership certificates this node presents in its registration
+    /// (`--membership`): a tenant's private node, a swarm's node, or a
+    /// tenant's gateway. Also stored and gossiped at start, so other
+    /// gateways of the tenant can check this one's usage records.
+    pub memberships: Vec<gcs_protocol::MembershipCertificate>,
     /// How much of a worker's slots and backlog one gateway may take while
     /// others are active.
     pub gateway_share: Share,
@@ -121,6 +126,7 @@ impl NodeConfig {
             swarm_id: PUBLIC_SWARM.into(),
             private_tenant: None,
             private_only: false,
+            memberships: vec![],
             gateway_share: Share::default(),
             gateways: None,
             executor: None,
@@ -144,6 +150,7 @@ pub struct NodeHandle {
     task: JoinHandle<()>,
     client: NodeClient,
     jobs_heard: Arc<std::sync::atomic::AtomicU64>,
+    refused_usage: crate::tenants::TrustHandle,
 }
 
 impl NodeHandle {
@@ -180,6 +187,17 @@ impl NodeHandle {
     /// The node's keyspace.
     pub fn keyspace(&self) -> &Keyspace {
         &self.keyspace
+    }
+
+    /// The node's keyspace, for tasks that outlive a borrow.
+    pub fn shared_keyspace(&self) -> Arc<Keyspace> {
+        self.keyspace.clone()
+    }
+
+    /// Usage records from peers this node refused (signer not admitted by
+    /// the tenant, foreign key, untrusted tenant).
+    pub fn refused_usage(&self) -> u64 {
+        self.refused_usage.refused_usage()
     }
 
     /// A cloneable handle for the HTTP gateway (it implements
@@ -252,6 +270,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         reason: e.to_string(),
     })?;
     let identity = Identity::load_or_create(&config.data_dir)?;
+    let trust = config.network.tenant_trust.clone();
     let node_id = identity.node_id();
     let keyspace = Arc::new(Keyspace::open(
         &config.data_dir.join("keyspace"),
@@ -327,6 +346,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         task,
         client,
         jobs_heard,
+        refused_usage: trust,
     })
 }
 
@@ -343,6 +363,7 @@ impl Env {
             tracker: self.config.tracker,
             local_worker,
             swarm_id: &self.config.swarm_id,
+            trust: &self.config.network.tenant_trust,
         }
     }
 }
@@ -401,6 +422,7 @@ impl Runtime {
                 Err(e) => tracing::error!(error = %e, "could not recover in-flight jobs"),
             }
         }
+        self.env.publish_memberships().await;
         let is_worker = self.env.config.role.is_worker();
         let mut heartbeat = tokio::time::interval(self.env.config.heartbeat_interval);
         let mut prune = tokio::time::interval(Duration::from_secs(1));
@@ -562,11 +584,43 @@ impl Env {
             trust: Trust::default(),
             heartbeat: Heartbeat { created_at_ms: now, expires_at_ms: now + ttl, ttl_ms: ttl },
             addresses: vec![],
-            memberships: vec![],
+            memberships: self.current_memberships(),
             signature: None,
         };
         sign(&mut reg, key)?;
         Ok(reg)
+    }
+
+    /// This node's certificates that still stand: a renewal the tenant's
+    /// gateway stored for us replaces the configured one, a revocation
+    /// drops it (`lifecycle::membership::current`).
+    fn current_memberships(&self) -> Vec<gcs_protocol::MembershipCertificate> {
+        let me = self.identity.node_id();
+        let limits = self.config.network.limits.clone();
+        let stored: Vec<Message> = self
+            .config
+            .memberships
+            .iter()
+            .filter_map(|c| {
+                let key = gcs_keyspace::keys::membership(c.issuer.as_str(), c.scope.as_str(), me.as_str());
+                self.keyspace.get_bytes(&key).ok().flatten()
+            })
+            .filter_map(|b| gcs_protocol::decode(&b, &limits).ok())
+            .collect();
+        let mut out = crate::lifecycle::membership::current(&me, &self.config.memberships, &stored);
+        out.truncate(gcs_protocol::MAX_MEMBERSHIPS);
+        out
+    }
+
+    /// Stores this node's own certificates and gossips them (a peer keeps
+    /// one only if its issuer signed it: `tenants::records`).
+    async fn publish_memberships(&self) {
+        for c in &self.config.memberships {
+            let m = Message::MembershipCertificate(c.clone());
+            if let Err(e) = crate::tenants::publish_statement(&self.keyspace, &self.network, &m).await {
+                tracing::warn!(error = %e, "membership certificate not published");
+            }
+        }
     }
 
     async fn publish_registration(&self, status: NodeStatus, worker: Option<&WorkerState>) {

@@ -219,6 +219,15 @@ pub enum RefusedDelta {
     /// Signed by someone without authority over the record.
     #[error("{0}: signed by a node without authority over the record")]
     NotTheAuthor(&'static str),
+    /// Usage of a tenant whose key this node does not hold.
+    #[error("no membership key trusted for tenant {0:?}")]
+    TenantUntrusted(String),
+    /// Usage signed by a gateway the tenant has not admitted.
+    #[error("{0} holds no live tenant-gateway certificate of the record's tenant")]
+    GatewayNotAdmitted(String),
+    /// Usage filed under another tenant than its API key's.
+    #[error("API key {0} belongs to another tenant")]
+    ForeignKey(String),
 }
 
 fn misfiled(m: &gcs_protocol::Message, key: &str) -> RefusedDelta {
@@ -231,7 +240,10 @@ fn misfiled(m: &gcs_protocol::Message, key: &str) -> RefusedDelta {
 
 /// Checks a usage delta from a peer: a signed usage record, stored under
 /// its own job id, of a tenant this node's gateway serves.
-fn validate_usage(delta: &Delta, served: &[String]) -> Result<(String, String), RefusedDelta> {
+fn validate_usage(
+    delta: &Delta,
+    served: &[String],
+) -> Result<(gcs_protocol::UsageRecord, String, String), RefusedDelta> {
     let Some(bytes) = delta.value.as_register().and_then(|r| r.value()) else {
         return Err(RefusedDelta::UsageDeleted);
     };
@@ -247,7 +259,8 @@ fn validate_usage(delta: &Delta, served: &[String]) -> Result<(String, String), 
     if !served.contains(&u.tenant_id) {
         return Err(RefusedDelta::TenantNotServed(u.tenant_id));
     }
-    Ok((u.tenant_id, u.job_id))
+    let (tenant, job) = (u.tenant_id.clone(), u.job_id.clone());
+    Ok((u, tenant, job))
 }
 
 /// Validates and merges one encoded delta of any scope this node takes
@@ -257,13 +270,15 @@ pub fn merge_scoped(
     ks: &Keyspace,
     bytes: &[u8],
     served: &[String],
+    trust: &crate::tenants::TenantTrust,
     now_ms: u64,
 ) -> Result<MergeOutcome, RefusedDelta> {
     let d = Delta::decode(bytes)?;
     if Namespace::of_key(&d.key)? != Namespace::ApiUsage {
         return merge_global(ks, d, now_ms);
     }
-    let (tenant, job) = validate_usage(&d, served)?;
+    let (u, tenant, job) = validate_usage(&d, served)?;
+    crate::tenants::records::authorise_usage(ks, &u, trust, now_ms)?;
     let out = ks.merge(d, now_ms)?;
     index_usage(ks, &tenant, &job, now_ms)?;
     if matches!(out, MergeOutcome::Changed(_)) {
@@ -399,6 +414,10 @@ pub enum Authority {
         /// Signed by the job's gateway.
         by_job_gateway: bool,
     },
+    /// A tenant's or swarm's statement about one node (a membership
+    /// certificate or its revocation), signed by the issuer its key names
+    /// (`tenants::records`); replaced only by a newer statement.
+    Membership,
     /// A set of signed `ty` elements, at most `cap` per key.
     Set {
         /// The message type of its elements.
@@ -424,6 +443,7 @@ pub fn authority(ns: Namespace) -> Authority {
         Namespace::NodeRegistrations => {
             Register { ty: MessageType::NodeRegistration, by_job_gateway: false }
         }
+        Namespace::TenantMemberships => Authority::Membership,
         // Written by no node today (states, capabilities, heartbeats, the
         // processing queue), or never global (payloads, results, streams,
         // usage, local).
@@ -443,6 +463,9 @@ pub fn validate(delta: &Delta) -> Result<Option<gcs_protocol::Message>, RefusedD
     }
     let ty = match authority(ns) {
         Authority::NotFromPeers => return Err(RefusedDelta::NotFromPeers(ns.cf())),
+        Authority::Membership => {
+            return crate::tenants::records::validate_statement(delta, &record_limits()).map(Some)
+        }
         Authority::Register { ty, .. } | Authority::Set { ty, .. } => ty,
     };
     let limits = record_limits();
@@ -503,6 +526,9 @@ fn envelope_order(m: &gcs_protocol::Message) -> (u64, u64) {
         M::LeaseGrant(l) => (u64::from(l.attempt), l.created_at_ms),
         M::Requeue(r) => (u64::from(r.requeue_count), r.created_at_ms),
         M::Cancellation(c) => (c.created_at_ms, 0),
+        M::MembershipCertificate(c) => (c.issued_at_ms, 0),
+        // After a certificate of the same millisecond.
+        M::MembershipRevocation(r) => (r.created_at_ms, 1),
         _ => (0, 0),
     }
 }
@@ -518,7 +544,11 @@ fn check_against_stored(
     incoming: &gcs_protocol::Message,
 ) -> Result<bool, RefusedDelta> {
     let ns = Namespace::of_key(&d.key)?;
-    let Authority::Register { by_job_gateway, .. } = authority(ns) else { return Ok(true) };
+    let by_job_gateway = match authority(ns) {
+        Authority::Register { by_job_gateway, .. } => by_job_gateway,
+        Authority::Membership => false,
+        _ => return Ok(true),
+    };
     let Some(bytes) = d.value.as_register().and_then(|r| r.value()) else {
         return Err(RefusedDelta::Tombstone);
     };
@@ -632,6 +662,9 @@ mod tests {
         let c = Keyspace::open(dc.path(), "c", Default::default()).unwrap();
         let acme = vec!["tenant_123".to_string()];
         let other = vec!["other".to_string()];
+        // g is a gateway the tenant admitted (its certificate is stored at
+        // every gateway of the tenant).
+        let trust = crate::tenants::records::admit_sample_gateway(&[&a, &b, &c], &g);
         let mut sent = vec![];
         for i in 0..5 {
             let mut u = samples::usage(&w, &g, &Params::default());
@@ -642,8 +675,8 @@ mod tests {
         }
         // Gossip: b serves the tenant and takes every record; c does not.
         for d in &sent {
-            merge_scoped(&b, d, &acme, 2000).unwrap();
-            assert!(merge_scoped(&c, d, &other, 2000).is_err());
+            merge_scoped(&b, d, &acme, &trust, 2000).unwrap();
+            assert!(merge_scoped(&c, d, &other, &trust, 2000).is_err());
             assert!(merge_validated(&c, d, 2000).is_err(), "usage is not global");
         }
         assert_eq!(
@@ -661,7 +694,7 @@ mod tests {
             "c does not serve the tenant: it answers nothing of it"
         );
         for d in &resp.deltas {
-            merge_scoped(&c, d, &acme, 3000).unwrap();
+            merge_scoped(&c, d, &acme, &trust, 3000).unwrap();
         }
         assert_eq!(
             tenant_digest(&a, "tenant_123").unwrap(),
@@ -674,12 +707,12 @@ mod tests {
         u.output_tokens_sent_to_client += 1;
         let tampered =
             c.put(&keys::usage(&u.job_id), gcs_protocol::encode(&u).unwrap(), 4000).unwrap();
-        assert!(merge_scoped(&b, &tampered.encode(), &acme, 4000).is_err());
+        assert!(merge_scoped(&b, &tampered.encode(), &acme, &trust, 4000).is_err());
         let mut u = samples::usage(&w, &g, &Params::default());
         gcs_protocol::sign(&mut u, &g).unwrap();
         let misfiled =
             c.put(&keys::usage("gcsapi_x"), gcs_protocol::encode(&u).unwrap(), 4001).unwrap();
-        assert!(merge_scoped(&b, &misfiled.encode(), &acme, 4001).is_err());
+        assert!(merge_scoped(&b, &misfiled.encode(), &acme, &trust, 4001).is_err());
     }
 
     /// The paging tests fill namespaces peers may not write (unsigned

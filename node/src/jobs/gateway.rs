@@ -155,6 +155,45 @@ pub(crate) struct Ctx<'a> {
     pub local_worker: Option<&'a crate::jobs::worker::WorkerState>,
     /// This node's swarm (the default swarm of `local_only` jobs).
     pub swarm_id: &'a str,
+    /// The tenant and swarm keys this gateway holds.
+    pub trust: &'a crate::tenants::TenantTrust,
+}
+
+/// The key whose certificates a claimant of this job must present: the
+/// tenant's for private and hybrid jobs, the swarm's for local-only ones
+/// (None: no node can win a private or local job here).
+fn membership_issuer(
+    r: &gcs_protocol::Routing,
+    tenant: &str,
+    trust: &crate::tenants::TenantTrust,
+) -> Option<gcs_protocol::NodeId> {
+    use gcs_protocol::RoutingMode as R;
+    trust.with(|t| match r.network {
+        R::Private | R::Hybrid => t.tenants.get(tenant).cloned(),
+        R::LocalOnly => t.swarms.get(&r.swarm_id).cloned(),
+        R::Public | R::GatewayLocal => None,
+    })
+}
+
+/// The claimant's registration with the certificates that still stand for
+/// the job's issuer: revoked and superseded ones dropped, a renewal stored
+/// here added (`lifecycle::membership::current`).
+fn current_memberships(
+    mut reg: gcs_protocol::NodeRegistration,
+    job: Option<&ApiRequestJob>,
+    ks: &Keyspace,
+) -> gcs_protocol::NodeRegistration {
+    let Some(issuer) = job.and_then(|j| j.routing.membership_issuer.as_ref()) else { return reg };
+    let limits = Limits::default();
+    let stored: Vec<Message> = [gcs_protocol::MembershipScope::TenantMember, gcs_protocol::MembershipScope::SwarmMember]
+        .iter()
+        .filter_map(|s| {
+            ks.get_bytes(&keys::membership(issuer.as_str(), s.as_str(), reg.node_id.as_str())).ok().flatten()
+        })
+        .filter_map(|b| gcs_protocol::decode(&b, &limits).ok())
+        .collect();
+    reg.memberships = crate::lifecycle::membership::current(&reg.node_id, &reg.memberships, &stored);
+    reg
 }
 
 /// Where the gateway records a job. A public job is a global record. A
@@ -282,6 +321,12 @@ impl GatewayState {
             spec.routing.swarm_id = ctx.swarm_id.to_string();
         }
         self.leave_out_failing(&mut spec, ctx, now);
+        spec.routing.membership_issuer = membership_issuer(&spec.routing, &spec.tenant_id, ctx.trust);
+        if spec.routing.membership_issuer.is_none()
+            && matches!(spec.routing.network, gcs_protocol::RoutingMode::Private | gcs_protocol::RoutingMode::LocalOnly)
+        {
+            tracing::warn!(tenant = %spec.tenant_id, swarm = %spec.routing.swarm_id, "no tenant or swarm key on this gateway (gcs-node tenants create): no node can win this job");
+        }
         let job = build_job(&spec, ctx.key, &spec.body, now)?;
         let job_id = job.job_id.clone();
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
@@ -454,6 +499,8 @@ impl GatewayState {
                             .unwrap_or_else(|p| p.into_inner())
                             .get(&c.node_id)
                             .cloned();
+                        let job = self.active.get(&c.job_id).map(|a| a.tracker.job());
+                        let reg = reg.map(|r| current_memberships(r, job, ctx.keyspace));
                         (c.job_id.clone(), Input::Claim(Box::new(c), reg.map(Box::new)))
                     }
                     Message::LeaseRenewal(r) => (r.job_id.clone(), Input::Renewal(r)),

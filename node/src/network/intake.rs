@@ -83,6 +83,8 @@ pub struct Intake {
     pub quotas: Arc<Mutex<PeerQuotas<PeerId>>>,
     /// Counters.
     pub stats: Arc<NetStats>,
+    /// Which tenant gateways may write usage records.
+    pub trust: crate::tenants::TrustHandle,
 }
 
 impl Intake {
@@ -110,7 +112,7 @@ impl Intake {
             NetStats::bump(&self.stats.quota_refused);
             return Err(e.into());
         }
-        let out = replication::merge_scoped(&self.keyspace, bytes, served, now_ms)?;
+        let out = replication::merge_scoped(&self.keyspace, bytes, served, &self.trust, now_ms)?;
         if matches!(out, MergeOutcome::Changed(_)) {
             self.quotas().charge(peer, size, now_ms);
         }
@@ -130,6 +132,7 @@ mod tests {
             keyspace: Arc::new(ks),
             quotas: Arc::new(Mutex::new(PeerQuotas::new(cfg))),
             stats: Arc::default(),
+            trust: Arc::default(),
         }
     }
 
