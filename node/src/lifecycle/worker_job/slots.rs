@@ -63,6 +63,10 @@ pub struct Slots {
     seen: BTreeMap<NodeId, u64>,
     /// The most slots one gateway held at once while another was active.
     peak_shared: usize,
+    /// Gateway → the start count when it last started a job here (the
+    /// turn order: least recently served first).
+    last_turn: BTreeMap<NodeId, u64>,
+    starts: u64,
 }
 
 impl Slots {
@@ -81,6 +85,8 @@ impl Slots {
             backlog: VecDeque::new(),
             seen: BTreeMap::new(),
             peak_shared: 0,
+            last_turn: BTreeMap::new(),
+            starts: 0,
         }
     }
 
@@ -144,6 +150,9 @@ impl Slots {
     fn start(&mut self, job: ApiRequestJob, now: u64) -> Offer {
         let gw = job.gateway_node_id.clone();
         self.running.insert(job.job_id.clone(), gw.clone());
+        self.starts += 1;
+        self.last_turn.insert(gw.clone(), self.starts);
+        self.last_turn.retain(|g, _| self.seen.contains_key(g));
         if self.active_gateways(now) > 1 {
             self.peak_shared = self.peak_shared.max(self.held(&gw));
         }
@@ -175,21 +184,30 @@ impl Slots {
         }
     }
 
-    /// A job ended here: its slot frees, and the oldest backlog job that
-    /// has not expired by `now_ms` and whose gateway is under its share
-    /// leaves the backlog, to be offered again.
+    /// A job ended here: its slot frees, and a backlog job that has not
+    /// expired by `now_ms` leaves the backlog, to be offered again: of the
+    /// gateways under their share, the one holding the fewest slots, then
+    /// the one served least recently (gateways take turns: a flooder's
+    /// older entries do not starve another gateway), then the oldest entry.
     pub fn finished(&mut self, job_id: &str, now_ms: u64) -> Option<ApiRequestJob> {
         self.running.remove(job_id)?;
         self.backlog.retain(|j| j.expires_at_ms > now_ms);
-        let mut i = 0;
-        while i < self.backlog.len() {
-            let gw = self.backlog[i].gateway_node_id.clone();
-            if self.held(&gw) < self.slot_cap(&gw, now_ms) {
-                return self.backlog.remove(i);
+        self.active_gateways(now_ms);
+        let mut best: Option<((usize, u64, usize), usize)> = None;
+        for (i, j) in self.backlog.iter().enumerate() {
+            let gw = &j.gateway_node_id;
+            let held = self.held(gw);
+            let others = self.seen.keys().filter(|g| *g != gw).count();
+            let cap = if others == 0 { self.max } else { self.share.of(self.max) };
+            if held >= cap {
+                continue;
             }
-            i += 1;
+            let rank = (held, self.last_turn.get(gw).copied().unwrap_or(0), i);
+            if best.is_none_or(|(b, _)| rank < b) {
+                best = Some((rank, i));
+            }
         }
-        None
+        best.and_then(|(_, i)| self.backlog.remove(i))
     }
 
     /// Jobs running now.
