@@ -13,6 +13,7 @@ use gcs_node::jobs::{JobEvent, JobSpec};
 mod loopback;
 
 use gcs_keyspace::keys;
+use gcs_node::tenants::{Group, TenantStore, TenantTrust};
 use gcs_node::{start, NodeConfig, NodeHandle, Role};
 use gcs_protocol::{ApiType, CancellationReason, FinishReason, JobLimits, UsageRecord};
 
@@ -449,15 +450,40 @@ async fn served_by(gw: &NodeHandle, s: JobSpec) -> (String, gcs_protocol::NodeId
     (job, holder)
 }
 
+/// `node_dir`'s node admitted to `group` (as a tenant gateway with
+/// `gateway`) by the tenant store of `gw_dir`, whose key is made if needed.
+fn admit(
+    gw_dir: &tempfile::TempDir,
+    group: &Group,
+    node_dir: &tempfile::TempDir,
+    gateway: bool,
+) -> gcs_protocol::MembershipCertificate {
+    let store = TenantStore::new(gw_dir.path());
+    let _ = store.create(group);
+    let id = gcs_node::Identity::load_or_create(node_dir.path()).unwrap().node_id();
+    store.admit(group, &id, gateway, 3_600_000, gcs_node::now_ms()).unwrap().0
+}
+
+/// What a gateway with the tenant store of `gw_dir` trusts.
+fn trust_of(gw_dir: &tempfile::TempDir) -> gcs_node::tenants::TrustHandle {
+    TenantTrust::new(TenantStore::new(gw_dir.path()).trust().unwrap())
+}
+
 /// Private, hybrid and local-only jobs are announced only on their own
 /// topics (26.9.2): a public worker never hears them, and the tenant's
-/// private node or the swarm's node wins them.
+/// admitted node or the swarm's admitted node wins them. A node that only
+/// says it is the tenant's (`--private-tenant`) or the swarm's (`--swarm`)
+/// hears the jobs and claims them, and never gets a lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_and_local_jobs_travel_only_on_their_topics() {
     use gcs_protocol::RoutingMode as R;
-    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let dirs: Vec<_> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (tenant, lab_swarm) = (Group::Tenant("tenant_1".into()), Group::Swarm("lab".into()));
+    let private_cert = admit(&dirs[0], &tenant, &dirs[2], false);
+    let lab_cert = admit(&dirs[0], &lab_swarm, &dirs[3], false);
     let mut gc = config(Role::Gateway, &dirs[0], vec![], None);
     gc.network.anti_entropy_interval = Duration::from_millis(300);
+    gc.network.tenant_trust = trust_of(&dirs[0]);
     let gw = start(gc).await.unwrap();
     let a = addr(&gw).await;
     let worker = |i: usize, tenant: Option<&str>, swarm: &str| {
@@ -469,10 +495,17 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
         c
     };
     let public = start(worker(1, None, "public")).await.unwrap();
-    let private = start(worker(2, Some("tenant_1"), "public")).await.unwrap();
-    let lab = start(worker(3, None, "lab")).await.unwrap();
-    let ids = [&public.node_id, &private.node_id, &lab.node_id];
-    wait_for("three registrations", || {
+    let mut pc = worker(2, Some("tenant_1"), "public");
+    pc.memberships = vec![private_cert];
+    let private = start(pc).await.unwrap();
+    let mut lc = worker(3, None, "lab");
+    lc.memberships = vec![lab_cert];
+    let lab = start(lc).await.unwrap();
+    // Self-declared members: no certificate.
+    let fake_private = start(worker(4, Some("tenant_1"), "public")).await.unwrap();
+    let fake_lab = start(worker(5, None, "lab")).await.unwrap();
+    let ids = [&public.node_id, &private.node_id, &lab.node_id, &fake_private.node_id, &fake_lab.node_id];
+    wait_for("five registrations", || {
         let regs = gw.fresh_registrations();
         ids.iter().all(|id| regs.iter().any(|r| &&r.node_id == id))
     })
@@ -485,17 +518,23 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
         (R::Private, "public", "p1", &private.node_id),
         (R::Hybrid, "public", "h1", &private.node_id),
         (R::LocalOnly, "lab", "l1", &lab.node_id),
+        (R::Private, "public", "p2", &private.node_id),
+        (R::LocalOnly, "lab", "l2", &lab.node_id),
     ] {
         let (job, holder) = served_by(&gw, routed(mode, swarm, idem)).await;
         assert_eq!(&holder, want, "{mode:?} job won by the wrong node");
         confined.push(job);
     }
     assert_eq!(public.jobs_heard(), 0, "the public worker heard a private or local job");
-    assert_eq!(lab.jobs_heard(), 1, "the lab worker hears only its swarm's job");
-    assert!(private.jobs_heard() >= 2, "the private worker hears its tenant's jobs");
+    assert_eq!(lab.jobs_heard(), 2, "the lab worker hears only its swarm's jobs");
+    assert!(private.jobs_heard() >= 3, "the private worker hears its tenant's jobs");
+    assert!(
+        fake_private.jobs_heard() >= 3 && fake_lab.jobs_heard() >= 2,
+        "the self-declared members heard the jobs (they were in the race)"
+    );
     // A public job: the private-only node takes none of it.
     let (public_job, holder) = served_by(&gw, routed(R::Public, "public", "pub1")).await;
-    assert!(holder == public.node_id || holder == lab.node_id, "public job won by {holder}");
+    assert!(holder != private.node_id && holder != fake_private.node_id, "public job won by {holder}");
     wait_for("the public announcement at the public worker", || public.jobs_heard() == 1).await;
     // Nor does anti-entropy hand the confined jobs' records to anyone: the
     // public job's record arrives, theirs never do.
@@ -503,6 +542,20 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
     wait_for("the public job's record at the public worker", || record(&public, &public_job)).await;
     for j in &confined {
         assert!(!record(&public, j) && !record(&lab, j), "confined job {j} replicated");
+    }
+    // A revocation stored at the gateway stops the private node at once.
+    let store = TenantStore::new(dirs[0].path());
+    let r = store.revoke(&tenant, &private.node_id, false, gcs_node::now_ms()).unwrap();
+    let m = gcs_protocol::Message::MembershipRevocation(r);
+    gcs_node::tenants::publish_statement(gw.keyspace(), gw.network(), &m).await.unwrap();
+    let (job, _rx) = gw.submit(routed(R::Private, "public", "p3")).await.unwrap();
+    // Claims arrive within a few hundred ms (the jobs above were leased
+    // that fast); none may win.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(lease_holder(&gw, &job), None, "a lease after the revocation");
+    gw.cancel(&job, CancellationReason::ClientDisconnected).await.unwrap();
+    for n in [gw, public, private, lab, fake_private, fake_lab] {
+        n.shutdown().await;
     }
 }
 
@@ -513,10 +566,17 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scoped_records_reach_their_scope_and_no_one_else() {
     let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
+    // tenant_1's key (in dirs[0]) admits its gateways g1, g2 and g4; every
+    // gateway trusts that key (g3 serves tenant_1 later).
+    let tenant = Group::Tenant("tenant_1".into());
+    let certs: Vec<_> = [0, 1, 4].iter().map(|i| (*i, admit(&dirs[0], &tenant, &dirs[*i], true))).collect();
+    let trust = TenantStore::new(dirs[0].path()).trust().unwrap();
     let gateway = |i: usize, tenant: &str, boot: Vec<libp2p::Multiaddr>| {
         let mut c = config(Role::Gateway, &dirs[i], boot, None);
         c.network.served_tenants = vec![tenant.to_string()];
         c.network.anti_entropy_interval = Duration::from_millis(300);
+        c.network.tenant_trust = TenantTrust::new(trust.clone());
+        c.memberships = certs.iter().filter(|(j, _)| *j == i).map(|(_, m)| m.clone()).collect();
         c
     };
     let g1 = start(gateway(0, "tenant_1", vec![])).await.unwrap();
