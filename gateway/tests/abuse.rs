@@ -153,8 +153,7 @@ async fn a_stream_that_fails_before_its_first_chunk_gets_its_status_as_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_commits_at_its_first_chunk_or_after_the_hold() {
-    let mut config = GatewayConfig::default();
-    config.stream_hold = Duration::from_millis(400);
+    let config = GatewayConfig { stream_hold: Duration::from_millis(400), ..Default::default() };
     let net = Net::new(stream_ok());
     let (addr, key, _dir) = gateway(net.clone(), config, None).await;
     // A normal stream: 200, SSE, every token, [DONE].
@@ -182,9 +181,7 @@ async fn a_stream_commits_at_its_first_chunk_or_after_the_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_count_their_jobs_against_rpm_and_the_per_request_cap() {
-    let mut config = GatewayConfig::default();
-    config.embed_batch = 4;
-    config.max_jobs_per_request = 4;
+    let config = GatewayConfig { embed_batch: 4, max_jobs_per_request: 4, ..Default::default() };
     let net = Net::new(Script::Embed);
     let (addr, key, _dir) = gateway(net.clone(), config, Some(6)).await;
     let embed = |n: usize| {
@@ -215,9 +212,11 @@ async fn embeddings_count_their_jobs_against_rpm_and_the_per_request_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_in_flight_limit_counts_jobs() {
-    let mut config = GatewayConfig::default();
-    config.max_in_flight = 4;
-    config.stream_hold = Duration::from_millis(50);
+    let config = GatewayConfig {
+        max_in_flight: 4,
+        stream_hold: Duration::from_millis(50),
+        ..Default::default()
+    };
     let net = Net::new(Script::Silent);
     let (addr, key, _dir) = gateway(net.clone(), config, None).await;
     let body = |n: u32| {
