@@ -340,14 +340,22 @@ pub(crate) async fn admit(
 
 /// Whether a fresh registration can win a job of this routing: private
 /// jobs need one of the tenant's private nodes, local-only ones a node of
-/// this gateway's swarm (hybrid jobs fall back to public nodes).
+/// this gateway's swarm (hybrid jobs fall back to public nodes). A node
+/// counts only when it presents a membership certificate for the tenant or
+/// swarm: what it says of itself wins no claim (the node's claim check
+/// verifies the certificate's issuer and signature; this is the fast 503).
 fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -> bool {
+    use gcs_protocol::MembershipScope as S;
+    let presents = |r: &gcs_protocol::NodeRegistration, scope: S, group: &str| {
+        r.memberships.iter().any(|c| c.scope == scope && c.group_id == group)
+    };
     let fits = |r: &gcs_protocol::NodeRegistration| match network {
         RoutingMode::Private => {
-            r.queue.accepts_private_jobs && r.tenant_id.as_deref() == Some(tenant)
+            r.queue.accepts_private_jobs && presents(r, S::TenantMember, tenant)
         }
         RoutingMode::LocalOnly => {
-            r.queue.accepts_local_only_jobs && r.swarm_id == state.config.swarm_id
+            r.queue.accepts_local_only_jobs
+                && presents(r, S::SwarmMember, &state.config.swarm_id)
         }
         _ => true,
     };

@@ -500,6 +500,24 @@ mod tests {
         ));
         assert!(matches!(store.create(&Group::Tenant("a/b".into())), Err(TenantError::BadName(_))));
     }
+
+    #[test]
+    fn certificates_renew_at_three_quarters_of_their_life_until_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TenantStore::new(dir.path());
+        let acme = Group::Tenant("acme".into());
+        store.create(&acme).unwrap();
+        let (a, b) = (NodeKey::from_seed([3; 32]).node_id(), NodeKey::from_seed([4; 32]).node_id());
+        store.admit(&acme, &a, false, 40_000, 1_000).unwrap();
+        store.admit(&acme, &b, true, 40_000, 1_000).unwrap();
+        assert!(store.renew_due(20_000).unwrap().is_empty(), "not due before 3/4");
+        store.revoke(&acme, &b, true, 25_000).unwrap();
+        let renewed = store.renew_due(31_000).unwrap();
+        assert_eq!(renewed.len(), 1, "the revoked gateway is not renewed");
+        assert_eq!((&renewed[0].node_id, renewed[0].expires_at_ms), (&a, 71_000));
+        assert!(store.renew_due(32_000).unwrap().is_empty(), "the renewal is the latest now");
+        assert!(store.renew_due(80_000).unwrap().is_empty(), "an expired one is re-admitted by hand");
+    }
 }
 
 /// Stores a certificate or revocation under its key (unless this node holds
