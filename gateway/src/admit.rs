@@ -257,7 +257,7 @@ pub(crate) async fn admit(
         // model (the worker applies the same function with its engine's).
         let model = crate::validate::ModelLimits {
             context_tokens: Some(served.info.context_tokens).filter(|&c| c > 0),
-            vocab_size: None,
+            vocab_size: Some(served.info.vocab_size).filter(|&v| v > 0),
         };
         crate::validate::generation(&g.job, model, crate::validate::PromptTokens::FromBytes)
             .map_err(|e| ApiError::invalid(e.param, e.message))?;

@@ -66,6 +66,7 @@ struct Variant {
     quantization: String,
     backend: String,
     tasks: Vec<ApiType>,
+    vocab_size: u32,
 }
 
 impl Variant {
@@ -79,6 +80,7 @@ impl Variant {
             quantization: m.quantization.clone(),
             backend: m.backend.clone(),
             tasks,
+            vocab_size: m.vocab_size,
         }
     }
 }
@@ -95,7 +97,7 @@ fn available(r: &NodeRegistration) -> bool {
 ///
 /// Agreement: for each name (a model id or an alias) every available
 /// registration has one vote (its first entry answering to the name); the
-/// variant (model id, context, quantization, backend, tasks) with the most
+/// variant (model id, context, quantization, backend, tasks, vocabulary) with the most
 /// distinct nodes wins. A tie goes to the larger context — the worker
 /// refuses a prompt longer than its real context anyway, while a too small
 /// one would make the gateway refuse every honest request — then to the
@@ -152,6 +154,7 @@ pub fn build<'a>(
                 quantization: variant.quantization.clone(),
                 backend: variant.backend.clone(),
                 tasks: variant.tasks.clone(),
+                vocab_size: variant.vocab_size,
             };
             out.insert(name.clone(), Served { info, workers: nodes.len() });
         }
@@ -188,8 +191,11 @@ fn trusted_entries(
     } else {
         t.tasks.clone()
     };
-    let (quantization, backend) = agreed
-        .map(|(v, _)| (v.quantization.clone(), v.backend.clone()))
+    // The vocabulary is the agreed one for this id (0, unchecked at the
+    // edge, when none agrees): it only lets the edge refuse a logit_bias id
+    // early; the worker checks against its own weights either way.
+    let (quantization, backend, vocab_size) = agreed
+        .map(|(v, _)| (v.quantization.clone(), v.backend.clone(), v.vocab_size))
         .unwrap_or_default();
     let info = ModelInfo {
         model_id: t.model_id.clone(),
@@ -198,6 +204,7 @@ fn trusted_entries(
         quantization,
         backend,
         tasks,
+        vocab_size,
     };
     for name in std::iter::once(&t.model_id).chain(&aliases) {
         let workers: BTreeSet<&NodeId> =

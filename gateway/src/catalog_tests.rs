@@ -135,3 +135,14 @@ fn seen_models_are_bounded_and_expire() {
     s.note([], last + SEEN_TTL_MS + 1);
     assert!(s.is_empty());
 }
+
+#[test]
+fn the_vocabulary_is_agreed_like_the_rest() {
+    let v = |seed, n| reg(seed, move |m| m.vocab_size = n);
+    let regs = [v(1, 49_152), v(2, 49_152), v(9, 10)];
+    let c = build(&regs, &ModelPolicy::default());
+    assert_eq!(c["gnus-auto"].info.vocab_size, 49_152, "a lone liar set the vocabulary");
+    // A trusted model takes the vocabulary its id's agreeing workers state.
+    let c = build(&regs, &trusted());
+    assert_eq!(c["gnus-auto"].info.vocab_size, 49_152);
+}

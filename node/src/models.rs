@@ -25,6 +25,9 @@ pub struct Entry {
     pub quantization: &'static str,
     /// What it answers.
     pub tasks: &'static [ApiType],
+    /// Vocabulary size of the weights (checked against the file by
+    /// node/tests/catalog_gguf.rs).
+    pub vocab_size: u32,
 }
 
 /// Every model this build can serve.
@@ -36,6 +39,7 @@ pub const CATALOG: &[Entry] = &[
         context_tokens: 8192,
         quantization: "q4_1",
         tasks: &[ApiType::ChatCompletion, ApiType::Completion],
+        vocab_size: 49_152,
     },
     Entry {
         model_id: "all-minilm-l6-v2",
@@ -44,6 +48,7 @@ pub const CATALOG: &[Entry] = &[
         context_tokens: 256,
         quantization: "f32",
         tasks: &[ApiType::Embedding],
+        vocab_size: 30_522,
     },
 ];
 
@@ -87,6 +92,7 @@ impl Entry {
             quantization: self.quantization.into(),
             backend: BACKEND.into(),
             tasks: self.tasks.to_vec(),
+            vocab_size: self.vocab_size,
         }
     }
 }

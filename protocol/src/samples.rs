@@ -68,6 +68,7 @@ pub fn registration(worker: &NodeKey, p: &Params) -> NodeRegistration {
             quantization: "q4_1".into(),
             backend: "burn-flex".into(),
             tasks: vec![ApiType::ChatCompletion, ApiType::Completion],
+            vocab_size: 0,
         }],
         queue: QueueInfo {
             max_concurrent_api_jobs: 8,

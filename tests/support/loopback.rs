@@ -16,6 +16,7 @@ pub fn model(model_id: &str, aliases: &[&str]) -> ModelInfo {
         quantization: "f32".into(),
         backend: "scripted".into(),
         tasks: vec![ApiType::ChatCompletion],
+        vocab_size: 0,
     }
 }
 

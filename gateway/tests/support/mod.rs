@@ -61,6 +61,8 @@ fn registration() -> NodeRegistration {
     let (worker, _) = samples::keys();
     let now = gcs_protocol::now_ms();
     let mut r = samples::registration(&worker, &Params { now_ms: now, ..Params::default() });
+    // SmolLM2's vocabulary, so the edge can check logit_bias ids.
+    r.models[0].vocab_size = 49_152;
     r.models.push(ModelInfo {
         model_id: "all-minilm-l6-v2".into(),
         aliases: vec!["gnus-embed".into()],
@@ -68,6 +70,7 @@ fn registration() -> NodeRegistration {
         quantization: "f32".into(),
         backend: "burn-flex".into(),
         tasks: vec![ApiType::Embedding],
+        vocab_size: 30_522,
     });
     r
 }

@@ -41,6 +41,15 @@ pub struct ModelInfo {
     pub backend: String,
     /// API types it serves.
     pub tasks: Vec<ApiType>,
+    /// Vocabulary size (token ids below it are valid), so a gateway can
+    /// refuse a `logit_bias` beyond it at the edge; 0: not advertised
+    /// (extension, omitted when 0 so older signatures are unchanged).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub vocab_size: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl ModelInfo {

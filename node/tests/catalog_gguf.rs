@@ -1,0 +1,27 @@
+//! The model catalogue's numbers are the weights' own: registrations
+//! advertise `context_tokens` and `vocab_size` from node/src/models.rs, and
+//! the gateway refuses requests against them (gateway::validate), so they
+//! must equal what the engine reads from the GGUF file.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
+
+#[test]
+fn the_chat_models_catalogue_entry_matches_its_weights() {
+    let dir =
+        std::env::var_os("GCS_MODEL_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models")
+        });
+    let entry = gcs_node::models::entry("smollm2-135m-instruct").unwrap();
+    let path = entry.path(&dir);
+    if !path.is_file() {
+        prereq::missing(&path.display().to_string(), "run scripts/fetch-models.sh");
+        return;
+    }
+    let engine = gcs_engine::Engine::load(&path, &gcs_engine::cpu_device()).unwrap();
+    let c = &engine.model.config;
+    assert_eq!(entry.vocab_size as usize, c.vocab, "vocab_size");
+    assert_eq!(entry.context_tokens as usize, c.context_length, "context_tokens");
+}
