@@ -103,6 +103,30 @@ pub struct Args {
     pub listen: String,
     /// Peers to dial.
     pub bootstrap: Vec<String>,
+    /// Which attacks: `wire` (above) or `trust` ([`crate::adversary_trust`]).
+    pub attacks: Attacks,
+}
+
+/// The attack sets of one adversary run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Attacks {
+    /// Forged, replayed and disorderly messages (this module).
+    #[default]
+    Wire,
+    /// Catalogue poisoning and a fake gateway's flood (`adversary_trust`).
+    Trust,
+}
+
+/// The report key that says a run made the trust attacks.
+pub const TRUST_MODE: &str = "mode_trust";
+
+/// The kinds a run with this report must have carried out.
+pub fn required(report: &BTreeMap<String, u64>) -> &'static [&'static str] {
+    if report.contains_key(TRUST_MODE) {
+        &crate::adversary_trust::REQUIRED
+    } else {
+        &REQUIRED
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -185,6 +209,16 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
         wins: Mutex::default(),
     });
     adv.save();
+    let trust = match args.attacks {
+        Attacks::Trust => {
+            adv.bump(TRUST_MODE);
+            let a = adv.clone();
+            let bump = Arc::new(move |k: &str| a.bump(k));
+            let key = NodeKey::from_seed(adv.key.seed());
+            Some(Arc::new(crate::adversary_trust::Rogue::new(key, net.clone(), bump)?))
+        }
+        Attacks::Wire => None,
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     let mut seen: HashSet<String> = HashSet::new();
     let mut index = 0u64;
@@ -194,7 +228,16 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
             _ = tick.tick() => {
                 let a = adv.clone();
                 let ks = ks.clone();
-                tokio::spawn(async move { a.heartbeat(&ks).await });
+                match (&trust, lock(&adv.template).clone()) {
+                    (Some(t), Some(template)) => {
+                        let t = t.clone();
+                        tokio::spawn(async move { t.round(&template).await });
+                    }
+                    (Some(_), None) => {}
+                    (None, _) => {
+                        tokio::spawn(async move { a.heartbeat(&ks).await });
+                    }
+                }
             }
             ev = events.recv() => match ev {
                 None => break,
@@ -227,7 +270,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                             }
                             continue;
                         }
-                        if lock(&adv.template).is_none() {
+                        if lock(&adv.template).is_none() || trust.is_some() {
                             continue;
                         }
                         let mode = index % 3;
@@ -238,8 +281,9 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                     _ => {}
                 },
                 // Cancellations from the gateway: taken, and ignored.
-                Some(NetEvent::JobRequest { id, .. }) => {
-                    let _ = net.respond(id, JobResponse::Ack).await;
+                Some(NetEvent::JobRequest { id, request, .. }) => {
+                    let answer = trust.as_ref().and_then(|t| t.answer(&request));
+                    let _ = net.respond(id, answer.unwrap_or(JobResponse::Ack)).await;
                 }
                 Some(NetEvent::PeerSubscribed { topic, .. })
                     if topic == gcs_node::topics::CAPABILITIES_ALL =>

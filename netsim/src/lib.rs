@@ -4,6 +4,7 @@
 //! over the real sans-IO lifecycle code (`scale`). See netsim/README.md.
 
 pub mod adversary;
+pub mod adversary_trust;
 pub mod client;
 pub mod cluster;
 pub mod history;

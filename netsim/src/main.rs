@@ -76,6 +76,10 @@ enum Command {
         /// Peers to dial.
         #[arg(long)]
         bootstrap: Vec<String>,
+        /// Which attacks: forged and disorderly messages (`wire`), or
+        /// catalogue poisoning and a fake gateway's flood (`trust`).
+        #[arg(long, value_enum, default_value = "wire")]
+        attacks: adversary::Attacks,
     },
     /// Closed-loop streaming load through one gateway.
     Load {
@@ -183,8 +187,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             Ok(true)
         }
-        Command::Adversary { data_dir, listen, bootstrap } => {
-            adversary::run(adversary::Args { data_dir, listen, bootstrap })?;
+        Command::Adversary { data_dir, listen, bootstrap, attacks } => {
+            adversary::run(adversary::Args { data_dir, listen, bootstrap, attacks })?;
             Ok(true)
         }
         Command::Load { clients, duration_s, workers, max_tokens, max_jobs, gcs_node } => {

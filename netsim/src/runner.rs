@@ -577,6 +577,7 @@ fn cluster_checks(
             detail: format!("{}: {hits} lines with {:?}", l.node, l.contains),
         });
     }
+    out.extend(crate::adversary_trust::checks(s, cluster));
     for n in cluster.nodes.values().filter(|n| n.role == Role::Adversary) {
         out.extend(adversary_checks(n));
     }
@@ -692,7 +693,7 @@ fn adversary_checks(n: &Node) -> Vec<Check> {
         });
     }
     let mut missing: Vec<&str> =
-        crate::adversary::REQUIRED.iter().copied().filter(|k| count(k) == 0).collect();
+        crate::adversary::required(&report).iter().copied().filter(|k| count(k) == 0).collect();
     missing.sort_unstable();
     let counts: Vec<String> = report.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let detail = if missing.is_empty() {

@@ -79,6 +79,40 @@ pub struct ClusterChecks {
     /// Text a node's log must contain (evidence of what it refused).
     #[serde(default)]
     pub logs: Vec<LogCheck>,
+    /// What every gateway's `/v1/models/{name}` must say of a name (a
+    /// poisoned catalogue must not change it).
+    #[serde(default)]
+    pub models_as: Vec<ModelAs>,
+    /// Bounds on a node's `/metrics` values, read after the traffic.
+    #[serde(default)]
+    pub metrics: Vec<MetricBound>,
+}
+
+/// A model name as a gateway must describe it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelAs {
+    /// The name asked for (an id or alias).
+    pub name: String,
+    /// The model id behind it.
+    pub model_id: String,
+    /// Its context in tokens.
+    pub context_tokens: u64,
+}
+
+/// A metric of one node within `[min, max]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricBound {
+    /// Node name (an HTTP node).
+    pub node: String,
+    /// An unlabelled metric.
+    pub metric: String,
+    /// Least value.
+    #[serde(default)]
+    pub min: f64,
+    /// Largest value.
+    pub max: f64,
 }
 
 /// A line a node must have logged.

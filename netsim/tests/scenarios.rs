@@ -96,3 +96,9 @@ fn clock_skew_scenarios_keep_every_invariant() {
 fn a_misbehaving_peer_process_changes_no_stream() {
     run_all(&["adversary_peer"]);
 }
+
+/// Catalogue poisoning and a fake gateway's flood (issue 14 §3).
+#[test]
+fn a_poisoned_catalogue_and_a_fake_gateways_flood_change_nothing_honest() {
+    run_all(&["adversary_trust"]);
+}

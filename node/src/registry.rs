@@ -147,15 +147,17 @@ mod tests {
         let p = Params::default();
         let t = p.now_ms;
         let mut reg = Registry::with_cap(Limits::default(), 2);
-        let keys: Vec<_> =
-            (1u8..=3).map(|i| gcs_protocol::NodeKey::from_seed([i; 32])).collect();
+        let keys: Vec<_> = (1u8..=3).map(|i| gcs_protocol::NodeKey::from_seed([i; 32])).collect();
         assert_eq!(reg.accept(samples::registration(&keys[0], &p), t), Accepted::New);
         let later = Params { now_ms: t + 5_000, ..p.clone() };
         assert_eq!(reg.accept(samples::registration(&keys[1], &later), t + 5_000), Accepted::New);
         assert_eq!(reg.accept(samples::registration(&keys[2], &later), t + 5_000), Accepted::Full);
         // Known nodes still refresh while full.
         let again = Params { now_ms: t + 6_000, ..p.clone() };
-        assert_eq!(reg.accept(samples::registration(&keys[1], &again), t + 6_000), Accepted::Refreshed);
+        assert_eq!(
+            reg.accept(samples::registration(&keys[1], &again), t + 6_000),
+            Accepted::Refreshed
+        );
         // The first one expires (30 s): room for the newcomer.
         let late = Params { now_ms: t + 30_000, ..p.clone() };
         assert_eq!(reg.accept(samples::registration(&keys[2], &late), t + 30_000), Accepted::New);

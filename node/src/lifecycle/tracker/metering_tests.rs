@@ -29,8 +29,10 @@ fn result_with(t: &mut JobTracker, gw: &NodeKey, w: &NodeKey, m: Metering) -> Ve
     let mut r = samples::final_result(w, &Params { now_ms: T0 + 10, ..Params::default() });
     r.job_id = t.job.job_id.clone();
     r.lease_id = t.lease().map(|l| l.lease_id.clone());
-    r.response =
-        Some(ResponseBody { format: "openai.chat.completion".into(), body: serde_json::Value::Null });
+    r.response = Some(ResponseBody {
+        format: "openai.chat.completion".into(),
+        body: serde_json::Value::Null,
+    });
     r.metering = Some(m);
     sign(&mut r, w).unwrap();
     t.handle(Input::Result(Box::new(r)), T0 + 10, gw, &Limits::default())

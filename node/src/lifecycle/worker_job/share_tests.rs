@@ -103,10 +103,7 @@ fn only_allowed_gateways_jobs_are_admitted() {
     let me = samples::keys().0.node_id();
     let model = samples::registration(&samples::keys().0, &Params::default()).models[0].clone();
     let (allowed, other) = (gw(1), gw(2));
-    let p = Policy {
-        gateways: Some(BTreeSet::from([allowed.node_id()])),
-        ..Policy::default()
-    };
+    let p = Policy { gateways: Some(BTreeSet::from([allowed.node_id()])), ..Policy::default() };
     let mut j = job_of(&allowed, "x");
     j.request.model = model.model_id.clone();
     let models = [model];
@@ -152,8 +149,13 @@ fn a_payload_answer_of_the_wrong_form_is_not_run() {
         l.job_id = job.job_id.clone();
         l.claim_id = m.claim.claim_id.clone();
         sign(&mut l, &g).unwrap();
-        m.handle(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))), T0, &key);
-        let fx = m.handle(Input::Answer(Request::Payload, Answer::Payload(Box::new(bad))), T0, &key);
+        m.handle(
+            Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))),
+            T0,
+            &key,
+        );
+        let fx =
+            m.handle(Input::Answer(Request::Payload, Answer::Payload(Box::new(bad))), T0, &key);
         assert!(matches!(&fx[..], [Effect::Done(Termination::Gateway(_))]), "{why}: {fx:?}");
     }
 }
