@@ -96,6 +96,48 @@ pub struct Metrics {
     pub body_timeouts: AtomicU64,
 }
 
+/// Every error code the gateway and the network's tracker answer with.
+pub const ERROR_CODES: &[&str] = &[
+    "gateway_overloaded",
+    "gnus_cancelled",
+    "gnus_engine_error",
+    "gnus_gateway_restarted",
+    "gnus_idle_timeout",
+    "gnus_internal",
+    "gnus_invalid_request",
+    "gnus_no_capable_nodes",
+    "gnus_requeue_exhausted",
+    "gnus_storage_unavailable",
+    "gnus_stream_broken",
+    "gnus_wall_timeout",
+    "gnus_worker_failed",
+    "gnus_worker_lost",
+    "idempotency_key_reused",
+    "insufficient_quota",
+    "internal_error",
+    "invalid_api_key",
+    "invalid_json",
+    "invalid_value",
+    "method_not_allowed",
+    "missing_required_parameter",
+    "model_not_found",
+    "model_not_supported",
+    "permission_denied",
+    "rate_limit_exceeded",
+    "request_timeout",
+    "request_too_large",
+    "service_unavailable",
+    "too_many_authentication_failures",
+    "unknown_url",
+    "unsupported_media_type",
+    "unsupported_parameter",
+];
+
+/// The label value for an error code: itself if it is one of ours.
+pub fn error_label(code: &str) -> &'static str {
+    ERROR_CODES.iter().copied().find(|c| *c == code).unwrap_or("other")
+}
+
 fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
     *m.lock().unwrap_or_else(|p| p.into_inner()).entry(k).or_default() += 1;
 }
@@ -106,9 +148,11 @@ impl Metrics {
         bump(&self.requests, (endpoint.to_string(), status));
     }
 
-    /// One error answered, by OpenAI error type/code.
+    /// One error answered, by code. Codes may come from a worker's result,
+    /// so only the gateway's own codes ([`ERROR_CODES`]) become label values
+    /// and anything else counts as `other`: a peer cannot grow /metrics.
     pub fn error(&self, code: &str) {
-        bump(&self.errors, code.to_string());
+        bump(&self.errors, error_label(code).to_string());
     }
 
     /// One job cancelled by the gateway, by reason.
@@ -207,5 +251,26 @@ impl Metrics {
             g(&mut out, name, kind, help, v);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_labels_come_from_a_fixed_set() {
+        let m = Metrics::default();
+        m.error("gnus_worker_lost");
+        for i in 0..100 {
+            m.error(&format!("worker_chosen_{i}"));
+        }
+        let text = m.render();
+        assert!(text.contains("gcs_http_errors_total{code=\"gnus_worker_lost\"} 1"), "{text}");
+        assert!(text.contains("gcs_http_errors_total{code=\"other\"} 100"), "{text}");
+        assert!(!text.contains("worker_chosen"), "a peer's code became a label");
+        let mut sorted = ERROR_CODES.to_vec();
+        sorted.sort();
+        assert_eq!(sorted, ERROR_CODES, "keep ERROR_CODES sorted");
     }
 }
