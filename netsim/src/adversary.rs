@@ -47,6 +47,9 @@ use gcs_protocol::{
 use libp2p::PeerId;
 use tokio::sync::Notify;
 
+mod disk_fill;
+pub use disk_fill::{dir_bytes, disk_fill_checks, disk_required, DISK_REQUIRED};
+
 /// Content chunks of the adversary's own answer (fewer if `max_tokens` is).
 pub const TOKENS: u32 = 12;
 
@@ -219,6 +222,14 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
         }
         Attacks::Wire => None,
     };
+    // The disk-fill attack runs as its own identity (disk_fill.rs), with
+    // the wire attacks.
+    let filler = match args.attacks {
+        Attacks::Wire => Some(Arc::new(
+            disk_fill::Filler::start(&args.data_dir, &args.listen, &args.bootstrap).await?,
+        )),
+        Attacks::Trust => None,
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     let mut seen: HashSet<String> = HashSet::new();
     let mut index = 0u64;
@@ -237,6 +248,10 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                     (None, _) => {
                         tokio::spawn(async move { a.heartbeat(&ks).await });
                     }
+                }
+                if let Some(f) = filler.clone() {
+                    let a = adv.clone();
+                    tokio::spawn(async move { f.tick(&a).await });
                 }
             }
             ev = events.recv() => match ev {

@@ -580,6 +580,17 @@ fn cluster_checks(
     out.extend(crate::adversary_trust::checks(s, cluster));
     for n in cluster.nodes.values().filter(|n| n.role == Role::Adversary) {
         out.extend(adversary_checks(n));
+        // The disk-fill identity's flood, as the honest gateways saw it.
+        let sent = crate::adversary::read_report(&n.dir).get("disk_fill_delta").copied().unwrap_or(0);
+        let gateways: Vec<(String, Option<String>, u64)> = cluster
+            .nodes
+            .iter()
+            .filter(|(_, g)| g.role == Role::Gateway)
+            .map(|(name, g)| {
+                (name.clone(), g.metrics_text(), crate::adversary::dir_bytes(&g.dir))
+            })
+            .collect();
+        out.extend(crate::adversary::disk_fill_checks(&gateways, sent));
     }
     out
 }
@@ -692,8 +703,12 @@ fn adversary_checks(n: &Node) -> Vec<Check> {
             detail: format!("the gateway granted: {}", granted.join(", ")),
         });
     }
-    let mut missing: Vec<&str> =
-        crate::adversary::required(&report).iter().copied().filter(|k| count(k) == 0).collect();
+    let mut missing: Vec<&str> = crate::adversary::required(&report)
+        .iter()
+        .chain(crate::adversary::disk_required(&report).iter())
+        .copied()
+        .filter(|k| count(k) == 0)
+        .collect();
     missing.sort_unstable();
     let counts: Vec<String> = report.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let detail = if missing.is_empty() {
