@@ -23,7 +23,7 @@ pub const MAX_STOP_BYTES: usize = 256;
 pub const MAX_TOP_LOGPROBS: u8 = 20;
 /// No token of a served vocabulary is longer than this many bytes, so a
 /// prompt of `b` bytes has at least `b / MAX_BYTES_PER_TOKEN` tokens.
-pub const MAX_BYTES_PER_TOKEN: usize = 64;
+pub const MAX_BYTES_PER_TOKEN: usize = 128;
 
 /// What a model allows; `None` where it is not known (then the worker's
 /// check is the only one).

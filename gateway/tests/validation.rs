@@ -45,7 +45,7 @@ async fn what_the_engine_refuses_is_a_400_at_the_edge() {
         ("a 257-byte stop string", json!({"stop": ["x".repeat(257)]}), "stop"),
         (
             "a prompt past the context",
-            json!({"messages": [{"role": "user", "content": "a".repeat(8192 * 64)}]}),
+            json!({"messages": [{"role": "user", "content": "a".repeat(8192 * 128)}]}),
             "messages",
         ),
     ];

@@ -1,7 +1,8 @@
 //! The model catalogue's numbers are the weights' own: registrations
 //! advertise `context_tokens` and `vocab_size` from node/src/models.rs, and
 //! the gateway refuses requests against them (gateway::validate), so they
-//! must equal what the engine reads from the GGUF file.
+//! must equal what the engine reads from the GGUF file; and no token may be
+//! longer than the edge's prompt bound assumes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -24,4 +25,13 @@ fn the_chat_models_catalogue_entry_matches_its_weights() {
     let c = &engine.model.config;
     assert_eq!(entry.vocab_size as usize, c.vocab, "vocab_size");
     assert_eq!(entry.context_tokens as usize, c.context_length, "context_tokens");
+    // The edge's prompt bound (bytes / MAX_BYTES_PER_TOKEN tokens at least)
+    // holds only if no token is longer.
+    let t = &engine.tokenizer;
+    let longest = (0..t.vocab_size() as u32).map(|id| t.token_bytes(id).len()).max().unwrap();
+    assert!(
+        longest <= gcs_gateway::validate::MAX_BYTES_PER_TOKEN,
+        "a {longest}-byte token breaks the edge's prompt bound"
+    );
+    eprintln!("longest token: {longest} bytes");
 }
