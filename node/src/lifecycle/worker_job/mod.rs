@@ -45,7 +45,7 @@ pub const CLAIM_TTL_MS: u64 = 10_000;
 /// A claim not answered within the job's claim timeout plus this slack is
 /// given up (the gateway answers at once when it hears it; a gateway that
 /// does not answer must not hold the slot for the 30 s request timeout).
-pub const CLAIM_ANSWER_SLACK_MS: u64 = 1_000;
+pub const CLAIM_ANSWER_SLACK_MS: u64 = 4_000;
 /// The longest a claim waits for its answer, whatever the job says.
 pub const MAX_CLAIM_WAIT_MS: u64 = 10_000;
 
