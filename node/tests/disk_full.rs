@@ -2,8 +2,9 @@
 //! small tmpfs. Requests are answered while there is room; once the file
 //! system is full the node answers 503 `gnus_storage_unavailable` (never a
 //! 200 it did not bill, never its storage error text), keeps answering
-//! /health and does not panic; after the space is freed and the node
-//! restarted, every request that was answered 200 has its usage record.
+//! /health and does not panic; once the space is freed it serves again
+//! without a restart, and after a restart every request that was answered
+//! 200 has its usage record.
 //!
 //! Needs root (to mount the tmpfs) and the SmolLM2 model; without them the
 //! test says SKIP (a failure under `CI=true`, tests/support/prereq.rs).
@@ -216,10 +217,16 @@ fn a_full_disk_is_a_503_and_loses_no_acknowledged_usage() {
     let (health, _) = node.request("GET", "/health", &key, "");
     assert_ne!(health, 0, "/health unanswered on a full disk");
 
-    // Space again, and a restart (RocksDB stays read-only after a failed
-    // write until it is reopened).
+    // Space again: the reserve kept RocksDB from ever failing a write, so
+    // the running node serves again without a restart.
     drop(filler);
     std::fs::remove_file(data.join("filler")).unwrap();
+    let (status, r) = node.request("POST", "/v1/chat/completions", &key, CHAT);
+    assert_eq!(status, 200, "space freed: {r}; log:\n{}", tail(&log));
+    acknowledged.push(job_id(&r).expect("x-gcs-job-id"));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("keyspace write failed"), "RocksDB met the full disk: {}", tail(&log));
+    // And every acknowledged record is on disk: restart and read them back.
     drop(node);
     let log2 = tmp.path().join("node2.log");
     let node = Node::start(&data, &log2);
