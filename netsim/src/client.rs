@@ -35,6 +35,8 @@ pub struct ChatRequest {
     pub vanish_after_frames: Option<u32>,
     /// Give up reading after this long.
     pub timeout: Duration,
+    /// `gnus.network`, if not public.
+    pub network: Option<String>,
 }
 
 impl ChatRequest {
@@ -46,6 +48,9 @@ impl ChatRequest {
         }
         if self.stream && self.include_usage {
             b["stream_options"] = json!({"include_usage": true});
+        }
+        if let Some(n) = &self.network {
+            b["gnus"] = json!({"network": n});
         }
         b.to_string().into_bytes()
     }

@@ -323,6 +323,29 @@ pub fn create_key(bin: &Path, dir: &Path, tenant: &str) -> Result<String, Error>
         .ok_or_else(|| Error::Setup("keys create printed no key".into()))
 }
 
+/// Issues `a` for the node of `dir` (its identity made now, as the node
+/// would at start) from the tenant store of the gateway in `by`.
+fn admit(by: &Path, dir: &Path, a: &crate::scenario::Admission, out: &Path) -> Result<(), Error> {
+    use gcs_node::tenants::{Group, TenantError, TenantStore};
+    let setup = |e: String| Error::Setup(format!("admission by {}: {e}", by.display()));
+    let group = match (&a.tenant, &a.swarm) {
+        (Some(t), None) => Group::Tenant(t.clone()),
+        (None, Some(s)) => Group::Swarm(s.clone()),
+        _ => return Err(setup("name one tenant or one swarm".into())),
+    };
+    let node = gcs_node::Identity::load_or_create(dir).map_err(|e| setup(e.to_string()))?.node_id();
+    let store = TenantStore::new(by);
+    match store.create(&group) {
+        Ok(_) | Err(TenantError::Exists(_)) => {}
+        Err(e) => return Err(setup(e.to_string())),
+    }
+    let (_, bytes) = store
+        .admit(&group, &node, a.gateway, 3_600_000, gcs_node::now_ms())
+        .map_err(|e| setup(e.to_string()))?;
+    std::fs::write(out, bytes)?;
+    Ok(())
+}
+
 /// How many of `specs` are workers that register with the gateways.
 pub fn registering_workers(specs: &[NodeSpec]) -> usize {
     specs.iter().filter(|s| matches!(s.role, Role::Worker | Role::All) && s.registers).count()
@@ -402,6 +425,11 @@ impl Cluster {
                 c.reference_keys.insert(s.name.clone(), create_key(bin, &dir, "netsim-reference")?);
             }
             let mut args = s.args.clone();
+            for (k, a) in s.admitted.iter().enumerate() {
+                let cert = dir.join(format!("membership-{k}.cert"));
+                admit(&root.join(&a.by), &dir, a, &cert)?;
+                args.extend(["--membership".into(), cert.to_string_lossy().into_owned()]);
+            }
             for b in &s.bootstrap {
                 let peer = c.nodes.get(b).ok_or_else(|| {
                     Error::Setup(format!("{}: bootstrap {b} must come first", s.name))

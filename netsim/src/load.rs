@@ -84,6 +84,7 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
         args: vec![],
         clock_skew_s: None,
         registers: true,
+        admitted: vec![],
     }];
     for i in 0..spec.workers {
         nodes.push(NodeSpec {
@@ -93,6 +94,7 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
             args: vec!["--max-jobs".into(), spec.max_jobs.to_string()],
             clock_skew_s: None,
             registers: true,
+            admitted: vec![],
         });
     }
     let cluster = Cluster::start(bin, workdir, &nodes)?;
@@ -115,6 +117,7 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
         rcvbuf: None,
         vanish_after_frames: None,
         timeout: Duration::from_secs(120),
+        network: None,
     };
     let records = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));

@@ -101,6 +101,7 @@ fn chat_request(s: &RequestSpec) -> ChatRequest {
         rcvbuf: s.rcvbuf,
         vanish_after_frames: s.vanish_after_frames,
         timeout: Duration::from_secs(s.timeout_s),
+        network: s.network.clone(),
     }
 }
 

@@ -181,6 +181,28 @@ pub struct NodeSpec {
     /// traffic (false for a worker whose clock is skewed past the tolerance).
     #[serde(default = "yes")]
     pub registers: bool,
+    /// Membership certificates to start with: each is issued by an earlier
+    /// gateway's tenant or swarm key (`gcs-node tenants`) for this node and
+    /// given as `--membership`.
+    #[serde(default)]
+    pub admitted: Vec<Admission>,
+}
+
+/// One admission of a node by a tenant's or swarm's key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admission {
+    /// The gateway whose data directory holds the key (made if missing).
+    pub by: String,
+    /// The tenant (the gateways' API keys are of tenant `netsim`).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Or the swarm.
+    #[serde(default)]
+    pub swarm: Option<String>,
+    /// A tenant-gateway certificate instead of a member's.
+    #[serde(default)]
+    pub gateway: bool,
 }
 
 /// What a request group must end as, beyond the universal checks.
@@ -220,6 +242,10 @@ pub struct RequestSpec {
     /// User message.
     #[serde(default = "default_prompt")]
     pub prompt: String,
+    /// `gnus.network` routing (`private`, `hybrid`, `local_only`; default
+    /// public).
+    #[serde(default)]
+    pub network: Option<String>,
     /// Words of filler placed before the prompt: a long prompt makes prefill
     /// (the time before the first token) long enough to aim a fault at.
     #[serde(default)]

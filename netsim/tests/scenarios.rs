@@ -102,3 +102,9 @@ fn a_misbehaving_peer_process_changes_no_stream() {
 fn a_poisoned_catalogue_and_a_fake_gateways_flood_change_nothing_honest() {
     run_all(&["adversary_trust"]);
 }
+
+/// A self-declared private member never gets a lease (issue 14 §2, §5).
+#[test]
+fn a_fake_private_member_never_serves_the_tenants_jobs() {
+    run_all(&["adversary_membership"]);
+}

@@ -569,7 +569,15 @@ impl GatewayState {
                         reply = Some(b);
                     }
                 }
-                Effect::RejectClaim(r) => reply = gcs_protocol::encode(&r).ok(),
+                Effect::RejectClaim(r) => {
+                    if r.reason == gcs_protocol::ClaimRejectReason::PolicyDenied {
+                        // Not a lost race: a node outside the job's routing
+                        // or without its membership (bounded: claims per
+                        // job are capped).
+                        tracing::info!(job_id = %r.job_id, node = %r.node_id, "claim refused: policy_denied");
+                    }
+                    reply = gcs_protocol::encode(&r).ok()
+                }
                 Effect::Forward(chunks) => {
                     for c in chunks {
                         // The fenced stream is recorded (job-participant scope,
