@@ -252,7 +252,11 @@ impl GatewayState {
                 continue;
             }
             let lease = ctx.keyspace.find_cbor(&keys::lease(id))?;
+            let record = ctx.keyspace.get_bytes(&keys::payload(id))?;
             let (mut tracker, _) = JobTracker::new(job.clone(), ctx.tracker, now);
+            if let Some(r) = record.as_deref().and_then(GatewayRecord::decode) {
+                tracker.bill_to(r.billing);
+            }
             tracker.restore_lease(lease);
             tracker.restore_delivered(recorded_tokens(ctx.keyspace, id)?);
             let effects =
@@ -297,11 +301,7 @@ impl GatewayState {
         Ok(n)
     }
 
-            let record = ctx.keyspace.get_bytes(&keys::payload(id))?;
     /// Publishes a job and returns its id and the client's event stream.
-            if let Some(r) = record.as_deref().and_then(GatewayRecord::decode) {
-                tracker.bill_to(r.billing);
-            }
     pub async fn submit(
         &mut self,
         spec: JobSpec,
