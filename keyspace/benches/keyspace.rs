@@ -74,6 +74,18 @@ fn bench(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // A usage record's write: synced (one fsync of the WAL per call).
+    let mut u = 0u64;
+    group.bench_function("durable_put", |b| {
+        b.iter_batched(
+            || {
+                u += 1;
+                (format!("/gcs/api/usage/gcsapi_{u:08}"), 4_000_000 + u)
+            },
+            |(key, now)| ks.put_durable(&key, vec![2u8; 300], now).unwrap(),
+            BatchSize::SmallInput,
+        )
+    });
     let mut j = 0u64;
     group.bench_function(format!("prefix_scan_100_of_{n}"), |b| {
         b.iter(|| {
