@@ -387,37 +387,6 @@ fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// API key id → tenant, for the keys this gateway holds.
-fn key_tenants(
-    store: &gcs_gateway::KeyStore,
-) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-    Ok(store.list()?.into_iter().map(|k| (k.id, k.tenant_id)).collect())
-}
-
-/// The certificates given with `--membership`; each must name this node.
-fn memberships(
-    data_dir: &Path,
-    files: &[PathBuf],
-) -> anyhow::Result<Vec<gcs_protocol::MembershipCertificate>> {
-    if files.is_empty() {
-        return Ok(vec![]);
-    }
-    let me = gcs_node::Identity::load_or_create(data_dir)?.node_id();
-    let mut out = vec![];
-    for f in files {
-        let c = gcs_node::tenants::read_certificate(f)
-            .with_context(|| format!("--membership {}", f.display()))?;
-        if c.node_id != me {
-            bail!("--membership {}: names {}, not this node ({me})", f.display(), c.node_id);
-        }
-        out.push(c);
-    }
-    if out.len() > gcs_protocol::MAX_MEMBERSHIPS {
-        bail!("at most {} --membership certificates", gcs_protocol::MAX_MEMBERSHIPS);
-    }
-    Ok(out)
-}
-
 /// The tenants that have keys on this gateway, sorted.
 fn tenants_of(store: &gcs_gateway::KeyStore) -> anyhow::Result<Vec<String>> {
     let mut t: Vec<String> = store.list()?.into_iter().map(|k| k.tenant_id).collect();
@@ -455,7 +424,7 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     config.swarm_id = cli.swarm.clone();
     config.private_tenant = cli.private_tenant.clone();
     config.private_only = cli.private_only;
-    config.memberships = memberships(data_dir, &cli.membership)?;
+    config.memberships = gcs_node::tenants::cli::load_memberships(data_dir, &cli.membership)?;
     config.gateway_share = gcs_node::lifecycle::worker_job::Share { percent: cli.gateway_share };
     config.gateways = (!cli.gateways.is_empty()).then(|| cli.gateways.iter().cloned().collect());
     config.network.mdns = !cli.no_mdns;
@@ -623,7 +592,7 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         // The tenant and swarm keys this gateway holds: the only issuers of
         // certificates it accepts in claims and usage records.
         let mut trust = gcs_node::tenants::TenantStore::new(&data_dir).trust()?;
-        trust.key_tenants = key_tenants(&store)?;
+        trust.key_tenants = gcs_node::tenants::cli::key_tenants(&store)?;
         config.network.tenant_trust = gcs_node::tenants::TenantTrust::new(trust);
     }
     let trust = config.network.tenant_trust.clone();
@@ -632,7 +601,7 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     if is_gateway {
         let keys = gcs_gateway::KeyStore::new(&data_dir);
         gcs_node::tenants::follow(&data_dir, node.shared_keyspace(), node.network().clone(), trust, move || {
-            key_tenants(&keys).unwrap_or_default()
+            gcs_node::tenants::cli::key_tenants(&keys).unwrap_or_default()
         });
     }
     for a in node.listen_addrs().await? {

@@ -584,36 +584,18 @@ impl Env {
             trust: Trust::default(),
             heartbeat: Heartbeat { created_at_ms: now, expires_at_ms: now + ttl, ttl_ms: ttl },
             addresses: vec![],
-            memberships: self.current_memberships(),
+            memberships: crate::tenants::own_memberships(
+                &self.keyspace,
+                &key.node_id(),
+                &self.config.memberships,
+            ),
             signature: None,
         };
         sign(&mut reg, key)?;
         Ok(reg)
     }
 
-    /// This node's certificates that still stand: a renewal the tenant's
-    /// gateway stored for us replaces the configured one, a revocation
-    /// drops it (`lifecycle::membership::current`).
-    fn current_memberships(&self) -> Vec<gcs_protocol::MembershipCertificate> {
-        let me = self.identity.node_id();
-        let limits = self.config.network.limits.clone();
-        let stored: Vec<Message> = self
-            .config
-            .memberships
-            .iter()
-            .filter_map(|c| {
-                let key = gcs_keyspace::keys::membership(c.issuer.as_str(), c.scope.as_str(), me.as_str());
-                self.keyspace.get_bytes(&key).ok().flatten()
-            })
-            .filter_map(|b| gcs_protocol::decode(&b, &limits).ok())
-            .collect();
-        let mut out = crate::lifecycle::membership::current(&me, &self.config.memberships, &stored);
-        out.truncate(gcs_protocol::MAX_MEMBERSHIPS);
-        out
-    }
-
-    /// Stores this node's own certificates and gossips them (a peer keeps
-    /// one only if its issuer signed it: `tenants::records`).
+    /// Stores and gossips this node's own certificates.
     async fn publish_memberships(&self) {
         for c in &self.config.memberships {
             let m = Message::MembershipCertificate(c.clone());

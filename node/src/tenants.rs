@@ -198,7 +198,10 @@ impl TenantStore {
             }
             r => r.map_err(io(&path))?,
         };
-        let bad = || TenantError::Io { path: path.display().to_string(), reason: "not a hex ed25519 seed".into() };
+        let bad = || TenantError::Io {
+            path: path.display().to_string(),
+            reason: "not a hex ed25519 seed".into(),
+        };
         let seed: [u8; 32] =
             hex::decode(text.trim()).map_err(|_| bad())?.try_into().map_err(|_| bad())?;
         Ok(NodeKey::from_seed(seed))
@@ -415,7 +418,10 @@ pub async fn sync(
     trust: &TenantTrust,
     key_tenants: BTreeMap<String, String>,
 ) -> Result<(), crate::NodeError> {
-    let io = |e: TenantError| crate::NodeError::DataDir { path: "tenants".into(), reason: e.to_string() };
+    let io = |e: TenantError| crate::NodeError::DataDir {
+        path: "tenants".into(),
+        reason: e.to_string(),
+    };
     let mut t = store.trust().map_err(io)?;
     t.key_tenants = key_tenants;
     if t != trust.get() {
@@ -516,8 +522,34 @@ mod tests {
         assert_eq!(renewed.len(), 1, "the revoked gateway is not renewed");
         assert_eq!((&renewed[0].node_id, renewed[0].expires_at_ms), (&a, 71_000));
         assert!(store.renew_due(32_000).unwrap().is_empty(), "the renewal is the latest now");
-        assert!(store.renew_due(80_000).unwrap().is_empty(), "an expired one is re-admitted by hand");
+        assert!(
+            store.renew_due(80_000).unwrap().is_empty(),
+            "an expired one is re-admitted by hand"
+        );
     }
+}
+
+/// A node's own certificates that still stand: a renewal the tenant's
+/// gateway stored for it replaces the configured one, a revocation drops
+/// it (`lifecycle::membership::current`); at most `MAX_MEMBERSHIPS`.
+pub fn own_memberships(
+    ks: &gcs_keyspace::Keyspace,
+    me: &NodeId,
+    configured: &[MembershipCertificate],
+) -> Vec<MembershipCertificate> {
+    let limits = gcs_protocol::Limits::default();
+    let stored: Vec<Message> = configured
+        .iter()
+        .filter_map(|c| {
+            let key =
+                gcs_keyspace::keys::membership(c.issuer.as_str(), c.scope.as_str(), me.as_str());
+            ks.get_bytes(&key).ok().flatten()
+        })
+        .filter_map(|b| gcs_protocol::decode(&b, &limits).ok())
+        .collect();
+    let mut out = crate::lifecycle::membership::current(me, configured, &stored);
+    out.truncate(gcs_protocol::MAX_MEMBERSHIPS);
+    out
 }
 
 /// Stores a certificate or revocation under its key (unless this node holds

@@ -74,12 +74,18 @@ async fn a_fake_tenant_gateways_usage_record_is_refused() {
     // Serves the tenant and signs validly, but the tenant never admitted it.
     let fake = start(gateway(2, vec![a])).await.unwrap();
     let issuer = trust.tenants["tenant_1"].clone();
-    let g2_cert =
-        keys::membership(issuer.as_str(), MembershipScope::TenantGateway.as_str(), g2.node_id.as_str());
+    let g2_cert = keys::membership(
+        issuer.as_str(),
+        MembershipScope::TenantGateway.as_str(),
+        g2.node_id.as_str(),
+    );
     wait_for("g2's certificate at g1", || g1.keyspace().get_bytes(&g2_cert).unwrap().is_some())
         .await;
-    let fake_cert =
-        keys::membership(issuer.as_str(), MembershipScope::TenantGateway.as_str(), fake.node_id.as_str());
+    let fake_cert = keys::membership(
+        issuer.as_str(),
+        MembershipScope::TenantGateway.as_str(),
+        fake.node_id.as_str(),
+    );
     assert!(g1.keyspace().get_bytes(&fake_cert).unwrap().is_none());
     tokio::time::sleep(Duration::from_millis(1500)).await; // the usage topic's mesh
 

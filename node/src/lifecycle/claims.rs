@@ -228,7 +228,9 @@ mod tests {
     }
 
     /// The sample tenant's signed certificate for the sample worker.
-    fn cert(edit: impl FnOnce(&mut gcs_protocol::MembershipCertificate)) -> gcs_protocol::MembershipCertificate {
+    fn cert(
+        edit: impl FnOnce(&mut gcs_protocol::MembershipCertificate),
+    ) -> gcs_protocol::MembershipCertificate {
         let (w, _) = samples::keys();
         let t = samples::tenant_key();
         let mut m = samples::membership(&t, &w, &Params::default());
@@ -245,7 +247,11 @@ mod tests {
     fn count_8_self_description_admits_nothing() {
         let mut c = private_case(None);
         c.reg.tenant_id = Some(c.job.tenant.tenant_id.clone());
-        assert_eq!(c.check(), Err(R::PolicyDenied), "tenant_id + accepts_private_jobs, no certificate");
+        assert_eq!(
+            c.check(),
+            Err(R::PolicyDenied),
+            "tenant_id + accepts_private_jobs, no certificate"
+        );
         let mut c = Case::new();
         c.job.routing.network = RoutingMode::Private;
         assert_eq!(c.check(), Err(R::PolicyDenied), "a public node cannot take a private job");
@@ -296,11 +302,8 @@ mod tests {
         let mut r = samples::revocation(&t, &w, &Params::default());
         sign(&mut r, &t).unwrap();
         let mut c = private_case(Some(cert(|_| {})));
-        c.reg.memberships = crate::lifecycle::membership::current(
-            &w.node_id(),
-            &c.reg.memberships,
-            &[r.into()],
-        );
+        c.reg.memberships =
+            crate::lifecycle::membership::current(&w.node_id(), &c.reg.memberships, &[r.into()]);
         assert_eq!(c.check(), Err(R::PolicyDenied));
     }
     #[test]

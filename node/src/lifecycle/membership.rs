@@ -8,7 +8,12 @@
 
 use gcs_protocol::{verify, MembershipCertificate, Message, NodeId};
 
-fn same_grant(a: &MembershipCertificate, issuer: &NodeId, scope: gcs_protocol::MembershipScope, group: &str) -> bool {
+fn same_grant(
+    a: &MembershipCertificate,
+    issuer: &NodeId,
+    scope: gcs_protocol::MembershipScope,
+    group: &str,
+) -> bool {
     &a.issuer == issuer && a.scope == scope && a.group_id == group
 }
 
@@ -28,13 +33,19 @@ pub fn current(
     for s in stored {
         match s {
             Message::MembershipCertificate(c) if &c.node_id == node && verify(c).is_ok() => {
-                out.retain(|p| !same_grant(p, &c.issuer, c.scope, &c.group_id) || p.issued_at_ms >= c.issued_at_ms);
+                out.retain(|p| {
+                    !same_grant(p, &c.issuer, c.scope, &c.group_id)
+                        || p.issued_at_ms >= c.issued_at_ms
+                });
                 if !out.iter().any(|p| same_grant(p, &c.issuer, c.scope, &c.group_id)) {
                     out.push(c.clone());
                 }
             }
             Message::MembershipRevocation(r) if &r.node_id == node && verify(r).is_ok() => {
-                out.retain(|p| !same_grant(p, &r.issuer, r.scope, &r.group_id) || p.issued_at_ms > r.created_at_ms);
+                out.retain(|p| {
+                    !same_grant(p, &r.issuer, r.scope, &r.group_id)
+                        || p.issued_at_ms > r.created_at_ms
+                });
             }
             _ => {}
         }

@@ -95,6 +95,45 @@ fn node_id(s: &str) -> Result<NodeId, TenantError> {
     s.parse::<NodeId>().map_err(|_| TenantError::BadName(format!("--node {s}")))
 }
 
+/// API key id → tenant, for the keys a gateway holds.
+pub fn key_tenants(
+    store: &gcs_gateway::KeyStore,
+) -> Result<std::collections::BTreeMap<String, String>, gcs_gateway::keys::KeyError> {
+    Ok(store.list()?.into_iter().map(|k| (k.id, k.tenant_id)).collect())
+}
+
+/// The certificates given with `--membership` (at most
+/// `MAX_MEMBERSHIPS`); each must name this node (the identity in
+/// `data_dir`, made if missing, as the node would at start).
+pub fn load_memberships(
+    data_dir: &Path,
+    files: &[PathBuf],
+) -> Result<Vec<gcs_protocol::MembershipCertificate>, TenantError> {
+    if files.is_empty() {
+        return Ok(vec![]);
+    }
+    let bad = |f: &Path, reason: String| TenantError::Io { path: f.display().to_string(), reason };
+    if files.len() > gcs_protocol::MAX_MEMBERSHIPS {
+        return Err(bad(
+            &files[0],
+            format!("at most {} --membership files", gcs_protocol::MAX_MEMBERSHIPS),
+        ));
+    }
+    let me = crate::Identity::load_or_create(data_dir)
+        .map_err(|e| bad(data_dir, e.to_string()))?
+        .node_id();
+    files
+        .iter()
+        .map(|f| {
+            let c = super::read_certificate(f)?;
+            if c.node_id != me {
+                return Err(bad(f, format!("names {}, not this node ({me})", c.node_id)));
+            }
+            Ok(c)
+        })
+        .collect()
+}
+
 /// Runs one command against the store of `data_dir`; prints to stdout.
 pub fn run(data_dir: &Path, cmd: TenantsCommand, now_ms: u64) -> Result<(), TenantError> {
     let store = TenantStore::new(data_dir);
@@ -107,11 +146,16 @@ pub fn run(data_dir: &Path, cmd: TenantsCommand, now_ms: u64) -> Result<(), Tena
         }
         TenantsCommand::Admit { group, node, gateway, ttl, out } => {
             let g = group.group();
-            let ttl_ms = parse_ttl(&ttl).ok_or_else(|| TenantError::BadName(format!("--ttl {ttl}")))?;
+            let ttl_ms =
+                parse_ttl(&ttl).ok_or_else(|| TenantError::BadName(format!("--ttl {ttl}")))?;
             let (c, bytes) = store.admit(&g, &node_id(&node)?, gateway, ttl_ms, now_ms)?;
-            let path = out.unwrap_or_else(|| PathBuf::from(format!("{}.{}.cert", c.node_id, c.scope.as_str())));
-            gcs_gateway::durable::write_atomic(&path, &bytes)
-                .map_err(|e| TenantError::Io { path: path.display().to_string(), reason: e.to_string() })?;
+            let path = out.unwrap_or_else(|| {
+                PathBuf::from(format!("{}.{}.cert", c.node_id, c.scope.as_str()))
+            });
+            gcs_gateway::durable::write_atomic(&path, &bytes).map_err(|e| TenantError::Io {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
             println!("{}", path.display());
             eprintln!(
                 "{} admitted to {g} as {} until {} ms; start it with --membership {}",

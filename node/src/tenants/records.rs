@@ -75,7 +75,10 @@ pub fn authorise_usage(
 /// Test support: `gateway` admitted as a tenant gateway of the sample
 /// tenant (`tenant_123`) in each store, and a trust that holds its key.
 #[cfg(test)]
-pub(crate) fn admit_sample_gateway(stores: &[&Keyspace], gateway: &gcs_protocol::NodeKey) -> super::TrustHandle {
+pub(crate) fn admit_sample_gateway(
+    stores: &[&Keyspace],
+    gateway: &gcs_protocol::NodeKey,
+) -> super::TrustHandle {
     use gcs_protocol::samples::{self, Params};
     let t = samples::tenant_key();
     let mut c = samples::membership(&t, gateway, &Params::default());
@@ -191,8 +194,11 @@ mod tests {
         assert!(validate_statement(&statement_delta(&good, &key), &Limits::default()).is_ok());
         // Filed under another issuer's (or node's) key.
         let liar = NodeKey::from_seed([66; 32]);
-        let other_key = keys::membership(liar.node_id().as_str(), "tenant_member", w.node_id().as_str());
-        assert!(validate_statement(&statement_delta(&good, &other_key), &Limits::default()).is_err());
+        let other_key =
+            keys::membership(liar.node_id().as_str(), "tenant_member", w.node_id().as_str());
+        assert!(
+            validate_statement(&statement_delta(&good, &other_key), &Limits::default()).is_err()
+        );
         // A self-signed certificate under the tenant's key.
         let mut forged = c.clone();
         forged.issuer = liar.node_id();
