@@ -767,7 +767,8 @@ async fn an_anti_entropy_and_delta_flood_neither_stalls_the_node_nor_fills_its_d
     tokio::time::sleep(Duration::from_millis(500)).await;
     let jobs_before = gw.keyspace().digest(Namespace::ApiJobs).unwrap().count;
 
-    let (_job, mut rx) = gw.submit(spec()).await.unwrap();
+    let (job, mut rx) = gw.submit(spec()).await.unwrap();
+    assert!(gw.keyspace().get_bytes(&keys::open_job(&job)).unwrap().is_some(), "open until metered");
     let flood = {
         let (flooder, fks) = (flooder.clone(), fks.clone());
         tokio::spawn(async move {
@@ -854,6 +855,12 @@ async fn an_anti_entropy_and_delta_flood_neither_stalls_the_node_nor_fills_its_d
     let one = sent_bytes / 400;
     assert!(added * one <= QUOTA_BYTES + one, "{added} flood jobs stored: beyond the quota");
     assert!(refused > 0, "refusals are counted");
+    // /v1/usage reads the key's index: this job's record, nobody else's.
+    use gcs_gateway::Backend as _;
+    let mine = gw.client().usage("key_1", 0, u64::MAX).unwrap();
+    assert_eq!(mine.iter().map(|u| u.job_id.as_str()).collect::<Vec<_>>(), [job.as_str()]);
+    assert!(gw.client().usage("key_2", 0, u64::MAX).unwrap().is_empty());
+    assert!(gw.keyspace().get_bytes(&keys::open_job(&job)).unwrap().is_none(), "metered: closed");
     flooder.shutdown().await;
     gw.shutdown().await;
     w.shutdown().await;
