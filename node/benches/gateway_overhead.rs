@@ -81,7 +81,7 @@ fn direct(exec: &EngineExecutor) -> (f64, f64) {
         api_type: ApiType::ChatCompletion,
         model: "smollm2-135m-instruct".into(),
         body: payload(),
-        tenant_id: "bench".into(),
+        cache_salt: "bench".into(),
     };
     let t0 = Instant::now();
     let (mut first, mut last, mut n) = (None, t0, 0usize);

@@ -94,7 +94,7 @@ async fn smollm2_answers_through_gateway_and_worker() {
             model: "gnus-auto".into(),
             stream: true,
             body: payload(&body),
-            cache_salt: "t".into(),
+            tenant_id: "t".into(),
             project_id: "p".into(),
             api_key_id: "k".into(),
             idempotency_key: "e2e".into(),

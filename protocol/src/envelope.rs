@@ -26,12 +26,13 @@ fn check_header(v: &Value) -> Result<MessageType, ProtocolError> {
         Some(_) => return Err(ProtocolError::Malformed("version is not an integer".into())),
         None => return Err(ProtocolError::Malformed("missing version".into())),
     };
-    if version < u64::from(MIN_SUPPORTED_VERSION) || version > u64::from(PROTOCOL_VERSION) {
+    let max = crate::signed::max_version(ty);
+    if version < u64::from(MIN_SUPPORTED_VERSION) || version > u64::from(max) {
         return Err(ProtocolError::UnsupportedVersion {
             message_type: mt.into(),
             version,
             min: MIN_SUPPORTED_VERSION,
-            max: PROTOCOL_VERSION,
+            max,
         });
     }
     Ok(ty)

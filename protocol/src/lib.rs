@@ -25,5 +25,6 @@ pub use envelope::{
     check_clock, decode, encode, open, open_as, sign, verify, Limits, Message, MessageType,
     SignedMessage, MIN_SUPPORTED_VERSION, PROTOCOL_VERSION,
 };
+pub use signed::{max_version, API_JOB_VERSION};
 pub use error::ProtocolError;
 pub use messages::*;

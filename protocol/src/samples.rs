@@ -138,8 +138,8 @@ pub fn api_job(gateway: &NodeKey, p: &Params) -> ApiRequestJob {
         format!(r#"{{"messages":[{{"role":"user","content":{:?}}}]}}"#, p.text).into_bytes();
     ApiRequestJob {
         message_type: MessageType::ApiRequestJob,
-        version: PROTOCOL_VERSION,
-        idempotency_key: format!("req_{}", p.text.len()),
+        version: crate::API_JOB_VERSION,
+        idempotency_key: format!("idem_{}", p.text.len()),
         gateway_node_id: gateway.node_id(),
         source: Source {
             kind: "openai_compatible_api".into(),
@@ -147,10 +147,11 @@ pub fn api_job(gateway: &NodeKey, p: &Params) -> ApiRequestJob {
             method: "POST".into(),
             client_request_id: "req_abc".into(),
         },
+        // As a gateway announces it: no project, no API key (26.20.4).
         tenant: TenantRef {
             tenant_id: "tenant_123".into(),
-            project_id: "proj_456".into(),
-            api_key_id: "key_789".into(),
+            project_id: String::new(),
+            api_key_id: String::new(),
         },
         request: RequestInfo {
             api_type: ApiType::ChatCompletion,

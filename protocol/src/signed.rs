@@ -16,6 +16,18 @@ use crate::error::ProtocolError;
 pub const PROTOCOL_VERSION: u16 = 1;
 /// The oldest version this build decodes.
 pub const MIN_SUPPORTED_VERSION: u16 = 1;
+/// The `GCS_API_REQUEST_JOB` format this build writes: 2 since an
+/// announcement carries no project or API key id (absent on the wire) and
+/// an opaque idempotency token (26.20.4); version 1 jobs still decode.
+pub const API_JOB_VERSION: u16 = 2;
+
+/// The newest version of `ty` this build decodes.
+pub fn max_version(ty: MessageType) -> u16 {
+    match ty {
+        MessageType::ApiRequestJob => API_JOB_VERSION,
+        _ => PROTOCOL_VERSION,
+    }
+}
 
 macro_rules! message_types {
     ($($variant:ident => $tag:literal),* $(,)?) => {

@@ -1,6 +1,6 @@
 //! Field-bound helpers used by every message's `check_fields`.
 
-use crate::signed::{MessageType, MIN_SUPPORTED_VERSION, PROTOCOL_VERSION};
+use crate::signed::{MessageType, MIN_SUPPORTED_VERSION};
 use crate::error::ProtocolError;
 
 /// Longest free-form short string (ids, names, codes).
@@ -20,12 +20,13 @@ pub fn header(ty: MessageType, expected: MessageType, version: u16) -> Result<()
             found: ty.as_str().into(),
         });
     }
-    if !(MIN_SUPPORTED_VERSION..=PROTOCOL_VERSION).contains(&version) {
+    let max = crate::signed::max_version(expected);
+    if !(MIN_SUPPORTED_VERSION..=max).contains(&version) {
         return Err(ProtocolError::UnsupportedVersion {
             message_type: ty.as_str().into(),
             version: version.into(),
             min: MIN_SUPPORTED_VERSION,
-            max: PROTOCOL_VERSION,
+            max,
         });
     }
     Ok(())

@@ -130,12 +130,45 @@ fn sign_digest_for_test(key: &NodeKey, digest: &[u8; 32]) -> [u8; 64] {
 fn newer_versions_are_refused_with_a_typed_error() {
     let (w, g) = samples::keys();
     let job = samples::api_job(&g, &Params::default());
-    let v = with_field(&job, "version", Value::Integer(2.into()));
+    let next = gcs_protocol::API_JOB_VERSION + 1;
+    let v = with_field(&job, "version", Value::Integer(next.into()));
     let bytes = resign(v, MessageType::ApiRequestJob, &g);
     let e = open(&bytes, NOW, &lim()).unwrap_err();
-    assert!(matches!(e, ProtocolError::UnsupportedVersion { version: 2, .. }), "{e}");
+    assert!(
+        matches!(e, ProtocolError::UnsupportedVersion { version, .. } if version == u64::from(next)),
+        "{e}"
+    );
     assert!(!e.is_penalisable());
-    let _ = w;
+    // Versions are per message type: a claim of the job's version is newer
+    // than any claim this build knows.
+    let c = samples::claim(&w, &Params::default());
+    let v = with_field(&c, "version", Value::Integer(gcs_protocol::API_JOB_VERSION.into()));
+    let e = open(&resign(v, MessageType::JobClaim, &w), NOW, &lim()).unwrap_err();
+    assert!(matches!(e, ProtocolError::UnsupportedVersion { .. }), "{e}");
+}
+
+#[test]
+fn a_version_2_job_carries_no_project_or_key_and_a_version_1_job_still_opens() {
+    let (_, g) = samples::keys();
+    let job = samples::api_job(&g, &Params::default());
+    let mut leaky = job.clone();
+    leaky.tenant.api_key_id = "key_789".into();
+    let e = gcs_protocol::encode(&{
+        let mut j = leaky;
+        gcs_protocol::sign(&mut j, &g).unwrap();
+        j
+    })
+    .and_then(|b| open(&b, NOW, &lim()))
+    .unwrap_err();
+    assert!(e.to_string().contains("tenant.api_key_id"), "{e}");
+    let mut v1 = job;
+    v1.version = 1;
+    v1.tenant.project_id = "proj_456".into();
+    v1.tenant.api_key_id = "key_789".into();
+    v1.signature = None;
+    gcs_protocol::sign(&mut v1, &g).unwrap();
+    let b = gcs_protocol::encode(&v1).unwrap();
+    assert!(open(&b, NOW, &lim()).is_ok(), "a version 1 job still decodes");
 }
 
 #[test]

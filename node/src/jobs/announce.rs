@@ -8,7 +8,7 @@
 
 use gcs_protocol::{
     ids, sign, ApiRequestJob, Hash32, JobLimits, MessageType, NodeKey, PayloadMode, PayloadRef,
-    PrivacyLevel, ReplyTo, RequestInfo, Requirements, Source, TenantRef, PROTOCOL_VERSION,
+    PrivacyLevel, ReplyTo, RequestInfo, Requirements, Source, TenantRef, API_JOB_VERSION,
 };
 use serde::{Deserialize, Serialize};
 
@@ -100,7 +100,7 @@ pub fn build_job(
     let limits = JobLimits { ..spec.limits.clone() };
     let mut job = ApiRequestJob {
         message_type: MessageType::ApiRequestJob,
-        version: PROTOCOL_VERSION,
+        version: API_JOB_VERSION,
         idempotency_key: idempotency_token(key, &spec.tenant_id, &spec.idempotency_key),
         gateway_node_id: key.node_id(),
         source: Source {

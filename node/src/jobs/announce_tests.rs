@@ -92,6 +92,10 @@ fn two_gateways_jobs_with_one_system_prompt_share_no_cache_hits() {
     assert_eq!(m.admit(1, salt(&g1, "acme"), &system_prompt).unwrap(), 0);
     m.commit(1, system_prompt.len()).unwrap();
     assert!(m.admit(2, salt(&g1, "acme"), &system_prompt).unwrap() > 0, "same gateway and tenant");
-    assert_eq!(m.admit(3, salt(&g2, "acme"), &system_prompt).unwrap(), 0, "a probe from another gateway");
+    assert_eq!(
+        m.admit(3, salt(&g2, "acme"), &system_prompt).unwrap(),
+        0,
+        "a probe from another gateway"
+    );
     assert_eq!(m.admit(4, salt(&g1, "umbrella"), &system_prompt).unwrap(), 0, "another tenant");
 }

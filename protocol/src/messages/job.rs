@@ -248,8 +248,20 @@ impl SignedMessage for ApiRequestJob {
         v::short("source.method", &self.source.method, 16)?;
         v::text("source.client_request_id", &self.source.client_request_id, MAX_SHORT)?;
         v::short("tenant.tenant_id", &self.tenant.tenant_id, MAX_SHORT)?;
-        v::text("tenant.project_id", &self.tenant.project_id, MAX_SHORT)?;
-        v::text("tenant.api_key_id", &self.tenant.api_key_id, MAX_SHORT)?;
+        if self.version >= 2 {
+            // Version 2: the gateway keeps project and key (26.20.4).
+            for (f, s) in [
+                ("tenant.project_id", &self.tenant.project_id),
+                ("tenant.api_key_id", &self.tenant.api_key_id),
+            ] {
+                if !s.is_empty() {
+                    return Err(ProtocolError::field(f, "an announcement (version 2) carries none"));
+                }
+            }
+        } else {
+            v::short("tenant.project_id", &self.tenant.project_id, MAX_SHORT)?;
+            v::short("tenant.api_key_id", &self.tenant.api_key_id, MAX_SHORT)?;
+        }
         v::short("request.model", &self.request.model, MAX_SHORT)?;
         let p = &self.request.payload_ref;
         match (p.mode, &p.inline) {
