@@ -78,7 +78,16 @@ pub fn create_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);
-        std::fs::hard_link(&tmp, path)
+        match std::fs::hard_link(&tmp, path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists && !path.exists() => {
+                // A file system without hard links: rename, the name was
+                // free a moment ago (a racing creator may win instead;
+                // either way the file is whole).
+                tracing::debug!(error = %e, "no hard link; creating by rename");
+                std::fs::rename(&tmp, path)
+            }
+            other => other,
+        }
     })();
     let _ = std::fs::remove_file(&tmp);
     linked?;
@@ -156,7 +165,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.json");
         let held = FileLock::exclusive(&p).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let p2 = p.clone();
         let t = std::thread::spawn(move || {
             let _l = FileLock::exclusive(&p2).unwrap();
