@@ -20,8 +20,13 @@ use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 
 use crate::error::ApiError;
-use crate::serve::ClientAddr;
 use crate::{now_ms, AppState};
+
+/// The client's address, in every request's extensions (`serve` puts it
+/// there; the per-address limits here read it; a router served some other
+/// way has none, and those limits then do not apply).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
 
 /// A client address as the limits count it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

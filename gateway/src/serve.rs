@@ -199,11 +199,7 @@ pub async fn serve_with(
     }
 }
 
-/// The client's address, in every request's extensions (the per-address
-/// limits of [`crate::guard`] read it; a router served some other way has
-/// none, and those limits then do not apply).
-#[derive(Clone, Copy, Debug)]
-pub struct ClientAddr(pub std::net::SocketAddr);
+pub use crate::guard::ClientAddr;
 
 /// One open connection: its permit and its place in the gauge.
 struct Open {
