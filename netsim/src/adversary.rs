@@ -48,7 +48,7 @@ use libp2p::PeerId;
 use tokio::sync::Notify;
 
 mod disk_fill;
-pub use disk_fill::{dir_bytes, disk_fill_checks, disk_required, DISK_REQUIRED};
+pub use disk_fill::{dir_bytes, disk_required, DISK_REQUIRED};
 
 /// Content chunks of the adversary's own answer (fewer if `max_tokens` is).
 pub const TOKENS: u32 = 12;

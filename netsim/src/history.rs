@@ -224,6 +224,7 @@ fn reference_check(r: &Record, text: &str) -> Check {
     check("reference", ok, detail)
 }
 
+
 #[cfg(test)]
 mod tests {
     use super::*;

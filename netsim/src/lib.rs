@@ -5,6 +5,7 @@
 
 pub mod adversary;
 pub mod adversary_trust;
+pub mod checks;
 pub mod client;
 pub mod cluster;
 pub mod history;

@@ -578,7 +578,7 @@ fn cluster_checks(
             detail: format!("{}: {hits} lines with {:?}", l.node, l.contains),
         });
     }
-    out.extend(crate::adversary_trust::checks(s, cluster));
+    out.extend(crate::checks::trust(s, cluster));
     for n in cluster.nodes.values().filter(|n| n.role == Role::Adversary) {
         out.extend(adversary_checks(n));
         // The disk-fill identity's flood, as the honest gateways saw it.
@@ -591,7 +591,7 @@ fn cluster_checks(
                 (name.clone(), g.metrics_text(), crate::adversary::dir_bytes(&g.dir))
             })
             .collect();
-        out.extend(crate::adversary::disk_fill_checks(&gateways, sent));
+        out.extend(crate::checks::disk_fill(&gateways, sent));
     }
     out
 }

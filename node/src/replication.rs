@@ -168,67 +168,7 @@ pub fn tenant_digest(ks: &Keyspace, tenant: &str) -> Result<(Vec<u8>, u64), Keys
     Ok((h.finalize().as_bytes().to_vec(), n))
 }
 
-/// Why a peer's delta was not merged.
-#[derive(Debug, thiserror::Error)]
-pub enum RefusedDelta {
-    /// Undecodable, an unknown namespace, or the store failed.
-    #[error(transparent)]
-    Keyspace(#[from] KeyspaceError),
-    /// The value is not a valid signed envelope.
-    #[error(transparent)]
-    Envelope(#[from] gcs_protocol::ProtocolError),
-    /// A namespace that never leaves its scope.
-    #[error("{0} is not replicated network-wide")]
-    NotGlobal(&'static str),
-    /// A usage tombstone.
-    #[error("a usage record is never deleted")]
-    UsageDeleted,
-    /// A usage key holding another message.
-    #[error("not a usage record")]
-    NotUsage,
-    /// A valid envelope filed under another record's key.
-    #[error("{message_type} for {id} filed under {key}")]
-    Misfiled {
-        /// The envelope's type.
-        message_type: gcs_protocol::MessageType,
-        /// The id it names.
-        id: String,
-        /// The key it came under.
-        key: String,
-    },
-    /// Usage of a tenant this gateway does not serve.
-    #[error("this node does not serve tenant {0:?}")]
-    TenantNotServed(String),
-    /// A namespace peers may not write.
-    #[error("{0} is not accepted from peers")]
-    NotFromPeers(&'static str),
-    /// A deletion: peers never delete records.
-    #[error("a tombstone from a peer")]
-    Tombstone,
-    /// An envelope of another type than its namespace holds.
-    #[error("a {found} where a {expected} belongs")]
-    WrongType {
-        /// What the namespace holds.
-        expected: MessageType,
-        /// What came.
-        found: MessageType,
-    },
-    /// A set over its cap.
-    #[error("more than {0} elements")]
-    TooMany(usize),
-    /// Signed by someone without authority over the record.
-    #[error("{0}: signed by a node without authority over the record")]
-    NotTheAuthor(&'static str),
-    /// Usage of a tenant whose key this node does not hold.
-    #[error("no membership key trusted for tenant {0:?}")]
-    TenantUntrusted(String),
-    /// Usage signed by a gateway the tenant has not admitted.
-    #[error("{0} holds no live tenant-gateway certificate of the record's tenant")]
-    GatewayNotAdmitted(String),
-    /// Usage filed under another tenant than its API key's.
-    #[error("API key {0} belongs to another tenant")]
-    ForeignKey(String),
-}
+pub use crate::error::RefusedDelta;
 
 fn misfiled(m: &gcs_protocol::Message, key: &str) -> RefusedDelta {
     RefusedDelta::Misfiled {

@@ -6,7 +6,7 @@
 //! tenant thousands of times. The honest nodes must keep what it adds to
 //! their keyspace within its per-peer quota (`--peer-quota-bytes`) and
 //! answer its requests beyond the per-peer rate with "busy"; the scenario
-//! checks both on the gateway's /metrics ([`disk_fill_checks`]).
+//! checks both on the gateway's /metrics (`crate::checks::disk_fill`).
 
 use std::sync::Arc;
 
@@ -131,44 +131,4 @@ pub fn dir_bytes(dir: &std::path::Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
-}
-
-/// A gateway's data directory may grow this much in a scenario: RocksDB's
-/// WAL and memtable flushes of honest traffic, and the quota's worth of
-/// the flood — not the flood.
-const MAX_DATA_DIR_BYTES: u64 = 64 << 20;
-
-/// What the disk-fill attack must have achieved nothing against, read from
-/// each honest gateway's /metrics and data directory: deltas were refused
-/// by its quota, the jobs it stores are far fewer than the flood sent, and
-/// its data directory stays small. `gateways`: (name, /metrics, data
-/// directory bytes).
-pub fn disk_fill_checks(
-    gateways: &[(String, Option<String>, u64)],
-    sent: u64,
-) -> Vec<crate::history::Check> {
-    let metric = |text: &str, name: &str| -> Option<u64> {
-        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    };
-    if sent == 0 {
-        return vec![]; // not run (the trust attacks); its absence is `adversary_injected`'s to report
-    }
-    gateways
-        .iter()
-        .map(|(name, text, disk)| {
-            let text = text.as_deref().unwrap_or("");
-            let refused = metric(text, "gcs_keyspace_deltas_refused_quota_total ").unwrap_or(0);
-            let jobs = metric(text, "gcs_keyspace_entries{namespace=\"api.jobs\"} ").unwrap_or(u64::MAX);
-            let busy = metric(text, "gcs_anti_entropy_busy_total ").unwrap_or(0);
-            crate::history::Check {
-                name: "disk_fill_bounded",
-                ok: refused > 0 && busy > 0 && jobs.saturating_mul(4) < sent && *disk < MAX_DATA_DIR_BYTES,
-                detail: format!(
-                    "{name}: {sent} job deltas sent, {jobs} jobs stored, {refused} refused by \
-                     quota, {busy} anti-entropy requests answered busy, data dir {} KiB",
-                    disk / 1024
-                ),
-            }
-        })
-        .collect()
 }

@@ -13,7 +13,7 @@ use gcs_keyspace::{keys, Delta, Keyspace};
 use gcs_protocol::{verify, Limits, MembershipScope, Message, UsageRecord};
 
 use super::TenantTrust;
-use crate::replication::RefusedDelta;
+use crate::error::RefusedDelta;
 
 /// Checks a membership delta from a peer on its own; returns its envelope.
 pub fn validate_statement(delta: &Delta, limits: &Limits) -> Result<Message, RefusedDelta> {
