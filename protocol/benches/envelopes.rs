@@ -19,6 +19,7 @@ fn label(m: &gcs_protocol::Message) -> String {
 
 fn bench(c: &mut Criterion) {
     let (w, g) = samples::keys();
+    let tenant = samples::tenant_key();
     let p = Params::default();
     let limits = Limits { max_clock_skew_ms: u64::MAX / 4, ..Limits::default() };
     let unsigned = samples::all(&w, &g, &p);
@@ -26,7 +27,14 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("sign_encode");
     group.throughput(Throughput::Elements(1));
     for m in &unsigned {
-        let key = if m.signer() == &w.node_id() { &w } else { &g };
+        // Membership statements are signed by the tenant's own key.
+        let key = if m.signer() == &w.node_id() {
+            &w
+        } else if m.signer() == &tenant.node_id() {
+            &tenant
+        } else {
+            &g
+        };
         group.bench_with_input(BenchmarkId::from_parameter(label(m)), m, |b, m| {
             b.iter(|| {
                 let mut m = m.clone();
