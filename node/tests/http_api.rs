@@ -160,7 +160,13 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
     std::fs::create_dir_all(&dc).unwrap();
     let key_b = create_key(&db, &[]);
     let key_c = create_key(&dc, &[]);
-    let mut a = Node::start(&da, &["--role", "all", "--keepalive-ms", "300"]);
+    // large_response streams 2000 tokens: ~75 s of decode at this context
+    // on a quiet 2-core machine, so the default 120 s wall clock would make
+    // the check depend on the machine's load rather than on the stream.
+    let mut a = Node::start(
+        &da,
+        &["--role", "all", "--keepalive-ms", "300", "--wall-timeout-ms", "300000"],
+    );
     let key_a = a.printed_key();
     a.wait_healthy();
     // Keys created while A runs are picked up without a restart.
