@@ -208,12 +208,11 @@ fn validate_usage(
 /// `served`.
 pub fn merge_scoped(
     ks: &Keyspace,
-    bytes: &[u8],
+    d: Delta,
     served: &[String],
     trust: &crate::tenants::TenantTrust,
     now_ms: u64,
 ) -> Result<MergeOutcome, RefusedDelta> {
-    let d = Delta::decode(bytes)?;
     if Namespace::of_key(&d.key)? != Namespace::ApiUsage {
         return merge_global(ks, d, now_ms);
     }
@@ -615,8 +614,8 @@ mod tests {
         }
         // Gossip: b serves the tenant and takes every record; c does not.
         for d in &sent {
-            merge_scoped(&b, d, &acme, &trust, 2000).unwrap();
-            assert!(merge_scoped(&c, d, &other, &trust, 2000).is_err());
+            merge_scoped(&b, Delta::decode(d).unwrap(), &acme, &trust, 2000).unwrap();
+            assert!(merge_scoped(&c, Delta::decode(d).unwrap(), &other, &trust, 2000).is_err());
             assert!(merge_validated(&c, d, 2000).is_err(), "usage is not global");
         }
         assert_eq!(
@@ -634,7 +633,7 @@ mod tests {
             "c does not serve the tenant: it answers nothing of it"
         );
         for d in &resp.deltas {
-            merge_scoped(&c, d, &acme, &trust, 3000).unwrap();
+            merge_scoped(&c, Delta::decode(d).unwrap(), &acme, &trust, 3000).unwrap();
         }
         assert_eq!(
             tenant_digest(&a, "tenant_123").unwrap(),
@@ -647,12 +646,12 @@ mod tests {
         u.output_tokens_sent_to_client += 1;
         let tampered =
             c.put(&keys::usage(&u.job_id), gcs_protocol::encode(&u).unwrap(), 4000).unwrap();
-        assert!(merge_scoped(&b, &tampered.encode(), &acme, &trust, 4000).is_err());
+        assert!(merge_scoped(&b, tampered, &acme, &trust, 4000).is_err());
         let mut u = samples::usage(&w, &g, &Params::default());
         gcs_protocol::sign(&mut u, &g).unwrap();
         let misfiled =
             c.put(&keys::usage("gcsapi_x"), gcs_protocol::encode(&u).unwrap(), 4001).unwrap();
-        assert!(merge_scoped(&b, &misfiled.encode(), &acme, &trust, 4001).is_err());
+        assert!(merge_scoped(&b, misfiled, &acme, &trust, 4001).is_err());
     }
 
     /// The paging tests fill namespaces peers may not write (unsigned

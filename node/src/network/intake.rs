@@ -102,6 +102,7 @@ impl Intake {
         served: &[String],
         now_ms: u64,
     ) -> Result<MergeOutcome, Refused> {
+        // Decoded once here; authority and the merge take the value.
         let d = Delta::decode(bytes).map_err(RefusedDelta::from)?;
         if let Err(e) = check_clock(&d, now_ms, self.keyspace.max_clock_drift_ms()) {
             NetStats::bump(&self.stats.clock_refused);
@@ -112,7 +113,7 @@ impl Intake {
             NetStats::bump(&self.stats.quota_refused);
             return Err(e.into());
         }
-        let out = replication::merge_scoped(&self.keyspace, bytes, served, &self.trust, now_ms)?;
+        let out = replication::merge_scoped(&self.keyspace, d, served, &self.trust, now_ms)?;
         if matches!(out, MergeOutcome::Changed(_)) {
             self.quotas().charge(peer, size, now_ms);
         }

@@ -112,13 +112,13 @@ mod tests {
     }
 
     /// A usage delta signed by `gw`, for `key_id`, as its gateway stores it.
-    fn usage_delta(gw: &NodeKey, key_id: &str) -> Vec<u8> {
+    fn usage_delta(gw: &NodeKey, key_id: &str) -> Delta {
         let (_d, ks) = store();
         let (w, _) = samples::keys();
         let mut u = samples::usage(&w, gw, &Params::default());
         u.api_key_id = key_id.into();
         sign(&mut u, gw).unwrap();
-        record_usage(&ks, &u, 1_000).unwrap().encode()
+        record_usage(&ks, &u, 1_000).unwrap()
     }
 
     const NOW: u64 = 10_000;
@@ -129,16 +129,16 @@ mod tests {
         let (_d, ks) = store();
         let served = vec!["tenant_123".to_string()];
         let trust = admit_sample_gateway(&[&ks], &g);
-        merge_scoped(&ks, &usage_delta(&g, "key_789"), &served, &trust, NOW).unwrap();
+        merge_scoped(&ks, usage_delta(&g, "key_789"), &served, &trust, NOW).unwrap();
         assert_eq!(trust.refused_usage(), 0);
         // A fake tenant gateway: a valid signature, but no certificate.
         let fake = NodeKey::from_seed([77; 32]);
-        let r = merge_scoped(&ks, &usage_delta(&fake, "key_victim"), &served, &trust, NOW);
+        let r = merge_scoped(&ks, usage_delta(&fake, "key_victim"), &served, &trust, NOW);
         assert!(matches!(r, Err(RefusedDelta::GatewayNotAdmitted(_))), "{r:?}");
         assert_eq!(trust.refused_usage(), 1, "counted");
         // A tenant whose key this gateway does not hold: nobody is admitted.
         let untrusted = super::super::TenantTrust::new(Default::default());
-        let r = merge_scoped(&ks, &usage_delta(&g, "key_789"), &served, &untrusted, NOW);
+        let r = merge_scoped(&ks, usage_delta(&g, "key_789"), &served, &untrusted, NOW);
         assert!(matches!(r, Err(RefusedDelta::TenantUntrusted(_))), "{r:?}");
     }
 
@@ -151,7 +151,7 @@ mod tests {
         t.key_tenants.insert("key_beta".into(), "beta".into());
         trust.set(t);
         let served = vec!["tenant_123".to_string()];
-        let r = merge_scoped(&ks, &usage_delta(&g, "key_beta"), &served, &trust, NOW);
+        let r = merge_scoped(&ks, usage_delta(&g, "key_beta"), &served, &trust, NOW);
         assert!(matches!(r, Err(RefusedDelta::ForeignKey(_))), "{r:?}");
     }
 
@@ -167,12 +167,12 @@ mod tests {
         sign(&mut r, &t).unwrap();
         let m: Message = r.into();
         ks.put(&super::super::statement_key(&m).unwrap(), m.encode().unwrap(), 2).unwrap();
-        let out = merge_scoped(&ks, &usage_delta(&g, "key_789"), &served, &trust, NOW);
+        let out = merge_scoped(&ks, usage_delta(&g, "key_789"), &served, &trust, NOW);
         assert!(matches!(out, Err(RefusedDelta::GatewayNotAdmitted(_))), "revoked: {out:?}");
         let (_d2, ks2) = store();
         let trust = admit_sample_gateway(&[&ks2], &g);
         let late = gcs_protocol::MAX_MEMBERSHIP_TTL_MS + 1;
-        let out = merge_scoped(&ks2, &usage_delta(&g, "key_789"), &served, &trust, late);
+        let out = merge_scoped(&ks2, usage_delta(&g, "key_789"), &served, &trust, late);
         assert!(out.is_err(), "expired: {out:?}");
     }
 
@@ -227,7 +227,7 @@ mod tests {
         let merge = |m: &Message, at: u64| {
             let (_x, peer) = store();
             let d = peer.put(&key, m.encode().unwrap(), at).unwrap();
-            crate::replication::merge_scoped(&ks, &d.encode(), &[], &Default::default(), at)
+            crate::replication::merge_scoped(&ks, d, &[], &Default::default(), at)
         };
         merge(&c, 10).unwrap();
         merge(&r, 20).unwrap();
