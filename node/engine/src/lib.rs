@@ -9,6 +9,7 @@
 //! - [`attn`]: RoPE, the contiguous KV cache, the paged [`attn::KvPool`] and causal attention.
 //! - [`llama`]: the decoder (burn module) over either KV store.
 //! - [`sampling`], [`stop`]: token sampling with logprobs, and stop strings.
+//! - [`constraint`]: grammar-constrained decoding (JSON / JSON Schema) with llguidance.
 //! - [`generate`]: [`Engine`], one chat generation at a time with streaming deltas.
 //! - [`paged`]: the paged KV block manager with prefix caching.
 //! - [`scheduler`]: continuous batching ([`BatchEngine`]) over a paged KV pool,
@@ -21,6 +22,7 @@
 #[allow(unsafe_code)]
 pub mod attn;
 pub mod bert;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -35,6 +37,7 @@ pub mod scheduler;
 pub mod stop;
 pub mod tokenizer;
 
+pub use constraint::Grammar;
 pub use error::{EngineError, GgufError, Result};
 pub use generate::{Engine, FinishReason, GenerateRequest, GenerateResult};
 pub use sampling::{Logprobs, SamplingOptions, SamplingParams, TokenLogprob};

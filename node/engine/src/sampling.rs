@@ -210,6 +210,35 @@ impl Sampler {
         (tok, logprobs(logits, tok, top_n))
     }
 
+    /// Sample among the tokens `allowed` says may come next (a grammar's
+    /// mask), with logprobs of `top_n` alternatives when asked. Masked
+    /// tokens get a logit of -inf before bias and penalties (so neither can
+    /// revive them), and the logprobs are those of the masked distribution:
+    /// the raw logits renormalised over the allowed tokens, alternatives
+    /// limited to allowed ones. `None` when no token is allowed.
+    pub fn sample_masked(
+        &mut self,
+        raw: &[f32],
+        allowed: impl Fn(u32) -> bool,
+        top_n: Option<usize>,
+    ) -> Option<(u32, Option<Logprobs>)> {
+        let masked: Vec<f32> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| if allowed(i as u32) { l } else { f32::NEG_INFINITY })
+            .collect();
+        if !masked.iter().any(|l| *l > f32::NEG_INFINITY) {
+            return None;
+        }
+        let tok = self.sample(&masked);
+        let lp = top_n.map(|n| {
+            let mut lp = logprobs(&masked, tok, n);
+            lp.top.retain(|t| t.logprob > f32::NEG_INFINITY);
+            lp
+        });
+        Some((tok, lp))
+    }
+
     /// Bias and penalties applied, or `None` when there are none (the common
     /// case: no copy of the logits).
     fn adjusted(&self, logits: &[f32]) -> Option<Vec<f32>> {

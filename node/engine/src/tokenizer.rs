@@ -224,6 +224,11 @@ impl GgufTokenizer {
         self.token_bytes.get(id as usize).map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// A token's own text in the vocabulary (e.g. `<|im_end|>` for a control token).
+    pub fn token_name(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     pub fn is_control(&self, id: u32) -> bool {
         self.is_control.get(id as usize).copied().unwrap_or(false)
     }

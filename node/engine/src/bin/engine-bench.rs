@@ -3,7 +3,11 @@
 //! at 1/4/8/16 concurrent sequences, prefix-cache TTFT speed-up).
 //!
 //! Usage: engine-bench [--gguf PATH] [--bert DIR] [--tokens N] [--prompt TEXT]
-//!                     [--batch-tokens N] [--no-batch]
+//!                     [--batch-tokens N] [--no-batch] [--constrained]
+//!
+//! `--constrained` measures structured outputs instead: the grammar mask's
+//! cost per token, and decode tok/s of constrained (JSON Schema) against
+//! unconstrained sequences at batch 1 and 8, side by side.
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .to_string();
     let mut batch_tokens = 64usize;
     let mut batch = true;
+    let mut constrained = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -49,11 +54,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 batch_tokens = args.next().ok_or("--batch-tokens needs N")?.parse()?
             }
             "--no-batch" => batch = false,
+            "--constrained" => constrained = true,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
     println!("threads: {}", rayon::current_num_threads());
     let device = cpu_device();
+    if constrained {
+        return constrained_bench(Engine::load(&gguf, &device)?, n_tokens);
+    }
 
     let t = Instant::now();
     let engine = Engine::load(&gguf, &device)?;
@@ -233,6 +242,73 @@ fn batch_bench(engine: Engine, tokens: usize) -> Result<(), Box<dyn std::error::
             w.3,
             c.0 / w.0
         );
+    }
+    Ok(())
+}
+
+/// Items with structure, enums, bounded strings and numbers; at least 500
+/// of them, so no sequence can end before its token budget.
+const BENCH_SCHEMA: &str = r#"{"type":"array","minItems":500,"items":{"type":"object",
+  "properties":{"name":{"type":"string","maxLength":12},"kind":{"enum":["cat","dog","bird"]},
+  "age":{"type":"integer","minimum":0,"maximum":30}},
+  "required":["name","kind","age"],"additionalProperties":false}}"#;
+
+fn constrained_bench(engine: Engine, tokens: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use gcs_engine::constraint::GrammarCompiler;
+    use gcs_engine::Grammar;
+    let grammar = Grammar::JsonSchema(BENCH_SCHEMA.into());
+    // Mask cost alone: walk a document of the schema token by token.
+    let gc = GrammarCompiler::new(&engine.tokenizer)?;
+    let t = Instant::now();
+    let mut g = gc.compile(&grammar)?;
+    println!("grammar compile: {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
+    let item = r#"{"name": "Rex", "kind": "dog", "age": 4}"#;
+    let doc = format!("[{}", vec![item; 40].join(", "));
+    let ids = engine.tokenizer.encode_with(&doc, false, false)?;
+    let eos = engine.tokenizer.eos_id;
+    let (mut total, mut worst) = (0.0f64, 0.0f64);
+    for &id in &ids {
+        let t = Instant::now();
+        let m = g.mask(eos)?;
+        let dt = t.elapsed().as_secs_f64();
+        total += dt;
+        worst = worst.max(dt);
+        if !m.allows(id) {
+            return Err(format!("token {id} not allowed by the bench grammar").into());
+        }
+        g.commit(id)?;
+    }
+    println!(
+        "mask: {} tokens, mean {:.1} us, worst {:.1} us per token",
+        ids.len(),
+        total / ids.len() as f64 * 1e6,
+        worst * 1e6
+    );
+    let be = BatchEngine::start(engine, BatchConfig::default());
+    let req = |i: usize, constrained: bool| SeqRequest {
+        ignore_eos: true,
+        tenant: format!("bench-{i}-{constrained}"),
+        grammar: constrained.then(|| grammar.clone()),
+        ..SeqRequest::new(
+            Prompt::Chat(vec![ChatMessage::new(
+                "user",
+                format!("List pets as JSON (variant {i}): name, kind and age."),
+            )]),
+            tokens,
+        )
+    };
+    run_requests(&be, (0..2).map(|i| req(i, true)).collect())?;
+    for c in [1usize, 8] {
+        let mut line = format!("batch c={c}:");
+        for constrained in [false, true] {
+            let (r, wall) = run_requests(&be, (0..c).map(|i| req(i, constrained)).collect())?;
+            let total: usize = r.iter().map(|x| x.2).sum();
+            let first_all = r.iter().map(|x| x.0).fold(0.0, f64::max);
+            let decode = (total - r.len()) as f64 / (wall - first_all).max(1e-9);
+            let what = if constrained { "constrained" } else { "unconstrained" };
+            line.push_str(&format!(" {what} {decode:.1} tok/s ({total} tokens);"));
+        }
+        println!("{line}");
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::constraint::{Grammar, GrammarCompiler, SeqGrammar};
 use crate::error::{EngineError, Result};
 use crate::generate::{check_prompt_len, Engine, FinishReason};
 use crate::paged::{blocks_for, BLOCK_SIZE};
@@ -80,6 +81,9 @@ pub struct SeqRequest {
     /// `None`: no logprobs. `Some(n)`: the chosen token's logprob and the
     /// `n` (at most 20) most likely alternatives.
     pub logprobs: Option<usize>,
+    /// Constrained decoding: the output must match this grammar (compiled
+    /// at submission, on the caller's thread; each sample has its own state).
+    pub grammar: Option<Grammar>,
 }
 
 impl SeqRequest {
@@ -94,6 +98,7 @@ impl SeqRequest {
             ignore_eos: false,
             tenant: String::new(),
             logprobs: None,
+            grammar: None,
         }
     }
 }
@@ -177,6 +182,8 @@ struct Pending {
     req: SeqRequest,
     tx: SyncSender<SeqEvent>,
     cancel: Arc<AtomicBool>,
+    /// The compiled grammar of a constrained request (forked per sample).
+    grammar: Option<SeqGrammar>,
     /// Further samples of an n > 1 request: (id, sender, cancel flag).
     samples: Vec<(u64, SyncSender<SeqEvent>, Arc<AtomicBool>)>,
 }
@@ -224,6 +231,9 @@ impl Drop for ExitGuard {
 struct Inner {
     shared: Arc<Shared>,
     tokenizer: Arc<GgufTokenizer>,
+    /// `None` when the vocabulary cannot be turned into a token trie:
+    /// constrained requests are then refused.
+    grammars: Option<GrammarCompiler>,
     cfg: BatchConfig,
     vocab: usize,
     context: usize,
@@ -259,6 +269,9 @@ impl BatchEngine {
             ..cfg
         };
         let Engine { model, tokenizer, .. } = engine;
+        let grammars = GrammarCompiler::new(&tokenizer)
+            .map_err(|e| tracing::warn!(error = %e, "no constrained decoding on this model"))
+            .ok();
         let tokenizer = Arc::new(tokenizer);
         let shared = Arc::new(Shared::default());
         shared.free_kv_tokens.store(cfg.kv_blocks * BLOCK_SIZE, Ordering::Relaxed);
@@ -280,6 +293,7 @@ impl BatchEngine {
         let inner = Inner {
             shared,
             tokenizer,
+            grammars,
             cfg,
             vocab,
             context,
@@ -287,6 +301,11 @@ impl BatchEngine {
             thread: Mutex::new(thread),
         };
         BatchEngine { inner: Arc::new(inner) }
+    }
+
+    /// The grammar compiler over this model's vocabulary, if it has one.
+    pub fn grammars(&self) -> Option<&GrammarCompiler> {
+        self.inner.grammars.as_ref()
     }
 
     pub fn tokenizer(&self) -> &GgufTokenizer {
@@ -354,6 +373,15 @@ impl BatchEngine {
             Prompt::Chat(m) => self.prompt_tokens(m)?,
         };
         self.validate(&req, &tokens)?;
+        let grammar = match &req.grammar {
+            None => None,
+            Some(g) => {
+                let c = inner.grammars.as_ref().ok_or_else(|| {
+                    EngineError::InvalidRequest("this model has no constrained decoding".into())
+                })?;
+                Some(c.compile(g)?)
+            }
+        };
         let prompt_tokens = tokens.len();
         let mut streams = Vec::with_capacity(n);
         let mut ends = Vec::with_capacity(n);
@@ -375,7 +403,7 @@ impl BatchEngine {
             if q.len() >= inner.cfg.max_waiting {
                 return Err(EngineError::Busy { waiting: q.len() });
             }
-            q.push_back(Pending { id, tokens, req, tx, cancel, samples: ends });
+            q.push_back(Pending { id, tokens, req, tx, cancel, grammar, samples: ends });
         }
         inner.shared.wake.notify_all();
         Ok(streams)

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::{BatchConfig, Pending, SeqEvent, SeqRequest, SeqResult, Shared};
 use crate::attn::KvPool;
+use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::llama::{Llama, PagedSeq};
 use crate::paged::{tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
@@ -33,6 +34,8 @@ struct Seq {
     stop: StopMatcher,
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
+    /// Grammar state of a constrained sequence.
+    grammar: Option<SeqGrammar>,
     text: String,
     tx: SyncSender<SeqEvent>,
     cancel: Arc<AtomicBool>,
@@ -85,6 +88,9 @@ impl Seq {
         true
     }
 }
+
+/// How a sequence ends this step: a finish reason, or a failure message.
+type End = std::result::Result<FinishReason, String>;
 
 /// One sequence's share of a forward step.
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +166,7 @@ impl StepLoop {
     }
 
     fn new_seq(&self, p: Pending) -> Seq {
-        let Pending { id, tokens, req, tx, cancel, samples } = p;
+        let Pending { id, tokens, req, tx, cancel, grammar, samples } = p;
         let children: Vec<Seq> = samples
             .into_iter()
             .enumerate()
@@ -173,6 +179,7 @@ impl StepLoop {
                     req: r,
                     tx: ctx,
                     cancel: ccancel,
+                    grammar: grammar.as_ref().map(SeqGrammar::fork),
                     samples: vec![],
                 };
                 self.new_seq(p)
@@ -204,6 +211,7 @@ impl StepLoop {
             stop: StopMatcher::new(&stop),
             stop_ids: stop_token_ids,
             logprobs,
+            grammar,
             text: String::new(),
             tx,
             cancel,
@@ -369,7 +377,7 @@ impl StepLoop {
             }
         };
         let vocab = self.model.lm_head.rows;
-        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        let mut done: Vec<(usize, End)> = Vec::new();
         let mut need_slot: Vec<u64> = Vec::new();
         for (wi, w) in work.iter().enumerate() {
             let seq = &mut self.running[w.idx];
@@ -397,9 +405,12 @@ impl StepLoop {
             self.sample_into(w.idx, row, &mut done, &mut need_slot);
         }
         done.sort_unstable_by_key(|d| d.0);
-        for (idx, reason) in done.into_iter().rev() {
+        for (idx, end) in done.into_iter().rev() {
             let seq = self.running.remove(idx);
-            self.finish(seq, reason);
+            match end {
+                Ok(reason) => self.finish(seq, reason),
+                Err(msg) => self.fail(seq, &msg),
+            }
         }
         for id in need_slot {
             self.reserve_slot(id);
@@ -413,29 +424,63 @@ impl StepLoop {
         &mut self,
         idx: usize,
         row: &[f32],
-        done: &mut Vec<(usize, FinishReason)>,
+        done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
         let context = self.model.config.context_length;
+        let eos = self.tok.eos_id;
         let seq = &mut self.running[idx];
-        let (tok, lp) = match seq.logprobs {
-            Some(n) => {
-                let (t, lp) = seq.sampler.sample_with_logprobs(row, n);
-                (t, Some(lp))
+        let (tok, lp) = match seq.grammar.as_mut() {
+            None => match seq.logprobs {
+                Some(n) => {
+                    let (t, lp) = seq.sampler.sample_with_logprobs(row, n);
+                    (t, Some(lp))
+                }
+                None => (seq.sampler.sample(row), None),
+            },
+            Some(g) => {
+                let mask = match g.mask(eos) {
+                    Ok(m) => m,
+                    Err(e) => return done.push((idx, Err(e.to_string()))),
+                };
+                // Every stop token (EOS, end of turn) ends the grammar's
+                // output, so each is allowed exactly when the grammar may end.
+                let stop_ids = &seq.stop_ids;
+                let allowed = |id: u32| {
+                    if id == eos || stop_ids.contains(&id) {
+                        mask.accepting
+                    } else {
+                        mask.allows(id)
+                    }
+                };
+                match seq.sampler.sample_masked(row, allowed, seq.logprobs) {
+                    Some(t) => t,
+                    None => {
+                        let msg = "grammar: no token is allowed".to_string();
+                        return done.push((idx, Err(msg)));
+                    }
+                }
             }
-            None => (seq.sampler.sample(row), None),
         };
-        if seq.stop_ids.contains(&tok) {
-            done.push((idx, FinishReason::Stop));
+        if seq.stop_ids.contains(&tok) || (seq.grammar.is_some() && tok == eos) {
+            done.push((idx, Ok(FinishReason::Stop)));
             return;
+        }
+        if let Some(g) = seq.grammar.as_mut() {
+            if let Err(e) = g.commit(tok) {
+                return done.push((idx, Err(e.to_string())));
+            }
         }
         seq.tokens.push(tok);
         let st = seq.stop.push(self.tok.token_bytes(tok));
         seq.emit(st.text, Some(tok), lp);
-        if st.stopped {
-            done.push((idx, FinishReason::Stop));
+        // A complete grammar (nothing may follow) ends the sequence now
+        // rather than after one more forward pass that can only give EOS.
+        let complete = seq.grammar.as_ref().is_some_and(SeqGrammar::is_stopped);
+        if st.stopped || complete {
+            done.push((idx, Ok(FinishReason::Stop)));
         } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= context {
-            done.push((idx, FinishReason::Length));
+            done.push((idx, Ok(FinishReason::Length)));
         } else {
             need_slot.push(seq.id);
         }
