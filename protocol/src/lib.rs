@@ -16,6 +16,7 @@ pub mod error;
 pub mod ids;
 pub mod messages;
 pub mod samples;
+pub mod seal;
 pub mod signed;
 pub mod validate;
 

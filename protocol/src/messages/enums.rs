@@ -248,6 +248,10 @@ wire_enum!(
         StreamStalled => "stream_stalled",
         /// The result signature did not verify.
         ResultSignatureInvalid => "result_signature_invalid",
+        /// The holder could not open the sealed payload
+        /// (`encrypted_payload`): the fault may be the gateway's, so no
+        /// strike, but the holder is left out of the job's next round.
+        PayloadUnreadable => "payload_unreadable",
     }
 );
 
