@@ -78,6 +78,9 @@ pub enum NodeError {
     /// The network event loop is gone.
     #[error("network event loop stopped")]
     NetworkStopped,
+    /// A sealed payload could not be made or opened.
+    #[error(transparent)]
+    Seal(#[from] gcs_protocol::seal::SealError),
 }
 
 impl NodeError {
@@ -97,6 +100,7 @@ impl NodeError {
             NodeError::NotAGateway => "not_a_gateway",
             NodeError::IdempotencyConflict { .. } => "idempotency_conflict",
             NodeError::NetworkStopped => "network_stopped",
+            NodeError::Seal(_) => "seal",
         }
     }
 }

@@ -42,8 +42,9 @@ pub fn tenant_reference(key: &NodeKey, job_id: &str, tenant: &str) -> String {
     format!("tref_{}", &h.finalize().to_hex()[..32])
 }
 
-/// The [`GatewayRecord`] format version.
-pub const RECORD_VERSION: u16 = 1;
+/// The [`GatewayRecord`] format version; 2 added `sealed` (1 reads as
+/// not sealed).
+pub const RECORD_VERSION: u16 = 2;
 
 /// What the gateway keeps of a job it published (under `keys::payload`,
 /// never replicated to peers): who pays and the body.
@@ -53,9 +54,13 @@ pub struct GatewayRecord {
     pub version: u16,
     /// Tenant, project and API key.
     pub billing: TenantRef,
-    /// The payload.
+    /// The payload: the body, or for an `encrypted_payload` job the body
+    /// sealed to this gateway ([`super::sealed::seal_at_rest`]).
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+    /// Whether `body` is sealed.
+    #[serde(default)]
+    pub sealed: bool,
 }
 
 impl GatewayRecord {
@@ -69,13 +74,14 @@ impl GatewayRecord {
                 api_key_id: spec.api_key_id.clone(),
             },
             body: spec.body.clone(),
+            sealed: false,
         }
     }
 
     /// Decodes a stored record; `None` for another version or garbage.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let r: Self = gcs_protocol::codec::from_cbor_bytes(bytes).ok()?;
-        (r.version == RECORD_VERSION).then_some(r)
+        (1..=RECORD_VERSION).contains(&r.version).then_some(r)
     }
 }
 
@@ -118,7 +124,7 @@ pub fn build_job(
             stream: spec.stream,
             payload_ref: PayloadRef {
                 mode: PayloadMode::GatewayRef,
-                encrypted: false,
+                encrypted: spec.routing.privacy_mode == PrivacyLevel::EncryptedPayload,
                 content_hash: Hash32::of(payload),
                 size_bytes: payload.len() as u64,
                 inline: None,

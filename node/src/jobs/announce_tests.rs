@@ -99,3 +99,33 @@ fn two_gateways_jobs_with_one_system_prompt_share_no_cache_hits() {
     );
     assert_eq!(m.admit(4, salt(&g1, "umbrella"), &system_prompt).unwrap(), 0, "another tenant");
 }
+
+#[test]
+fn an_encrypted_job_announces_a_sealed_reference_to_its_commitment() {
+    let key = NodeKey::from_seed([5; 32]);
+    let s = spec(PrivacyLevel::EncryptedPayload);
+    let c = crate::jobs::sealed::committed(&s.body).unwrap();
+    let job = build_job(&s, &key, &c, 1_000).unwrap();
+    assert!(job.request.payload_ref.encrypted);
+    assert_eq!(job.request.payload_ref.content_hash, Hash32::of(&c));
+    assert_ne!(job.request.payload_ref.content_hash, Hash32::of(&s.body), "no hash of the clear body");
+    assert!(!contains(&gcs_protocol::encode(&job).unwrap(), "the prompt"));
+    let plain = build_job(&spec(PrivacyLevel::Standard), &key, &s.body, 1_000).unwrap();
+    assert!(!plain.request.payload_ref.encrypted);
+}
+
+#[test]
+fn a_version_1_record_reads_as_not_sealed() {
+    let r = GatewayRecord::of(&spec(PrivacyLevel::Standard));
+    #[derive(serde::Serialize)]
+    struct V1<'a> {
+        version: u16,
+        billing: &'a TenantRef,
+        #[serde(with = "serde_bytes")]
+        body: &'a [u8],
+    }
+    let v1 = V1 { version: 1, billing: &r.billing, body: &r.body };
+    let back = GatewayRecord::decode(&gcs_protocol::codec::to_canonical_bytes(&v1).unwrap()).unwrap();
+    assert!(!back.sealed);
+    assert_eq!(back.body, b"the prompt");
+}

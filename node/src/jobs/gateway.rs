@@ -327,14 +327,22 @@ impl GatewayState {
         {
             tracing::warn!(tenant = %spec.tenant_id, swarm = %spec.routing.swarm_id, "no tenant or swarm key on this gateway (gcs-node tenants create): no node can win this job");
         }
-        let job = build_job(&spec, ctx.key, &spec.body, now)?;
+        // An `encrypted_payload` job commits to a nonce and its body, and the
+        // body is kept sealed to this gateway until a lease (jobs::sealed).
+        let sealed = spec.routing.privacy_mode == gcs_protocol::PrivacyLevel::EncryptedPayload;
+        let committed = if sealed { Some(super::sealed::committed(&spec.body)?) } else { None };
+        let job = build_job(&spec, ctx.key, committed.as_deref().unwrap_or(&spec.body), now)?;
         let job_id = job.job_id.clone();
         let entry = IdempotencyEntry { job_id: job_id.clone(), body_hash, created_at_ms: now };
         ctx.keyspace.put(&idem, gcs_protocol::codec::to_canonical_bytes(&entry)?, now)?;
         let record_key = job_record_key(&job);
         ctx.keyspace.put(&record_key, gcs_protocol::encode(&job)?, now)?;
         crate::indexes::open_job(ctx.keyspace, &job_id, &record_key, now)?;
-        let record = GatewayRecord::of(&spec);
+        let mut record = GatewayRecord::of(&spec);
+        if let Some(c) = &committed {
+            record.body = super::sealed::seal_at_rest(ctx.key, &job_id, c)?;
+            record.sealed = true;
+        }
         let billing = record.billing.clone();
         ctx.keyspace.put(
             &keys::payload(&job_id),
@@ -344,7 +352,8 @@ impl GatewayState {
         let (mut tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         tracker.bill_to(billing);
         let salt = cache_salt(ctx.key, &spec.tenant_id);
-        let payload = LeasedPayload::new(spec.body, spec.tenant_id, salt);
+        let body = if record.sealed { record.body } else { spec.body };
+        let payload = LeasedPayload::new(body, spec.tenant_id, salt);
         let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
         self.active.insert(
             job_id.clone(),
@@ -462,7 +471,21 @@ impl GatewayState {
                 };
                 match a.tracker.lease() {
                     Some(l) if l.lease_id == lease_id && peer_of(&l.node_id) == Some(peer) => {
-                        JobResponse::Payload(Box::new(a.payload.clone()))
+                        if !super::sealed::is_sealed(a.tracker.job()) {
+                            return JobResponse::Payload(Box::new(a.payload.clone()));
+                        }
+                        // Opened in memory, sealed to this holder and lease.
+                        let at_rest = &a.payload.body;
+                        match super::sealed::reseal_for(ctx.key, &job_id, &lease_id, &l.node_id, at_rest) {
+                            Ok(body) => JobResponse::Payload(Box::new(LeasedPayload {
+                                body,
+                                ..a.payload.clone()
+                            })),
+                            Err(e) => {
+                                tracing::error!(job_id, error = %e, "sealed payload not resealed");
+                                JobResponse::Refused("the sealed payload is unavailable".into())
+                            }
+                        }
                     }
                     _ => JobResponse::Refused("only the lease holder may fetch the payload".into()),
                 }
@@ -600,7 +623,10 @@ impl GatewayState {
                 }
                 Effect::Requeue(r) => {
                     use gcs_protocol::RequeueReason as Q;
-                    let lost = !matches!(r.reason, Q::NoValidClaim | Q::ChildJobsFailed);
+                    let lost = !matches!(
+                        r.reason,
+                        Q::NoValidClaim | Q::ChildJobsFailed | Q::PayloadUnreadable
+                    );
                     if let Some(node) = r.excluded_nodes.last().filter(|_| lost) {
                         let until = self.penalties.strike(node, now);
                         tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");

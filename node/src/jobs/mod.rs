@@ -8,6 +8,7 @@ pub mod engine_exec;
 pub mod executor;
 pub mod announce;
 pub(crate) mod gateway;
+pub mod sealed;
 pub mod wire;
 pub(crate) mod worker;
 

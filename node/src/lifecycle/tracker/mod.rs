@@ -410,6 +410,11 @@ impl JobTracker {
                     self.fail(e, now, key)
                 } else if self.fence.started() {
                     self.fail(e, now, key)
+                } else if e.code == crate::jobs::sealed::PayloadError::CODE {
+                    // A sealed payload that did not open on its holder: the
+                    // fault may be this gateway's, so no strike
+                    // (`PayloadUnreadable`); the holder is still left out.
+                    self.on_worker_lost(&node, RequeueReason::PayloadUnreadable, now, key)
                 } else {
                     self.on_worker_lost(&node, RequeueReason::InvalidResult, now, key)
                 }

@@ -421,3 +421,26 @@ fn an_engine_failure_before_the_first_token_still_requeues() {
     assert!(fx.iter().any(|e| matches!(e, Effect::Requeue(_))), "{fx:?}");
     assert!(!w.tracker.state().is_terminal());
 }
+
+#[test]
+fn a_sealed_payload_that_did_not_open_requeues_without_the_holder_and_without_a_strike() {
+    let mut w = World::new();
+    w.claim(0);
+    let e = ErrorInfo {
+        kind: "server_error".into(),
+        code: crate::jobs::sealed::PayloadError::CODE.into(),
+        message: "sealed payload does not open".into(),
+    };
+    let fx = failed_result(&mut w, 0, e);
+    let r = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Requeue(r) => Some(r),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no requeue: {fx:?}"));
+    assert_eq!(r.reason, RequeueReason::PayloadUnreadable);
+    assert_eq!(r.excluded_nodes.last(), Some(&w.workers[0].node_id()), "the holder is left out");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Strike(_))), "{fx:?}");
+    assert!(!w.tracker.state().is_terminal());
+}

@@ -12,6 +12,9 @@
 //! [`Slots`] is the worker's admission: a slot per running job and a
 //! bounded backlog of announced jobs, claimed when a slot frees.
 
+mod payload;
+#[cfg(test)]
+mod payload_tests;
 mod policy;
 mod slots;
 #[cfg(test)]
@@ -308,23 +311,7 @@ impl WorkerJob {
     ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         match (req, &self.phase) {
             (Request::Claim, Phase::Claiming) => Ok(self.on_claim_answer(a, now)),
-            (Request::Payload, Phase::Fetching) => Ok(match a {
-                Answer::Payload(p) if p.problem().is_some() => {
-                    let why = p.problem().unwrap_or_default();
-                    self.end(Termination::Gateway(why.into()))
-                }
-                Answer::Payload(p)
-                    if Hash32::of(&p.body) == self.job.request.payload_ref.content_hash =>
-                {
-                    self.phase = Phase::Running;
-                    self.started_ms = now;
-                    vec![Effect::StartEngine(p)]
-                }
-                Answer::Payload(_) => {
-                    self.end(Termination::Gateway("payload hash mismatch".into()))
-                }
-                other => self.end(Termination::Gateway(format!("payload fetch failed: {other:?}"))),
-            }),
+            (Request::Payload, Phase::Fetching) => self.on_payload(a, now, key),
             (Request::Chunk(s), _) if Some(s) == self.finish_seq => {
                 // The finish chunk was answered: now the result.
                 self.in_flight = self.in_flight.saturating_sub(1);
