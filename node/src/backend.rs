@@ -183,6 +183,8 @@ fn network_counters(st: &crate::network::NetStats) -> String {
         ("gcs_anti_entropy_rounds_total", "Anti-entropy rounds started.", &st.ae_rounds),
         ("gcs_anti_entropy_rounds_capped_total", "Anti-entropy rounds stopped at the page cap.", &st.ae_rounds_capped),
         ("gcs_connections_denied_total", "Connections refused by the connection limits.", &st.connections_denied),
+        ("gcs_gossip_merges_queued_total", "Gossiped keyspace deltas handed to the merge worker.", &st.gossip_merges_queued),
+        ("gcs_gossip_merges_shed_total", "Gossiped keyspace deltas dropped: the merge worker's queue was full.", &st.gossip_merges_shed),
     ];
     rows.iter()
         .map(|(name, help, v)| {

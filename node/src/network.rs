@@ -22,14 +22,16 @@ use crate::error::NodeError;
 use crate::identity::Identity;
 use crate::jobs::wire::{JobRequest, JobResponse};
 use crate::quota::{PeerQuotas, QuotaConfig};
-use crate::replication::{self, DigestRequest, DigestResponse};
+use crate::replication::{DigestRequest, DigestResponse};
 use std::collections::HashMap;
 
 mod anti_entropy;
+mod gossip_merge;
 pub mod intake;
 mod rounds;
 
 pub use anti_entropy::{MAX_PAGES_PER_ROUND, MAX_TENANTS, REQUESTS_PER_INTERVAL};
+pub use gossip_merge::MERGE_QUEUE;
 pub use crate::replication::{DigestRequest as AntiEntropyRequest, DigestResponse as AntiEntropyAnswer};
 pub use intake::NetStats;
 
@@ -247,8 +249,11 @@ impl Network {
             stats: stats.clone(),
             trust: config.tenant_trust.clone(),
         };
+        let merges = gossip_merge::GossipMerge::start(intake.clone())
+            .map_err(|e| NodeError::Transport(format!("cannot start the gossip merge worker: {e}")))?;
         let lp = EventLoop {
             swarm,
+            merges,
             rx,
             events: Events { tx: ev_tx, dropped: dropped.clone() },
             limits: config.limits,
@@ -472,6 +477,8 @@ const REJOIN_EVERY: u64 = 8;
 
 struct EventLoop {
     swarm: Swarm<Behaviour>,
+    /// Merges gossiped deltas off the loop.
+    merges: gossip_merge::GossipMerge,
     rx: mpsc::Receiver<Command>,
     events: Events,
     limits: Limits,
@@ -549,6 +556,11 @@ impl EventLoop {
                 _ = redial.tick() => self.redial_bootstrap(),
                 ev = self.swarm.select_next_some() => self.on_swarm(ev),
                 Some(done) = self.ae.done_rx.recv() => self.on_done(done),
+                Some(v) = self.merges.verdicts.recv() => {
+                    self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
+                        &v.id, &v.source, v.acceptance,
+                    );
+                }
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Shutdown(ack)) => break Some(ack),
                     Some(c) => self.on_command(c),
@@ -557,7 +569,12 @@ impl EventLoop {
                 },
             }
         };
+        let worker = self.merges.stop();
         drop(self);
+        if let Some(h) = worker {
+            // Its current merge is short; the keyspace is released after it.
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
         tracing::debug!("network event loop stopped");
         if let Some(ack) = ack {
             let _ = ack.send(());
@@ -791,30 +808,30 @@ impl EventLoop {
             // The quota is the author's (signed gossip names it), not the
             // relay's: an honest relay of a flood is not refused for it.
             let author = msg.source.unwrap_or(source);
-            let r = match tenant {
+            let served = match tenant {
                 // Only the topic's own tenant, and only one this node serves.
-                Some(t) if self.served_tenants.iter().any(|s| s == t) => {
-                    self.intake.merge(&author, &msg.data, &[t.to_string()], now_ms())
+                Some(t) if self.served_tenants.iter().any(|s| s == t) => vec![t.to_string()],
+                Some(t) => {
+                    tracing::debug!(%source, tenant = t, "refused keyspace delta: tenant not served");
+                    self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
+                        &id,
+                        &source,
+                        MessageAcceptance::Reject,
+                    );
+                    return;
                 }
-                Some(t) => Err(replication::RefusedDelta::TenantNotServed(t.to_string()).into()),
-                None => self.intake.merge(&author, &msg.data, &[], now_ms()),
+                None => vec![],
             };
-            use intake::Refused;
-            let acceptance = match &r {
-                Ok(_) => MessageAcceptance::Accept,
-                // Penalised when the author sent it itself; a relay of it
-                // (or a clock off by more than the skew) is only dropped.
-                Err(Refused::Quota(_)) if author == source => MessageAcceptance::Reject,
-                Err(Refused::Quota(_) | Refused::Clock(_)) => MessageAcceptance::Ignore,
-                Err(Refused::Delta(_)) => MessageAcceptance::Reject,
-            };
-            if let Err(e) = &r {
-                tracing::debug!(%source, error = %e, "refused keyspace delta");
+            // The merge (RocksDB, maybe an fsync) runs on the merge worker;
+            // its verdict comes back through `merges.verdicts`.
+            let job = gossip_merge::Job { id, source, author, data: msg.data, served };
+            if let Err(job) = self.merges.offer(job, &self.stats) {
+                self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
+                    &job.id,
+                    &job.source,
+                    MessageAcceptance::Ignore,
+                );
             }
-            self.swarm
-                .behaviour_mut()
-                .gossipsub
-                .report_message_validation_result(&id, &source, acceptance);
             return;
         }
         let verdict = gcs_protocol::open(&msg.data, now_ms(), &self.limits).and_then(|m| {

@@ -19,6 +19,8 @@ use gcs_keyspace::{keys, Delta, Digest, Keyspace, KeyspaceError, MergeOutcome, N
 use gcs_protocol::{ApiRequestJob, MessageType};
 use serde::{Deserialize, Serialize};
 
+pub mod tenant_digest;
+
 /// Most entries answered per namespace in one anti-entropy response.
 pub const MAX_ENTRIES_PER_NAMESPACE: usize = 10_000;
 
@@ -118,9 +120,12 @@ pub fn record_usage(
     now_ms: u64,
 ) -> Result<Delta, crate::error::NodeError> {
     let bytes = gcs_protocol::encode(u)?;
-    index_usage(ks, &u.tenant_id, &u.job_id, now_ms)?;
-    crate::indexes::index_usage(ks, u, now_ms)?;
-    let delta = ks.put_durable(&keys::usage(&u.job_id), bytes, now_ms)?;
+    let key = keys::usage(&u.job_id);
+    let delta = tenant_digest::write(ks, &key, || {
+        index_usage(ks, &u.tenant_id, &u.job_id, now_ms)?;
+        crate::indexes::index_usage(ks, u, now_ms)?;
+        ks.put_durable(&key, bytes, now_ms)
+    })?;
     // Metered: restart recovery no longer needs to end it.
     crate::indexes::close_job(ks, &u.job_id, now_ms)?;
     Ok(delta)
@@ -155,17 +160,11 @@ fn tenant_deltas(ks: &Keyspace, tenant: &str) -> Result<Vec<Delta>, KeyspaceErro
 }
 
 /// Digest of a tenant's usage records: equal on two replicas exactly when
-/// they hold the same records with the same CRDT state. O(records of the
-/// tenant) per call; see specs/network.md for when that needs a
-/// maintained digest instead.
+/// they hold the same records with the same CRDT state. Maintained on every
+/// usage write (`tenant_digest`), so a round costs no scan.
 pub fn tenant_digest(ks: &Keyspace, tenant: &str) -> Result<(Vec<u8>, u64), KeyspaceError> {
-    let mut h = blake3::Hasher::new();
-    let mut n = 0u64;
-    for d in tenant_deltas(ks, tenant)? {
-        h.update(d.key.as_bytes()).update(&[0]).update(blake3::hash(&d.encode()).as_bytes());
-        n += 1;
-    }
-    Ok((h.finalize().as_bytes().to_vec(), n))
+    let d = tenant_digest::get(ks, tenant)?;
+    Ok((d.hash.to_vec(), d.count))
 }
 
 pub use crate::error::RefusedDelta;
@@ -218,8 +217,12 @@ pub fn merge_scoped(
     }
     let (u, tenant, job) = validate_usage(&d, served)?;
     crate::tenants::records::authorise_usage(ks, &u, trust, now_ms)?;
-    let out = ks.merge(d, now_ms)?;
-    index_usage(ks, &tenant, &job, now_ms)?;
+    let key = d.key.clone();
+    let out = tenant_digest::write(ks, &key, || -> Result<MergeOutcome, KeyspaceError> {
+        let out = ks.merge(d, now_ms)?;
+        index_usage(ks, &tenant, &job, now_ms)?;
+        Ok(out)
+    })?;
     if matches!(out, MergeOutcome::Changed(_)) {
         crate::indexes::index_stored_usage(ks, &job, now_ms)?;
     }

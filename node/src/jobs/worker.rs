@@ -163,6 +163,10 @@ impl WorkerState {
                 let mut book = lock(&w.book);
                 book.controls.remove(&job_id);
                 *book.ended.entry(t.kind()).or_default() += 1;
+                if matches!(t, Termination::Completed) {
+                    // Its gateway leaves the unproven pool (slots.rs).
+                    book.slots.completed(&job_id);
+                }
                 book.slots.finished(&job_id, now_ms())
             };
             tracing::debug!(job_id, "job slot freed");

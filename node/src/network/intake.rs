@@ -36,6 +36,10 @@ pub struct NetStats {
     pub ae_rounds_capped: AtomicU64,
     /// Connections refused by the connection limits.
     pub connections_denied: AtomicU64,
+    /// Gossiped deltas handed to the merge worker.
+    pub gossip_merges_queued: AtomicU64,
+    /// Gossiped deltas dropped because the merge worker's queue was full.
+    pub gossip_merges_shed: AtomicU64,
 }
 
 impl NetStats {

@@ -23,6 +23,15 @@ fn started(o: &Offer) -> bool {
     matches!(o, Offer::Start(_))
 }
 
+/// One job of `g` runs and completes here: `g` is proven.
+fn prove(s: &mut Slots, g: &NodeKey) {
+    let id = format!("proof-{}", g.node_id());
+    assert!(started(&s.offer(job_of(g, &id), T0)));
+    s.completed(&id);
+    assert_eq!(s.finished(&id, T0), None);
+    assert!(s.proven(&g.node_id()));
+}
+
 #[test]
 fn a_lone_gateway_may_use_every_slot() {
     let a = gw(1);
@@ -38,6 +47,7 @@ fn a_lone_gateway_may_use_every_slot() {
 fn with_two_gateways_a_flooder_holds_at_most_its_share_of_slots() {
     let (honest, fake) = (gw(1), gw(2));
     let mut s = Slots::with_backlog(4, 8);
+    prove(&mut s, &honest);
     assert!(started(&s.offer(job_of(&honest, "h0"), T0)));
     for i in 0..10 {
         s.offer(job_of(&fake, &format!("f{i}")), T0 + 1);
@@ -57,6 +67,7 @@ fn with_two_gateways_a_flooder_holds_at_most_its_share_of_slots() {
 fn a_flooder_evicts_only_its_own_backlog_entries() {
     let (honest, fake) = (gw(1), gw(2));
     let mut s = Slots::with_backlog(1, 8);
+    prove(&mut s, &honest);
     assert!(started(&s.offer(job_of(&honest, "h0"), T0)));
     for i in 0..3 {
         assert_eq!(s.offer(job_of(&honest, &format!("h{}", i + 1)), T0), Offer::Backlogged);
@@ -81,6 +92,7 @@ fn a_flooder_evicts_only_its_own_backlog_entries() {
 fn a_gateway_that_went_quiet_no_longer_narrows_the_share() {
     let (a, b) = (gw(1), gw(2));
     let mut s = Slots::with_backlog(4, 8);
+    prove(&mut s, &a);
     assert!(started(&s.offer(job_of(&b, "b0"), T0)));
     assert!(started(&s.offer(job_of(&a, "a0"), T0)));
     assert!(started(&s.offer(job_of(&a, "a1"), T0)));
@@ -93,9 +105,47 @@ fn a_gateway_that_went_quiet_no_longer_narrows_the_share() {
 fn the_share_is_configurable() {
     let (a, b) = (gw(1), gw(2));
     let mut s = Slots::with_backlog(10, 8).with_share(Share { percent: 20 });
+    prove(&mut s, &a);
     s.offer(job_of(&b, "b0"), T0);
     let n = (0..10).filter(|i| started(&s.offer(job_of(&a, &format!("a{i}")), T0))).count();
     assert_eq!(n, 2, "20 % of 10 slots");
+}
+
+/// 200 fake gateway ids, one job each, against a worker of 8 slots that a
+/// proven gateway uses: the fakes together hold the unproven pool (4 of 8,
+/// not 4 each) and half the backlog; the proven gateway keeps its share.
+/// A fake id that does complete work is proven like any gateway.
+#[test]
+fn unproven_gateways_share_one_pool_whatever_their_number() {
+    let honest = gw(1);
+    let mut s = Slots::with_backlog(8, 16);
+    prove(&mut s, &honest);
+    let fakes: Vec<NodeKey> = (0..200u32)
+        .map(|i| {
+            let mut seed = [9u8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            NodeKey::from_seed(seed)
+        })
+        .collect();
+    let fake_started = fakes
+        .iter()
+        .enumerate()
+        .filter(|(i, f)| started(&s.offer(job_of(f, &format!("f{i:03}")), T0 + 1)))
+        .count();
+    assert_eq!(fake_started, 4, "the unproven pool: half the slots for all fakes together");
+    assert_eq!(s.backlog_len(), 8, "and half the backlog");
+    let honest_started =
+        (0..8).filter(|i| started(&s.offer(job_of(&honest, &format!("h{i}")), T0 + 2))).count();
+    assert_eq!(honest_started, 4, "the proven gateway's share is free");
+    // A slot of the pool frees: the next start is a fake's (its pool has
+    // room), never a fifth pool slot while four are held.
+    let next = s.finished("f000", T0 + 3).expect("a waiting job");
+    assert!(next.job_id.starts_with('f'), "{}", next.job_id);
+    assert!(started(&s.offer(next, T0 + 3)));
+    assert_eq!(s.offer(job_of(&fakes[199], "late"), T0 + 3), Offer::Backlogged);
+    // Completed work proves a gateway: it leaves the pool.
+    s.completed("f001");
+    assert!(s.proven(&fakes[1].node_id()) && !s.proven(&fakes[2].node_id()));
 }
 
 #[test]

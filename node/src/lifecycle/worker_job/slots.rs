@@ -4,7 +4,10 @@
 //! while more than one gateway offers jobs, each may hold at most
 //! [`Share::percent`] of the slots and of the backlog: a fake gateway that
 //! floods announcements evicts only its own backlog entries and never holds
-//! every slot. Sans-IO: time is passed in.
+//! every slot. Gateway ids cost nothing, so the gateways that have not yet
+//! had a job complete here (unproven) share one pool of that same share,
+//! all together: a thousand fake ids take no more than one (specs/network.md,
+//! "Worker shares"). Sans-IO: time is passed in.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -16,6 +19,8 @@ pub const BACKLOG: usize = 256;
 pub const GATEWAY_SEEN_MS: u64 = 60_000;
 /// Most gateways remembered (the least recently seen is forgotten).
 pub const MAX_GATEWAYS: usize = 1024;
+/// Most proven gateways remembered (the least recently proven is forgotten).
+pub const MAX_PROVEN: usize = 1024;
 
 /// How much one gateway may take while others are active.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +72,10 @@ pub struct Slots {
     /// turn order: least recently served first).
     last_turn: BTreeMap<NodeId, u64>,
     starts: u64,
+    /// Gateway → the completion count when a job of it last completed
+    /// here; the others are unproven and share one pool.
+    proven: BTreeMap<NodeId, u64>,
+    completions: u64,
 }
 
 impl Slots {
@@ -87,6 +96,8 @@ impl Slots {
             peak_shared: 0,
             last_turn: BTreeMap::new(),
             starts: 0,
+            proven: BTreeMap::new(),
+            completions: 0,
         }
     }
 
@@ -112,23 +123,61 @@ impl Slots {
         }
     }
 
-    /// Slots `gw` may hold now: all of them while it is the only active
-    /// gateway, its share otherwise.
-    fn slot_cap(&mut self, gw: &NodeId, now: u64) -> usize {
-        let others = self.active_gateways(now) - usize::from(self.seen.contains_key(gw));
+    /// Whether `gw` may take one more slot now: all of them while it is
+    /// the only active gateway; otherwise its share, and for an unproven
+    /// gateway also what the unproven pool has left.
+    fn may_start(&mut self, gw: &NodeId, now: u64) -> bool {
+        self.active_gateways(now);
+        self.may_start_seen(gw)
+    }
+
+    /// [`Self::may_start`] against the gateways seen as of the last prune.
+    fn may_start_seen(&self, gw: &NodeId) -> bool {
+        let others = self.seen.keys().filter(|g| *g != gw).count();
         if others == 0 {
-            self.max
-        } else {
-            self.share.of(self.max)
+            return self.held(gw) < self.max;
         }
+        let cap = self.share.of(self.max);
+        self.held(gw) < cap && (self.is_proven(gw) || self.held_unproven() < cap)
+    }
+
+    fn is_proven(&self, gw: &NodeId) -> bool {
+        self.proven.contains_key(gw)
     }
 
     fn held(&self, gw: &NodeId) -> usize {
         self.running.values().filter(|g| *g == gw).count()
     }
 
+    fn held_unproven(&self) -> usize {
+        self.running.values().filter(|g| !self.is_proven(g)).count()
+    }
+
     fn waiting(&self, gw: &NodeId) -> usize {
         self.backlog.iter().filter(|j| &j.gateway_node_id == gw).count()
+    }
+
+    fn waiting_unproven(&self) -> usize {
+        self.backlog.iter().filter(|j| !self.is_proven(&j.gateway_node_id)).count()
+    }
+
+    /// A job here completed (its gateway granted the lease and took the
+    /// result): its gateway is proven and leaves the unproven pool. Call
+    /// before [`Self::finished`].
+    pub fn completed(&mut self, job_id: &str) {
+        let Some(gw) = self.running.get(job_id).cloned() else { return };
+        self.completions += 1;
+        self.proven.insert(gw, self.completions);
+        if self.proven.len() > MAX_PROVEN {
+            if let Some(g) = self.proven.iter().min_by_key(|(_, n)| **n).map(|(g, _)| g.clone()) {
+                self.proven.remove(&g);
+            }
+        }
+    }
+
+    /// Whether a job of `gw` has completed here (not in the unproven pool).
+    pub fn proven(&self, gw: &NodeId) -> bool {
+        self.is_proven(gw)
     }
 
     /// A job this worker can serve was announced at `now`.
@@ -140,7 +189,7 @@ impl Slots {
         }
         let gw = job.gateway_node_id.clone();
         self.note_gateway(&gw, now);
-        if self.running.len() >= self.max || self.held(&gw) >= self.slot_cap(&gw, now) {
+        if self.running.len() >= self.max || !self.may_start(&gw, now) {
             self.backlog_push(job, now);
             return Offer::Backlogged;
         }
@@ -159,21 +208,32 @@ impl Slots {
         Offer::Start(Box::new(job))
     }
 
+    /// The gateway with the most waiting entries (of the unproven ones
+    /// only, if `unproven`).
+    fn most_waiting(&self, unproven: bool) -> Option<NodeId> {
+        let mut count: BTreeMap<&NodeId, usize> = BTreeMap::new();
+        for j in self.backlog.iter().filter(|j| !unproven || !self.is_proven(&j.gateway_node_id)) {
+            *count.entry(&j.gateway_node_id).or_default() += 1;
+        }
+        count.into_iter().max_by_key(|(_, n)| *n).map(|(g, _)| g.clone())
+    }
+
     /// Into the backlog; over its share a gateway loses its own oldest
-    /// entry, and a full backlog loses the oldest entry of the gateway that
-    /// waits with the most.
+    /// entry, over the unproven pool's share the unproven gateway waiting
+    /// with the most loses its oldest, and a full backlog loses the oldest
+    /// entry of the gateway that waits with the most.
     fn backlog_push(&mut self, job: ApiRequestJob, now: u64) {
         let gw = job.gateway_node_id.clone();
+        let unproven = !self.is_proven(&gw);
         self.backlog.push_back(job);
         let shared = self.active_gateways(now) > 1;
-        let evict = if shared && self.waiting(&gw) > self.share.of(self.backlog_cap) {
+        let cap = self.share.of(self.backlog_cap);
+        let evict = if shared && self.waiting(&gw) > cap {
             Some(gw)
+        } else if shared && unproven && self.waiting_unproven() > cap {
+            self.most_waiting(true)
         } else if self.backlog.len() > self.backlog_cap {
-            let mut count: BTreeMap<&NodeId, usize> = BTreeMap::new();
-            for j in &self.backlog {
-                *count.entry(&j.gateway_node_id).or_default() += 1;
-            }
-            count.into_iter().max_by_key(|(_, n)| *n).map(|(g, _)| g.clone())
+            self.most_waiting(false)
         } else {
             None
         };
@@ -196,13 +256,10 @@ impl Slots {
         let mut best: Option<((usize, u64, usize), usize)> = None;
         for (i, j) in self.backlog.iter().enumerate() {
             let gw = &j.gateway_node_id;
-            let held = self.held(gw);
-            let others = self.seen.keys().filter(|g| *g != gw).count();
-            let cap = if others == 0 { self.max } else { self.share.of(self.max) };
-            if held >= cap {
+            if !self.may_start_seen(gw) {
                 continue;
             }
-            let rank = (held, self.last_turn.get(gw).copied().unwrap_or(0), i);
+            let rank = (self.held(gw), self.last_turn.get(gw).copied().unwrap_or(0), i);
             if best.is_none_or(|(b, _)| rank < b) {
                 best = Some((rank, i));
             }
