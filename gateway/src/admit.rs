@@ -283,6 +283,10 @@ pub(crate) async fn admit(
                 "No private node of this tenant can serve '{}' right now ('private' routing).",
                 common.model
             ),
+            RoutingMode::GatewayLocal => format!(
+                "No worker attached to this gateway can serve '{}' right now ('gateway_local' routing).",
+                common.model
+            ),
             _ => format!(
                 "No node of swarm '{}' can serve '{}' right now ('local_only' routing).",
                 state.config.swarm_id, common.model
@@ -357,9 +361,19 @@ fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -
             r.queue.accepts_local_only_jobs
                 && presents(r, S::SwarmMember, &state.config.swarm_id)
         }
+        // The gateway's own worker, or one it attached.
+        RoutingMode::GatewayLocal => {
+            let me = state.config.gateway_id.as_str();
+            r.node_id.as_str() == me || presents(r, S::GatewayWorker, me)
+        }
         _ => true,
     };
-    !matches!(network, RoutingMode::Private | RoutingMode::LocalOnly)
+    let gated = match network {
+        RoutingMode::Private | RoutingMode::LocalOnly => true,
+        RoutingMode::GatewayLocal => !state.config.gateway_id.is_empty(),
+        _ => false,
+    };
+    !gated
         || state.backend.registrations().iter().any(|r| {
             r.status != gcs_protocol::NodeStatus::Offline && r.model(model).is_some() && fits(r)
         })

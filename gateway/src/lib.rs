@@ -73,6 +73,11 @@ pub struct GatewayConfig {
     pub max_jobs_per_request: usize,
     /// This gateway's swarm: `local_only` requests go to its nodes.
     pub swarm_id: String,
+    /// This gateway's node id (`gnusnode_…`): a `gateway_local` request
+    /// with no fresh registration of it or of a worker presenting its
+    /// `gateway_worker` certificate is a 503 at once. Empty: not checked
+    /// here (the claim check still decides).
+    pub gateway_id: String,
     /// Connection limits of the HTTP edge, for [`serve::serve_with`].
     pub edge: serve::EdgeLimits,
     /// Which model metadata comes from peers ([`catalog::build`]).
@@ -93,6 +98,7 @@ impl Default for GatewayConfig {
             embed_batch: 4,
             max_jobs_per_request: 32,
             swarm_id: "public".into(),
+            gateway_id: String::new(),
             edge: serve::EdgeLimits::default(),
             models: catalog::ModelPolicy::default(),
         }

@@ -221,12 +221,19 @@ struct RunArgs {
     #[arg(long, env = "GCS_SWARM", default_value = "public")]
     swarm: String,
     /// Make this worker a private node of tenant T (26.11.3): it may win T's
-    /// private and hybrid jobs.
+    /// private and hybrid jobs with T's certificate (`--membership`). A
+    /// tenant_member certificate alone implies it.
     #[arg(long, env = "GCS_PRIVATE_TENANT")]
     private_tenant: Option<String>,
-    /// With --private-tenant: take no public jobs.
-    #[arg(long, env = "GCS_PRIVATE_ONLY", requires = "private_tenant")]
+    /// A private worker (--private-tenant or its certificate): take no
+    /// public jobs.
+    #[arg(long, env = "GCS_PRIVATE_ONLY")]
     private_only: bool,
+    /// Take the `gateway_local` jobs of this gateway (its node id), with its
+    /// gateway_worker certificate (`tenants admit --gateway-local` on it);
+    /// the certificate alone implies it. Repeatable or comma-separated.
+    #[arg(long, env = "GCS_GATEWAY_LOCAL", value_delimiter = ',')]
+    gateway_local: Vec<gcs_protocol::NodeId>,
     /// A membership certificate this node presents (from `gcs-node tenants
     /// admit`): a tenant's private node, a swarm's node or a tenant's
     /// gateway. Without one, private, hybrid-private and local-only claims
@@ -346,6 +353,11 @@ fn keys(data_dir: PathBuf, action: KeysCommand) -> anyhow::Result<()> {
                 wall_timeout_ms,
             };
             let (secret, rec) = store.create(new, now)?;
+            match gcs_node::tenants::cli::ensure_tenant_key(&data_dir, &rec.tenant_id) {
+                Ok(Some(id)) => eprintln!("created tenant {}'s membership key {id} (tenants/; copy it to the tenant's other gateways)", rec.tenant_id),
+                Ok(None) => {}
+                Err(e) => eprintln!("warning: no membership key for tenant {}: {e}", rec.tenant_id),
+            }
             eprintln!(
                 "created {} for tenant {} project {} (the key is shown only once)",
                 rec.id, rec.tenant_id, rec.project_id
@@ -422,9 +434,23 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     };
     config.network.bootstrap = cli.bootstrap.clone();
     config.swarm_id = cli.swarm.clone();
-    config.private_tenant = cli.private_tenant.clone();
-    config.private_only = cli.private_only;
     config.memberships = gcs_node::tenants::cli::load_memberships(data_dir, &cli.membership)?;
+    let groups = gcs_node::tenants::cli::worker_groups(
+        &config.memberships,
+        cli.private_tenant.as_deref(),
+        &cli.swarm,
+        &cli.gateway_local,
+        gcs_node::now_ms(),
+    );
+    for w in groups.warnings.iter().filter(|_| cli.role.is_worker()) {
+        tracing::warn!("{w}");
+    }
+    if cli.private_only && groups.private_tenant.is_none() {
+        bail!("--private-only needs --private-tenant or a tenant_member certificate");
+    }
+    config.private_tenant = groups.private_tenant;
+    config.private_only = cli.private_only;
+    config.gateway_local = groups.gateway_local;
     config.gateway_share = gcs_node::lifecycle::worker_job::Share { percent: cli.gateway_share };
     config.gateways = (!cli.gateways.is_empty()).then(|| cli.gateways.iter().cloned().collect());
     config.network.mdns = !cli.no_mdns;
@@ -612,7 +638,8 @@ async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
         Some((listener, tls)) => {
             follow_tenants(node.network().clone(), served, &data_dir);
             let scheme = if tls.is_some() { "https" } else { "http" };
-            let gw = gateway_config(&cli);
+            let mut gw = gateway_config(&cli);
+            gw.gateway_id = node.node_id.to_string();
             let edge = gw.edge.clone();
             let app = gcs_gateway::router(
                 std::sync::Arc::new(node.client()),

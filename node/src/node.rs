@@ -87,6 +87,10 @@ pub struct NodeConfig {
     pub gateway_share: Share,
     /// The only gateways a worker takes jobs from (`None`: any).
     pub gateways: Option<std::collections::BTreeSet<NodeId>>,
+    /// Gateways this worker is attached to (26.11.3 `gateway_local`): it
+    /// joins each one's `gcs.api.jobs.gateway.<id>` and may win its
+    /// gateway-local jobs with that gateway's `gateway_worker` certificate.
+    pub gateway_local: std::collections::BTreeSet<NodeId>,
 }
 
 /// The gossip topics a node joins: private and local job topics only
@@ -106,6 +110,7 @@ fn subscriptions(config: &NodeConfig) -> Vec<String> {
         if config.swarm_id != PUBLIC_SWARM {
             t.push(topics::api_jobs_local(&config.swarm_id));
         }
+        t.extend(config.gateway_local.iter().map(|g| topics::api_jobs_gateway(g.as_str())));
     }
     if config.role != Role::Worker {
         t.extend(config.network.served_tenants.iter().map(|s| topics::tenant_usage(s)));
@@ -129,6 +134,7 @@ impl NodeConfig {
             memberships: vec![],
             gateway_share: Share::default(),
             gateways: None,
+            gateway_local: Default::default(),
             executor: None,
             max_concurrent_jobs: 4,
             tracker: TrackerConfig::default(),
@@ -308,6 +314,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
                 public: !(config.private_only && config.private_tenant.is_some()),
                 swarm_id: config.swarm_id.clone(),
                 gateways: config.gateways.clone(),
+                gateway_local: config.gateway_local.clone(),
             },
             config.gateway_share,
             keyspace.clone(),

@@ -12,6 +12,7 @@
 //! (`keys::membership`, writable only by the issuer's key).
 
 pub mod cli;
+pub mod pins;
 pub mod records;
 
 use std::collections::BTreeMap;
@@ -56,25 +57,41 @@ pub enum Group {
     Tenant(String),
     /// A swarm id.
     Swarm(String),
+    /// This gateway (its node id): the workers it attaches for its
+    /// `gateway_local` jobs. Its key is the node's own identity key.
+    Gateway(String),
 }
 
 impl Group {
     /// Its id.
     pub fn name(&self) -> &str {
         match self {
-            Group::Tenant(n) | Group::Swarm(n) => n,
+            Group::Tenant(n) | Group::Swarm(n) | Group::Gateway(n) => n,
         }
     }
     fn file(&self) -> String {
         match self {
             Group::Tenant(n) => format!("tenant.{n}.key"),
             Group::Swarm(n) => format!("swarm.{n}.key"),
+            // Not in tenants/: the node identity (see `TenantStore::key`).
+            Group::Gateway(_) => "../identity.key".into(),
+        }
+    }
+    /// The group a certificate of `scope` for `group_id` belongs to.
+    pub fn of(scope: MembershipScope, group_id: &str) -> Self {
+        match scope {
+            MembershipScope::SwarmMember => Group::Swarm(group_id.into()),
+            MembershipScope::GatewayWorker => Group::Gateway(group_id.into()),
+            MembershipScope::TenantMember | MembershipScope::TenantGateway => {
+                Group::Tenant(group_id.into())
+            }
         }
     }
     /// The scope of a member's certificate (`gateway`: a tenant gateway's).
     pub fn scope(&self, gateway: bool) -> MembershipScope {
         match (self, gateway) {
             (Group::Swarm(_), _) => MembershipScope::SwarmMember,
+            (Group::Gateway(_), _) => MembershipScope::GatewayWorker,
             (Group::Tenant(_), true) => MembershipScope::TenantGateway,
             (Group::Tenant(_), false) => MembershipScope::TenantMember,
         }
@@ -86,6 +103,7 @@ impl std::fmt::Display for Group {
         match self {
             Group::Tenant(n) => write!(f, "tenant {n}"),
             Group::Swarm(n) => write!(f, "swarm {n}"),
+            Group::Gateway(n) => write!(f, "gateway {n}"),
         }
     }
 }
@@ -100,6 +118,11 @@ pub struct Trust {
     /// API key id → its tenant, for the keys this gateway holds: a usage
     /// record filed under another tenant than its key's is refused.
     pub key_tenants: BTreeMap<String, String>,
+    /// Tenant → the nodes it pins (`tenants admit --pin`) that hold a live
+    /// admission issued here: that tenant's private and hybrid jobs name
+    /// exactly these in `routing.allowed_nodes` (an empty list: the tenant
+    /// pins, but no pinned node is admitted now, so no node can win).
+    pub pinned: BTreeMap<String, Vec<NodeId>>,
 }
 
 impl Trust {
@@ -171,8 +194,25 @@ impl TenantStore {
         self.dir.join("issued")
     }
 
+    /// The data directory this store is in.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.parent().unwrap_or(&self.dir)
+    }
+
+    /// This node as a group: the gateway whose workers its own key attaches.
+    pub fn gateway(&self) -> Result<Group, TenantError> {
+        let id = crate::Identity::load_or_create(self.data_dir())
+            .map_err(|e| TenantError::Io { path: "identity.key".into(), reason: e.to_string() })?
+            .node_id();
+        Ok(Group::Gateway(id.to_string()))
+    }
+
     /// Makes a new key for `group`; refuses to replace one. Returns its id.
     pub fn create(&self, group: &Group) -> Result<NodeId, TenantError> {
+        if matches!(group, Group::Gateway(_)) {
+            // Its key is the node identity, made at first start.
+            return Err(TenantError::Exists(group.to_string()));
+        }
         if !crate::topics::valid_tenant(group.name()) {
             return Err(TenantError::BadName(group.name().into()));
         }
@@ -191,6 +231,16 @@ impl TenantStore {
 
     /// The key of `group`.
     pub fn key(&self, group: &Group) -> Result<NodeKey, TenantError> {
+        if let Group::Gateway(id) = group {
+            let me = crate::Identity::load_or_create(self.data_dir()).map_err(|e| {
+                TenantError::Io { path: "identity.key".into(), reason: e.to_string() }
+            })?;
+            // Only this node's own key attaches workers to it.
+            return match me.node_id().as_str() == id.as_str() {
+                true => Ok(NodeKey::from_seed(me.key.seed())),
+                false => Err(TenantError::NoKey(group.to_string())),
+            };
+        }
         let path = self.dir.join(group.file());
         let text = match std::fs::read_to_string(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -229,15 +279,23 @@ impl TenantStore {
         Ok(out)
     }
 
-    /// What a gateway with this store trusts (no API keys yet).
+    /// What a gateway with this store trusts now (no API keys yet).
     pub fn trust(&self) -> Result<Trust, TenantError> {
+        self.trust_at(gcs_protocol::now_ms())
+    }
+
+    /// What a gateway with this store trusts at `now_ms`: its keys and its
+    /// tenants' pinned nodes (`pins`).
+    pub fn trust_at(&self, now_ms: u64) -> Result<Trust, TenantError> {
         let mut t = Trust::default();
         for (g, id) in self.groups()? {
             match g {
                 Group::Tenant(n) => t.tenants.insert(n, id),
                 Group::Swarm(n) => t.swarms.insert(n, id),
+                Group::Gateway(_) => None,
             };
         }
+        t.pinned = pins::pinned(self, &t, now_ms)?;
         Ok(t)
     }
 
@@ -372,11 +430,7 @@ impl TenantStore {
             if now_ms >= c.expires_at_ms || now_ms < c.issued_at_ms + life / 4 * 3 {
                 continue; // expired (re-admit by hand) or not due
             }
-            let group = if c.scope.is_swarm() {
-                Group::Swarm(c.group_id.clone())
-            } else {
-                Group::Tenant(c.group_id.clone())
-            };
+            let group = Group::of(c.scope, &c.group_id);
             match self.key(&group) {
                 Ok(k) if k.node_id() == c.issuer => {}
                 _ => continue, // another key's certificate
@@ -422,7 +476,7 @@ pub async fn sync(
         path: "tenants".into(),
         reason: e.to_string(),
     };
-    let mut t = store.trust().map_err(io)?;
+    let mut t = store.trust_at(gcs_protocol::now_ms()).map_err(io)?;
     t.key_tenants = key_tenants;
     if t != trust.get() {
         tracing::info!(tenants = ?t.tenants.keys().collect::<Vec<_>>(), swarms = ?t.swarms.keys().collect::<Vec<_>>(), "membership keys trusted");

@@ -90,6 +90,12 @@ pub const TABLE: &[TopicSpec] = &[
         joined_by: "workers with --swarm of that swarm (not public)",
     },
     TopicSpec {
+        name: API_JOBS_GATEWAY_PREFIX,
+        per: Some("gateway"),
+        carries: Carries::Envelopes(JOBS),
+        joined_by: "workers attached to that gateway (a gateway_worker certificate of its node key)",
+    },
+    TopicSpec {
         name: PROCESSING_JOBS_ALL,
         per: None,
         carries: Carries::Envelopes(PROCESSING),
@@ -130,6 +136,7 @@ pub const TENANT_USAGE_PREFIX: &str = "gcs.usage.";
 const CAPABILITIES_PRIVATE_PREFIX: &str = "gcs.capabilities.private.";
 const API_JOBS_PRIVATE_PREFIX: &str = "gcs.api.jobs.private.";
 const API_JOBS_LOCAL_PREFIX: &str = "gcs.api.jobs.local.";
+const API_JOBS_GATEWAY_PREFIX: &str = "gcs.api.jobs.gateway.";
 
 /// The swarm every node is in unless configured otherwise; `local_only`
 /// jobs need another one.
@@ -148,6 +155,12 @@ pub fn api_jobs_private(tenant: &str) -> String {
 /// Local-swarm job channel.
 pub fn api_jobs_local(swarm: &str) -> String {
     format!("{API_JOBS_LOCAL_PREFIX}{swarm}")
+}
+
+/// Gateway-local job channel of one gateway (its node id, `gnusnode_…`):
+/// only the workers it attached join it (26.11.3 `gateway_local`).
+pub fn api_jobs_gateway(gateway: &str) -> String {
+    format!("{API_JOBS_GATEWAY_PREFIX}{gateway}")
 }
 
 /// Usage records of one tenant, among the gateways serving it (the
@@ -191,6 +204,7 @@ mod tests {
             KEYSPACE_DELTAS.to_string(),
             api_jobs_private("acme"),
             api_jobs_local("lab"),
+            api_jobs_gateway(&gcs_protocol::NodeKey::from_seed([1; 32]).node_id().to_string()),
             tenant_usage("acme"),
             capabilities_private("acme"),
         ] {
@@ -207,6 +221,9 @@ mod tests {
         assert!(!allows(CAPABILITIES_ALL, MessageType::ApiRequestJob));
         assert!(allows(&api_jobs_private("acme"), MessageType::ApiRequestJob));
         assert!(allows(&api_jobs_local("lab"), MessageType::Cancellation));
+        let gw = gcs_protocol::NodeKey::from_seed([1; 32]).node_id().to_string();
+        assert!(allows(&api_jobs_gateway(&gw), MessageType::ApiRequestJob));
+        assert!(!allows(&api_jobs_gateway(&gw), MessageType::NodeRegistration));
         assert!(!allows(API_JOBS_ALL, MessageType::StreamChunk));
         assert!(!allows(KEYSPACE_DELTAS, MessageType::UsageRecord), "deltas, not envelopes");
         assert!(!allows(&tenant_usage("acme"), MessageType::UsageRecord));

@@ -160,18 +160,21 @@ pub(crate) struct Ctx<'a> {
 }
 
 /// The key whose certificates a claimant of this job must present: the
-/// tenant's for private and hybrid jobs, the swarm's for local-only ones
-/// (None: no node can win a private or local job here).
+/// tenant's for private and hybrid jobs, the swarm's for local-only ones,
+/// this gateway's own for gateway-local ones (None: no node can win a
+/// private or local job here).
 fn membership_issuer(
     r: &gcs_protocol::Routing,
     tenant: &str,
     trust: &crate::tenants::TenantTrust,
+    me: &gcs_protocol::NodeId,
 ) -> Option<gcs_protocol::NodeId> {
     use gcs_protocol::RoutingMode as R;
     trust.with(|t| match r.network {
         R::Private | R::Hybrid => t.tenants.get(tenant).cloned(),
         R::LocalOnly => t.swarms.get(&r.swarm_id).cloned(),
-        R::Public | R::GatewayLocal => None,
+        R::GatewayLocal => Some(me.clone()),
+        R::Public => None,
     })
 }
 
@@ -185,7 +188,8 @@ fn current_memberships(
 ) -> gcs_protocol::NodeRegistration {
     let Some(issuer) = job.and_then(|j| j.routing.membership_issuer.as_ref()) else { return reg };
     let limits = Limits::default();
-    let stored: Vec<Message> = [gcs_protocol::MembershipScope::TenantMember, gcs_protocol::MembershipScope::SwarmMember]
+    use gcs_protocol::MembershipScope as S;
+    let stored: Vec<Message> = [S::TenantMember, S::SwarmMember, S::GatewayWorker]
         .iter()
         .filter_map(|s| {
             ks.get_bytes(&keys::membership(issuer.as_str(), s.as_str(), reg.node_id.as_str())).ok().flatten()
@@ -197,22 +201,24 @@ fn current_memberships(
 }
 
 /// Where the gateway records a job. A public job is a global record. A
-/// private, hybrid or local-only job names its tenant and model and is
-/// announced only on its tenant's or swarm's topic, so its record stays on
-/// this node: in the global namespace, anti-entropy would hand it to every
-/// peer.
+/// private, hybrid, local-only or gateway-local job is announced only on
+/// its tenant's, swarm's or gateway's topic, so its record stays on this
+/// node: in the global namespace, anti-entropy would hand it to every peer.
 fn job_record_key(job: &ApiRequestJob) -> String {
     use gcs_protocol::RoutingMode as R;
     match job.routing.network {
-        R::Public | R::GatewayLocal => keys::job(&job.job_id),
-        R::Private | R::Hybrid | R::LocalOnly => keys::confined_job(&job.job_id),
+        R::Public => keys::job(&job.job_id),
+        R::Private | R::Hybrid | R::LocalOnly | R::GatewayLocal => {
+            keys::confined_job(&job.job_id)
+        }
     }
 }
 
 /// The gossip topics a job is announced on (26.9.2): private jobs only on
 /// the tenant's private topic, hybrid jobs there first and on the public
 /// topic once the private-first window has passed (re-announcements),
-/// local-only jobs on their swarm's topic.
+/// local-only jobs on their swarm's topic, gateway-local jobs on the topic of
+/// their gateway (joined by the workers it attached).
 pub(crate) fn job_topics(job: &ApiRequestJob) -> Vec<String> {
     use gcs_protocol::RoutingMode as R;
     let private = || topics::api_jobs_private(&job.tenant.tenant_id);
@@ -221,7 +227,8 @@ pub(crate) fn job_topics(job: &ApiRequestJob) -> Vec<String> {
         R::Hybrid if job.announcement == 0 => vec![private()],
         R::Hybrid => vec![private(), topics::API_JOBS_ALL.to_string()],
         R::LocalOnly => vec![topics::api_jobs_local(&job.routing.swarm_id)],
-        R::Public | R::GatewayLocal => vec![topics::API_JOBS_ALL.to_string()],
+        R::GatewayLocal => vec![topics::api_jobs_gateway(job.gateway_node_id.as_str())],
+        R::Public => vec![topics::API_JOBS_ALL.to_string()],
     }
 }
 
@@ -321,7 +328,13 @@ impl GatewayState {
             spec.routing.swarm_id = ctx.swarm_id.to_string();
         }
         self.leave_out_failing(&mut spec, ctx, now);
-        spec.routing.membership_issuer = membership_issuer(&spec.routing, &spec.tenant_id, ctx.trust);
+        spec.routing.membership_issuer =
+            membership_issuer(&spec.routing, &spec.tenant_id, ctx.trust, &ctx.key.node_id());
+        // A tenant that pins nodes: its private and hybrid jobs name them.
+        if !ctx.trust.with(|t| crate::tenants::pins::restrict(&mut spec.routing, &spec.tenant_id, t)) {
+            tracing::warn!(tenant = %spec.tenant_id, "the tenant pins nodes but none is admitted now: no private node can win this job");
+            spec.routing.membership_issuer = None;
+        }
         if spec.routing.membership_issuer.is_none()
             && matches!(spec.routing.network, gcs_protocol::RoutingMode::Private | gcs_protocol::RoutingMode::LocalOnly)
         {
@@ -370,7 +383,7 @@ impl GatewayState {
         let out = self.penalties.out(now);
         // A private or local-only job has few possible nodes: the spare
         // check below does not know which, so it is not narrowed further.
-        if out.is_empty() || matches!(spec.routing.network, R::Private | R::LocalOnly) {
+        if out.is_empty() || matches!(spec.routing.network, R::Private | R::LocalOnly | R::GatewayLocal) {
             return;
         }
         let reg = ctx.registry.lock().unwrap_or_else(|p| p.into_inner());

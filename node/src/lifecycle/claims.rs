@@ -2,7 +2,7 @@
 //! on all eleven counts; otherwise the claimant is told which count failed.
 
 use gcs_protocol::{
-    verify, ApiRequestJob, ApiType, ClaimRejectReason, JobClaim, Limits, MembershipScope, NodeId,
+    verify, ApiRequestJob, ApiType, ClaimRejectReason, JobClaim, Limits, MembershipScope,
     NodeRegistration, RoutingMode,
 };
 
@@ -13,8 +13,6 @@ pub struct ClaimContext<'a> {
     pub job: Option<&'a ApiRequestJob>,
     /// The claimant's latest registration, if any.
     pub registration: Option<&'a NodeRegistration>,
-    /// Workers attached to this gateway (for `gateway_local`).
-    pub local_workers: &'a [NodeId],
     /// A claim already won, or the job finished.
     pub already_claimed: bool,
     /// Receiver clock.
@@ -49,6 +47,21 @@ pub(crate) fn private_ok(job: &ApiRequestJob, reg: &NodeRegistration, now_ms: u6
         && admitted(job, reg, MembershipScope::TenantMember, &job.tenant.tenant_id, now_ms)
         && (job.routing.allowed_nodes.is_empty()
             || job.routing.allowed_nodes.contains(&reg.node_id))
+}
+
+/// Whether `reg` is attached to the job's gateway (`gateway_local`,
+/// 26.11.3): the gateway's own worker (`--role all`), or a worker that
+/// presents a `gateway_worker` certificate the job's gateway signed with
+/// its own node key, naming itself as the group and the claimant as the
+/// node. The issuer is the job's signer, never a field anyone else chose.
+pub(crate) fn attached(job: &ApiRequestJob, reg: &NodeRegistration, now_ms: u64) -> bool {
+    let gw = &job.gateway_node_id;
+    reg.node_id == *gw
+        || reg.memberships.iter().any(|c| {
+            &c.issuer == gw
+                && c.admits(MembershipScope::GatewayWorker, gw.as_str(), &reg.node_id, now_ms)
+                && verify(c).is_ok()
+        })
 }
 
 fn public_ok(reg: &NodeRegistration) -> bool {
@@ -101,7 +114,7 @@ pub fn validate_claim(claim: &JobClaim, ctx: &ClaimContext<'_>) -> Result<(), Cl
                 reg.queue.accepts_local_only_jobs
                     && admitted(job, reg, MembershipScope::SwarmMember, &r.swarm_id, ctx.now_ms)
             }
-            RoutingMode::GatewayLocal => ctx.local_workers.contains(&reg.node_id),
+            RoutingMode::GatewayLocal => attached(job, reg, ctx.now_ms),
         };
     if !policy {
         return Err(R::PolicyDenied);
@@ -126,7 +139,6 @@ mod tests {
         reg: NodeRegistration,
         claim: JobClaim,
         key: NodeKey,
-        local: Vec<NodeId>,
         claimed: bool,
         now: u64,
     }
@@ -140,7 +152,6 @@ mod tests {
                 reg: samples::registration(&w, &p),
                 claim: samples::claim(&w, &p),
                 key: w,
-                local: vec![],
                 claimed: false,
                 now: p.now_ms + 200,
             }
@@ -156,7 +167,6 @@ mod tests {
                 &ClaimContext {
                     job: Some(&self.job),
                     registration: Some(&self.reg),
-                    local_workers: &self.local,
                     already_claimed: self.claimed,
                     now_ms: self.now,
                     limits: &limits,
@@ -329,11 +339,6 @@ mod tests {
         c.job.routing.allowed_nodes = vec![NodeKey::from_seed([9; 32]).node_id()];
         assert_eq!(c.check(), Err(R::PolicyDenied), "not on the tenant's allow-list");
         let mut c = Case::new();
-        c.job.routing.network = RoutingMode::GatewayLocal;
-        assert_eq!(c.check(), Err(R::PolicyDenied));
-        c.local = vec![c.reg.node_id.clone()];
-        assert_eq!(c.check(), Ok(()));
-        let mut c = Case::new();
         c.job.routing.network = RoutingMode::Hybrid;
         assert_eq!(c.check(), Ok(()), "hybrid falls back to public");
         c.job.routing.excluded_nodes = vec![c.reg.node_id.clone()];
@@ -343,6 +348,71 @@ mod tests {
         c.reg.queue.accepts_public_jobs = false;
         assert_eq!(c.check(), Ok(()), "a certified private-only node takes hybrid jobs");
         c.reg.memberships.clear();
+        assert_eq!(c.check(), Err(R::PolicyDenied));
+    }
+    /// A gateway-local job of the sample gateway; the worker presents no
+    /// certificate.
+    fn gateway_local_case() -> Case {
+        let (_, g) = samples::keys();
+        let mut c = Case::new();
+        c.job.routing.network = RoutingMode::GatewayLocal;
+        c.job.routing.membership_issuer = Some(g.node_id());
+        c
+    }
+
+    /// The same, the worker presenting a `gateway_worker` certificate the
+    /// gateway signed (`edit`ed first; signed by the worker if `edit` made
+    /// it the issuer).
+    fn attached_case(edit: impl Fn(&mut gcs_protocol::MembershipCertificate)) -> Case {
+        let (w, g) = samples::keys();
+        let mut c = gateway_local_case();
+        let mut m = samples::membership(&g, &w, &Params::default());
+        m.scope = MembershipScope::GatewayWorker;
+        m.group_id = g.node_id().to_string();
+        edit(&mut m);
+        let signer = if m.issuer == g.node_id() { &g } else { &w };
+        sign(&mut m, signer).unwrap();
+        c.reg.memberships = vec![m];
+        c
+    }
+
+    #[test]
+    fn count_8_gateway_local_needs_the_gateways_certificate() {
+        assert_eq!(attached_case(|_| {}).check(), Ok(()), "attached by its gateway");
+        assert_eq!(gateway_local_case().check(), Err(R::PolicyDenied), "a public node");
+        let (w, _) = samples::keys();
+        let self_issued = attached_case(|m| m.issuer = w.node_id()).check();
+        assert_eq!(self_issued, Err(R::PolicyDenied), "a worker cannot attach itself");
+        let other = NodeKey::from_seed([9; 32]).node_id().to_string();
+        let mut c = attached_case(|m| m.group_id = other.clone());
+        assert_eq!(c.check(), Err(R::PolicyDenied), "attached to another gateway");
+        c = attached_case(|m| m.scope = MembershipScope::TenantMember);
+        assert_eq!(c.check(), Err(R::PolicyDenied), "another scope of the same key");
+        c = attached_case(|m| m.expires_at_ms = m.issued_at_ms + 1);
+        assert_eq!(c.check(), Err(R::PolicyDenied), "expired");
+        c = attached_case(|_| {});
+        c.job.routing.membership_issuer = None;
+        assert_eq!(c.check(), Ok(()), "the issuer is the job's gateway, not the field");
+    }
+    #[test]
+    fn count_8_the_gateways_own_worker_is_attached() {
+        let (_, g) = samples::keys();
+        let mut c = gateway_local_case();
+        c.reg = samples::registration(&g, &Params::default());
+        c.claim = samples::claim(&g, &Params::default());
+        c.key = g;
+        assert_eq!(c.check(), Ok(()));
+    }
+    #[test]
+    fn count_8_a_revoked_gateway_worker_is_refused() {
+        let (w, g) = samples::keys();
+        let mut c = attached_case(|_| {});
+        let mut r = samples::revocation(&g, &w, &Params::default());
+        r.scope = MembershipScope::GatewayWorker;
+        r.group_id = g.node_id().to_string();
+        sign(&mut r, &g).unwrap();
+        c.reg.memberships =
+            crate::lifecycle::membership::current(&w.node_id(), &c.reg.memberships, &[r.into()]);
         assert_eq!(c.check(), Err(R::PolicyDenied));
     }
     #[test]

@@ -41,7 +41,14 @@ pub fn authorise_usage(
 ) -> Result<(), RefusedDelta> {
     let refused = |e: RefusedDelta| {
         trust.count_refused_usage();
-        tracing::debug!(job_id = %u.job_id, tenant = %u.tenant_id, signer = %u.recorded_by, error = %e, "usage record refused");
+        // Logged at 1, 2, 4, 8… refusals: visible, but a flood (which peer
+        // scoring cuts off anyway) cannot fill the log.
+        let n = trust.refused_usage();
+        if n.is_power_of_two() {
+            tracing::info!(job_id = %u.job_id, tenant = %u.tenant_id, signer = %u.recorded_by, error = %e, refused = n, "usage record refused");
+        } else {
+            tracing::debug!(job_id = %u.job_id, tenant = %u.tenant_id, signer = %u.recorded_by, error = %e, "usage record refused");
+        }
         Err(e)
     };
     let (issuer, owner) = trust.with(|t| {

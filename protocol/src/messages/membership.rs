@@ -32,6 +32,11 @@ pub enum MembershipScope {
     /// A node of the swarm: may win its `local_only` jobs.
     #[serde(rename = "swarm_member")]
     SwarmMember,
+    /// A worker attached to one gateway: may win that gateway's
+    /// `gateway_local` jobs. Issued by the gateway's own node key; the
+    /// group is the gateway's node id.
+    #[serde(rename = "gateway_worker")]
+    GatewayWorker,
 }
 
 impl MembershipScope {
@@ -41,6 +46,7 @@ impl MembershipScope {
             MembershipScope::TenantMember => "tenant_member",
             MembershipScope::TenantGateway => "tenant_gateway",
             MembershipScope::SwarmMember => "swarm_member",
+            MembershipScope::GatewayWorker => "gateway_worker",
         }
     }
     /// Whether the group is a swarm (else a tenant).

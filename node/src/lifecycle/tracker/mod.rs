@@ -279,7 +279,6 @@ impl JobTracker {
         let ctx = ClaimContext {
             job: Some(&job),
             registration: reg,
-            local_workers: &[],
             already_claimed: self.lease.is_some(),
             now_ms: now,
             limits,

@@ -20,12 +20,20 @@ pub struct Policy {
     /// The only gateways whose jobs it takes (`--gateways`); `None`: any
     /// gateway, each bounded by its share of the slots (`Slots`).
     pub gateways: Option<BTreeSet<NodeId>>,
+    /// The gateways that attached it (`gateway_local` jobs).
+    pub gateway_local: BTreeSet<NodeId>,
 }
 
 impl Default for Policy {
     /// A public node of the public swarm.
     fn default() -> Self {
-        Self { private_tenant: None, public: true, swarm_id: PUBLIC_SWARM.into(), gateways: None }
+        Self {
+            private_tenant: None,
+            public: true,
+            swarm_id: PUBLIC_SWARM.into(),
+            gateways: None,
+            gateway_local: BTreeSet::new(),
+        }
     }
 }
 
@@ -48,7 +56,10 @@ impl Policy {
             // private-first window; a claim before it is refused.
             RoutingMode::Hybrid => private || (self.public && job.announcement > 0),
             RoutingMode::LocalOnly => self.swarm_id != PUBLIC_SWARM && self.swarm_id == r.swarm_id,
-            RoutingMode::GatewayLocal => true,
+            // Its gateway's own worker, or one that gateway attached.
+            RoutingMode::GatewayLocal => {
+                &job.gateway_node_id == me || self.gateway_local.contains(&job.gateway_node_id)
+            }
         }
     }
 

@@ -385,6 +385,14 @@ fn policy_admits_by_routing_exclusion_and_model() {
     assert!(private.admit(&j, &me, &models).is_some());
     j.routing.network = RoutingMode::LocalOnly;
     assert!(p.admit(&j, &me, &models).is_none(), "the public swarm takes no local job");
+    j.routing.network = RoutingMode::GatewayLocal;
+    assert!(p.admit(&j, &me, &models).is_none(), "not attached to the job's gateway");
+    let attached = Policy {
+        gateway_local: [j.gateway_node_id.clone()].into_iter().collect(),
+        ..Policy::default()
+    };
+    assert!(attached.admit(&j, &me, &models).is_some());
+    assert!(p.admit(&j, &j.gateway_node_id, &models).is_some(), "the gateway's own worker");
     j.routing.network = RoutingMode::Public;
     j.request.model = "no-such-model".into();
     assert!(p.admit(&j, &me, &models).is_none());
