@@ -37,7 +37,14 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
         };
     }
     if let Some(pm) = g.get("privacy_mode").filter(|v| !v.is_null()) {
-        let s = pm.as_str().unwrap_or_default();
+        // One level per request: levels are not stacked (an encrypted
+        // private job is `network: private` with `encrypted_payload`).
+        let Some(s) = pm.as_str() else {
+            return Err(ApiError::invalid(
+                "gnus.privacy_mode",
+                "'gnus.privacy_mode' must be one privacy mode (a string)",
+            ));
+        };
         out.1 = match s {
             // The spec's example calls the private-pool level "enterprise".
             "enterprise" => PrivacyLevel::PrivatePool,
@@ -45,12 +52,9 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
                 ApiError::invalid("gnus.privacy_mode", format!("unknown privacy mode '{s}'"))
             })?,
         };
-        if out.1 == PrivacyLevel::EncryptedPayload {
-            return Err(ApiError::unsupported(
-                "gnus.privacy_mode",
-                format!("privacy mode '{s}' is not supported yet"),
-            ));
-        }
+        // `encrypted_payload` goes with every routing mode: the body is
+        // sealed to whichever node wins the lease, whatever pool it came
+        // from (specs/gateway.md "Privacy modes").
         // A minimized job names only a per-job tenant reference; private,
         // hybrid and local-only jobs go on their tenant's or swarm's topic
         // and are claimed by its members, which needs the name: refused,
@@ -103,4 +107,44 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
         };
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn ext(gnus: Value) -> Result<Extension, ApiError> {
+        let body = serde_json::json!({ "gnus": gnus });
+        gnus_extension(body.as_object().unwrap())
+    }
+
+    #[test]
+    fn encrypted_payload_goes_with_every_routing_mode() {
+        for (network, mode) in [
+            ("public", RoutingMode::Public),
+            ("private", RoutingMode::Private),
+            ("hybrid", RoutingMode::Hybrid),
+            ("local_only", RoutingMode::LocalOnly),
+        ] {
+            let (r, p, _) =
+                ext(serde_json::json!({"network": network, "privacy_mode": "encrypted_payload"}))
+                    .unwrap();
+            assert_eq!((r, p), (mode, PrivacyLevel::EncryptedPayload), "{network}");
+        }
+    }
+
+    #[test]
+    fn stacked_or_unknown_privacy_modes_are_refused_by_name() {
+        for bad in [
+            serde_json::json!(["encrypted_payload", "private_pool"]),
+            serde_json::json!({"mode": "encrypted_payload"}),
+            serde_json::json!(1),
+            serde_json::json!("encrypted"),
+        ] {
+            let e = ext(serde_json::json!({"privacy_mode": bad})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("gnus.privacy_mode"), "{bad}");
+        }
+    }
 }
