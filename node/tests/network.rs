@@ -303,3 +303,93 @@ async fn a_restarted_bootstrap_node_is_rejoined_while_other_peers_remain() {
         n.shutdown().await;
     }
 }
+
+/// A peer gossips 1,500 valid signed job deltas as fast as it can while it
+/// also asks the node directly: the merges (RocksDB writes) run on the
+/// node's merge worker, so its network loop answers its own commands and
+/// the peer's direct requests within a bound throughout, and every delta
+/// the loop queued is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_valid_gossip_deltas_does_not_delay_the_loop() {
+    use gcs_keyspace::Namespace;
+    use gcs_node::jobs::wire::{JobRequest, JobResponse};
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::Arc;
+    const SENT: u64 = 1_500;
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let gw = start(config(Role::Gateway, &dirs[0], vec![])).await.unwrap();
+    let boot = addr(&gw).await;
+    let identity = gcs_node::Identity::load_or_create(dirs[1].path()).unwrap();
+    let fks = Arc::new(
+        gcs_keyspace::Keyspace::open(
+            &dirs[1].path().join("ks"),
+            identity.node_id().as_str(),
+            Default::default(),
+        )
+        .unwrap(),
+    );
+    let mut cfg = gcs_node::NetworkConfig { mdns: false, ..Default::default() };
+    cfg.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()];
+    cfg.bootstrap = vec![boot];
+    let (flooder, _events) = gcs_node::Network::start(&identity, cfg, fks.clone()).await.unwrap();
+    flooder.subscribe(gcs_node::topics::KEYSPACE_DELTAS).await.unwrap();
+    let key = NodeKey::from_seed(identity.key.seed());
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the topic's mesh
+    let jobs = |n: &NodeHandle| n.keyspace().digest(Namespace::ApiJobs).unwrap().count;
+    let before = jobs(&gw);
+
+    let flood = {
+        let (flooder, fks) = (flooder.clone(), fks.clone());
+        tokio::spawn(async move {
+            for i in 0..SENT {
+                let p = gcs_protocol::samples::Params {
+                    now_ms: gcs_node::now_ms(),
+                    n: i,
+                    ..Default::default()
+                };
+                let mut job = gcs_protocol::samples::api_job(&key, &p);
+                job.job_id = format!("gcsapi_gossip{i:06}");
+                job.signature = None;
+                sign(&mut job, &key).unwrap();
+                let d = fks
+                    .put(&keys::job(&job.job_id), gcs_protocol::encode(&job).unwrap(), gcs_node::now_ms())
+                    .unwrap()
+                    .encode();
+                flooder.publish(gcs_node::topics::KEYSPACE_DELTAS, d).await.unwrap();
+            }
+        })
+    };
+    let (mut worst_cmd, mut worst_direct, mut probes) = (Duration::ZERO, Duration::ZERO, 0);
+    while !flood.is_finished() || probes < 5 {
+        let t = Instant::now();
+        gw.listen_addrs().await.unwrap();
+        worst_cmd = worst_cmd.max(t.elapsed());
+        let t = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            flooder.request(gw.peer_id, JobRequest::Envelope(vec![0xa5; 64])),
+        )
+        .await
+        .expect("a direct request went unanswered for 5 s");
+        assert!(matches!(r, Ok(JobResponse::Refused(_))), "{r:?}");
+        worst_direct = worst_direct.max(t.elapsed());
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    flood.await.unwrap();
+    let st = gw.network().stats();
+    wait_for("every queued delta merged", || {
+        jobs(&gw) - before >= st.gossip_merges_queued.load(Relaxed)
+    })
+    .await;
+    let (queued, shed) = (st.gossip_merges_queued.load(Relaxed), st.gossip_merges_shed.load(Relaxed));
+    eprintln!(
+        "gossip flood: {SENT} sent, {queued} merged off the loop, {shed} shed; {probes} probes, \
+         worst loop command {worst_cmd:?}, worst direct request {worst_direct:?}"
+    );
+    assert!(queued >= SENT / 2, "the flood reached the node: {queued} of {SENT}");
+    assert!(worst_cmd < Duration::from_secs(1), "the loop stalled: {worst_cmd:?}");
+    assert!(worst_direct < Duration::from_secs(2), "direct requests stalled: {worst_direct:?}");
+    flooder.shutdown().await;
+    gw.shutdown().await;
+}
