@@ -23,7 +23,7 @@ pub use error::KeyspaceError;
 pub use hlc::{check_remote, Hlc, HlcClock, MAX_LOGICAL};
 pub use namespace::{keys, Namespace, Scope, ValueKind, USAGE_RETENTION_MS};
 pub use store::{
-    COMPACT_BATCH,
+    COMPACT_BATCH, CfMemory, MemoryUsage,
     Change, CompactStats, Digest, Keyspace, KeyspaceOptions, MergeOutcome, Since, WatchError,
     Watcher,
 };

@@ -20,6 +20,8 @@ use crate::namespace::{Namespace, ValueKind};
 mod compact;
 pub use compact::COMPACT_BATCH;
 mod migrate;
+mod memory;
+pub use memory::{CfMemory, MemoryUsage};
 
 const LOG_CF: &str = "log";
 const META_CF: &str = "meta";
@@ -178,11 +180,11 @@ impl Keyspace {
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
         db_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = Namespace::ALL
-            .iter()
-            .map(|ns| ns.cf())
-            .chain([LOG_CF, META_CF])
-            .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        // One memory budget for every column family (store/memory.rs).
+        let cache = memory::block_cache()?;
+        memory::db_options(&mut db_opts);
+        let cfs = memory::all_cfs()
+            .map(|name| ColumnFamilyDescriptor::new(name, memory::cf_options(&cache)));
         let db = DB::open_cf_descriptors(&db_opts, path, cfs)?;
         let meta = db.cf_handle(META_CF).ok_or_else(|| KeyspaceError::Db("no meta cf".into()))?;
         let next_seq = be(db.get_cf(meta, META_SEQ)?).max(1);

@@ -131,6 +131,7 @@ impl Backend for NodeClient {
             "# HELP gcs_fresh_registrations Fresh worker registrations known.\n\
              # TYPE gcs_fresh_registrations gauge\ngcs_fresh_registrations {fresh}\n"
         ));
+        out.push_str(&keyspace_memory(&self.keyspace));
         // The anti-entropy digests of the globally replicated namespaces:
         // two nodes whose digests are equal hold the same entries (netsim's
         // partition-and-heal scenario compares them across nodes). Each
@@ -191,4 +192,28 @@ fn network_counters(st: &crate::network::NetStats) -> String {
             format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n", v.load(Relaxed))
         })
         .collect()
+}
+
+/// RocksDB's own memory figures (soak RSS checks compare them with the
+/// process's RSS; keyspace/src/store/memory.rs bounds them).
+fn keyspace_memory(ks: &gcs_keyspace::Keyspace) -> String {
+    let Ok(m) = ks.memory() else { return String::new() };
+    let mut out = format!(
+        "# HELP gcs_rocksdb_block_cache_bytes Bytes in the keyspace's shared block cache.\n\
+         # TYPE gcs_rocksdb_block_cache_bytes gauge\ngcs_rocksdb_block_cache_bytes {}\n",
+        m.block_cache
+    );
+    let families = [
+        ("gcs_rocksdb_memtable_bytes", "Bytes in a column family's memtables."),
+        ("gcs_rocksdb_table_readers_bytes", "Bytes of a column family's table readers outside the block cache."),
+        ("gcs_rocksdb_sst_bytes", "Bytes of a column family's SST files on disk."),
+    ];
+    for (i, (name, help)) in families.iter().enumerate() {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for c in &m.column_families {
+            let v = [c.memtables, c.table_readers, c.sst_bytes][i];
+            out.push_str(&format!("{name}{{cf=\"{}\"}} {v}\n", c.cf));
+        }
+    }
+    out
 }
