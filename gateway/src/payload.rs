@@ -10,8 +10,17 @@ use gcs_protocol::ApiType;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// The wire format's version; a worker refuses payloads of another.
-pub const PAYLOAD_VERSION: u32 = 1;
+/// The wire format's newest version. Version 2 added
+/// [`Generation::constraint`]; a payload without one is still written as
+/// version 1 (same bytes as before), so only constrained jobs are refused
+/// by workers that predate it, instead of being run unconstrained.
+pub const PAYLOAD_VERSION: u32 = 2;
+
+/// The versions this build reads.
+const READS: std::ops::RangeInclusive<u32> = 1..=PAYLOAD_VERSION;
+
+/// Longest JSON Schema text a job may carry.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// What a worker is asked to run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,9 +46,28 @@ pub struct Generation {
     /// Chat `logprobs: true`: the number of alternatives per token
     /// (`top_logprobs`, 0 to 20); `None` when not asked.
     pub logprobs: Option<u8>,
+    /// `response_format` json_object / json_schema: the worker compiles it
+    /// into a grammar that masks the sampled tokens (absent in version 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
 }
 
-/// What the model continues.
+/// The output's required shape: the constraint's source, not compiled
+/// state, so any worker build compiles it against its own tokenizer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON document valid against `schema` (JSON text, at most
+    /// [`MAX_SCHEMA_BYTES`]), checked and compiled at admission.
+    JsonSchema {
+        /// The client's name for the schema (`json_schema.name`).
+        name: String,
+        /// The schema, JSON text.
+        schema: String,
+    },
+}
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Prompt {
@@ -134,7 +162,9 @@ pub enum PayloadError {
     #[error("malformed job payload: {0}")]
     Malformed(String),
     /// Written by a gateway of another format version.
-    #[error("job payload version {found} is not supported (this node reads {PAYLOAD_VERSION})")]
+    #[error(
+        "job payload version {found} is not supported (this node reads 1 to {PAYLOAD_VERSION})"
+    )]
     Version {
         /// The version the payload states.
         found: u32,
@@ -169,7 +199,9 @@ impl JobRequest {
     /// The payload bytes: canonical CBOR, so equal requests hash equal
     /// (idempotency keys compare these hashes).
     pub fn encode(&self) -> Result<Vec<u8>, PayloadError> {
-        let wire = Wire { version: PAYLOAD_VERSION, request: self };
+        let constrained = matches!(self, JobRequest::Generation(g) if g.constraint.is_some());
+        let version = if constrained { PAYLOAD_VERSION } else { 1 };
+        let wire = Wire { version, request: self };
         gcs_protocol::codec::to_canonical_bytes(&wire)
             .map_err(|e| PayloadError::Encode(e.to_string()))
     }
@@ -178,7 +210,7 @@ impl JobRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, PayloadError> {
         let malformed = |e: gcs_protocol::ProtocolError| PayloadError::Malformed(e.to_string());
         let v: VersionOnly = gcs_protocol::codec::from_cbor_bytes(bytes).map_err(malformed)?;
-        if v.version != PAYLOAD_VERSION {
+        if !READS.contains(&v.version) {
             return Err(PayloadError::Version { found: v.version });
         }
         let wire: Wire<JobRequest> =
@@ -203,13 +235,46 @@ mod tests {
             },
             stop: vec!["\n".into()],
             logprobs: Some(3),
+            constraint: None,
         })
+    }
+
+    fn constrained() -> JobRequest {
+        let JobRequest::Generation(mut g) = chat() else { unreachable!() };
+        g.constraint = Some(Constraint::JsonSchema {
+            name: "p".into(),
+            schema: r#"{"type":"object"}"#.into(),
+        });
+        JobRequest::Generation(g)
+    }
+
+    fn version_of(bytes: &[u8]) -> u32 {
+        gcs_protocol::codec::from_cbor_bytes::<VersionOnly>(bytes).unwrap().version
+    }
+
+    #[test]
+    fn only_a_constrained_job_is_written_as_version_2() {
+        assert_eq!(version_of(&chat().encode().unwrap()), 1);
+        let bytes = constrained().encode().unwrap();
+        assert_eq!(version_of(&bytes), 2);
+        assert_eq!(JobRequest::decode(&bytes).unwrap(), constrained());
+        // A version-1 payload (no constraint field at all) still reads.
+        let JobRequest::Generation(g) = chat() else { unreachable!() };
+        let v1 = gcs_protocol::codec::to_canonical_bytes(&Wire {
+            version: 1,
+            request: JobRequest::Generation(g),
+        })
+        .unwrap();
+        assert_eq!(JobRequest::decode(&v1).unwrap(), chat());
     }
 
     #[test]
     fn a_request_survives_the_wire() {
-        for r in [chat(), JobRequest::Embedding(Embedding { inputs: vec!["a".into(), "b".into()] })]
-        {
+        for r in [
+            chat(),
+            constrained(),
+            JobRequest::Embedding(Embedding { inputs: vec!["a".into(), "b".into()] }),
+        ] {
             assert_eq!(JobRequest::decode(&r.encode().unwrap()).unwrap(), r);
         }
         assert_eq!(chat().api_type(), ApiType::ChatCompletion);

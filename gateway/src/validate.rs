@@ -113,6 +113,12 @@ pub fn generation(g: &Generation, model: ModelLimits, prompt: PromptTokens) -> R
     if g.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
         return bad("top_logprobs", format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"));
     }
+    if let Some(crate::payload::Constraint::JsonSchema { schema, .. }) = &g.constraint {
+        if schema.len() > crate::payload::MAX_SCHEMA_BYTES {
+            let max = crate::payload::MAX_SCHEMA_BYTES;
+            return bad("response_format", format!("the json schema must be at most {max} bytes"));
+        }
+    }
     if g.max_tokens == 0 {
         return bad("max_tokens", "max_tokens must be at least 1");
     }
@@ -153,6 +159,7 @@ mod tests {
             sampling: Sampling::default(),
             stop: vec![],
             logprobs: None,
+            constraint: None,
         }
     }
     const M: ModelLimits = ModelLimits { context_tokens: Some(100), vocab_size: Some(1000) };

@@ -119,6 +119,7 @@ impl Rogue {
             sampling: Default::default(),
             stop: vec![],
             logprobs: None,
+            constraint: None,
         };
         Payload::Generation(g).encode().unwrap_or_default()
     }

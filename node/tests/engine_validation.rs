@@ -29,6 +29,7 @@ fn chat(max_tokens: u32) -> Generation {
         sampling: Sampling { temperature: 0.0, ..Sampling::default() },
         stop: vec![],
         logprobs: None,
+        constraint: None,
     }
 }
 

@@ -387,6 +387,163 @@ def large_response():
     assert chunks > 1000 and len(text) > 2000, (chunks, len(text))
 
 
+# Structured outputs (issue 19): constrained decoding on the worker. Strings,
+# lists and numbers are bounded so a 135M model finishes inside max_tokens.
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from enum import Enum  # noqa: E402
+from typing import List, Literal, Optional  # noqa: E402
+
+from pydantic import BaseModel, Field  # noqa: E402
+
+Short = Field(max_length=16)
+
+
+class Colour(str, Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Pet(BaseModel):
+    name: str = Short
+    kind: Literal["cat", "dog", "bird"]
+    age: int = Field(ge=0, le=30)
+
+
+class Address(BaseModel):
+    city: str = Short
+    zip: str = Field(max_length=8)
+
+
+class Person(BaseModel):
+    name: str = Short
+    age: int = Field(ge=0, le=120)
+    address: Address
+
+
+class Shopping(BaseModel):
+    items: List[str] = Field(max_length=4)
+
+
+class Paint(BaseModel):
+    colour: Colour
+    glossy: bool
+
+
+class Contact(BaseModel):
+    name: str = Short
+    email: Optional[str] = Field(max_length=24)
+    phone: Optional[str] = Field(max_length=12)
+
+
+class Step(BaseModel):
+    n: int = Field(ge=1, le=9)
+    text: str = Short
+
+
+class Recipe(BaseModel):
+    title: str = Short
+    steps: List[Step] = Field(max_length=3)
+
+
+class Weather(BaseModel):
+    city: str = Short
+    celsius: int = Field(ge=-50, le=60)
+    sky: Literal["sunny", "cloudy", "rain"]
+
+
+class Family(BaseModel):
+    parent: Person
+    pets: List[Pet] = Field(max_length=2)
+
+
+class Verdict(BaseModel):
+    answer: Literal["yes", "no"]
+    confidence: int = Field(ge=0, le=100)
+
+
+class Book(BaseModel):
+    title: str = Short
+    author: Optional[Person]
+    year: int = Field(ge=1000, le=2100)
+
+
+SCHEMA_PROMPTS = [
+    (Pet, "Describe a pet."), (Pet, "Invent a dog that is five years old."),
+    (Person, "Describe a person who lives in Paris."), (Person, "Invent a person."),
+    (Shopping, "Write a short shopping list."), (Shopping, "What do I need to bake bread?"),
+    (Paint, "Pick a paint for a kitchen."), (Paint, "Which colour is the sky?"),
+    (Contact, "Give a contact card for Ann."), (Contact, "Contact details of a plumber."),
+    (Recipe, "A recipe for toast."), (Recipe, "How to make tea."),
+    (Weather, "The weather in London today."), (Weather, "The weather in Cairo."),
+    (Family, "Describe a family with a cat."), (Family, "A family of one person and two pets."),
+    (Verdict, "Is water wet?"), (Verdict, "Is the moon made of cheese?"),
+    (Book, "Describe a famous book."), (Book, "Invent a book about the sea."),
+]
+
+
+def parse_one(i):
+    model, prompt = SCHEMA_PROMPTS[i]
+    r = client.chat.completions.parse(
+        model=CHAT, max_tokens=160, temperature=0.7, seed=i, response_format=model,
+        messages=[{"role": "user", "content": prompt + " Answer in JSON."}])
+    c = r.choices[0]
+    assert c.finish_reason == "stop", (i, c.finish_reason, c.message.content)
+    assert isinstance(c.message.parsed, model), (i, c.message.content)
+    # The SDK validated it; the text is also plain JSON of the schema's keys.
+    assert list(json.loads(c.message.content)) == list(model.model_fields), c.message.content
+    return c.message.parsed
+
+
+def structured_outputs():
+    # Concurrent, so the worker batches them (each has its own grammar state).
+    with ThreadPoolExecutor(max_workers=10) as ex:
+        parsed = list(ex.map(parse_one, range(len(SCHEMA_PROMPTS))))
+    print(f"  {len(parsed)} parsed, e.g. {parsed[2]!r}")
+    # Streamed: the deltas add up to a document of the schema.
+    s = client.chat.completions.create(
+        model=CHAT, max_tokens=160, temperature=0, stream=True,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "verdict", "strict": True,
+            "schema": openai.lib._pydantic.to_strict_json_schema(Verdict)}},
+        messages=[{"role": "user", "content": "Is fire hot? Answer in JSON."}])
+    text = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
+    Verdict.model_validate_json(text)
+
+
+JSON_PROMPTS = [
+    "Give the name and age of a cat as a JSON object.",
+    "Return a JSON object with keys city and country for Paris.",
+    "Answer in JSON with a key 'answer': what is 2+2?",
+    "A JSON object describing a red apple with colour and weight.",
+    "Describe a dog as JSON with name and breed.",
+]
+
+
+def json_object_one(i):
+    # Greedy, then sampled with a seed: either way the text does not depend
+    # on the batch it lands in. Any object is allowed, so strings are not
+    # bounded: these prompts are ones the model answers briefly.
+    for temperature in (0, 0.7):
+        r = client.chat.completions.create(
+            model=CHAT, max_tokens=160, temperature=temperature, seed=1,
+            response_format={"type": "json_object"},
+            messages=[{"role": "user", "content": JSON_PROMPTS[i]}])
+        c = r.choices[0]
+        assert c.finish_reason == "stop", (c.finish_reason, c.message.content)
+        assert isinstance(json.loads(c.message.content), dict), c.message.content
+
+
+def json_object():
+    with ThreadPoolExecutor(max_workers=5) as ex:
+        list(ex.map(json_object_one, range(len(JSON_PROMPTS))))
+    # What llguidance cannot compile is refused at the edge, naming the param.
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    expect_error(openai.BadRequestError, 400, "unsupported_parameter", lambda: client.chat.completions.create(
+        model=CHAT, max_tokens=4, messages=MSG, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": bad}}), "response_format")
+
+
 CHECKS = {
     "models": models, "chat_blocking": chat_blocking, "chat_stream": chat_stream,
     "completions": completions, "n_choices": n_choices, "embeddings": embeddings,
@@ -395,6 +552,7 @@ CHECKS = {
     "errors": errors,
     "abort_mid_stream": abort_mid_stream, "concurrent_streams": concurrent_streams,
     "large_response": large_response,
+    "structured_outputs": structured_outputs, "json_object": json_object,
 }
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ use gcs_protocol::{ApiType, PrivacyLevel, RoutingMode};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+mod format;
 mod gnus;
 
 use gnus::gnus_extension;
@@ -271,7 +272,9 @@ fn generation(
         }
     };
     unsupported_generation_fields(body, api)?;
-    let job = Generation { prompt, max_tokens: max_tokens as u32, sampling, stop, logprobs };
+    let constraint = format::response_format(body)?;
+    let job =
+        Generation { prompt, max_tokens: max_tokens as u32, sampling, stop, logprobs, constraint };
     Ok(GenerationRequest { common, stream, include_usage, n, budget_field, job })
 }
 
@@ -333,14 +336,6 @@ fn unsupported_generation_fields(body: &Map<String, Value>, api: ApiType) -> Res
     if let Some(tc) = body.get("tool_choice") {
         if !matches!(tc.as_str(), Some("none") | Some("auto") | None) || tc.is_object() {
             return Err(ApiError::unsupported("tool_choice", "no tools are available"));
-        }
-    }
-    if let Some(rf) = body.get("response_format").filter(|v| !v.is_null()) {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "only response_format {\"type\": \"text\"} is supported",
-            ));
         }
     }
     if let Some(m) = body.get("modalities").and_then(Value::as_array) {

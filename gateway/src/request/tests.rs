@@ -63,8 +63,8 @@ fn what_cannot_be_honoured_is_rejected_naming_the_param() {
         (json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}), "messages[0].role"),
         (json!({"model": "m", "messages": m, "gnus": {"network": "moon"}}), "gnus.network"),
         (
-            json!({"model": "m", "messages": m, "response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"model": "m", "messages": m, "response_format": {"type": "xml"}}),
+            "response_format.type",
         ),
     ];
     for (body, param) in cases {
@@ -156,4 +156,63 @@ fn a_completion_prompt_is_text_with_defaults() {
     assert_eq!((p.job.max_tokens, p.job.logprobs, p.budget_field), (256, None, "max_tokens"));
     assert_eq!(p.job.sampling, Sampling::default());
     assert_eq!(p.choice(0).api_type(), ApiType::Completion);
+}
+
+fn with_format(rf: serde_json::Value) -> Result<GenerationRequest, ApiError> {
+    chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": rf}))
+    .map(generation)
+}
+
+#[test]
+fn response_format_becomes_the_jobs_constraint() {
+    use crate::payload::Constraint;
+    assert_eq!(with_format(json!({"type": "text"})).unwrap().job.constraint, None);
+    assert_eq!(
+        with_format(json!({"type": "json_object"})).unwrap().job.constraint,
+        Some(Constraint::JsonObject)
+    );
+    // The strict-mode subset: required properties, additionalProperties
+    // false, enums, anyOf with null, arrays, nested objects, $defs/$ref.
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string"},
+        "kind": {"enum": ["a", "b"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
+        "required": ["name", "kind", "tags", "next"], "additionalProperties": false,
+        "$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}},
+            "required": ["v"], "additionalProperties": false}}});
+    let g = with_format(json!({"type": "json_schema",
+        "json_schema": {"name": "thing", "schema": schema, "strict": true}}))
+    .unwrap();
+    let Some(Constraint::JsonSchema { name, schema: text }) = g.job.constraint else {
+        panic!("a schema constraint")
+    };
+    assert_eq!(name, "thing");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), schema);
+}
+
+#[test]
+fn a_schema_that_cannot_be_compiled_is_a_400_naming_response_format() {
+    let cases = [
+        (json!({"type": "json_schema"}), "response_format.json_schema"),
+        (json!({"type": "json_schema", "json_schema": {"schema": {}}}), "response_format.json_schema.name"),
+        (json!({"type": "json_schema", "json_schema": {"name": "a b"}}), "response_format.json_schema.name"),
+        (json!({"type": "json_schema", "json_schema": {"name": "a", "schema": [1]}}),
+            "response_format.json_schema.schema"),
+        (json!({"type": "json_schema", "json_schema": {"name": "a",
+            "schema": {"type": "object", "properties": {"x": {"$ref": "#/$defs/nowhere"}}}}}),
+            "response_format"),
+        (json!({"type": "json_schema", "json_schema": {"name": "a",
+            "schema": {"type": "nonsense"}}}), "response_format"),
+        (json!({"type": "json_schema", "json_schema": {"name": "a",
+            "schema": {"description": "x".repeat(crate::payload::MAX_SCHEMA_BYTES)}}}),
+            "response_format.json_schema.schema"),
+        (json!("json_object"), "response_format"),
+    ];
+    for (rf, param) in cases {
+        let e = with_format(rf.clone()).unwrap_err();
+        assert_eq!(e.status.as_u16(), 400, "{rf}");
+        assert_eq!(e.param.as_deref(), Some(param), "{rf}: {e}");
+    }
 }

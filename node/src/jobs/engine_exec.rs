@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use gcs_engine::bert::Embedder;
 use gcs_engine::{
-    BatchConfig, BatchEngine, ChatMessage, Engine, Prompt as EnginePrompt, SamplingOptions,
-    SeqEvent, SeqRequest,
+    BatchConfig, BatchEngine, ChatMessage, Engine, Grammar, Prompt as EnginePrompt,
+    SamplingOptions, SeqEvent, SeqRequest,
 };
 use gcs_gateway::codec;
-use gcs_gateway::payload::{Embedding, Generation, JobRequest, Prompt, Sampling};
+use gcs_gateway::payload::{Constraint, Embedding, Generation, JobRequest, Prompt, Sampling};
 use gcs_gateway::validate::{self, ModelLimits, PromptTokens};
 use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
 use serde_json::json;
@@ -80,6 +80,14 @@ fn sampling(s: &Sampling) -> SamplingOptions {
         frequency_penalty: s.frequency_penalty,
         presence_penalty: s.presence_penalty,
         logit_bias: s.logit_bias.iter().map(|(&t, &b)| (t, b)).collect(),
+    }
+}
+
+/// The engine's grammar for a job's constraint.
+fn grammar(c: &Constraint) -> Grammar {
+    match c {
+        Constraint::JsonObject => Grammar::JsonObject,
+        Constraint::JsonSchema { schema, .. } => Grammar::JsonSchema(schema.clone()),
     }
 }
 
@@ -180,6 +188,9 @@ impl EngineExecutor {
         sreq.stop = g.stop.clone();
         sreq.tenant = cache_salt.to_string();
         sreq.logprobs = g.logprobs.map(|top| usize::from(top.min(20)));
+        // Compiled by `submit`, on this thread, within llguidance's fuel
+        // limits; a schema this engine cannot compile is the client's error.
+        sreq.grammar = g.constraint.as_ref().map(grammar);
         // Tokens (and their logprobs) whose text is held back (a partial
         // character, a possible stop string) ride on the next delta that
         // has text, so every token is counted once.
