@@ -242,3 +242,31 @@ async fn the_in_flight_limit_counts_jobs() {
     let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
 }
+
+/// `gateway_local` (26.11.3): only this gateway's own worker or one it
+/// attached (a `gateway_worker` certificate of its key) can win the job;
+/// without a fresh registration of either, the answer is a 503 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_local_request_without_an_attached_worker_is_a_503_at_once() {
+    let body = serde_json::json!({"model": "gnus-auto", "max_tokens": 8,
+                                  "messages": [{"role": "user", "content": "hi"}],
+                                  "gnus": {"network": "gateway_local"}})
+    .to_string();
+    let elsewhere = gcs_protocol::NodeKey::from_seed([9; 32]).node_id().to_string();
+    let config = GatewayConfig { gateway_id: elsewhere, ..Default::default() };
+    let net = Net::new(stream_ok());
+    let (addr, key, _dir) = gateway(net.clone(), config, None).await;
+    let a = exchange(addr, &post("/v1/chat/completions", Some(&key), &body)).await;
+    let v = a.assert_envelope(503);
+    assert_eq!(v["error"]["code"], "gnus_no_capable_nodes", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("gateway_local"), "{v}");
+    assert_eq!(net.submitted(), 0, "nothing published");
+    // The registered worker is this gateway's own (`--role all`): routable.
+    let me = gcs_protocol::samples::keys().0.node_id().to_string();
+    let config = GatewayConfig { gateway_id: me, ..Default::default() };
+    let net = Net::new(stream_ok());
+    let (addr, key, _dir) = gateway(net.clone(), config, None).await;
+    let a = exchange(addr, &post("/v1/chat/completions", Some(&key), &body)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(net.submitted(), 1);
+}

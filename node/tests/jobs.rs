@@ -559,6 +559,72 @@ async fn private_and_local_jobs_travel_only_on_their_topics() {
     }
 }
 
+/// `gateway_local` jobs (26.11.3) go only to the workers their gateway
+/// attached: they travel on the gateway's own topic, and a worker that
+/// joins it by saying so (`--gateway-local`, no certificate) hears them,
+/// claims, and never gets a lease. A tenant that pins nodes (`tenants admit
+/// --pin`) gets private jobs naming exactly its pinned nodes in
+/// `allowed_nodes`: an admitted but unpinned member never wins one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_local_and_pinned_jobs_reach_only_their_nodes() {
+    use gcs_protocol::RoutingMode as R;
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = TenantStore::new(dirs[0].path());
+    let me = store.gateway().unwrap();
+    let attach = admit(&dirs[0], &me, &dirs[1], false);
+    let tenant = Group::Tenant("tenant_1".into());
+    let pinned = admit(&dirs[0], &tenant, &dirs[3], false);
+    let unpinned = admit(&dirs[0], &tenant, &dirs[4], false);
+    store.pin(&tenant, &pinned.node_id, true).unwrap();
+    let mut gc = config(Role::Gateway, &dirs[0], vec![], None);
+    gc.network.tenant_trust = trust_of(&dirs[0]);
+    let gw = start(gc).await.unwrap();
+    let a = addr(&gw).await;
+    let worker = |i: usize| {
+        let mut c = config(Role::Worker, &dirs[i], vec![a.clone()], Some(Scripted::new(3, 0, 5)));
+        c.gateway_local = [gw.node_id.clone()].into_iter().collect();
+        c
+    };
+    let mut ac = worker(1);
+    ac.memberships = vec![attach];
+    let attached = start(ac).await.unwrap();
+    // Says it is attached, with no certificate.
+    let fake = start(worker(2)).await.unwrap();
+    let private = |i: usize, cert| {
+        let mut c = config(Role::Worker, &dirs[i], vec![a.clone()], Some(Scripted::new(3, 0, 5)));
+        c.private_tenant = Some("tenant_1".into());
+        c.private_only = true;
+        c.memberships = vec![cert];
+        c
+    };
+    let pinned = start(private(3, pinned)).await.unwrap();
+    let unpinned = start(private(4, unpinned)).await.unwrap();
+    let ids = [&attached.node_id, &fake.node_id, &pinned.node_id, &unpinned.node_id];
+    wait_for("four registrations", || {
+        let regs = gw.fresh_registrations();
+        ids.iter().all(|id| regs.iter().any(|r| &&r.node_id == id))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for idem in ["gl1", "gl2", "gl3"] {
+        let (_, holder) = served_by(&gw, routed(R::GatewayLocal, "public", idem)).await;
+        assert_eq!(holder, attached.node_id, "a gateway-local job won by {holder}");
+    }
+    assert!(fake.jobs_heard() >= 1, "the unattached worker heard a job (it was in the race)");
+    assert_eq!(pinned.jobs_heard() + unpinned.jobs_heard(), 0, "heard off the gateway's topic");
+    for idem in ["pin1", "pin2"] {
+        let (job, holder) = served_by(&gw, routed(R::Private, "public", idem)).await;
+        assert_eq!(holder, pinned.node_id, "a pinned tenant's job won by {holder}");
+        let record: gcs_protocol::ApiRequestJob =
+            gw.keyspace().get_cbor(&keys::confined_job(&job)).unwrap().unwrap();
+        assert_eq!(record.routing.allowed_nodes, vec![pinned.node_id.clone()]);
+    }
+    assert!(unpinned.jobs_heard() >= 2, "the unpinned member heard the private jobs");
+    for n in [gw, attached, fake, pinned, unpinned] {
+        n.shutdown().await;
+    }
+}
+
 /// Usage records replicate among the gateways of their tenant only — by
 /// gossip on the tenant's topic, and by anti-entropy to a gateway that
 /// joins later — never to workers or to other tenants' gateways; a job's

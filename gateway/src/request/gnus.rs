@@ -28,10 +28,12 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
             "private" => RoutingMode::Private,
             "hybrid" => RoutingMode::Hybrid,
             "local" | "local_only" => RoutingMode::LocalOnly,
+            // 26.11.3: only the gateway's own or attached workers.
+            "gateway_local" => RoutingMode::GatewayLocal,
             _ => {
                 return Err(ApiError::invalid(
                     "gnus.network",
-                    "'gnus.network' must be public, private, hybrid or local_only",
+                    "'gnus.network' must be public, private, hybrid, local_only or gateway_local",
                 ))
             }
         };

@@ -112,6 +112,9 @@ fn metadata_minimized_is_public_or_gateway_local_only() {
     };
     let p = with("public").unwrap();
     assert_eq!(p.common().privacy, PrivacyLevel::MetadataMinimized);
+    let p = with("gateway_local").unwrap();
+    assert_eq!(p.common().network, RoutingMode::GatewayLocal);
+    assert_eq!(p.common().privacy, PrivacyLevel::MetadataMinimized);
     for network in ["private", "hybrid", "local_only"] {
         let e = with(network).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("gnus.privacy_mode"), "{network}");
