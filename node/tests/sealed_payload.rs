@@ -42,7 +42,9 @@ impl Executor for Digest {
         let hex = blake3::hash(&req.body).to_hex().to_string();
         let mut n = 0;
         for w in 0..6 {
-            if cancel.load(Ordering::SeqCst) || !emit(&format!("{} ", &hex[w * 6..w * 6 + 6]), 1, vec![]) {
+            if cancel.load(Ordering::SeqCst)
+                || !emit(&format!("{} ", &hex[w * 6..w * 6 + 6]), 1, vec![])
+            {
                 break;
             }
             n += 1;
@@ -119,7 +121,8 @@ struct Run {
 /// A gateway, a worker that wins and a second worker with no model (it
 /// probes); one job of `privacy`; everyone shut down; dirs returned.
 async fn run(privacy: PrivacyLevel) -> (Run, [tempfile::TempDir; 3]) {
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let dirs =
+        [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let gw = start(loopback::config(Role::Gateway, &dirs[0], vec![])).await.unwrap();
     let a = addr(&gw).await;
     let mut wc = loopback::config(Role::Worker, &dirs[1], vec![a.clone()]);
@@ -177,7 +180,8 @@ async fn probe(
 ) -> (bool, Option<bool>) {
     let lease: gcs_protocol::LeaseGrant =
         gw.keyspace().get_cbor(&keys::lease(job)).unwrap().expect("lease recorded");
-    let fetch = || JobRequest::FetchPayload { job_id: job.into(), lease_id: lease.lease_id.clone() };
+    let fetch =
+        || JobRequest::FetchPayload { job_id: job.into(), lease_id: lease.lease_id.clone() };
     let refused = matches!(
         stranger.network().request(gw.peer_id, fetch()).await,
         Ok(JobResponse::Refused(_))

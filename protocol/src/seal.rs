@@ -107,7 +107,13 @@ impl<'a> SealBinding<'a> {
 
     /// A body `gateway` keeps for itself.
     pub fn at_rest(job_id: &'a str, gateway: &'a NodeId) -> Self {
-        Self { purpose: SealPurpose::AtRest, job_id, lease_id: "", sender: gateway, recipient: gateway }
+        Self {
+            purpose: SealPurpose::AtRest,
+            job_id,
+            lease_id: "",
+            sender: gateway,
+            recipient: gateway,
+        }
     }
 
     /// The additional authenticated data: version, purpose, job, lease,
@@ -141,7 +147,11 @@ fn x25519_secret(key: &NodeKey) -> [u8; 32] {
     SigningKey::from_bytes(&key.seed()).to_scalar_bytes()
 }
 
-fn aead(shared: &MontgomeryPoint, eph: &[u8; 32], recipient: &[u8; 32]) -> Result<ChaCha20Poly1305, SealError> {
+fn aead(
+    shared: &MontgomeryPoint,
+    eph: &[u8; 32],
+    recipient: &[u8; 32],
+) -> Result<ChaCha20Poly1305, SealError> {
     let shared = shared.to_bytes();
     // A low-order ephemeral key makes the shared secret all zeros: anyone
     // could compute it, so such a box is refused outright.

@@ -58,7 +58,10 @@ fn every_tampered_byte_is_a_typed_error() {
         let e = open_sealed(&t, &worker, &b).unwrap_err();
         assert!(matches!(e, SealError::Tampered | SealError::DegenerateKey), "byte {i}: {e:?}");
     }
-    assert_eq!(open_sealed(&sealed[..SEAL_OVERHEAD - 1], &worker, &b), Err(SealError::Truncated(48)));
+    assert_eq!(
+        open_sealed(&sealed[..SEAL_OVERHEAD - 1], &worker, &b),
+        Err(SealError::Truncated(48))
+    );
     assert_eq!(open_sealed(&[], &worker, &b), Err(SealError::Truncated(0)));
 }
 
@@ -71,7 +74,10 @@ fn another_job_lease_sender_or_purpose_does_not_open_it() {
         SealBinding::lease("job_b", "lease_a", &g, &w),
         SealBinding::lease("job_a", "lease_b", &g, &w),
         SealBinding::lease("job_a", "lease_a", &o, &w),
-        SealBinding { purpose: SealPurpose::AtRest, ..SealBinding::lease("job_a", "lease_a", &g, &w) },
+        SealBinding {
+            purpose: SealPurpose::AtRest,
+            ..SealBinding::lease("job_a", "lease_a", &g, &w)
+        },
         // Length prefixes: moving a byte between fields changes the AAD.
         SealBinding::lease("job_al", "ease_a", &g, &w),
     ] {

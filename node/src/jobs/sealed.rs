@@ -128,7 +128,10 @@ mod tests {
         let mut t = sealed;
         t[40] ^= 1;
         let tp = LeasedPayload::new(t, "t".into(), [0; 32]);
-        assert_eq!(open_leased(tp, &j, "lease_a", &worker), Err(PayloadError::Seal(SealError::Tampered)));
+        assert_eq!(
+            open_leased(tp, &j, "lease_a", &worker),
+            Err(PayloadError::Seal(SealError::Tampered))
+        );
         // Only the gateway opens its at-rest box.
         assert!(reseal_for(&worker, &j.job_id, "lease_a", &worker.node_id(), &at_rest).is_err());
     }

@@ -23,7 +23,9 @@ impl WorkerJob {
         let p = match a {
             Answer::Payload(p) => p,
             other => {
-                return Ok(self.end(Termination::Gateway(format!("payload fetch failed: {other:?}"))))
+                return Ok(
+                    self.end(Termination::Gateway(format!("payload fetch failed: {other:?}")))
+                )
             }
         };
         if let Some(why) = p.problem() {

@@ -42,11 +42,16 @@ fn leased() -> Sealed {
 impl Sealed {
     fn answer(&mut self, body: Vec<u8>) -> Vec<Effect> {
         let p = LeasedPayload::new(body, "tenant".into(), [1; 32]);
-        self.m.handle(Input::Answer(Request::Payload, Answer::Payload(Box::new(p))), T0 + 5, &self.key)
+        self.m.handle(
+            Input::Answer(Request::Payload, Answer::Payload(Box::new(p))),
+            T0 + 5,
+            &self.key,
+        )
     }
 
     fn sealed_for(&self, lease_id: &str) -> Vec<u8> {
-        let at_rest = sealed::seal_at_rest(&self.gw, &self.m.job().job_id, &self.committed).unwrap();
+        let at_rest =
+            sealed::seal_at_rest(&self.gw, &self.m.job().job_id, &self.committed).unwrap();
         let job_id = self.m.job().job_id.clone();
         sealed::reseal_for(&self.gw, &job_id, lease_id, &self.key.node_id(), &at_rest).unwrap()
     }
@@ -109,7 +114,13 @@ fn after_the_failure_is_answered_the_job_ends_as_the_gateways_fault() {
     unreadable(&fx, &s.key);
     let fx = s.m.handle(Input::Answer(Request::Result, Answer::Ack), T0 + 6, &s.key);
     assert!(
-        matches!(fx.iter().find_map(|e| match e { Effect::Done(t) => Some(t), _ => None }), Some(Termination::Gateway(_))),
+        matches!(
+            fx.iter().find_map(|e| match e {
+                Effect::Done(t) => Some(t),
+                _ => None,
+            }),
+            Some(Termination::Gateway(_))
+        ),
         "{fx:?}"
     );
     assert!(s.m.is_done());
