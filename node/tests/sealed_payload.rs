@@ -216,3 +216,33 @@ async fn an_encrypted_payload_job_matches_a_standard_one_and_leaves_no_clear_pro
     assert_eq!(standard.holder_answer_sealed, Some(false), "standard: the holder gets it in clear");
     assert_eq!(sealed.holder_answer_sealed, Some(true), "sealed: no clear text on the wire");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_all_node_seals_its_own_job_to_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = loopback::config(Role::All, &dir, vec![]);
+    c.executor = Some(Arc::new(Digest) as Arc<dyn Executor>);
+    let node = start(c).await.unwrap();
+    let t = Instant::now();
+    while !node.fresh_registrations().iter().any(|r| r.node_id == node.node_id) {
+        assert!(t.elapsed() < Duration::from_secs(30), "no own registration");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (_job, mut rx) = node.submit(spec(PrivacyLevel::EncryptedPayload)).await.unwrap();
+    let mut text = String::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap() {
+            JobEvent::Chunk(c) => text.push_str(c.delta.content.as_deref().unwrap_or_default()),
+            JobEvent::Completed(_) => break,
+            JobEvent::Leased { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let body = spec(PrivacyLevel::Standard).body;
+    let hex = blake3::hash(&body).to_hex().to_string();
+    let want: String = (0..6).map(|w| format!("{} ", &hex[w * 6..w * 6 + 6])).collect();
+    assert_eq!(text, want, "the engine ran the clear body");
+    node.shutdown().await;
+    let hits = files_holding(dir.path(), MARKER.as_bytes());
+    assert!(hits.is_empty(), "the node holds its sealed job's prompt in clear: {hits:?}");
+}

@@ -316,7 +316,7 @@ impl GatewayState {
     ) -> Result<(String, mpsc::Receiver<JobEvent>), NodeError> {
         let now = now_ms();
         let idem = idempotency_key(&spec.tenant_id, &spec.idempotency_key);
-        let body_hash = Hash32::of(&spec.body);
+        let body_hash = super::sealed::idempotency_digest(ctx.key, &spec);
         if let Some(repeat) = self.repeat(&idem, body_hash, now, ctx)? {
             return Ok(repeat);
         }

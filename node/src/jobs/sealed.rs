@@ -28,6 +28,17 @@ pub fn is_sealed(job: &ApiRequestJob) -> bool {
     job.request.payload_ref.encrypted
 }
 
+/// What the idempotency record keeps of a request's body: its blake3, or
+/// for a sealed job a hash keyed by a secret of this gateway, so not even
+/// a hash of the clear prompt lies at rest where a guess could be checked.
+pub fn idempotency_digest(key: &NodeKey, spec: &super::JobSpec) -> Hash32 {
+    if spec.routing.privacy_mode != gcs_protocol::PrivacyLevel::EncryptedPayload {
+        return Hash32::of(&spec.body);
+    }
+    let k = blake3::derive_key("gcs gateway secret v1: sealed idempotency digest", &key.seed());
+    Hash32(*blake3::keyed_hash(&k, &spec.body).as_bytes())
+}
+
 /// What a sealed job's boxes hold and its announced hash covers: a fresh
 /// nonce, then the body.
 pub fn committed(body: &[u8]) -> Result<Vec<u8>, NodeError> {
@@ -147,6 +158,30 @@ mod tests {
         let sealed = reseal_for(&gw, &j.job_id, "l", &worker.node_id(), &at_rest).unwrap();
         let p = LeasedPayload::new(sealed, "t".into(), [0; 32]);
         assert_eq!(open_leased(p, &j, "l", &worker), Err(PayloadError::HashMismatch));
+    }
+
+    #[test]
+    fn a_sealed_jobs_idempotency_digest_is_no_hash_of_its_body() {
+        let key = NodeKey::from_seed([4; 32]);
+        let mut spec = super::super::JobSpec {
+            api_type: gcs_protocol::ApiType::ChatCompletion,
+            model: "m".into(),
+            stream: false,
+            body: b"prompt".to_vec(),
+            tenant_id: "t".into(),
+            project_id: "p".into(),
+            api_key_id: "k".into(),
+            idempotency_key: "i".into(),
+            limits: gcs_protocol::JobLimits::default(),
+            max_output_tokens: 1,
+            routing: gcs_protocol::Routing::public(),
+        };
+        assert_eq!(idempotency_digest(&key, &spec), Hash32::of(b"prompt"));
+        spec.routing.privacy_mode = gcs_protocol::PrivacyLevel::EncryptedPayload;
+        let d = idempotency_digest(&key, &spec);
+        assert_ne!(d, Hash32::of(b"prompt"));
+        assert_eq!(d, idempotency_digest(&key, &spec), "stable: repeats are recognised");
+        assert_ne!(d, idempotency_digest(&NodeKey::from_seed([5; 32]), &spec));
     }
 
     #[test]
