@@ -218,7 +218,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
             let a = adv.clone();
             let bump = Arc::new(move |k: &str| a.bump(k));
             let key = NodeKey::from_seed(adv.key.seed());
-            Some(Arc::new(crate::adversary_trust::Rogue::new(key, net.clone(), bump)?))
+            Some(Arc::new(crate::adversary_trust::Rogue::new(key, net.clone(), ks.clone(), bump)?))
         }
         Attacks::Wire => None,
     };
@@ -278,6 +278,9 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                         }
                     }
                     Message::ApiRequestJob(job) => {
+                        if let Some(t) = trust.as_ref().filter(|_| !seen.contains(&job.job_id)) {
+                            t.heard(&job);
+                        }
                         if !seen.insert(job.job_id.clone()) {
                             // A re-announcement: a job we stalled on was requeued.
                             if let Some(n) = lock(&adv.stalled).get(&job.job_id) {

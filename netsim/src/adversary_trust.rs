@@ -12,6 +12,14 @@
 //!   them: the worker must give it at most its `--gateway-share` of the
 //!   slots (`gcs_worker_gateway_slots_peak`), and the honest gateway's
 //!   streams must still complete as the reference.
+//! - **A fake tenant gateway writing usage** (issue 14 §2): for every honest
+//!   job it hears announced, it gossips on `gcs.usage.<tenant>` usage
+//!   records it signs itself for that tenant — one under the real job's id
+//!   (overwriting the honest record would erase the victim's spend), one
+//!   under a new id with `u64::MAX` tokens (an overflow) — after storing a
+//!   `tenant_gateway` certificate it issued to itself. The gateway must
+//!   refuse them all: every request's usage record stays what its client
+//!   saw (the per-request `usage` check), and the gateway logs the refusal.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,12 +41,15 @@ pub const SYBILS: usize = 3;
 pub const FLOOD: usize = 8;
 
 /// Attack kinds a `--attacks trust` run must have carried out.
-pub const REQUIRED: [&str; 5] = [
+pub const REQUIRED: [&str; 8] = [
     "catalog_poisoned_context",
     "catalog_hijacked_alias",
     "fake_gateway_job",
     "fake_gateway_lease",
     "fake_gateway_payload",
+    "usage_self_certificate",
+    "usage_forged_overwrite",
+    "usage_forged_overflow",
 ];
 
 type Bump = Arc<dyn Fn(&str) + Send + Sync>;
@@ -52,6 +63,12 @@ pub struct Rogue {
     sybils: Vec<NodeKey>,
     /// Fake jobs announced, with their payloads.
     jobs: Mutex<HashMap<String, Vec<u8>>>,
+    /// Its own keyspace: the deltas it gossips are its writes.
+    ks: Arc<gcs_keyspace::Keyspace>,
+    /// Honest jobs heard (id, tenant), not yet answered with forged usage.
+    heard: Mutex<Vec<(String, String)>>,
+    /// Whether its self-issued `tenant_gateway` certificate went out.
+    self_certified: Mutex<bool>,
 }
 
 impl std::fmt::Debug for Rogue {
@@ -66,15 +83,136 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Rogue {
     /// An attacker signing as `key` (its fake gateway's id).
-    pub fn new(key: NodeKey, net: Network, bump: Bump) -> anyhow::Result<Self> {
+    pub fn new(
+        key: NodeKey,
+        net: Network,
+        ks: Arc<gcs_keyspace::Keyspace>,
+        bump: Bump,
+    ) -> anyhow::Result<Self> {
         let sybils = (0..2 * SYBILS).map(|_| NodeKey::generate()).collect::<Result<_, _>>()?;
-        Ok(Self { key, net, limits: Limits::default(), bump, sybils, jobs: Mutex::default() })
+        Ok(Self {
+            key,
+            net,
+            limits: Limits::default(),
+            bump,
+            sybils,
+            jobs: Mutex::default(),
+            ks,
+            heard: Mutex::default(),
+            self_certified: Mutex::new(false),
+        })
     }
 
-    /// One round: the poisoned registrations, then a flood of jobs.
+    /// One round: the poisoned registrations, a flood of jobs, and forged
+    /// usage for the honest jobs heard since the last round.
     pub async fn round(&self, template: &NodeRegistration) {
         self.poison(template).await;
         self.flood(template).await;
+        self.forge_usage().await;
+    }
+
+    /// An honest job was announced: its tenant's usage is forged next round.
+    pub fn heard(&self, job: &ApiRequestJob) {
+        let mut h = lock(&self.heard);
+        if !self.is_own(job) && h.len() < 64 {
+            h.push((job.job_id.clone(), job.tenant.tenant_id.clone()));
+        }
+    }
+
+    /// Stores `value` under `key` in its own keyspace and gossips the delta.
+    async fn gossip(&self, topic: &str, key: &str, value: Vec<u8>) -> bool {
+        let Ok(delta) = self.ks.put(key, value, now_ms()) else { return false };
+        self.net.publish(topic, delta.encode()).await.is_ok()
+    }
+
+    /// A `tenant_gateway` certificate of `tenant` for itself, signed by its
+    /// own key: a valid statement of *its* key, which no gateway trusts for
+    /// the tenant.
+    async fn self_certify(&self, tenant: &str) {
+        let now = now_ms();
+        let Ok(id) = ids::new_id(ids::MEMBERSHIP, now) else { return };
+        let mut c = gcs_protocol::MembershipCertificate {
+            message_type: MessageType::MembershipCertificate,
+            version: PROTOCOL_VERSION,
+            certificate_id: id,
+            scope: gcs_protocol::MembershipScope::TenantGateway,
+            group_id: tenant.into(),
+            node_id: self.key.node_id(),
+            issuer: self.key.node_id(),
+            issued_at_ms: now - 1_000,
+            expires_at_ms: now + 3_600_000,
+            signature: None,
+        };
+        if sign(&mut c, &self.key).is_err() {
+            return;
+        }
+        let m: Message = c.into();
+        let (Some(key), Ok(b)) = (gcs_node::tenants::statement_key(&m), m.encode()) else { return };
+        if self.gossip(gcs_node::topics::KEYSPACE_DELTAS, &key, b).await {
+            *lock(&self.self_certified) = true;
+            (self.bump)("usage_self_certificate");
+        }
+    }
+
+    async fn forge_usage(&self) {
+        let heard: Vec<(String, String)> = std::mem::take(&mut *lock(&self.heard));
+        for (job_id, tenant) in heard {
+            if !gcs_node::topics::valid_tenant(&tenant) {
+                continue;
+            }
+            if !*lock(&self.self_certified) {
+                self.self_certify(&tenant).await;
+            }
+            let topic = gcs_node::topics::tenant_usage(&tenant);
+            let Ok(fresh) = ids::new_id(ids::JOB, now_ms()) else { continue };
+            for (id, tokens, kind) in [
+                (job_id.clone(), 1_000_000, "usage_forged_overwrite"),
+                (fresh, u64::MAX, "usage_forged_overflow"),
+            ] {
+                let Some(u) = self.usage_record(&id, &tenant, tokens) else { continue };
+                let Ok(b) = encode(&u) else { continue };
+                if self.gossip(&topic, &gcs_keyspace::keys::usage(&id), b).await {
+                    (self.bump)(kind);
+                }
+            }
+        }
+    }
+
+    /// A usage record of `tenant` for `job_id`, signed by itself as the
+    /// recording gateway.
+    fn usage_record(&self, job_id: &str, tenant: &str, tokens: u64) -> Option<gcs_protocol::UsageRecord> {
+        let now = now_ms();
+        let mut u = gcs_protocol::UsageRecord {
+            message_type: MessageType::UsageRecord,
+            version: PROTOCOL_VERSION,
+            job_id: job_id.into(),
+            tenant_id: tenant.into(),
+            project_id: "netsim".into(),
+            api_key_id: ids::new_id("key_", now).ok()?,
+            node_id: Some(self.key.node_id()),
+            recorded_by: self.key.node_id(),
+            model: "gnus-auto".into(),
+            api_type: ApiType::ChatCompletion,
+            network: gcs_protocol::RoutingMode::Public,
+            input_tokens: tokens,
+            cached_tokens: 0,
+            output_tokens_generated: tokens,
+            output_tokens_sent_to_client: tokens,
+            embedding_tokens: 0,
+            retrieval_chunks: 0,
+            child_jobs: 0,
+            compute_ms: 1,
+            first_token_ms: Some(1),
+            wall_ms: 1,
+            requeue_count: 0,
+            cost_gnus: "0".into(),
+            cancellation_reason: None,
+            failed_after_partial_output: false,
+            created_at_ms: now,
+            signature: None,
+        };
+        sign(&mut u, &self.key).ok()?;
+        Some(u)
     }
 
     async fn poison(&self, template: &NodeRegistration) {
