@@ -346,6 +346,61 @@ fn admit(by: &Path, dir: &Path, a: &crate::scenario::Admission, out: &Path) -> R
     Ok(())
 }
 
+/// The tenants every HTTP node of a cluster holds API keys of.
+pub const SHARED_TENANTS: [&str; 2] = ["netsim", "netsim-reference"];
+
+/// Where two or more nodes serve HTTP they are gateways of the same
+/// tenants ([`SHARED_TENANTS`]), and a tenant's gateways take each other's
+/// usage records only with the tenant's `tenant_gateway` certificate (issue
+/// 14 §2). As an operator would: the first HTTP node's data directory makes
+/// each tenant's key, every other HTTP node gets a copy (so it trusts the
+/// same issuer and renews certificates), and each is admitted as the
+/// tenant's gateway. Returns the `--membership` arguments per node.
+fn share_tenants(
+    root: &Path,
+    specs: &[NodeSpec],
+) -> Result<BTreeMap<String, Vec<String>>, Error> {
+    use gcs_node::tenants::{Group, TenantError, TenantStore};
+    let http: Vec<&NodeSpec> = specs.iter().filter(|s| s.role.serves_http()).collect();
+    let mut out = BTreeMap::new();
+    let Some(first) = http.first().filter(|_| http.len() > 1) else { return Ok(out) };
+    let primary = root.join(&first.name);
+    let store = TenantStore::new(&primary);
+    for t in SHARED_TENANTS {
+        match store.create(&Group::Tenant(t.into())) {
+            Ok(_) | Err(TenantError::Exists(_)) => {}
+            Err(e) => return Err(Error::Setup(format!("tenant {t}: {e}"))),
+        }
+    }
+    for s in &http {
+        let dir = root.join(&s.name);
+        std::fs::create_dir_all(dir.join("tenants"))?;
+        let mut args = vec![];
+        for t in SHARED_TENANTS {
+            let file = format!("tenants/tenant.{t}.key");
+            if s.name != first.name {
+                std::fs::copy(primary.join(&file), dir.join(&file))?;
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(dir.join(&file), std::fs::Permissions::from_mode(0o600))?;
+                }
+            }
+            let a = crate::scenario::Admission {
+                by: first.name.clone(),
+                tenant: Some(t.into()),
+                swarm: None,
+                gateway: true,
+            };
+            let cert = dir.join(format!("tenant-gateway-{t}.cert"));
+            admit(&primary, &dir, &a, &cert)?;
+            args.extend(["--membership".into(), cert.to_string_lossy().into_owned()]);
+        }
+        out.insert(s.name.clone(), args);
+    }
+    Ok(out)
+}
+
 /// How many of `specs` are workers that register with the gateways.
 pub fn registering_workers(specs: &[NodeSpec]) -> usize {
     specs.iter().filter(|s| matches!(s.role, Role::Worker | Role::All) && s.registers).count()
@@ -416,6 +471,7 @@ impl Cluster {
             pending: vec![],
             netns,
         };
+        let mut gateway_certs = share_tenants(root, specs)?;
         for (i, s) in specs.iter().enumerate() {
             c.index.insert(s.name.clone(), i);
             let dir = root.join(&s.name);
@@ -425,6 +481,7 @@ impl Cluster {
                 c.reference_keys.insert(s.name.clone(), create_key(bin, &dir, "netsim-reference")?);
             }
             let mut args = s.args.clone();
+            args.extend(gateway_certs.remove(&s.name).unwrap_or_default());
             for (k, a) in s.admitted.iter().enumerate() {
                 let cert = dir.join(format!("membership-{k}.cert"));
                 admit(&root.join(&a.by), &dir, a, &cert)?;
