@@ -106,8 +106,11 @@ pub struct Args {
     pub listen: String,
     /// Peers to dial.
     pub bootstrap: Vec<String>,
-    /// Which attacks: `wire` (above) or `trust` ([`crate::adversary_trust`]).
+    /// Which attacks: `wire` (above), `trust` ([`crate::adversary_trust`])
+    /// or `flood` ([`crate::adversary_flood`]).
     pub attacks: Attacks,
+    /// Messages a second of the `flood` attacks.
+    pub flood_rate: u32,
 }
 
 /// The attack sets of one adversary run.
@@ -118,6 +121,8 @@ pub enum Attacks {
     Wire,
     /// Catalogue poisoning and a fake gateway's flood (`adversary_trust`).
     Trust,
+    /// A steady stream of signed gossip at a set rate (`adversary_flood`).
+    Flood,
 }
 
 /// The report key that says a run made the trust attacks.
@@ -220,7 +225,21 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
             let key = NodeKey::from_seed(adv.key.seed());
             Some(Arc::new(crate::adversary_trust::Rogue::new(key, net.clone(), ks.clone(), bump)?))
         }
-        Attacks::Wire => None,
+        Attacks::Wire | Attacks::Flood => None,
+    };
+    let flooder = match args.attacks {
+        Attacks::Flood => {
+            let key = NodeKey::from_seed(adv.key.seed());
+            let rate = args.flood_rate;
+            let f = crate::adversary_flood::Flooder::new(key, net.clone(), ks.clone(), rate)?;
+            let f = Arc::new(f);
+            let (a, b) = (adv.clone(), adv.clone());
+            let template = move || lock(&a.template).clone();
+            let flush = Arc::new(move |c: &BTreeMap<String, u64>| b.add(c));
+            tokio::spawn(f.clone().run(template, flush));
+            Some(f)
+        }
+        Attacks::Wire | Attacks::Trust => None,
     };
     // The disk-fill attack runs as its own identity (disk_fill.rs), with
     // the wire attacks.
@@ -228,7 +247,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
         Attacks::Wire => Some(Arc::new(
             disk_fill::Filler::start(&args.data_dir, &args.listen, &args.bootstrap).await?,
         )),
-        Attacks::Trust => None,
+        Attacks::Trust | Attacks::Flood => None,
     };
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     let mut seen: HashSet<String> = HashSet::new();
@@ -245,6 +264,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                         tokio::spawn(async move { t.round(&template).await });
                     }
                     (Some(_), None) => {}
+                    (None, _) if flooder.is_some() => {}
                     (None, _) => {
                         tokio::spawn(async move { a.heartbeat(&ks).await });
                     }
@@ -288,7 +308,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                             }
                             continue;
                         }
-                        if lock(&adv.template).is_none() || trust.is_some() {
+                        if lock(&adv.template).is_none() || trust.is_some() || flooder.is_some() {
                             continue;
                         }
                         let mode = index % 3;
@@ -300,7 +320,10 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                 },
                 // Cancellations from the gateway: taken, and ignored.
                 Some(NetEvent::JobRequest { id, request, .. }) => {
-                    let answer = trust.as_ref().and_then(|t| t.answer(&request));
+                    let answer = trust
+                        .as_ref()
+                        .and_then(|t| t.answer(&request))
+                        .or_else(|| flooder.as_ref().map(|f| f.answer(&request)));
                     let _ = net.respond(id, answer.unwrap_or(JobResponse::Ack)).await;
                 }
                 Some(NetEvent::PeerSubscribed { topic, .. })
@@ -318,6 +341,16 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
 impl Adv {
     fn bump(&self, kind: &str) {
         *lock(&self.counts).entry(kind.to_string()).or_default() += 1;
+        self.save();
+    }
+
+    /// Adds a batch of counts (one report write for all of them).
+    fn add(&self, batch: &BTreeMap<String, u64>) {
+        let mut c = lock(&self.counts);
+        for (k, n) in batch {
+            *c.entry(k.clone()).or_default() += n;
+        }
+        drop(c);
         self.save();
     }
 

@@ -4,6 +4,7 @@
 //! over the real sans-IO lifecycle code (`scale`). See netsim/README.md.
 
 pub mod adversary;
+pub mod adversary_flood;
 pub mod adversary_trust;
 pub mod checks;
 pub mod client;
@@ -15,6 +16,7 @@ pub mod report;
 pub mod runner;
 pub mod scale;
 pub mod scenario;
+pub mod soak;
 
 /// Why a run could not be carried out (as opposed to a failed check,
 /// which is a result).

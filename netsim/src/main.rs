@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use netsim::{adversary, cluster, load, report, runner, scale, scenario::Scenario};
+use netsim::{adversary, cluster, load, report, runner, scale, scenario::Scenario, soak};
 
 #[derive(Parser, Debug)]
 #[command(name = "netsim", about = "Fault injection, load and scale simulation for GCS")]
@@ -31,6 +31,9 @@ enum Command {
         /// Keep node data directories and logs here (default: a temporary directory).
         #[arg(long)]
         workdir: Option<PathBuf>,
+        /// A soak file's length in seconds instead of its `duration_s`.
+        #[arg(long, env = "GCS_SOAK_SECS")]
+        soak_secs: Option<u64>,
     },
     /// Discrete-event simulation of claims and failure detection at 10/100/1000 nodes.
     Scale {
@@ -80,6 +83,9 @@ enum Command {
         /// catalogue poisoning and a fake gateway's flood (`trust`).
         #[arg(long, value_enum, default_value = "wire")]
         attacks: adversary::Attacks,
+        /// Messages a second of `--attacks flood`.
+        #[arg(long, default_value_t = 30)]
+        flood_rate: u32,
     },
     /// Closed-loop streaming load through one gateway.
     Load {
@@ -137,7 +143,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
-        Command::Run { scenarios, gcs_node, report: out, workdir: wd } => {
+        Command::Run { scenarios, gcs_node, report: out, workdir: wd, soak_secs } => {
             let bin = cluster::locate_gcs_node(gcs_node.as_deref())?;
             if !cluster::models_present() {
                 println!("SKIP: no models in {}", cluster::model_dir().display());
@@ -146,6 +152,18 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             let (root, _tmp) = workdir(wd)?;
             let mut outcomes = vec![];
             for path in &scenarios {
+                if soak::SoakSpec::is_soak(path) {
+                    let s = soak::SoakSpec::load(path)?;
+                    let secs = soak_secs.unwrap_or(s.duration_s);
+                    let t = std::time::Instant::now();
+                    let r = soak::run(&s, secs, &bin, &root.join(&s.name))
+                        .with_context(|| format!("soak {}", s.name))?;
+                    println!("{}", r.summary());
+                    let o = r.outcome(&s, t.elapsed().as_secs_f64());
+                    print!("{}", report::table(&o));
+                    outcomes.push(o);
+                    continue;
+                }
                 let s = Scenario::load(path)?;
                 let dir = root.join(&s.name);
                 let o =
@@ -187,8 +205,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             Ok(true)
         }
-        Command::Adversary { data_dir, listen, bootstrap, attacks } => {
-            adversary::run(adversary::Args { data_dir, listen, bootstrap, attacks })?;
+        Command::Adversary { data_dir, listen, bootstrap, attacks, flood_rate } => {
+            adversary::run(adversary::Args { data_dir, listen, bootstrap, attacks, flood_rate })?;
             Ok(true)
         }
         Command::Load { clients, duration_s, workers, max_tokens, max_jobs, gcs_node } => {
