@@ -521,6 +521,54 @@ pub fn read_certificate(path: &Path) -> Result<MembershipCertificate, TenantErro
     Ok(c)
 }
 
+
+/// A node's own certificates that still stand: a renewal the tenant's
+/// gateway stored for it replaces the configured one, a revocation drops
+/// it (`lifecycle::membership::current`); at most `MAX_MEMBERSHIPS`.
+pub fn own_memberships(
+    ks: &gcs_keyspace::Keyspace,
+    me: &NodeId,
+    configured: &[MembershipCertificate],
+) -> Vec<MembershipCertificate> {
+    let limits = gcs_protocol::Limits::default();
+    let stored: Vec<Message> = configured
+        .iter()
+        .filter_map(|c| {
+            let key =
+                gcs_keyspace::keys::membership(c.issuer.as_str(), c.scope.as_str(), me.as_str());
+            ks.get_bytes(&key).ok().flatten()
+        })
+        .filter_map(|b| gcs_protocol::decode(&b, &limits).ok())
+        .collect();
+    let mut out = crate::lifecycle::membership::current(me, configured, &stored);
+    out.truncate(gcs_protocol::MAX_MEMBERSHIPS);
+    out
+}
+
+/// Stores a certificate or revocation under its key (unless this node holds
+/// a newer statement there) and gossips the delta to every node.
+pub async fn publish_statement(
+    ks: &gcs_keyspace::Keyspace,
+    net: &crate::Network,
+    m: &Message,
+) -> Result<bool, crate::NodeError> {
+    let Some(key) = statement_key(m) else { return Ok(false) };
+    let limits = gcs_protocol::Limits::default();
+    if let Some(stored) = ks.get_bytes(&key)? {
+        let newer = gcs_protocol::decode(&stored, &limits)
+            .is_ok_and(|s| statement_order(&s) >= statement_order(m));
+        if newer {
+            return Ok(false);
+        }
+    }
+    let delta = ks.put(&key, m.encode()?, gcs_protocol::now_ms())?;
+    // No peer yet: anti-entropy carries it later.
+    if let Err(e) = net.publish(crate::topics::KEYSPACE_DELTAS, delta.encode()).await {
+        tracing::debug!(error = %e, "membership statement not gossiped");
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,51 +629,4 @@ mod tests {
             "an expired one is re-admitted by hand"
         );
     }
-}
-
-/// A node's own certificates that still stand: a renewal the tenant's
-/// gateway stored for it replaces the configured one, a revocation drops
-/// it (`lifecycle::membership::current`); at most `MAX_MEMBERSHIPS`.
-pub fn own_memberships(
-    ks: &gcs_keyspace::Keyspace,
-    me: &NodeId,
-    configured: &[MembershipCertificate],
-) -> Vec<MembershipCertificate> {
-    let limits = gcs_protocol::Limits::default();
-    let stored: Vec<Message> = configured
-        .iter()
-        .filter_map(|c| {
-            let key =
-                gcs_keyspace::keys::membership(c.issuer.as_str(), c.scope.as_str(), me.as_str());
-            ks.get_bytes(&key).ok().flatten()
-        })
-        .filter_map(|b| gcs_protocol::decode(&b, &limits).ok())
-        .collect();
-    let mut out = crate::lifecycle::membership::current(me, configured, &stored);
-    out.truncate(gcs_protocol::MAX_MEMBERSHIPS);
-    out
-}
-
-/// Stores a certificate or revocation under its key (unless this node holds
-/// a newer statement there) and gossips the delta to every node.
-pub async fn publish_statement(
-    ks: &gcs_keyspace::Keyspace,
-    net: &crate::Network,
-    m: &Message,
-) -> Result<bool, crate::NodeError> {
-    let Some(key) = statement_key(m) else { return Ok(false) };
-    let limits = gcs_protocol::Limits::default();
-    if let Some(stored) = ks.get_bytes(&key)? {
-        let newer = gcs_protocol::decode(&stored, &limits)
-            .is_ok_and(|s| statement_order(&s) >= statement_order(m));
-        if newer {
-            return Ok(false);
-        }
-    }
-    let delta = ks.put(&key, m.encode()?, gcs_protocol::now_ms())?;
-    // No peer yet: anti-entropy carries it later.
-    if let Err(e) = net.publish(crate::topics::KEYSPACE_DELTAS, delta.encode()).await {
-        tracing::debug!(error = %e, "membership statement not gossiped");
-    }
-    Ok(true)
 }

@@ -347,13 +347,13 @@ mod tests {
             c.group_id = g.node_id().to_string();
             c
         };
-        let got = worker_groups(&[acme.clone(), attach.clone()], None, "public", &[], now);
+        let got = worker_groups(&[acme.clone(), attach], None, "public", &[], now);
         assert_eq!(got.private_tenant.as_deref(), Some("acme"), "derived from the certificate");
         assert!(got.gateway_local.contains(&g.node_id()), "attached by the certificate");
         assert!(got.warnings.is_empty(), "{:?}", got.warnings);
 
         let other = NodeKey::from_seed([9; 32]).node_id();
-        let got = worker_groups(&[acme.clone()], Some("globex"), "lab", &[other.clone()], now);
+        let got = worker_groups(std::slice::from_ref(&acme), Some("globex"), "lab", std::slice::from_ref(&other), now);
         assert_eq!(got.private_tenant.as_deref(), Some("globex"), "the flag stands");
         assert_eq!(got.warnings.len(), 3, "{:?}", got.warnings);
         assert!(got.warnings[0].contains("--private-tenant globex"), "{:?}", got.warnings);
@@ -361,7 +361,7 @@ mod tests {
         assert!(got.warnings[2].contains("--gateway-local"));
         assert!(got.gateway_local.contains(&other));
 
-        let got = worker_groups(&[acme.clone()], Some("acme"), "public", &[], acme.expires_at_ms);
+        let got = worker_groups(std::slice::from_ref(&acme), Some("acme"), "public", &[], acme.expires_at_ms);
         assert!(got.warnings[0].contains("expired"), "{:?}", got.warnings);
         assert!(got.warnings[1].contains("--private-tenant acme"), "an expired one counts for nothing");
     }
