@@ -180,7 +180,12 @@ impl Rogue {
 
     /// A usage record of `tenant` for `job_id`, signed by itself as the
     /// recording gateway.
-    fn usage_record(&self, job_id: &str, tenant: &str, tokens: u64) -> Option<gcs_protocol::UsageRecord> {
+    fn usage_record(
+        &self,
+        job_id: &str,
+        tenant: &str,
+        tokens: u64,
+    ) -> Option<gcs_protocol::UsageRecord> {
         let now = now_ms();
         let mut u = gcs_protocol::UsageRecord {
             message_type: MessageType::UsageRecord,

@@ -93,7 +93,8 @@ pub const TABLE: &[TopicSpec] = &[
         name: API_JOBS_GATEWAY_PREFIX,
         per: Some("gateway"),
         carries: Carries::Envelopes(JOBS),
-        joined_by: "workers attached to that gateway (a gateway_worker certificate of its node key)",
+        joined_by:
+            "workers attached to that gateway (a gateway_worker certificate of its node key)",
     },
     TopicSpec {
         name: PROCESSING_JOBS_ALL,
@@ -178,10 +179,9 @@ pub fn valid_tenant(id: &str) -> bool {
 pub fn spec(topic: &str) -> Option<(&'static TopicSpec, Option<&str>)> {
     TABLE.iter().find_map(|s| match s.per {
         None => (topic == s.name).then_some((s, None)),
-        Some(_) => topic
-            .strip_prefix(s.name)
-            .filter(|rest| valid_tenant(rest))
-            .map(|rest| (s, Some(rest))),
+        Some(_) => {
+            topic.strip_prefix(s.name).filter(|rest| valid_tenant(rest)).map(|rest| (s, Some(rest)))
+        }
     })
 }
 

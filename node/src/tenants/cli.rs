@@ -353,7 +353,13 @@ mod tests {
         assert!(got.warnings.is_empty(), "{:?}", got.warnings);
 
         let other = NodeKey::from_seed([9; 32]).node_id();
-        let got = worker_groups(std::slice::from_ref(&acme), Some("globex"), "lab", std::slice::from_ref(&other), now);
+        let got = worker_groups(
+            std::slice::from_ref(&acme),
+            Some("globex"),
+            "lab",
+            std::slice::from_ref(&other),
+            now,
+        );
         assert_eq!(got.private_tenant.as_deref(), Some("globex"), "the flag stands");
         assert_eq!(got.warnings.len(), 3, "{:?}", got.warnings);
         assert!(got.warnings[0].contains("--private-tenant globex"), "{:?}", got.warnings);
@@ -361,9 +367,18 @@ mod tests {
         assert!(got.warnings[2].contains("--gateway-local"));
         assert!(got.gateway_local.contains(&other));
 
-        let got = worker_groups(std::slice::from_ref(&acme), Some("acme"), "public", &[], acme.expires_at_ms);
+        let got = worker_groups(
+            std::slice::from_ref(&acme),
+            Some("acme"),
+            "public",
+            &[],
+            acme.expires_at_ms,
+        );
         assert!(got.warnings[0].contains("expired"), "{:?}", got.warnings);
-        assert!(got.warnings[1].contains("--private-tenant acme"), "an expired one counts for nothing");
+        assert!(
+            got.warnings[1].contains("--private-tenant acme"),
+            "an expired one counts for nothing"
+        );
     }
 }
 

@@ -37,7 +37,10 @@ pub fn read(store: &TenantStore, tenant: &str) -> Result<BTreeSet<NodeId>, Tenan
     };
     let mut lines = text.lines();
     if lines.next() != Some(VERSION_LINE) {
-        return Err(TenantError::Io { path: p.display().to_string(), reason: "not a pins file".into() });
+        return Err(TenantError::Io {
+            path: p.display().to_string(),
+            reason: "not a pins file".into(),
+        });
     }
     Ok(lines.filter_map(|l| l.trim().parse().ok()).collect())
 }
@@ -211,8 +214,9 @@ mod tests {
         trust.pinned.insert("acme".into(), vec![]);
         let mut r = private();
         assert!(!restrict(&mut r, "acme", &trust), "pins, but none admitted now");
-        let many: Vec<NodeId> =
-            (0..300u32).map(|i| NodeKey::from_seed(blake3::hash(&i.to_le_bytes()).into()).node_id()).collect();
+        let many: Vec<NodeId> = (0..300u32)
+            .map(|i| NodeKey::from_seed(blake3::hash(&i.to_le_bytes()).into()).node_id())
+            .collect();
         trust.pinned.insert("acme".into(), many);
         let mut r = private();
         restrict(&mut r, "acme", &trust);
