@@ -824,11 +824,11 @@ impl EventLoop {
             };
             // The merge (RocksDB, maybe an fsync) runs on the merge worker;
             // its verdict comes back through `merges.verdicts`.
-            let job = gossip_merge::Job { id, source, author, data: msg.data, served };
-            if let Err(job) = self.merges.offer(job, &self.stats) {
+            let job = gossip_merge::Job { id: id.clone(), source, author, data: msg.data, served };
+            if !self.merges.offer(job, &self.stats) {
                 self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
-                    &job.id,
-                    &job.source,
+                    &id,
+                    &source,
                     MessageAcceptance::Ignore,
                 );
             }

@@ -65,13 +65,6 @@ impl Registry {
     }
 
     /// An empty registry holding at most `cap` registrations, the newest
-    /// eighth of them on probation.
-    #[cfg(test)]
-    pub fn with_cap(limits: Limits, cap: usize) -> Self {
-        Self::with_probation(limits, cap, cap / 8)
-    }
-
-    /// An empty registry holding at most `cap` registrations, the newest
     /// `probation` of them evictable.
     pub fn with_probation(limits: Limits, cap: usize, probation: usize) -> Self {
         Self {
@@ -104,7 +97,9 @@ impl Registry {
             .iter()
             .rev()
             .take(self.probation)
-            .filter_map(|(seq, n)| self.nodes.get(n).map(|e| (e.reg.heartbeat.created_at_ms, *seq, n)))
+            .filter_map(|(seq, n)| {
+                self.nodes.get(n).map(|e| (e.reg.heartbeat.created_at_ms, *seq, n))
+            })
             .min_by_key(|(hb, seq, _)| (*hb, std::cmp::Reverse(*seq)))
             .map(|(_, _, n)| n.clone())
     }
@@ -259,7 +254,10 @@ mod tests {
                 }
             }
             assert_eq!(reg.accept(at(&key(1_000_000 + i), now), now), Accepted::New);
-            assert!(honest.iter().all(|k| reg.get(&k.node_id()).is_some()), "an honest node was evicted");
+            assert!(
+                honest.iter().all(|k| reg.get(&k.node_id()).is_some()),
+                "an honest node was evicted"
+            );
         }
         assert_eq!(reg.evictions(), 10_000 - 64, "the flood churns the probation slots");
         assert_eq!(reg.fresh(t + 10_000).count(), 128);

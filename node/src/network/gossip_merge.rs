@@ -54,7 +54,11 @@ pub(super) struct GossipMerge {
 /// How a merge result becomes a gossip verdict: penalised when the author
 /// sent a refused delta itself; a relay of it (or a clock off by more than
 /// the skew) is only dropped.
-pub(super) fn acceptance(r: &Result<(), &Refused>, author: &PeerId, source: &PeerId) -> MessageAcceptance {
+pub(super) fn acceptance(
+    r: &Result<(), &Refused>,
+    author: &PeerId,
+    source: &PeerId,
+) -> MessageAcceptance {
     match r {
         Ok(()) => MessageAcceptance::Accept,
         Err(Refused::Quota(_)) if author == source => MessageAcceptance::Reject,
@@ -68,41 +72,41 @@ impl GossipMerge {
     pub(super) fn start(intake: Intake) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel::<Job>(MERGE_QUEUE);
         let (vtx, vrx) = mpsc::channel(MERGE_QUEUE);
-        let thread = std::thread::Builder::new().name("gcs-gossip-merge".into()).spawn(move || {
-            // Ends when the loop drops its sender (shutdown) or stops
-            // reading verdicts.
-            while let Ok(job) = rx.recv() {
-                let r = intake.merge(&job.author, &job.data, &job.served, now_ms());
-                if let Err(e) = &r {
-                    tracing::debug!(source = %job.source, error = %e, "refused keyspace delta");
+        let thread =
+            std::thread::Builder::new().name("gcs-gossip-merge".into()).spawn(move || {
+                // Ends when the loop drops its sender (shutdown) or stops
+                // reading verdicts.
+                while let Ok(job) = rx.recv() {
+                    let r = intake.merge(&job.author, &job.data, &job.served, now_ms());
+                    if let Err(e) = &r {
+                        tracing::debug!(source = %job.source, error = %e, "refused keyspace delta");
+                    }
+                    let acceptance = acceptance(&r.as_ref().map(drop), &job.author, &job.source);
+                    let v = Verdict { id: job.id, source: job.source, acceptance };
+                    if vtx.blocking_send(v).is_err() {
+                        break;
+                    }
                 }
-                let acceptance = acceptance(&r.as_ref().map(drop), &job.author, &job.source);
-                let v = Verdict { id: job.id, source: job.source, acceptance };
-                if vtx.blocking_send(v).is_err() {
-                    break;
-                }
-            }
-        })?;
+            })?;
         Ok(Self { jobs: Some(tx), verdicts: vrx, thread: Some(thread) })
     }
 
-    /// Queues a delta; gives it back (counted as shed) when the queue is
-    /// full or the worker is gone.
-    pub(super) fn offer(&self, job: Job, stats: &NetStats) -> Result<(), Job> {
-        let Some(tx) = &self.jobs else { return Err(job) };
-        match tx.try_send(job) {
-            Ok(()) => {
-                NetStats::bump(&stats.gossip_merges_queued);
-                Ok(())
-            }
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
-                let n = stats.gossip_merges_shed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n.is_power_of_two() {
-                    tracing::warn!(shed = n + 1, "gossip merge queue full: deltas dropped");
-                }
-                Err(job)
+    /// Queues a delta; false (counted as shed) when the queue is full or
+    /// the worker is gone.
+    pub(super) fn offer(&self, job: Job, stats: &NetStats) -> bool {
+        let queued = self.jobs.as_ref().is_some_and(|tx| match tx.try_send(job) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        });
+        if queued {
+            NetStats::bump(&stats.gossip_merges_queued);
+        } else {
+            let n = stats.gossip_merges_shed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_power_of_two() {
+                tracing::warn!(shed = n + 1, "gossip merge queue full: deltas dropped");
             }
         }
+        queued
     }
 
     /// Stops the worker and waits until it has finished its delta and
@@ -149,8 +153,8 @@ mod tests {
         let peer = Keyspace::open(peer_dir.path(), "peer", Default::default()).unwrap();
         let d = peer.put(&gcs_keyspace::keys::lease("j1"), b"x".to_vec(), now_ms()).unwrap();
         let p = PeerId::random();
-        m.offer(job(d.encode(), p), &stats).unwrap();
-        m.offer(job(vec![1, 2, 3], p), &stats).unwrap();
+        assert!(m.offer(job(d.encode(), p), &stats));
+        assert!(m.offer(job(vec![1, 2, 3], p), &stats));
         let first = m.verdicts.recv().await.unwrap();
         let second = m.verdicts.recv().await.unwrap();
         assert!(matches!(first.acceptance, MessageAcceptance::Reject), "not a signed lease");
@@ -176,7 +180,9 @@ mod tests {
         let m = GossipMerge { jobs: Some(tx), verdicts: vrx, thread: None };
         let p = PeerId::random();
         let t = std::time::Instant::now();
-        let shed = (0..MERGE_QUEUE + 100).filter(|n| m.offer(job(n.to_le_bytes().to_vec(), p), &stats).is_err()).count();
+        let shed = (0..MERGE_QUEUE + 100)
+            .filter(|n| !m.offer(job(n.to_le_bytes().to_vec(), p), &stats))
+            .count();
         assert_eq!(shed, 100);
         assert!(t.elapsed() < std::time::Duration::from_secs(1), "never blocks");
         assert_eq!(stats.gossip_merges_shed.load(std::sync::atomic::Ordering::Relaxed), 100);
@@ -189,8 +195,14 @@ mod tests {
         let (a, b) = (PeerId::random(), PeerId::random());
         let quota = Refused::Quota(QuotaExceeded::Bytes(1));
         assert!(matches!(acceptance(&Ok(()), &a, &b), MessageAcceptance::Accept));
-        assert!(matches!(acceptance(&Err(&quota), &a, &a), MessageAcceptance::Reject), "the author itself");
-        assert!(matches!(acceptance(&Err(&quota), &a, &b), MessageAcceptance::Ignore), "an honest relay");
+        assert!(
+            matches!(acceptance(&Err(&quota), &a, &a), MessageAcceptance::Reject),
+            "the author itself"
+        );
+        assert!(
+            matches!(acceptance(&Err(&quota), &a, &b), MessageAcceptance::Ignore),
+            "an honest relay"
+        );
         let clock = Refused::Clock("ahead".into());
         assert!(matches!(acceptance(&Err(&clock), &a, &a), MessageAcceptance::Ignore));
     }

@@ -131,7 +131,11 @@ pub fn get(ks: &Keyspace, tenant: &str) -> Result<TenantDigest, KeyspaceError> {
 /// one it stored. A read that fails around it only drops the maintained
 /// digests (rebuilt when next asked), as does a failed write (it may have
 /// stored part); the write's own result is returned.
-pub fn write<T, E>(ks: &Keyspace, usage_key: &str, write: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+pub fn write<T, E>(
+    ks: &Keyspace,
+    usage_key: &str,
+    write: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     with_cache(ks, |c| {
         let old = ks.get(usage_key);
         let r = write();
