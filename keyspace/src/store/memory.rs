@@ -16,7 +16,7 @@ pub const WRITE_BUFFER_BUDGET: usize = 16 << 20;
 pub const CF_WRITE_BUFFER: usize = 2 << 20;
 /// The block cache every column family shares (index and filter blocks
 /// included, so table readers are bounded by it too).
-pub const BLOCK_CACHE: usize = 16 << 20;
+pub const BLOCK_CACHE: usize = 8 << 20;
 
 /// In-memory bytes of one column family, from RocksDB's own properties.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
