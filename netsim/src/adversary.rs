@@ -378,6 +378,10 @@ impl Adv {
         r.queue.max_concurrent_api_jobs = 64;
         r.heartbeat = Heartbeat { created_at_ms: now, expires_at_ms: now + 30_000, ttl_ms: 30_000 };
         r.addresses.clear();
+        // The template's certificates name the honest node: a registration
+        // carrying them is refused outright, and the adversary is admitted
+        // to nothing.
+        r.memberships.clear();
         r.signature = None;
         sign(&mut r, &self.key).ok()?;
         Some(r)
@@ -402,6 +406,7 @@ impl Adv {
         r.node_id = key.node_id();
         r.public_key = key.public_key();
         r.models = models_named(&t, name);
+        r.memberships.clear();
         r.heartbeat =
             Heartbeat { created_at_ms: created, expires_at_ms: created + 30_000, ttl_ms: 30_000 };
         r.signature = None;

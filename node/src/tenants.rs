@@ -516,11 +516,22 @@ pub fn statement_key(m: &Message) -> Option<String> {
 /// Reads a certificate file given to a node (`--membership`).
 pub fn read_certificate(path: &Path) -> Result<MembershipCertificate, TenantError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
-    let c: MembershipCertificate =
-        gcs_protocol::open_as(&bytes, gcs_protocol::now_ms(), &gcs_protocol::Limits::default())?;
-    Ok(c)
+    let limits = gcs_protocol::Limits::default();
+    match gcs_protocol::open_as::<MembershipCertificate>(&bytes, gcs_protocol::now_ms(), &limits) {
+        // This node's clock is behind the issuer's: the certificate is still
+        // presented (every verifier judges it by its own clock), so a skewed
+        // clock must not keep the node from starting.
+        Err(gcs_protocol::ProtocolError::FromFuture { created_at_ms, now_ms, .. }) => {
+            tracing::warn!(
+                path = %path.display(),
+                ahead_ms = created_at_ms.saturating_sub(now_ms),
+                "membership certificate is dated ahead of this node's clock"
+            );
+            Ok(gcs_protocol::open_as(&bytes, created_at_ms, &limits)?)
+        }
+        r => Ok(r?),
+    }
 }
-
 
 /// A node's own certificates that still stand: a renewal the tenant's
 /// gateway stored for it replaces the configured one, a revocation drops

@@ -11,6 +11,7 @@ use gcs_node::jobs::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 use gcs_node::jobs::{JobEvent, JobSpec};
 #[path = "../../tests/support/loopback.rs"]
 mod loopback;
+use loopback::addr;
 
 use gcs_keyspace::keys;
 use gcs_node::tenants::{Group, TenantStore, TenantTrust};
@@ -89,18 +90,6 @@ fn spec() -> JobSpec {
         limits: JobLimits { claim_timeout_ms: 3_000, ..JobLimits::default() },
         max_output_tokens: 64,
         routing: gcs_protocol::Routing::public(),
-    }
-}
-
-/// The node's first listen address (it must have one within 30 s).
-async fn addr(n: &NodeHandle) -> libp2p::Multiaddr {
-    let t = Instant::now();
-    loop {
-        if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
-            return a;
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

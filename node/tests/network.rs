@@ -11,6 +11,7 @@ use gcs_protocol::{sign, NodeKey, NodeRegistration};
 
 #[path = "../../tests/support/loopback.rs"]
 mod loopback;
+use loopback::addr;
 use loopback::config;
 
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -23,18 +24,6 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 fn knows(n: &NodeHandle, other: &NodeHandle) -> bool {
     n.fresh_registrations().iter().any(|r| r.node_id == other.node_id)
-}
-
-/// The node's first listen address (it must have one within 30 s).
-async fn addr(n: &NodeHandle) -> libp2p::Multiaddr {
-    let start = Instant::now();
-    loop {
-        if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
-            return a;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,7 @@ use gcs_protocol::{ApiType, FinishReason, JobLimits, PrivacyLevel};
 
 #[path = "../../tests/support/loopback.rs"]
 mod loopback;
+use loopback::addr;
 
 /// A string that appears nowhere but in the prompt.
 const MARKER: &str = "quokka-sealed-4711-marker";
@@ -77,17 +78,6 @@ fn spec(privacy: PrivacyLevel) -> JobSpec {
         limits: JobLimits { claim_timeout_ms: 3_000, ..JobLimits::default() },
         max_output_tokens: 64,
         routing,
-    }
-}
-
-async fn addr(n: &NodeHandle) -> libp2p::Multiaddr {
-    let t = Instant::now();
-    loop {
-        if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
-            return a;
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use gcs_node::jobs::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
 #[path = "../../tests/support/loopback.rs"]
 mod loopback;
+use loopback::addr;
 
 use gcs_gateway::payload::{JobRequest, Prompt};
 use gcs_node::{start, NodeHandle, Role};
@@ -61,17 +62,6 @@ impl Executor for Words {
             cached_tokens: 0,
             body: serde_json::json!({"object": "chat.completion"}),
         })
-    }
-}
-
-async fn addr(n: &NodeHandle) -> libp2p::Multiaddr {
-    let t = Instant::now();
-    loop {
-        if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
-            return a;
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

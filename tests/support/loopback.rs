@@ -32,3 +32,16 @@ pub fn config(role: Role, dir: &tempfile::TempDir, boot: Vec<libp2p::Multiaddr>)
     c.models = vec![model("test-model", &["gnus-test"])];
     c
 }
+
+/// The node's first listen address (it must have one within 30 s).
+#[allow(dead_code)] // not every test that includes this file dials a node
+pub async fn addr(n: &gcs_node::NodeHandle) -> libp2p::Multiaddr {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(a) = n.listen_addrs().await.unwrap().into_iter().next() {
+            return a;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no listen address after 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
