@@ -559,6 +559,22 @@ impl WorkerJob {
             ),
             None => return Ok(vec![]),
         };
+        self.send_result(termination, status, response, error, metering, now, key)
+    }
+
+    /// Signs this run's final result, under its lease, and moves to
+    /// reporting it.
+    #[allow(clippy::too_many_arguments)]
+    fn send_result(
+        &mut self,
+        termination: Termination,
+        status: ResultStatus,
+        response: Option<ResponseBody>,
+        error: Option<ErrorInfo>,
+        metering: Option<Metering>,
+        now: u64,
+        key: &NodeKey,
+    ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         let result_hash = Hash32::of(&serde_json::to_vec(&response).unwrap_or_default());
         let mut r = FinalResult {
             message_type: MessageType::FinalResult,

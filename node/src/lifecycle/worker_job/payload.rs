@@ -5,10 +5,7 @@
 //! instead of waiting out the lease — without a strike, since the fault may
 //! be the gateway's.
 
-use gcs_protocol::{
-    sign, Attestation, ErrorInfo, FinalResult, Hash32, MessageType, NodeKey, ResultStatus,
-    PROTOCOL_VERSION,
-};
+use gcs_protocol::{ErrorInfo, Hash32, NodeKey, ResultStatus};
 
 use super::{Answer, Effect, Phase, Termination, WorkerJob};
 use crate::jobs::sealed::{self, PayloadError};
@@ -56,33 +53,13 @@ impl WorkerJob {
         key: &NodeKey,
     ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         tracing::warn!(job_id = %self.job.job_id, error = %e, "sealed payload does not open");
-        let mut r = FinalResult {
-            message_type: MessageType::FinalResult,
-            version: PROTOCOL_VERSION,
-            job_id: self.job.job_id.clone(),
-            node_id: key.node_id(),
-            lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()),
-            status: ResultStatus::Failed,
-            response: None,
-            error: Some(ErrorInfo {
-                kind: "server_error".into(),
-                code: PayloadError::CODE.into(),
-                message: e.to_string(),
-            }),
-            metering: None,
-            attestation: Some(Attestation {
-                claim_id: self.claim.claim_id.clone(),
-                registration_id: self.claim.registration_id.clone(),
-                result_hash: Hash32::of(b"null"),
-            }),
-            chunks_sent: 0,
-            created_at_ms: now,
-            signature: None,
+        // No chunk was sent yet: the result says so (chunks_sent 0).
+        let error = ErrorInfo {
+            kind: "server_error".into(),
+            code: PayloadError::CODE.into(),
+            message: e.to_string(),
         };
-        sign(&mut r, key)?;
-        self.termination = Some(Termination::Gateway(e.to_string()));
-        self.phase = Phase::Reporting;
-        self.next_renewal_ms = None;
-        Ok(vec![Effect::SendResult(Box::new(r))])
+        let termination = Termination::Gateway(e.to_string());
+        self.send_result(termination, ResultStatus::Failed, None, Some(error), None, now, key)
     }
 }
