@@ -153,6 +153,9 @@ pub struct PagedSeq<'a> {
     pub past: usize,
     /// Block table covering at least `past + tokens.len()` positions.
     pub table: &'a [u32],
+    /// First position computed in decode (single-row) order; see
+    /// [`PagedSeqRef::decode_from`].
+    pub decode_from: usize,
 }
 
 /// One sequence's slice of a forward batch.
@@ -343,7 +346,12 @@ impl Llama {
         let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
         let refs: Vec<PagedSeqRef<'_>> = seqs
             .iter()
-            .map(|s| PagedSeqRef { past: s.past, t: s.tokens.len(), table: s.table })
+            .map(|s| PagedSeqRef {
+                past: s.past,
+                t: s.tokens.len(),
+                table: s.table,
+                decode_from: s.decode_from,
+            })
             .collect();
         self.forward_core(&tokens, &lens, |li, qkv, attn| {
             pool.attend(li, &self.rope, qkv, &refs, attn);

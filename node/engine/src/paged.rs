@@ -10,7 +10,11 @@
 //! block is registered under `hash(tenant salt, parent block hash, its 16
 //! tokens)`. The chain through the parent hash makes a block's key depend
 //! on the whole prefix (its K/V do too), and the salt keeps tenants from
-//! ever sharing (or probing) each other's prefixes. A block whose last user
+//! ever sharing (or probing) each other's prefixes. The key also holds how
+//! many of the block's positions were computed in prefill (multi-row) order
+//! rather than decode order: the two orders give different K/V bits, so a
+//! prompt never reuses a block another sequence decoded (see
+//! [`crate::attn::PagedSeqRef::decode_from`]). A block whose last user
 //! goes away stays cached until it is needed again: unreferenced cached
 //! blocks are evicted least recently released first.
 //!
@@ -55,6 +59,8 @@ struct CacheKey {
     salt: u64,
     parent: u64,
     tokens: Vec<u32>,
+    /// Leading positions of the block computed in prefill order.
+    prefill_rows: u8,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -73,6 +79,8 @@ struct SeqState {
     /// Every token that has a slot (prompt, then appended ones).
     tokens: Vec<u32>,
     salt: u64,
+    /// Positions from here on are computed in decode order.
+    decode_from: usize,
     /// Hashes of the leading full, computed blocks.
     chain: Vec<u64>,
 }
@@ -100,8 +108,24 @@ pub fn tenant_salt(tenant: &str) -> u64 {
     hash_of(("gcs-kv-tenant", tenant))
 }
 
-fn block_hash(salt: u64, parent: u64, tokens: &[u32]) -> u64 {
-    hash_of((salt, parent, tokens))
+fn block_hash(salt: u64, parent: u64, tokens: &[u32], prefill_rows: u8) -> u64 {
+    hash_of((salt, parent, tokens, prefill_rows))
+}
+
+/// Positions of block `i` before `decode_from` (computed in prefill order).
+fn prefill_rows(i: usize, decode_from: usize) -> u8 {
+    decode_from.saturating_sub(i * BLOCK_SIZE).min(BLOCK_SIZE) as u8
+}
+
+/// Where decode order starts for a prompt of `len` tokens: after the
+/// prompt, except that a one-token prompt is a single-row batch (as in
+/// llama.cpp, whose order the kernels follow).
+pub fn prompt_decode_from(len: usize) -> usize {
+    if len >= 2 {
+        len
+    } else {
+        0
+    }
 }
 
 /// Blocks needed for `tokens` positions.
@@ -211,6 +235,19 @@ impl BlockManager {
     /// prompt token is always left to compute, since its logits are needed.
     /// Nothing changes on error.
     pub fn admit(&mut self, seq: SeqId, salt: u64, prompt: &[u32]) -> Result<usize, PagedError> {
+        self.admit_at(seq, salt, prompt, prompt_decode_from(prompt.len()))
+    }
+
+    /// Like [`BlockManager::admit`] for a sequence whose `tokens` are a
+    /// prompt and tokens already generated (a preempted or resumed
+    /// sequence): positions from `decode_from` on are in decode order.
+    pub fn admit_at(
+        &mut self,
+        seq: SeqId,
+        salt: u64,
+        prompt: &[u32],
+        decode_from: usize,
+    ) -> Result<usize, PagedError> {
         if self.seqs.contains_key(&seq) {
             return Err(PagedError::DuplicateSeq(seq));
         }
@@ -220,10 +257,11 @@ impl BlockManager {
         let max_hits = (prompt.len() - 1) / BLOCK_SIZE;
         let mut hits: Vec<(BlockId, u64)> = Vec::new();
         let mut parent = 0u64;
-        for chunk in prompt.chunks_exact(BLOCK_SIZE).take(max_hits) {
-            let h = block_hash(salt, parent, chunk);
+        for (i, chunk) in prompt.chunks_exact(BLOCK_SIZE).take(max_hits).enumerate() {
+            let rows = prefill_rows(i, decode_from);
+            let h = block_hash(salt, parent, chunk, rows);
             let Some(&b) = self.cached.get(&h) else { break };
-            let key = CacheKey { salt, parent, tokens: chunk.to_vec() };
+            let key = CacheKey { salt, parent, tokens: chunk.to_vec(), prefill_rows: rows };
             if self.blocks[b as usize].key.as_ref() != Some(&key) {
                 break;
             }
@@ -249,7 +287,8 @@ impl BlockManager {
         }
         let cached = hits.len() * BLOCK_SIZE;
         let chain = hits.into_iter().map(|(_, h)| h).collect();
-        self.seqs.insert(seq, SeqState { table, tokens: prompt.to_vec(), salt, chain });
+        self.seqs
+            .insert(seq, SeqState { table, tokens: prompt.to_vec(), salt, decode_from, chain });
         Ok(cached)
     }
 
@@ -288,7 +327,8 @@ impl BlockManager {
             let i = st.chain.len();
             let parent = st.chain.last().copied().unwrap_or(0);
             let tokens = &st.tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-            let h = block_hash(st.salt, parent, tokens);
+            let rows = prefill_rows(i, st.decode_from);
+            let h = block_hash(st.salt, parent, tokens, rows);
             st.chain.push(h);
             let b = st.table[i];
             let meta = &mut self.blocks[b as usize];
@@ -296,7 +336,12 @@ impl BlockManager {
             // block computed twice is simply not cached a second time.
             if meta.hash.is_none() && !self.cached.contains_key(&h) {
                 meta.hash = Some(h);
-                meta.key = Some(CacheKey { salt: st.salt, parent, tokens: tokens.to_vec() });
+                meta.key = Some(CacheKey {
+                    salt: st.salt,
+                    parent,
+                    tokens: tokens.to_vec(),
+                    prefill_rows: rows,
+                });
                 self.cached.insert(h, b);
             }
         }

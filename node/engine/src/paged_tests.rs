@@ -184,3 +184,28 @@ proptest! {
         prop_assert_eq!(m.available_blocks(), total);
     }
 }
+
+/// K/V computed in decode order (generated tokens) are never reused for
+/// the same tokens as a prompt (prefill order), but are for a sequence
+/// resumed with the same prompt/generated split.
+#[test]
+fn cache_keys_hold_the_prefill_decode_split() {
+    let mut m = BlockManager::new(16);
+    let s = tenant_salt("t");
+    m.admit(1, s, &toks(0, 20)).unwrap();
+    m.commit(1, 20).unwrap();
+    for t in 20..40 {
+        m.append(1, t).unwrap();
+    }
+    m.commit(1, 40).unwrap();
+    assert_eq!(m.cached_blocks(), 2);
+    // The same 40 tokens as a prompt: only the all-prompt first block matches.
+    assert_eq!(m.admit(2, s, &toks(0, 40)).unwrap(), 16);
+    // A resumed sequence (prompt of 20, then 20 generated): both blocks.
+    assert_eq!(m.admit_at(3, s, &toks(0, 40), 20).unwrap(), 32);
+    // Another split point: the second block differs.
+    assert_eq!(m.admit_at(4, s, &toks(0, 40), 24).unwrap(), 16);
+    m.check_invariants().unwrap();
+    assert_eq!(prompt_decode_from(1), 0, "a one-token prompt is a decode-order row");
+    assert_eq!(prompt_decode_from(7), 7);
+}

@@ -144,6 +144,7 @@ pub struct Sampler {
     opts: SamplingOptions,
     rng: ChaCha8Rng,
     counts: HashMap<u32, u32>,
+    draws: u64,
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -190,11 +191,38 @@ impl Sampler {
     pub fn new(opts: impl Into<SamplingOptions>) -> Self {
         let opts = opts.into();
         let rng = ChaCha8Rng::seed_from_u64(opts.seed);
-        Self { opts, rng, counts: HashMap::new() }
+        Self { opts, rng, counts: HashMap::new(), draws: 0 }
     }
 
     pub fn options(&self) -> &SamplingOptions {
         &self.opts
+    }
+
+    /// Whether picking a token over a vocabulary of `vocab` draws from the
+    /// RNG. Every stochastic path of [`Sampler::sample`] (and of
+    /// [`Sampler::sample_masked`]) draws exactly once per token, greedy
+    /// never, so the RNG's position after `n` tokens is `n` or 0 draws.
+    pub fn draws_rng(&self, vocab: usize) -> bool {
+        let p = &self.opts;
+        !(p.temperature <= 0.0 || p.top_k == 1 || vocab <= 1)
+    }
+
+    /// RNG draws made so far.
+    pub fn draws(&self) -> u64 {
+        self.draws
+    }
+
+    /// Put this sampler in the state it would be in had it sampled `token`
+    /// (over a vocabulary of `vocab`): the token counted for the
+    /// penalties, the RNG advanced by the same draws. A sequence resumed
+    /// from its delivered tokens then samples the next one exactly as the
+    /// uninterrupted sequence would.
+    pub fn replay(&mut self, token: u32, vocab: usize) {
+        if self.draws_rng(vocab) {
+            let _: f32 = self.rng.random();
+            self.draws += 1;
+        }
+        *self.counts.entry(token).or_insert(0) += 1;
     }
 
     /// Sample the next token and count it as generated.
@@ -267,10 +295,10 @@ impl Sampler {
     fn pick(&mut self, raw: &[f32]) -> u32 {
         let adjusted = self.adjusted(raw);
         let logits = adjusted.as_deref().unwrap_or(raw);
-        let p = &self.opts;
-        if p.temperature <= 0.0 || p.top_k == 1 || logits.len() <= 1 {
+        if !self.draws_rng(logits.len()) {
             return argmax(logits);
         }
+        let p = &self.opts;
         let t = p.temperature;
         let k = if p.top_k > 0 { p.top_k.min(logits.len()) } else { logits.len() };
         if k == logits.len() && p.top_p >= 1.0 && p.min_p <= 0.0 {
@@ -296,6 +324,7 @@ impl Sampler {
     /// Draw index `i` with probability proportional to `probs[i]`.
     fn draw(&mut self, probs: &[f32], id: impl Fn(usize) -> u32) -> u32 {
         let total: f32 = probs.iter().sum();
+        self.draws += 1;
         let r = self.rng.random::<f32>() * total;
         let mut acc = 0.0;
         for (i, &pr) in probs.iter().enumerate() {

@@ -130,3 +130,63 @@ fn logprobs_are_log_softmax_of_raw_logits() {
     assert_eq!(logprobs(&big, 0, 50).top.len(), MAX_TOP_LOGPROBS);
     assert_eq!(logprobs(&big, 0, 0).top.len(), 0);
 }
+
+/// A sampler that replays the first `k` tokens of a run samples the rest
+/// exactly as the uninterrupted one, on every path (greedy, plain
+/// temperature, top-k, top-p, min-p, penalties, a grammar mask): each
+/// draws once per stochastic token, and the counts are rebuilt.
+#[test]
+fn replayed_sampler_continues_like_the_original() {
+    let vocab = 300;
+    let logits = |step: usize| -> Vec<f32> {
+        (0..vocab).map(|i| (((i * 31 + step * 17) % 97) as f32 / 19.0) - 2.0).collect()
+    };
+    let base = |temperature| SamplingOptions { temperature, seed: 9, ..SamplingOptions::default() };
+    let cases = [
+        ("greedy", base(0.0)),
+        ("temperature", base(0.8)),
+        ("top_k", SamplingOptions { top_k: 40, ..base(0.8) }),
+        ("top_k_1", SamplingOptions { top_k: 1, ..base(0.8) }),
+        ("top_p", SamplingOptions { top_p: 0.9, ..base(0.8) }),
+        ("min_p", SamplingOptions { min_p: 0.2, ..base(1.1) }),
+        (
+            "penalties",
+            SamplingOptions { frequency_penalty: 1.5, presence_penalty: 0.7, ..base(0.8) },
+        ),
+    ];
+    for masked in [false, true] {
+        for (name, o) in &cases {
+            let allowed = |id: u32| id % 3 != 0;
+            let step = |s: &mut Sampler, i: usize| -> u32 {
+                if masked {
+                    s.sample_masked(&logits(i), allowed, None).unwrap().0
+                } else {
+                    s.sample(&logits(i))
+                }
+            };
+            let mut a = Sampler::new(o.clone());
+            let run: Vec<u32> = (0..40).map(|i| step(&mut a, i)).collect();
+            for k in [0, 1, 13, 39] {
+                let mut b = Sampler::new(o.clone());
+                for &t in &run[..k] {
+                    b.replay(t, vocab);
+                }
+                let expect_draws = if b.draws_rng(vocab) { k as u64 } else { 0 };
+                assert_eq!(b.draws(), expect_draws, "{name} masked={masked} k={k}");
+                let rest: Vec<u32> = (k..40).map(|i| step(&mut b, i)).collect();
+                assert_eq!(rest, run[k..], "{name} masked={masked} seam {k}");
+            }
+            assert_eq!(a.draws(), if a.draws_rng(vocab) { 40 } else { 0 }, "{name}");
+        }
+    }
+    // The cases differ: the penalties and the mask change the picks.
+    let plain: Vec<u32> = {
+        let mut s = Sampler::new(base(0.8));
+        (0..40).map(|i| s.sample(&logits(i))).collect()
+    };
+    let pen: Vec<u32> = {
+        let mut s = Sampler::new(cases[6].1.clone());
+        (0..40).map(|i| s.sample(&logits(i))).collect()
+    };
+    assert_ne!(plain, pen);
+}

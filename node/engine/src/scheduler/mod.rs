@@ -8,7 +8,11 @@
 //! waiting-queue limit fail at once with [`EngineError::Busy`]. Results come
 //! back over bounded channels; the engine thread never blocks on a slow
 //! reader (undelivered deltas are merged and retried next step).
+//!
+//! [`BatchEngine::resume`] continues a request from tokens another engine
+//! already generated, exactly (see [`resume`]).
 
+mod resume;
 mod step_loop;
 
 use std::collections::VecDeque;
@@ -111,8 +115,12 @@ pub struct SeqResult {
     pub completion_tokens: usize,
     /// Prompt tokens whose K/V came from the prefix cache.
     pub cached_tokens: usize,
-    /// The whole generated text (the deltas concatenated).
+    /// The whole generated text: the deltas concatenated, preceded for a
+    /// resumed sequence by the text its given tokens had released.
     pub text: String,
+    /// Of `completion_tokens`, those given to [`BatchEngine::resume`]
+    /// (generated elsewhere, not streamed again); 0 for a fresh request.
+    pub resumed_tokens: usize,
 }
 
 /// What a [`SeqStream`] yields.
@@ -186,6 +194,9 @@ struct Pending {
     grammar: Option<SeqGrammar>,
     /// Further samples of an n > 1 request: (id, sender, cancel flag).
     samples: Vec<(u64, SyncSender<SeqEvent>, Arc<AtomicBool>)>,
+    /// A resumed request's state after its given tokens (`tokens` is then
+    /// still the prompt alone).
+    resumed: Option<resume::Resumed>,
 }
 
 /// State shared by the handles and the engine thread.
@@ -358,6 +369,32 @@ impl BatchEngine {
     /// `n`): the prompt is prefilled once and its KV blocks are shared
     /// (copy-on-write). Sample `i` uses seed `seed + i`; one stream each.
     pub fn submit_n(&self, req: SeqRequest, n: usize) -> Result<Vec<SeqStream>> {
+        self.enqueue(req, n, None)
+    }
+
+    /// Continue `req` after `generated`, the tokens an engine of the same
+    /// build with the same model file already produced for it (delivered
+    /// to the client by a worker that was lost). The stream yields only
+    /// what follows: for greedy and seeded sampling exactly the tokens and
+    /// text the uninterrupted sequence would have produced after
+    /// `generated`, with the same logprobs. The prompt is prefilled and
+    /// `generated` recomputed in their original float orders, so the K/V
+    /// are bit-identical; the sampler, stop-string hold-back and grammar
+    /// are replayed through `generated`. Refused (`InvalidRequest`) when
+    /// `generated` cannot be a prefix of this request's output (it holds a
+    /// stop token, completes a stop string or the grammar, or reaches
+    /// `max_tokens`).
+    pub fn resume(&self, req: SeqRequest, generated: &[u32]) -> Result<SeqStream> {
+        let mut v = self.enqueue(req, 1, Some(generated))?;
+        v.pop().ok_or(EngineError::Stopped)
+    }
+
+    fn enqueue(
+        &self,
+        req: SeqRequest,
+        n: usize,
+        generated: Option<&[u32]>,
+    ) -> Result<Vec<SeqStream>> {
         let inner = &self.inner;
         if n == 0 || n > inner.cfg.max_running {
             return Err(EngineError::InvalidRequest(format!(
@@ -372,8 +409,8 @@ impl BatchEngine {
             Prompt::Tokens(t) => t.clone(),
             Prompt::Chat(m) => self.prompt_tokens(m)?,
         };
-        self.validate(&req, &tokens)?;
-        let grammar = match &req.grammar {
+        self.validate(&req, &tokens, generated.map_or(0, <[u32]>::len))?;
+        let mut grammar = match &req.grammar {
             None => None,
             Some(g) => {
                 let c = inner.grammars.as_ref().ok_or_else(|| {
@@ -382,6 +419,13 @@ impl BatchEngine {
                 Some(c.compile(g)?)
             }
         };
+        let limits = resume::Limits { vocab: inner.vocab, context: inner.context };
+        let resumed = generated
+            .map(|g| {
+                let (tok, n) = (&*inner.tokenizer, tokens.len());
+                resume::replay(tok, &req, n, limits, grammar.as_mut(), g)
+            })
+            .transpose()?;
         let prompt_tokens = tokens.len();
         let mut streams = Vec::with_capacity(n);
         let mut ends = Vec::with_capacity(n);
@@ -403,21 +447,23 @@ impl BatchEngine {
             if q.len() >= inner.cfg.max_waiting {
                 return Err(EngineError::Busy { waiting: q.len() });
             }
-            q.push_back(Pending { id, tokens, req, tx, cancel, grammar, samples: ends });
+            q.push_back(Pending { id, tokens, req, tx, cancel, grammar, samples: ends, resumed });
         }
         inner.shared.wake.notify_all();
         Ok(streams)
     }
 
-    fn validate(&self, req: &SeqRequest, tokens: &[u32]) -> Result<()> {
+    /// `generated`: tokens a resumed request already has after the prompt.
+    fn validate(&self, req: &SeqRequest, tokens: &[u32], generated: usize) -> Result<()> {
         let inner = &self.inner;
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
         check_prompt_len(tokens, inner.context)?;
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= inner.vocab) {
             return bad(format!("token id {t} out of range"));
         }
-        if blocks_for(tokens.len() + 1) > inner.cfg.kv_blocks {
-            return bad(format!("prompt of {} tokens does not fit the KV pool", tokens.len()));
+        let len = tokens.len() + generated;
+        if blocks_for(len + 1) > inner.cfg.kv_blocks {
+            return bad(format!("sequence of {len} tokens does not fit the KV pool"));
         }
         if req.max_tokens == 0 {
             return bad("max_tokens must be at least 1".into());

@@ -12,7 +12,7 @@ use crate::attn::KvPool;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::llama::{Llama, PagedSeq};
-use crate::paged::{tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
+use crate::paged::{prompt_decode_from, tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
 use crate::sampling::{Logprobs, Sampler};
 use crate::stop::StopMatcher;
 use crate::tokenizer::GgufTokenizer;
@@ -25,6 +25,12 @@ struct Seq {
     /// Prompt, then every generated token.
     tokens: Vec<u32>,
     prompt_len: usize,
+    /// Positions from here on (the generated tokens) are computed in
+    /// decode order, however they are batched: a recomputed (preempted)
+    /// or resumed sequence gets bit-identical K/V.
+    decode_from: usize,
+    /// Generated tokens given to a resumed request, not streamed here.
+    resumed: usize,
     /// Positions whose K/V are in the pool (0 while preempted).
     computed: usize,
     /// Prompt tokens reused from the prefix cache at first admission.
@@ -166,7 +172,7 @@ impl StepLoop {
     }
 
     fn new_seq(&self, p: Pending) -> Seq {
-        let Pending { id, tokens, req, tx, cancel, grammar, samples } = p;
+        let Pending { id, mut tokens, req, tx, cancel, grammar, samples, resumed } = p;
         let children: Vec<Seq> = samples
             .into_iter()
             .enumerate()
@@ -181,6 +187,8 @@ impl StepLoop {
                     cancel: ccancel,
                     grammar: grammar.as_ref().map(SeqGrammar::fork),
                     samples: vec![],
+                    // `resume` takes one sample only.
+                    resumed: None,
                 };
                 self.new_seq(p)
             })
@@ -199,20 +207,30 @@ impl StepLoop {
             stop_token_ids.extend(self.tok.stop_ids.iter().copied());
         }
         let context = self.model.config.context_length;
+        let prompt_len = tokens.len();
+        let (sampler, stop, text, resumed) = match resumed {
+            None => (Sampler::new(sampling), StopMatcher::new(&stop), String::new(), 0),
+            Some(r) => {
+                tokens.extend_from_slice(&r.generated);
+                (r.sampler, r.stop, r.text, r.generated.len())
+            }
+        };
         Seq {
             id,
             salt: tenant_salt(&tenant),
-            prompt_len: tokens.len(),
-            max_tokens: max_tokens.min(context.saturating_sub(tokens.len())).max(1),
+            prompt_len,
+            decode_from: prompt_decode_from(prompt_len),
+            resumed,
+            max_tokens: max_tokens.min(context.saturating_sub(prompt_len)).max(1),
             tokens,
             computed: 0,
             cached_tokens: None,
-            sampler: Sampler::new(sampling),
-            stop: StopMatcher::new(&stop),
+            sampler,
+            stop,
             stop_ids: stop_token_ids,
             logprobs,
             grammar,
-            text: String::new(),
+            text,
             tx,
             cancel,
             outbox: VecDeque::new(),
@@ -235,10 +253,10 @@ impl StepLoop {
                 self.finish(seq, FinishReason::Cancelled);
                 continue;
             }
-            match self.blocks.admit(seq.id, seq.salt, &seq.tokens) {
+            match self.blocks.admit_at(seq.id, seq.salt, &seq.tokens, seq.decode_from) {
                 Ok(cached) => {
                     seq.computed = cached;
-                    seq.cached_tokens.get_or_insert(cached);
+                    seq.cached_tokens.get_or_insert(cached.min(seq.prompt_len));
                     self.running.push(seq);
                 }
                 Err(PagedError::OutOfBlocks { .. }) if !self.running.is_empty() => {
@@ -316,6 +334,7 @@ impl StepLoop {
             completion_tokens: seq.generated(),
             cached_tokens: seq.cached_tokens.unwrap_or(0),
             text: seq.text.clone(),
+            resumed_tokens: seq.resumed,
         };
         seq.outbox.push_back(SeqEvent::Done(result));
         self.closing.push(seq);
@@ -355,6 +374,7 @@ impl StepLoop {
                         tokens: &s.tokens[w.start..w.start + w.n],
                         past: w.start,
                         table: self.blocks.block_table(s.id)?,
+                        decode_from: s.decode_from,
                     })
                 })
                 .collect();
