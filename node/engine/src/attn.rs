@@ -47,12 +47,21 @@ fn pv_dot(single_row: bool, v: &[f32], p: &[f32]) -> f32 {
 }
 
 /// RoPE cos/sin tables `[context, head_dim / 2]`, computed with llama.cpp's
-/// recurrence (`theta *= base^(-2/d)`) for bit-compatible angles.
+/// recurrence (`theta *= base^(-2/d)`) for bit-compatible angles, plus the
+/// rest of a layer's positional treatment: rotation mode, sliding window and
+/// score scale (Gemma 3's local and global layers differ in all three).
 #[derive(Debug, Clone)]
 pub struct Rope {
     half: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// NEOX mode: rotate `(x[i], x[i + d/2])` instead of adjacent pairs.
+    neox: bool,
+    /// A query at position p sees keys at p - window < j <= p
+    /// (llama.cpp's LLAMA_SWA_TYPE_STANDARD); `usize::MAX`: all.
+    window: usize,
+    /// Score scale; `None`: 1/sqrt(head_dim).
+    kq_scale: Option<f32>,
 }
 
 impl Rope {
@@ -69,7 +78,20 @@ impl Rope {
                 theta *= theta_scale;
             }
         }
-        Self { half, cos, sin }
+        Self { half, cos, sin, neox: false, window: usize::MAX, kq_scale: None }
+    }
+
+    /// The same angles in NEOX mode with a sliding window (`None`: global)
+    /// and an explicit score scale (Gemma 3 pre-scales Q and uses 1.0).
+    pub fn with_layout(mut self, neox: bool, window: Option<usize>, kq_scale: f32) -> Self {
+        self.neox = neox;
+        self.window = window.unwrap_or(usize::MAX).max(1);
+        self.kq_scale = Some(kq_scale);
+        self
+    }
+
+    fn scale(&self) -> f32 {
+        self.kq_scale.unwrap_or(1.0 / ((2 * self.half) as f32).sqrt())
     }
 
     /// Rotate adjacent pairs `(x[2i], x[2i+1])` of every head in `x`
@@ -94,6 +116,18 @@ impl Rope {
     fn apply_impl(&self, x: &mut [f32], pos: usize) {
         let c = &self.cos[pos * self.half..][..self.half];
         let s = &self.sin[pos * self.half..][..self.half];
+        if self.neox {
+            // ggml's rotate_pairs with stride d/2, contracted the same way.
+            for head in x.chunks_exact_mut(2 * self.half) {
+                let (a, b) = head.split_at_mut(self.half);
+                for i in 0..self.half {
+                    let (x0, x1) = (a[i], b[i]);
+                    a[i] = x0.mul_add(c[i], -(x1 * s[i]));
+                    b[i] = x0.mul_add(s[i], x1 * c[i]);
+                }
+            }
+            return;
+        }
         for head in x.chunks_exact_mut(2 * self.half) {
             for i in 0..self.half {
                 let (x0, x1) = (head[2 * i], head[2 * i + 1]);
@@ -187,7 +221,17 @@ pub fn attend(
     let len = past + t;
     #[cfg(target_arch = "x86_64")]
     let fma = std::is_x86_feature_detected!("fma");
-    let ctx = HeadCtx { qkv: &*qkv, k: &kv.k, v_t: &kv.v_t, cap: kv.cap, sh, past, single: t == 1 };
+    let ctx = HeadCtx {
+        qkv: &*qkv,
+        k: &kv.k,
+        v_t: &kv.v_t,
+        cap: kv.cap,
+        sh,
+        past,
+        single: t == 1,
+        scale: rope.scale(),
+        window: rope.window,
+    };
     let work = |(idx, o): (usize, &mut [f32])| {
         #[cfg(target_arch = "x86_64")]
         if fma {
@@ -214,6 +258,8 @@ struct HeadCtx<'a> {
     past: usize,
     /// One new row: llama.cpp's decode kernels (see [`qk_dot`]).
     single: bool,
+    scale: f32,
+    window: usize,
 }
 
 /// Same code compiled with FMA so `mul_add` is one instruction, not a libm call.
@@ -233,15 +279,16 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
     let q = &c.qkv[i * width + h * hd..][..hd];
     let kvh = h / (nh / nkv);
     let n = c.past + i + 1; // causal: keys 0..=past+i
-    let scale = 1.0 / (hd as f32).sqrt();
-    // Scores padded to a multiple of 16 with exact zeros after softmax,
-    // mirroring llama.cpp's padded, masked KV rows.
+    let lo = n.saturating_sub(c.window); // sliding window: earlier keys masked
+                                         // Scores padded to a multiple of 16 with exact zeros after softmax,
+                                         // mirroring llama.cpp's padded, masked KV rows.
     let padded = n.div_ceil(16) * 16;
     let mut p = vec![0f32; padded];
+    p[..lo].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
     let mut max = f32::NEG_INFINITY;
-    for (j, pj) in p[..n].iter_mut().enumerate() {
+    for (j, pj) in p[..n].iter_mut().enumerate().skip(lo) {
         let kj = &c.k[(j * nkv + kvh) * hd..][..hd];
-        *pj = qk_dot(c.single, q, kj) * scale;
+        *pj = qk_dot(c.single, q, kj) * c.scale;
         max = max.max(*pj);
     }
     softmax_f16(&mut p, n, max);
@@ -365,7 +412,17 @@ impl KvPool {
         }
         #[cfg(target_arch = "x86_64")]
         let fma = std::is_x86_feature_detected!("fma");
-        let ctx = PagedCtx { qkv: &*qkv, k: kl, v: vl, sh: self.sh, seqs, rows: &rows, bl };
+        let ctx = PagedCtx {
+            qkv: &*qkv,
+            k: kl,
+            v: vl,
+            sh: self.sh,
+            seqs,
+            rows: &rows,
+            bl,
+            scale: rope.scale(),
+            window: rope.window,
+        };
         let work = |(idx, o): (usize, &mut [f32])| {
             #[cfg(target_arch = "x86_64")]
             if fma {
@@ -393,6 +450,8 @@ struct PagedCtx<'a> {
     seqs: &'a [PagedSeqRef<'a>],
     rows: &'a [(usize, usize)],
     bl: usize,
+    scale: f32,
+    window: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -430,17 +489,18 @@ fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
             vbuf[last + d * BS + lane] = 0.0;
         }
     }
-    let scale = 1.0 / (hd as f32).sqrt();
+    let lo = n.saturating_sub(c.window); // sliding window: earlier keys masked
     let single = s.past + i >= s.decode_from;
     let mut p = vec![0f32; padded];
     for (gh, og) in o.chunks_exact_mut(hd).enumerate() {
         let h = kvh * g + gh;
         let q = &c.qkv[r * width + h * hd..][..hd];
         p.iter_mut().for_each(|x| *x = 0.0);
+        p[..lo].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
         let mut max = f32::NEG_INFINITY;
-        for (j, pj) in p[..n].iter_mut().enumerate() {
+        for (j, pj) in p[..n].iter_mut().enumerate().skip(lo) {
             let kj = &kbuf[j * hd..][..hd];
-            *pj = qk_dot(single, q, kj) * scale;
+            *pj = qk_dot(single, q, kj) * c.scale;
             max = max.max(*pj);
         }
         softmax_f16(&mut p, n, max);
@@ -549,6 +609,7 @@ mod tests {
             pool.k[0][2 * pool.block_len()..3 * pool.block_len()]
         );
     }
+
     /// Prefill rows then decode rows in ONE paged batch (per-row order from
     /// `decode_from`) equal a multi-row prefill followed by one-row decode
     /// steps on the contiguous cache, bit for bit: how a resumed sequence

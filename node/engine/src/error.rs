@@ -20,7 +20,7 @@ pub enum GgufError {
     Truncated { path: PathBuf, what: &'static str, offset: usize },
     #[error("{path}: malformed: {reason}")]
     Malformed { path: PathBuf, reason: String },
-    #[error("{path}: tensor {name}: unsupported ggml type {ggml_type}")]
+    #[error("{path}: tensor {name}: unsupported ggml type {} (id {ggml_type})", crate::quant::ggml_type_name(*ggml_type))]
     UnsupportedType { path: PathBuf, name: String, ggml_type: u32 },
     #[error("{path}: missing metadata key {key}")]
     MissingKey { path: PathBuf, key: String },

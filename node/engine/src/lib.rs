@@ -24,6 +24,7 @@ pub mod attn;
 pub mod bert;
 pub mod constraint;
 pub mod error;
+pub mod gemma3;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
@@ -34,6 +35,7 @@ pub mod paged;
 pub mod quant;
 pub mod sampling;
 pub mod scheduler;
+pub mod spm;
 pub mod stop;
 pub mod tokenizer;
 

@@ -1,4 +1,5 @@
-//! Llama-architecture decoder as a burn [`Module`].
+//! Llama-architecture decoder as a burn [`Module`]; `general.architecture`
+//! selects `llama` or `gemma3` (whose additions are in [`crate::gemma3`]).
 //!
 //! Burn 0.22 tensors are backend-agnostic (`Tensor<D>`); the backend is
 //! chosen by the [`Device`] at runtime (Flex on CPU, CUDA with the `cuda`
@@ -19,13 +20,22 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::attn::{attend, AttnShape, KvPool, LayerKv, PagedSeqRef, Rope};
 
 use crate::error::{EngineError, Result};
+use crate::gemma3::{geglu_rows, Gemma3Config, Gemma3Norms};
 use crate::gguf::GgufFile;
 use crate::numerics::{rms_norm_rows, swiglu_rows};
 use crate::quant::QMatrix;
 
-/// Hyper-parameters read from GGUF metadata (`llama.*`).
+/// Gemma 3's RoPE tables are sized by the context; its files declare 32k,
+/// which would cost 64 MiB of tables, so the served context is capped.
+const GEMMA3_MAX_CONTEXT: usize = 8192;
+
+/// Hyper-parameters read from GGUF metadata (`<arch>.*`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
+    /// `general.architecture`: "llama" or "gemma3".
+    pub arch: String,
+    /// Set for gemma3 files.
+    pub gemma3: Option<Gemma3Config>,
     pub n_layers: usize,
     pub hidden: usize,
     pub n_heads: usize,
@@ -41,7 +51,7 @@ pub struct LlamaConfig {
 impl LlamaConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.get_str("general.architecture")?;
-        if arch != "llama" {
+        if arch != "llama" && arch != "gemma3" {
             return Err(EngineError::Model {
                 path: g.path.clone(),
                 reason: format!("unsupported architecture {arch:?}"),
@@ -53,11 +63,20 @@ impl LlamaConfig {
         let n_kv_heads =
             g.get_u64(&k("attention.head_count_kv")).unwrap_or(n_heads as u64) as usize;
         let head_dim = g
-            .get_u64(&k("rope.dimension_count"))
+            .get_u64(&k("attention.key_length"))
+            .or_else(|_| g.get_u64(&k("rope.dimension_count")))
             .map(|v| v as usize)
             .unwrap_or(hidden / n_heads.max(1));
         let tok = g.tensor_info("token_embd.weight")?;
+        let gemma3 =
+            if arch == "gemma3" { Some(Gemma3Config::from_gguf(g, head_dim)?) } else { None };
+        let mut context_length = g.get_u64(&k("context_length")).unwrap_or(2048) as usize;
+        if gemma3.is_some() {
+            context_length = context_length.min(GEMMA3_MAX_CONTEXT);
+        }
         let cfg = Self {
+            arch: arch.to_string(),
+            gemma3,
             n_layers: g.get_u64(&k("block_count"))? as usize,
             hidden,
             n_heads,
@@ -67,7 +86,7 @@ impl LlamaConfig {
             vocab: tok.dims.get(1).copied().unwrap_or(0) as usize,
             rope_base: g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0),
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            context_length: g.get_u64(&k("context_length")).unwrap_or(2048) as usize,
+            context_length,
         };
         if cfg.n_heads == 0
             || cfg.n_kv_heads == 0
@@ -105,6 +124,9 @@ pub struct LlamaBlock {
     pub ffn_norm: Param<Tensor<1>>,
     #[module(skip)]
     pub q: BlockWeights,
+    /// gemma3's QK and post norms.
+    #[module(skip)]
+    pub gemma3: Option<Gemma3Norms>,
 }
 
 #[derive(Module, Debug)]
@@ -122,6 +144,9 @@ pub struct Llama {
     pub config: LlamaConfig,
     #[module(skip)]
     rope: Arc<Rope>,
+    /// gemma3's sliding-window layers' RoPE (another base, a window).
+    #[module(skip)]
+    rope_local: Option<Arc<Rope>>,
 }
 
 /// Per-sequence key/value cache, kept outside the model weights.
@@ -195,10 +220,14 @@ fn vec1(v: Vec<f32>, device: &Device) -> Param<Tensor<1>> {
     Param::from_tensor(Tensor::from_data(TensorData::new(v, [n]), device))
 }
 
+/// One matrix from row-stacked parts: fused when their types agree, else
+/// stacked (K-quant files mix types within a layer's q/k/v).
 fn fuse(g: &GgufFile, parts: Vec<QMatrix>, what: &str) -> Result<QMatrix> {
     let refs: Vec<&QMatrix> = parts.iter().collect();
-    QMatrix::concat_rows(&refs)
-        .ok_or_else(|| model_err(g, format!("{what}: mixed quantization types")))
+    if let Some(m) = QMatrix::concat_rows(&refs) {
+        return Ok(m);
+    }
+    QMatrix::stack(parts).ok_or_else(|| model_err(g, format!("{what}: parts of unequal width")))
 }
 
 /// Copy a float tensor to host memory.
@@ -243,7 +272,17 @@ impl Llama {
                 vec![load_matrix(g, &p("ffn_gate"), ff, h)?, load_matrix(g, &p("ffn_up"), ff, h)?],
                 "gate/up",
             )?;
+            let gemma3 = match config.gemma3 {
+                None => None,
+                Some(_) => Some(Gemma3Norms {
+                    q_norm: load_norm(g, &p("attn_q_norm"), config.head_dim)?,
+                    k_norm: load_norm(g, &p("attn_k_norm"), config.head_dim)?,
+                    post_attn: load_norm(g, &p("post_attention_norm"), h)?,
+                    post_ffn: load_norm(g, &p("post_ffw_norm"), h)?,
+                }),
+            };
             blocks.push(LlamaBlock {
+                gemma3,
                 attn_norm: vec1(load_norm(g, &p("attn_norm"), h)?, device),
                 ffn_norm: vec1(load_norm(g, &p("ffn_norm"), h)?, device),
                 q: BlockWeights {
@@ -259,8 +298,20 @@ impl Llama {
             Ok(_) => Arc::new(load_matrix(g, "output.weight", config.vocab, config.hidden)?),
             Err(_) => embed.clone(),
         };
-        let rope = Arc::new(Rope::new(config.head_dim, config.rope_base, config.context_length));
-        tracing::info!(path = %g.path.display(), layers = config.n_layers, hidden = config.hidden, "loaded llama model");
+        let (hd, ctx) = (config.head_dim, config.context_length);
+        let mut rope = Rope::new(hd, config.rope_base, ctx);
+        let mut rope_local = None;
+        if let Some(gc) = &config.gemma3 {
+            // Q is pre-scaled by attn_scale, so scores are scaled by 1.
+            rope = rope.with_layout(true, None, 1.0);
+            rope_local = Some(Arc::new(Rope::new(hd, gc.rope_base_local, ctx).with_layout(
+                true,
+                Some(gc.sliding_window),
+                1.0,
+            )));
+        }
+        let rope = Arc::new(rope);
+        tracing::info!(path = %g.path.display(), arch = %config.arch, layers = config.n_layers, hidden = config.hidden, "loaded model");
         Ok(Self {
             blocks,
             output_norm: vec1(load_norm(g, "output_norm.weight", config.hidden)?, device),
@@ -268,7 +319,16 @@ impl Llama {
             lm_head,
             config,
             rope,
+            rope_local,
         })
+    }
+
+    /// RoPE (and window) of layer `li`.
+    fn rope_for(&self, li: usize) -> &Rope {
+        match (&self.rope_local, &self.config.gemma3) {
+            (Some(local), Some(gc)) if gc.is_local(li) => local,
+            _ => &self.rope,
+        }
     }
 
     /// Bytes of quantized weights held.
@@ -310,7 +370,7 @@ impl Llama {
                 let past = s.cache.len;
                 attend(
                     sh,
-                    &self.rope,
+                    self.rope_for(li),
                     &mut qkv[row * width..(row + t) * width],
                     past,
                     &mut s.cache.layers[li],
@@ -354,7 +414,7 @@ impl Llama {
             })
             .collect();
         self.forward_core(&tokens, &lens, |li, qkv, attn| {
-            pool.attend(li, &self.rope, qkv, &refs, attn);
+            pool.attend(li, self.rope_for(li), qkv, &refs, attn);
         })
     }
 
@@ -406,6 +466,10 @@ impl Llama {
         for (i, &t) in tokens.iter().enumerate() {
             self.embed.row_f32(t as usize, &mut emb[i * c.hidden..(i + 1) * c.hidden]);
         }
+        if c.gemma3.is_some() {
+            let s = (c.hidden as f32).sqrt();
+            emb.iter_mut().for_each(|v| *v *= s);
+        }
         let mut x: Tensor<2> = Tensor::from_data(TensorData::new(emb, [total, c.hidden]), &device);
         let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
         let mut attn = vec![0f32; total * qd];
@@ -414,9 +478,15 @@ impl Llama {
             let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
             let mut qkv = vec![0f32; total * width];
             blk.q.wqkv.matmul(&h, total, &mut qkv);
+            if let (Some(gn), Some(gc)) = (&blk.gemma3, &c.gemma3) {
+                gemma3_qk(&mut qkv, width, qd, gn, gc.attn_scale, c.rms_eps);
+            }
             attend_layer(li, &mut qkv, &mut attn);
             let mut o = vec![0f32; total * c.hidden];
             blk.q.wo.matmul(&attn, total, &mut o);
+            if let Some(gn) = &blk.gemma3 {
+                rms_norm_rows(&mut o, &gn.post_attn, c.rms_eps);
+            }
             x = x + Tensor::from_data(TensorData::new(o, [total, c.hidden]), &device);
 
             // Feed-forward: x += W_down · (silu(W_gate · h) * (W_up · h))
@@ -424,9 +494,16 @@ impl Llama {
             let mut gu = vec![0f32; total * 2 * c.intermediate];
             blk.q.w_gate_up.matmul(&h, total, &mut gu);
             let mut act = vec![0f32; total * c.intermediate];
-            swiglu_rows(&gu, &mut act, c.intermediate);
+            if c.gemma3.is_some() {
+                geglu_rows(&gu, &mut act, c.intermediate);
+            } else {
+                swiglu_rows(&gu, &mut act, c.intermediate);
+            }
             let mut d = vec![0f32; total * c.hidden];
             blk.q.w_down.matmul(&act, total, &mut d);
+            if let Some(gn) = &blk.gemma3 {
+                rms_norm_rows(&mut d, &gn.post_ffn, c.rms_eps);
+            }
             x = x + Tensor::from_data(TensorData::new(d, [total, c.hidden]), &device);
         }
         // Only the last row of each sequence needs logits.
@@ -442,6 +519,25 @@ impl Llama {
         let h = rms_norm(x, &self.output_norm, c.rms_eps);
         let mut logits = vec![0f32; n * self.lm_head.rows];
         self.lm_head.matmul(&h, n, &mut logits);
+        if let Some(cap) = c.gemma3.as_ref().and_then(|gc| gc.final_softcap) {
+            // ggml_scale(1/cap), tanh, ggml_scale(cap).
+            let inv = 1.0 / cap;
+            logits.iter_mut().for_each(|l| *l = (*l * inv).tanh() * cap);
+        }
         Ok(logits)
+    }
+}
+
+/// gemma3: RMS-normalise every Q and K head of each `qkv` row and scale Q
+/// (before RoPE, which commutes with a power-of-two scale exactly).
+fn gemma3_qk(qkv: &mut [f32], width: usize, qd: usize, gn: &Gemma3Norms, scale: f32, eps: f32) {
+    let hd = gn.q_norm.len();
+    for row in qkv.chunks_exact_mut(width) {
+        let (q, rest) = row.split_at_mut(qd);
+        let kvd = (width - qd) / 2;
+        rms_norm_rows(q, &gn.q_norm, eps);
+        rms_norm_rows(&mut rest[..kvd], &gn.k_norm, eps);
+        q.iter_mut().for_each(|v| *v *= scale);
+        debug_assert_eq!(q.len() % hd, 0);
     }
 }

@@ -26,12 +26,36 @@ impl ChatMessage {
     }
 }
 
-/// Byte-level BPE tokenizer plus chat template, as llama.cpp would use them.
+/// The tokenizer model of the file: byte-level BPE (`gpt2`) or
+/// SentencePiece-style (`llama`, [`crate::spm`]).
+enum Model {
+    Bpe {
+        inner: Box<Tokenizer>,
+        /// Same tokenizer without the special tokens, for text that must not
+        /// have them parsed (llama.cpp's parse_special = false).
+        plain: Box<Tokenizer>,
+    },
+    Spm(crate::spm::Spm),
+}
+
+impl Model {
+    fn token_to_id(&self, t: &str) -> Option<u32> {
+        match self {
+            Model::Bpe { inner, .. } => inner.token_to_id(t),
+            Model::Spm(s) => s.token_to_id(t),
+        }
+    }
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        match self {
+            Model::Bpe { inner, .. } => inner.id_to_token(id),
+            Model::Spm(s) => s.id_to_token(id).map(str::to_owned),
+        }
+    }
+}
+
+/// Tokenizer plus chat template, as llama.cpp would use them.
 pub struct GgufTokenizer {
-    inner: Tokenizer,
-    /// Same tokenizer without the special tokens, for text that must not
-    /// have them parsed (llama.cpp's parse_special = false).
-    plain: Tokenizer,
+    inner: Model,
     /// Raw bytes each token stands for (empty for control tokens), so that
     /// streaming can emit text without splitting UTF-8 characters.
     token_bytes: Vec<Vec<u8>>,
@@ -78,9 +102,9 @@ fn tok_err(e: impl std::fmt::Display) -> EngineError {
 impl GgufTokenizer {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let model = g.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(tok_err(format!(
-                "unsupported tokenizer model {model:?} (only byte-level BPE)"
+                "unsupported tokenizer model {model:?} (byte-level BPE \"gpt2\" or SentencePiece \"llama\")"
             )));
         }
         let tokens: Vec<String> = g
@@ -92,6 +116,12 @@ impl GgufTokenizer {
             Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
             None => vec![1; tokens.len()],
         };
+        if types.len() != tokens.len() {
+            return Err(tok_err("tokenizer.ggml.token_type and tokens differ in length"));
+        }
+        if model == "llama" {
+            return Self::spm(g, tokens, types);
+        }
         let merges: Vec<(String, String)> = g
             .get_array("tokenizer.ggml.merges")?
             .iter()
@@ -135,8 +165,9 @@ impl GgufTokenizer {
             .filter(|(_, &t)| t == 3 || t == 4)
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
-        let plain = inner.clone();
+        let plain = Box::new(inner.clone());
         inner.add_special_tokens(&specials);
+        let inner = Model::Bpe { inner: Box::new(inner), plain };
 
         let u2b = unicode_to_byte();
         let is_control: Vec<bool> = types.iter().map(|&t| t == 3).collect();
@@ -159,12 +190,40 @@ impl GgufTokenizer {
             })
             .collect();
 
+        Self::finish(g, inner, token_bytes, is_control, tokens.len(), pre)
+    }
+
+    /// A SentencePiece-style vocabulary (`tokenizer.ggml.model = "llama"`).
+    fn spm(g: &GgufFile, tokens: Vec<String>, types: Vec<i64>) -> Result<Self> {
+        let scores: Vec<f32> = match g.get("tokenizer.ggml.scores").and_then(|v| v.as_array()) {
+            Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
+            None => vec![0.0; tokens.len()],
+        };
+        if scores.len() != tokens.len() {
+            return Err(tok_err("tokenizer.ggml.scores and tokens differ in length"));
+        }
+        let n = tokens.len();
+        let is_control: Vec<bool> = types.iter().map(|&t| t == 3).collect();
+        let spm = crate::spm::Spm::new(tokens, scores, types);
+        let token_bytes = (0..n as u32).map(|i| spm.piece(i)).collect();
+        Self::finish(g, Model::Spm(spm), token_bytes, is_control, n, "spm")
+    }
+
+    /// Special ids, stop ids and the chat template, common to both models.
+    fn finish(
+        g: &GgufFile,
+        inner: Model,
+        token_bytes: Vec<Vec<u8>>,
+        is_control: Vec<bool>,
+        n_tokens: usize,
+        pre: &str,
+    ) -> Result<Self> {
         let eos_id = g.get_u64("tokenizer.ggml.eos_token_id")? as u32;
         let bos_id = g.get_u64("tokenizer.ggml.bos_token_id").ok().map(|v| v as u32);
         let add_bos =
             matches!(g.get("tokenizer.ggml.add_bos_token"), Some(crate::gguf::Value::Bool(true)));
         let mut stop_ids = vec![eos_id];
-        for name in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>"] {
+        for name in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"] {
             if let Some(id) = inner.token_to_id(name) {
                 if !stop_ids.contains(&id) {
                     stop_ids.push(id);
@@ -176,12 +235,16 @@ impl GgufTokenizer {
                 stop_ids.push(id as u32);
             }
         }
-        let chat_template =
+        let mut chat_template =
             g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_owned);
-        tracing::debug!(vocab = tokens.len(), pre, eos_id, ?stop_ids, "built tokenizer from gguf");
+        if chat_template.is_none() && g.get_str("general.architecture").ok() == Some("gemma3") {
+            // Base Gemma files carry no template; the Gemma turn format is
+            // what their vocabulary's turn tokens are for.
+            chat_template = Some(crate::gemma3::CHAT_TEMPLATE.to_owned());
+        }
+        tracing::debug!(vocab = n_tokens, pre, eos_id, ?stop_ids, "built tokenizer from gguf");
         Ok(Self {
             inner,
-            plain,
             token_bytes,
             is_control,
             bos_id,
@@ -203,15 +266,19 @@ impl GgufTokenizer {
 
     /// Tokenize with explicit llama.cpp-style flags.
     pub fn encode_with(&self, text: &str, parse_special: bool, add_bos: bool) -> Result<Vec<u32>> {
-        let tk = if parse_special { &self.inner } else { &self.plain };
-        let enc = tk.encode(text, false).map_err(tok_err)?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
+        let mut ids = Vec::new();
         if add_bos {
             if let Some(b) = self.bos_id {
                 ids.push(b);
             }
         }
-        ids.extend_from_slice(enc.get_ids());
+        match &self.inner {
+            Model::Bpe { inner, plain } => {
+                let tk = if parse_special { inner } else { plain };
+                ids.extend_from_slice(tk.encode(text, false).map_err(tok_err)?.get_ids());
+            }
+            Model::Spm(s) => ids.extend(s.encode(text, parse_special)),
+        }
         Ok(ids)
     }
 
@@ -259,7 +326,11 @@ impl GgufTokenizer {
     /// The prompt tokens of a chat: the chat template rendered with the
     /// generation prompt, then tokenized.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        self.encode(&self.apply_chat_template(messages, true)?)
+        let text = self.apply_chat_template(messages, true)?;
+        // A template that writes the BOS itself (Gemma's) gets no second one.
+        let bos_text = self.bos_id.and_then(|b| self.inner.id_to_token(b));
+        let has_bos = bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
+        self.encode_with(&text, true, self.add_bos && !has_bos)
     }
 
     /// Render the GGUF's own chat template (`tokenizer.chat_template`).

@@ -16,19 +16,79 @@ use half::f16;
 use rayon::prelude::*;
 
 mod kernels;
+pub mod rows;
+#[cfg(target_arch = "x86_64")]
+mod rows_avx2;
 
 pub const QK: usize = 32;
 /// Rows per packed group (one f32 lane per row in a 256-bit vector).
 pub const GROUP: usize = 8;
 
 /// ggml tensor element types we can load (GGUF tags each tensor with one).
+#[allow(non_camel_case_types)] // ggml's names
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlType {
     F32,
     F16,
+    BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
     Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// ggml's name of a type id (ggml.c `type_traits`), for error messages
+/// about types this build cannot load.
+pub fn ggml_type_name(v: u32) -> &'static str {
+    const NAMES: [&str; 43] = [
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
+        "MXFP4",
+        "NVFP4",
+        "Q1_0",
+        "Q2_0",
+    ];
+    NAMES.get(v as usize).copied().unwrap_or("unknown")
 }
 
 impl GgmlType {
@@ -39,7 +99,12 @@ impl GgmlType {
             1 => Self::F16,
             2 => Self::Q4_0,
             3 => Self::Q4_1,
+            6 => Self::Q5_0,
             8 => Self::Q8_0,
+            12 => Self::Q4_K,
+            13 => Self::Q5_K,
+            14 => Self::Q6_K,
+            30 => Self::BF16,
             _ => return None,
         })
     }
@@ -48,10 +113,14 @@ impl GgmlType {
     pub fn block_layout(self) -> (usize, usize) {
         match self {
             Self::F32 => (1, 4),
-            Self::F16 => (1, 2),
+            Self::F16 | Self::BF16 => (1, 2),
             Self::Q4_0 => (QK, 18),
             Self::Q4_1 => (QK, 20),
+            Self::Q5_0 => (QK, 22),
             Self::Q8_0 => (QK, 34),
+            Self::Q4_K => (rows::QK_K, 144),
+            Self::Q5_K => (rows::QK_K, 176),
+            Self::Q6_K => (rows::QK_K, 210),
         }
     }
 }
@@ -89,6 +158,10 @@ fn decode_block(kind: QKind, d: f32, m: f32, qs: &[u8], out: &mut [f32]) {
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     let (per_block, block_bytes) = ty.block_layout();
     let mut out = vec![0f32; bytes.len() / block_bytes * per_block];
+    if rows::is_row_type(ty) || ty == GgmlType::BF16 {
+        rows::dequantize_blocks(ty, bytes, &mut out);
+        return out;
+    }
     let blocks = bytes.chunks_exact(block_bytes).zip(out.chunks_exact_mut(per_block));
     match QKind::of(ty) {
         Some(kind) => blocks.for_each(|(blk, o)| {
@@ -120,13 +193,14 @@ pub enum QKind {
 }
 
 impl QKind {
-    /// The quantized kind of a GGUF type; `None` for F32 and F16.
+    /// The quantized kind of a GGUF type in the packed group layout; `None`
+    /// for the float types and the row types of [`rows`].
     fn of(ty: GgmlType) -> Option<Self> {
         match ty {
-            GgmlType::F32 | GgmlType::F16 => None,
             GgmlType::Q4_0 => Some(QKind::Q4_0),
             GgmlType::Q4_1 => Some(QKind::Q4_1),
             GgmlType::Q8_0 => Some(QKind::Q8_0),
+            _ => None,
         }
     }
 
@@ -159,8 +233,13 @@ pub enum QData {
         m: Vec<u16>,
         qs: Vec<u8>,
     },
-    /// Unquantized fallback (F32/F16 GGUF tensors), row-major.
+    /// Unquantized fallback (F32/F16/BF16 GGUF tensors), row-major.
     F32(Vec<f32>),
+    /// The GGUF blocks as stored, row-major ([`rows`]: K-quants, Q5_0).
+    Rows { ty: GgmlType, bytes: Vec<u8> },
+    /// Matrices of different types stacked along the rows (a q/k/v or
+    /// gate/up fusion whose parts the quantizer gave different types).
+    Stack(Vec<QMatrix>),
 }
 
 /// A `[rows, cols]` weight matrix (`y = W x`), rows are output features.
@@ -185,6 +264,9 @@ fn bidx(nb: usize, r: usize, b: usize) -> usize {
 impl QMatrix {
     /// Build from a GGUF tensor payload of ggml shape `[cols, rows]`.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Self {
+        if rows::is_row_type(ty) {
+            return Self { rows, cols, data: QData::Rows { ty, bytes: bytes.to_vec() } };
+        }
         let Some(kind) = QKind::of(ty) else {
             return Self { rows, cols, data: QData::F32(dequantize(ty, bytes)) };
         };
@@ -253,8 +335,31 @@ impl QMatrix {
                 }
                 QData::F32(w)
             }
+            QData::Rows { ty, .. } => {
+                let ty = *ty;
+                let mut b2 = Vec::new();
+                for p in parts {
+                    match &p.data {
+                        QData::Rows { ty: t, bytes } if *t == ty => b2.extend_from_slice(bytes),
+                        _ => return None,
+                    }
+                }
+                QData::Rows { ty, bytes: b2 }
+            }
+            QData::Stack(_) => return None,
         };
         Some(QMatrix { rows, cols, data })
+    }
+
+    /// Stack matrices of equal `cols` along the rows, whatever their types
+    /// (one matmul call computes all of them).
+    pub fn stack(parts: Vec<QMatrix>) -> Option<QMatrix> {
+        let cols = parts.first()?.cols;
+        if parts.iter().any(|p| p.cols != cols) {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        Some(QMatrix { rows, cols, data: QData::Stack(parts) })
     }
 
     /// Bytes held by this matrix.
@@ -262,6 +367,8 @@ impl QMatrix {
         match &self.data {
             QData::Quant { d, m, qs, .. } => (d.len() + m.len()) * 2 + qs.len(),
             QData::F32(w) => w.len() * 4,
+            QData::Rows { bytes, .. } => bytes.len(),
+            QData::Stack(parts) => parts.iter().map(QMatrix::nbytes).sum(),
         }
     }
 
@@ -285,6 +392,19 @@ impl QMatrix {
                 }
             }
             QData::F32(w) => out.copy_from_slice(&w[r * self.cols..][..self.cols]),
+            QData::Rows { ty, bytes } => {
+                let rb = bytes.len() / self.rows;
+                rows::dequantize_blocks(*ty, &bytes[r * rb..][..rb], out);
+            }
+            QData::Stack(parts) => {
+                let mut r = r;
+                for p in parts {
+                    if r < p.rows {
+                        return p.row_f32(r, out);
+                    }
+                    r -= p.rows;
+                }
+            }
         }
     }
 
@@ -294,6 +414,22 @@ impl QMatrix {
         assert_eq!(out.len(), n * self.rows, "matmul output shape");
         let (kind, d, m, qs) = match &self.data {
             QData::F32(w) => return matmul_f32(w, self.rows, self.cols, x, n, out),
+            QData::Rows { ty, bytes } => {
+                return rows::matmul_rows(*ty, bytes, self.rows, self.cols, x, n, out)
+            }
+            QData::Stack(parts) => {
+                let mut off = 0;
+                for p in parts {
+                    let mut tmp = vec![0f32; n * p.rows];
+                    p.matmul(x, n, &mut tmp);
+                    for t in 0..n {
+                        out[t * self.rows + off..][..p.rows]
+                            .copy_from_slice(&tmp[t * p.rows..][..p.rows]);
+                    }
+                    off += p.rows;
+                }
+                return;
+            }
             QData::Quant { kind, d, m, qs } => (*kind, d, m, qs),
         };
         let acts = QActs::quantize(x, n, self.cols);

@@ -22,6 +22,14 @@ pub fn smollm_path() -> Option<PathBuf> {
     prereq::require(p.exists().then_some(p), &what, "run scripts/fetch-models.sh")
 }
 
+/// Path of the Gemma 3 270M GGUF, or None (SKIP; a failure under `CI=true`).
+#[track_caller]
+pub fn gemma_path() -> Option<PathBuf> {
+    let p = models_dir().join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
+    let what = format!("model {}", p.display());
+    prereq::require(p.exists().then_some(p), &what, "run scripts/fetch-models.sh gemma3-270m")
+}
+
 /// The all-MiniLM-L6-v2 directory, or None (SKIP; a failure under `CI=true`).
 #[track_caller]
 pub fn minilm_dir() -> Option<PathBuf> {

@@ -1,0 +1,374 @@
+//! Row-major quantized matrices: the K-quants (Q4_K, Q5_K, Q6_K, 256-element
+//! super-blocks) and Q5_0, kept exactly as the GGUF file stores them (one
+//! row = its blocks, contiguous).
+//!
+//! Two things are transcribed from ggml and must stay so:
+//! - [`dequantize_blocks`]: ggml-quants.c `dequantize_row_*`, element by
+//!   element with the same float operations (the bit-exact reference).
+//! - the dot products, in the float order of the kernels llama.cpp runs on
+//!   an AVX-512/AMX CPU, so that logits stay bit-comparable with it:
+//!   * K-quants (ggml-cpu/amx/mmq.cpp, vnni and tile paths alike):
+//!     activations quantized to Q8_K (`quantize_row_q8_K_ref`: f32 scale,
+//!     256 per block); per row and super-block an exact integer sum
+//!     `isum = Σ_sub scale_sub · (q · x)` and, for Q4_K/Q5_K, the min term
+//!     `msum = Σ_sub min_sub · bsum_sub`; then `acc = fma(isum, d·dx, acc)`
+//!     and `acc = fma(-msum, dmin·dx, acc)`, sequentially over super-blocks.
+//!   * Q5_0 (llamafile tinyBLAS `tinyBLAS_Q0_AVX`, the same order as
+//!     `ggml_vec_dot_q5_0_q8_0`): activations quantized to Q8_0; per block 8
+//!     lane sums of 4 consecutive products, `acc[l] = fma(d_w·d_x, lane, acc[l])`,
+//!     then a horizontal sum `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
+//!
+//! Integer sums are exact in any order, so a faster kernel only has to keep
+//! the float steps.
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::{GgmlType, QActs, QK};
+
+/// Elements per K-quant super-block.
+pub const QK_K: usize = 256;
+
+fn h(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j`.
+#[inline]
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Whether `ty` is stored by this module.
+pub(crate) fn is_row_type(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Reference dequantization of whole blocks of `ty` (one of this module's
+/// types or BF16), transcribed from ggml-quants.c.
+pub fn dequantize_blocks(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let (per, bsz) = ty.block_layout();
+    for (x, y) in bytes.chunks_exact(bsz).zip(out.chunks_exact_mut(per)) {
+        match ty {
+            GgmlType::BF16 => {
+                y[0] = f32::from_bits((u16::from_le_bytes([x[0], x[1]]) as u32) << 16)
+            }
+            GgmlType::Q5_0 => {
+                let d = h(x, 0);
+                let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+                let qs = &x[6..22];
+                for j in 0..16 {
+                    let xh0 = (((qh >> j) << 4) & 0x10) as u8;
+                    let xh1 = ((qh >> (j + 12)) & 0x10) as u8;
+                    let x0 = ((qs[j] & 0x0F) | xh0) as i32 - 16;
+                    let x1 = ((qs[j] >> 4) | xh1) as i32 - 16;
+                    y[j] = x0 as f32 * d;
+                    y[j + 16] = x1 as f32 * d;
+                }
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (d, min) = (h(x, 0), h(x, 2));
+                let scales = &x[4..16];
+                let five = ty == GgmlType::Q5_K;
+                let (qh, mut ql) =
+                    if five { (&x[16..48], &x[48..176]) } else { (&x[0..0], &x[16..144]) };
+                let mut yi = 0;
+                let (mut u1, mut u2) = (1u8, 2u8);
+                for is in (0..8).step_by(2) {
+                    let (sc, m) = scale_min_k4(is, scales);
+                    let (d1, m1) = (d * sc as f32, min * m as f32);
+                    let (sc, m) = scale_min_k4(is + 1, scales);
+                    let (d2, m2) = (d * sc as f32, min * m as f32);
+                    for l in 0..32 {
+                        let hi = if five && qh[l] & u1 != 0 { 16 } else { 0 };
+                        y[yi + l] = d1 * ((ql[l] & 0xF) + hi) as f32 - m1;
+                    }
+                    for l in 0..32 {
+                        let hi = if five && qh[l] & u2 != 0 { 16 } else { 0 };
+                        y[yi + 32 + l] = d2 * ((ql[l] >> 4) + hi) as f32 - m2;
+                    }
+                    yi += 64;
+                    ql = &ql[32..];
+                    u1 <<= 2;
+                    u2 <<= 2;
+                }
+            }
+            GgmlType::Q6_K => {
+                let d = h(x, 208);
+                for n in 0..2 {
+                    let ql = &x[64 * n..];
+                    let qh = &x[128 + 32 * n..];
+                    let sc = &x[192 + 8 * n..];
+                    let yo = &mut y[128 * n..];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
+                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                        yo[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                        yo[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                        yo[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                        yo[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                    }
+                }
+            }
+            other => unreachable!("{other:?} is not a row type"),
+        }
+    }
+}
+
+/// One super-block's quants as integers (Q4_K/Q5_K: 0..32, Q6_K: -32..32)
+/// with its per-sub-block scales (and, for Q4_K/Q5_K, mins). Q6_K has 16
+/// sub-blocks of 16, the others 8 of 32.
+struct KBlock {
+    q: [i8; QK_K],
+    scales: [i32; 16],
+    mins: [i32; 8],
+    d: f32,
+    dmin: f32,
+}
+
+fn unpack_k(ty: GgmlType, x: &[u8], b: &mut KBlock) {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            b.d = h(x, 0);
+            b.dmin = h(x, 2);
+            let scales = &x[4..16];
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, scales);
+                b.scales[j] = s as i32;
+                b.mins[j] = m as i32;
+            }
+            let five = ty == GgmlType::Q5_K;
+            let ql = if five { &x[48..176] } else { &x[16..144] };
+            for j in 0..8 {
+                let src = &ql[32 * (j / 2)..][..32];
+                let dst = &mut b.q[32 * j..][..32];
+                for l in 0..32 {
+                    let lo = if j % 2 == 0 { src[l] & 0xF } else { src[l] >> 4 };
+                    let hi = if five { ((x[16 + l] >> j) & 1) << 4 } else { 0 };
+                    dst[l] = (lo | hi) as i8;
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            b.d = h(x, 208);
+            b.dmin = 0.0;
+            for s in 0..16 {
+                b.scales[s] = x[192 + s] as i8 as i32;
+            }
+            for n in 0..2 {
+                let (ql, qh) = (&x[64 * n..], &x[128 + 32 * n..]);
+                let q = &mut b.q[128 * n..];
+                for l in 0..32 {
+                    q[l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
+                    q[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                    q[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                    q[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                }
+            }
+        }
+        other => unreachable!("{other:?} is not a K-quant"),
+    }
+}
+
+/// Activations quantized to Q8_K (`quantize_row_q8_K_ref`): per 256
+/// elements an f32 scale, 256 int8 and 16 sums of 16.
+#[derive(Debug)]
+pub struct Q8K {
+    pub d: Vec<f32>,
+    pub qs: Vec<i8>,
+    pub bsums: Vec<i32>,
+}
+
+impl Q8K {
+    pub fn quantize(x: &[f32]) -> Self {
+        let nb = x.len() / QK_K;
+        let mut d = vec![0f32; nb];
+        let mut qs = vec![0i8; nb * QK_K];
+        let mut bsums = vec![0i32; nb * 16];
+        for (i, xb) in x.chunks_exact(QK_K).enumerate() {
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                continue;
+            }
+            let iscale = -127.0 / max;
+            let q = &mut qs[i * QK_K..][..QK_K];
+            for (qj, &v) in q.iter_mut().zip(xb) {
+                // ggml's nearest_int: round half to even.
+                *qj = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for j in 0..16 {
+                bsums[i * 16 + j] = q[16 * j..][..16].iter().map(|&v| v as i32).sum();
+            }
+            d[i] = 1.0 / iscale;
+        }
+        Self { d, qs, bsums }
+    }
+}
+
+/// `Σ a·b` of equal-length int8 slices (exact).
+#[inline(always)]
+fn idot(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// One K-quant super-block against Q8_K block `b` of activation row `a`,
+/// added to `acc` in llama.cpp's AMX order.
+#[inline(always)]
+fn k_block_dot(ty: GgmlType, kb: &KBlock, a: &Q8K, t_block: usize, acc: f32) -> f32 {
+    let x = &a.qs[t_block * QK_K..][..QK_K];
+    let dx = a.d[t_block];
+    if ty == GgmlType::Q6_K {
+        let mut isum = 0i32;
+        for s in 0..16 {
+            isum += kb.scales[s] * idot(&kb.q[16 * s..][..16], &x[16 * s..][..16]);
+        }
+        return (isum as f32).mul_add(kb.d * dx, acc);
+    }
+    let bs = &a.bsums[t_block * 16..][..16];
+    let (mut isum, mut msum) = (0i32, 0i32);
+    for j in 0..8 {
+        isum += kb.scales[j] * idot(&kb.q[32 * j..][..32], &x[32 * j..][..32]);
+        msum += kb.mins[j] * (bs[2 * j] + bs[2 * j + 1]);
+    }
+    let acc = (isum as f32).mul_add(kb.d * dx, acc);
+    (-(msum as f32)).mul_add(kb.dmin * dx, acc)
+}
+
+/// Q5_0 block as 32 signed quants (-16..16).
+#[inline(always)]
+fn unpack_q5_0(x: &[u8], q: &mut [i8; QK]) -> f32 {
+    let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+    for j in 0..16 {
+        q[j] = ((x[6 + j] & 0xF) | ((((qh >> j) & 1) as u8) << 4)) as i8 - 16;
+        q[j + 16] = ((x[6 + j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4)) as i8 - 16;
+    }
+    h(x, 0)
+}
+
+/// tinyBLAS's `hsum` of 8 lanes.
+#[inline(always)]
+fn hsum8(a: &[f32; 8]) -> f32 {
+    let r: [f32; 4] = std::array::from_fn(|j| a[j + 4] + a[j]);
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+#[cfg(not(test))]
+fn force_scalar() -> bool {
+    false
+}
+
+/// Tests run the scalar path on demand to compare it with the SIMD one.
+#[cfg(test)]
+fn force_scalar() -> bool {
+    tests::FORCE_SCALAR.with(|f| f.get())
+}
+
+/// `out[t * rows + r] = Σ_c w[r, c] · x[t, c]` for a row-major matrix of a
+/// row type, multithreaded over rows.
+pub fn matmul_rows(
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let (per, bsz) = ty.block_layout();
+    let nb = cols / per;
+    let row_bytes = nb * bsz;
+    // tmp: [rows, n] so each task writes a contiguous slice.
+    let mut tmp = vec![0f32; rows * n];
+    let threads = rayon::current_num_threads().max(1);
+    let per_task = if n * rows <= 8192 { rows.div_ceil(threads) } else { 16 };
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    if avx2 && !force_scalar() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let q5 = (ty == GgmlType::Q5_0).then(|| QActs::quantize(x, n, cols));
+            let q8k = (ty != GgmlType::Q5_0).then(|| Q8K::quantize(x));
+            tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
+                for (ri, orow) in o.chunks_mut(n).enumerate() {
+                    let r = ti * per_task + ri;
+                    let w = &bytes[r * row_bytes..][..row_bytes];
+                    // SAFETY: the CPU features were detected above.
+                    unsafe {
+                        match (&q5, &q8k) {
+                            (Some(a), _) => super::rows_avx2::q5_0_row(w, nb, &a.d, &a.qs, orow),
+                            (_, Some(a)) => super::rows_avx2::k_row(ty, w, nb, a, orow),
+                            _ => {}
+                        }
+                    }
+                }
+            });
+        }
+    } else if ty == GgmlType::Q5_0 {
+        let acts = QActs::quantize(x, n, cols);
+        tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
+            let mut q = [0i8; QK];
+            let mut acc = vec![[0f32; 8]; n];
+            for (ri, orow) in o.chunks_mut(n).enumerate() {
+                let r = ti * per_task + ri;
+                let w = &bytes[r * row_bytes..][..row_bytes];
+                acc.iter_mut().for_each(|a| *a = [0.0; 8]);
+                for b in 0..nb {
+                    let dw = unpack_q5_0(&w[b * bsz..][..bsz], &mut q);
+                    for (t, at) in acc.iter_mut().enumerate() {
+                        let xq = &acts.qs[t * cols + b * QK..][..QK];
+                        let d = dw * acts.d[t * nb + b];
+                        for (l, al) in at.iter_mut().enumerate() {
+                            let s = idot(&q[4 * l..][..4], &xq[4 * l..][..4]);
+                            *al = d.mul_add(s as f32, *al);
+                        }
+                    }
+                }
+                for (o, a) in orow.iter_mut().zip(&acc) {
+                    *o = hsum8(a);
+                }
+            }
+        });
+    } else {
+        let acts = Q8K::quantize(x);
+        tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
+            let mut kb = KBlock { q: [0; QK_K], scales: [0; 16], mins: [0; 8], d: 0.0, dmin: 0.0 };
+            for (ri, orow) in o.chunks_mut(n).enumerate() {
+                let r = ti * per_task + ri;
+                let w = &bytes[r * row_bytes..][..row_bytes];
+                orow.iter_mut().for_each(|v| *v = 0.0);
+                for b in 0..nb {
+                    unpack_k(ty, &w[b * bsz..][..bsz], &mut kb);
+                    for (t, ot) in orow.iter_mut().enumerate() {
+                        *ot = k_block_dot(ty, &kb, &acts, t * nb + b, *ot);
+                    }
+                }
+            }
+        });
+    }
+    for r in 0..rows {
+        for t in 0..n {
+            out[t * rows + r] = tmp[r * n + t];
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "rows_tests.rs"]
+mod tests;
