@@ -63,6 +63,49 @@ pub fn choice(api: ApiType, index: usize, text: &str, logprobs: Value, finish: &
     }
 }
 
+/// One call of an answer, as OpenAI's `message.tool_calls[k]`.
+pub fn tool_call(id: &str, name: &str, arguments: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+}
+
+/// The finish reason of an answer that made calls: `tool_calls` when the
+/// model ended it, else what cut it (`length`).
+pub fn calls_finish(finish: &str, calls: usize) -> &str {
+    if calls > 0 && finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
+    }
+}
+
+/// One choice of a blocking chat answer to a request with tools: its text
+/// read for calls ([`crate::tools::parse`]); without calls, a plain choice.
+pub fn tools_choice(
+    index: usize,
+    text: &str,
+    logprobs: Value,
+    finish: &str,
+    max_calls: usize,
+    response_id: &str,
+) -> Value {
+    let a = crate::tools::parse::answer(text, max_calls);
+    if a.calls.is_empty() {
+        return choice(ApiType::ChatCompletion, index, &a.content, logprobs, finish);
+    }
+    let calls: Vec<Value> = a
+        .calls
+        .iter()
+        .enumerate()
+        .map(|(k, (name, args))| {
+            tool_call(&crate::tools::call_id(response_id, index, k), name, args)
+        })
+        .collect();
+    let content = if a.content.is_empty() { Value::Null } else { json!(a.content) };
+    json!({"index": index,
+           "message": {"role": "assistant", "content": content, "refusal": null, "tool_calls": calls},
+           "logprobs": logprobs, "finish_reason": calls_finish(finish, calls.len())})
+}
+
 /// The gateway's blocking answer.
 pub fn completion(
     api: ApiType,
@@ -125,6 +168,8 @@ pub(crate) struct StreamShape {
     pub include_usage: bool,
     /// Chat `logprobs: true`: text chunks carry them.
     pub logprobs: bool,
+    /// A request with tools: the text is read for calls, at most this many.
+    pub tools: Option<usize>,
 }
 
 impl StreamShape {
@@ -152,6 +197,20 @@ impl StreamShape {
                    "finish_reason": finish})
         };
         self.wrap(vec![choice])
+    }
+
+    /// A chunk of choice `index` with one tool-call delta (the role on the
+    /// first chat chunk): the call's opening (`index`, `id`, `type`, the
+    /// name and empty arguments), then its arguments piece by piece.
+    pub fn tool_chunk(&self, index: usize, role: bool, call: Value) -> Value {
+        let mut delta = Map::new();
+        if role {
+            delta.insert("role".into(), json!("assistant"));
+            delta.insert("content".into(), Value::Null);
+        }
+        delta.insert("tool_calls".into(), json!([call]));
+        self.wrap(vec![json!({"index": index, "delta": delta, "logprobs": null,
+                              "finish_reason": null})])
     }
 
     /// The final usage chunk (no choices), sent when asked for.
@@ -201,6 +260,7 @@ mod tests {
             model: "m".into(),
             include_usage: false,
             logprobs: false,
+            tools: None,
         };
         let c = s.chunk(0, Some(""), true, None, Value::Null);
         assert_eq!(c["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
@@ -208,5 +268,30 @@ mod tests {
         s.include_usage = true;
         assert!(s.chunk(0, None, false, Some("stop"), Value::Null)["usage"].is_null());
         assert_eq!(s.usage_chunk(usage(1, 2, 0))["usage"]["total_tokens"], 3);
+    }
+
+    #[test]
+    fn an_answer_that_calls_has_null_content_ids_and_finish_tool_calls() {
+        let text = crate::tools::call_text("get_weather", r#"{"city": "Paris"}"#);
+        let c = tools_choice(1, &text, Value::Null, "stop", 8, "chatcmpl-abc");
+        let m = &c["message"];
+        assert_eq!(m["content"], Value::Null);
+        assert_eq!(c["finish_reason"], "tool_calls");
+        let call = &m["tool_calls"][0];
+        assert_eq!(call["id"], "call_abc_1_0");
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], r#"{"city": "Paris"}"#, "a JSON string");
+        // Cut by max_tokens: still the call so far, finish length.
+        let cut =
+            tools_choice(0, &text[..text.len() - 20], Value::Null, "length", 8, "chatcmpl-abc");
+        assert_eq!(cut["finish_reason"], "length");
+        // No call: a plain text answer.
+        let t = tools_choice(0, "Sunny.", Value::Null, "stop", 8, "chatcmpl-abc");
+        assert_eq!(
+            (t["message"]["content"].as_str(), t["finish_reason"].as_str()),
+            (Some("Sunny."), Some("stop"))
+        );
+        assert!(t["message"].get("tool_calls").is_none());
     }
 }

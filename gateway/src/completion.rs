@@ -157,6 +157,7 @@ async fn generate(
         .tokens_delivered
         .fetch_add(done.iter().map(|c| c.tokens).sum(), Ordering::Relaxed);
     let usage = codec::metered_usage(Some(&total), completion);
+    let id = codec::response_id(api, &first_job);
     let choices: Vec<Value> = done
         .iter()
         .enumerate()
@@ -165,10 +166,13 @@ async fn generate(
                 c.finish.map_or_else(|| codec::result_finish(&c.result), |x| x.as_str().into());
             let lp =
                 if g.job.logprobs.is_some() { codec::logprobs(&c.logprobs) } else { Value::Null };
-            codec::choice(api, i, &c.text, lp, &finish)
+            match &g.job.tools {
+                // The signed text is read for calls here, as the stream reads it.
+                Some(t) => codec::tools_choice(i, &c.text, lp, &finish, t.max_calls.into(), &id),
+                None => codec::choice(api, i, &c.text, lp, &finish),
+            }
         })
         .collect();
-    let id = codec::response_id(api, &first_job);
     let body = codec::completion(api, &id, f.created_s, &f.common.model, choices, usage);
     let workers: Vec<String> = done.iter().map(|c| c.result.node_id.to_string()).collect();
     Ok(with_job_headers(json_body(&body), &first_job, &workers.join(",")))

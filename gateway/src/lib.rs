@@ -29,6 +29,7 @@ pub mod payload;
 pub mod request;
 pub mod serve;
 pub mod sse;
+pub mod tools;
 pub mod validate;
 
 use std::sync::atomic::AtomicUsize;

@@ -11,16 +11,26 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// The wire format's newest version. Version 2 added
-/// [`Generation::constraint`]; a payload without one is still written as
-/// version 1 (same bytes as before), so only constrained jobs are refused
-/// by workers that predate it, instead of being run unconstrained.
-pub const PAYLOAD_VERSION: u32 = 2;
+/// [`Generation::constraint`], version 3 tools ([`Generation::tools`], the
+/// `tool` role, [`Message::tool_calls`], [`Message::tool_call_id`]). Each
+/// payload is written with the oldest version that has every field it
+/// uses (a plain chat is still version 1, same bytes as before), so only
+/// the jobs that need a newer worker are refused by older ones, instead of
+/// being run without their constraint or tools.
+pub const PAYLOAD_VERSION: u32 = 3;
 
 /// The versions this build reads.
 const READS: std::ops::RangeInclusive<u32> = 1..=PAYLOAD_VERSION;
 
 /// Longest JSON Schema text a job may carry.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// Most tools one request may define (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+/// Most bytes of all tool definitions together (names, descriptions,
+/// parameter schemas): what the worker's grammar compiles is bounded by it.
+pub const MAX_TOOLS_BYTES: usize = 256 * 1024;
+/// Most calls one answer may make with `parallel_tool_calls`.
+pub const MAX_PARALLEL_CALLS: u8 = 8;
 
 /// What a worker is asked to run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,6 +60,61 @@ pub struct Generation {
     /// into a grammar that masks the sampled tokens (absent in version 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<Constraint>,
+    /// `tools` with a `tool_choice` other than `none` (absent before
+    /// version 3, and when the request has no tools to call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Tools>,
+}
+
+/// The functions the model may call, and how it must choose.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tools {
+    /// The definitions, in the request's order (at most [`MAX_TOOLS`]).
+    pub functions: Vec<Tool>,
+    /// `tool_choice`.
+    pub choice: ToolChoice,
+    /// Calls one answer may make: 1, or up to [`MAX_PARALLEL_CALLS`] with
+    /// `parallel_tool_calls` (OpenAI's default is parallel).
+    pub max_calls: u8,
+}
+
+/// One function definition (`tools[i].function`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tool {
+    /// `^[a-zA-Z0-9_-]{1,64}$`.
+    pub name: String,
+    /// What the model is told the function does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The arguments' JSON Schema, JSON text (at most [`MAX_SCHEMA_BYTES`]).
+    pub parameters: String,
+    /// The schema did not compile and the tool is not `strict`: the
+    /// arguments are held to any JSON object instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loose: bool,
+}
+
+/// `tool_choice` when there is something to choose (`none` carries no tools).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// Text or calls, the model decides.
+    Auto,
+    /// At least one call, of any tool.
+    Required,
+    /// Calls of this tool only.
+    Function(String),
+}
+
+/// One call an earlier assistant turn made (`messages[i].tool_calls[j]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the `tool` message answering it names.
+    pub id: String,
+    /// The function called.
+    pub name: String,
+    /// Its arguments as the client sent them (JSON text, not re-parsed).
+    pub arguments: String,
 }
 
 /// The output's required shape: the constraint's source, not compiled
@@ -84,6 +149,24 @@ pub struct Message {
     pub role: Role,
     /// The text (empty for an assistant turn with no content).
     pub content: String,
+    /// An assistant turn's calls (version 3; absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` turn: the call it answers (version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A turn of plain text.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self { role, content: content.into(), tool_calls: vec![], tool_call_id: None }
+    }
+
+    /// Whether it needs payload version 3.
+    fn uses_tools(&self) -> bool {
+        self.role == Role::Tool || !self.tool_calls.is_empty() || self.tool_call_id.is_some()
+    }
 }
 
 /// A chat role; `developer` arrives as [`Role::System`].
@@ -96,6 +179,8 @@ pub enum Role {
     User,
     /// The model's earlier turns.
     Assistant,
+    /// A function's result (version 3).
+    Tool,
 }
 
 impl Role {
@@ -105,6 +190,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -184,6 +270,14 @@ struct VersionOnly {
     version: u32,
 }
 
+impl Generation {
+    /// Whether it needs payload version 3.
+    fn uses_tools(&self) -> bool {
+        self.tools.is_some()
+            || matches!(&self.prompt, Prompt::Chat(m) if m.iter().any(Message::uses_tools))
+    }
+}
+
 impl JobRequest {
     /// The API surface this request belongs to.
     pub fn api_type(&self) -> ApiType {
@@ -199,8 +293,11 @@ impl JobRequest {
     /// The payload bytes: canonical CBOR, so equal requests hash equal
     /// (idempotency keys compare these hashes).
     pub fn encode(&self) -> Result<Vec<u8>, PayloadError> {
-        let constrained = matches!(self, JobRequest::Generation(g) if g.constraint.is_some());
-        let version = if constrained { PAYLOAD_VERSION } else { 1 };
+        let version = match self {
+            JobRequest::Generation(g) if g.uses_tools() => 3,
+            JobRequest::Generation(g) if g.constraint.is_some() => 2,
+            _ => 1,
+        };
         let wire = Wire { version, request: self };
         gcs_protocol::codec::to_canonical_bytes(&wire)
             .map_err(|e| PayloadError::Encode(e.to_string()))
@@ -226,7 +323,7 @@ mod tests {
 
     fn chat() -> JobRequest {
         JobRequest::Generation(Generation {
-            prompt: Prompt::Chat(vec![Message { role: Role::User, content: "hi".into() }]),
+            prompt: Prompt::Chat(vec![Message::text(Role::User, "hi")]),
             max_tokens: 7,
             sampling: Sampling {
                 seed: Some(u64::MAX),
@@ -236,7 +333,30 @@ mod tests {
             stop: vec!["\n".into()],
             logprobs: Some(3),
             constraint: None,
+            tools: None,
         })
+    }
+
+    fn with_tools() -> JobRequest {
+        let JobRequest::Generation(mut g) = constrained() else { unreachable!() };
+        g.tools = Some(Tools {
+            functions: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: "{}".into(),
+                loose: false,
+            }],
+            choice: ToolChoice::Function("f".into()),
+            max_calls: 1,
+        });
+        JobRequest::Generation(g)
+    }
+
+    fn with_tool_turn() -> JobRequest {
+        let JobRequest::Generation(mut g) = chat() else { unreachable!() };
+        let Prompt::Chat(m) = &mut g.prompt else { unreachable!() };
+        m.push(Message { tool_call_id: Some("call_1".into()), ..Message::text(Role::Tool, "7") });
+        JobRequest::Generation(g)
     }
 
     fn constrained() -> JobRequest {
@@ -269,10 +389,22 @@ mod tests {
     }
 
     #[test]
+    fn tools_or_a_tool_turn_make_version_3() {
+        for r in [with_tools(), with_tool_turn()] {
+            let bytes = r.encode().unwrap();
+            assert_eq!(version_of(&bytes), 3);
+            assert_eq!(JobRequest::decode(&bytes).unwrap(), r);
+        }
+        // The v1 bytes of a plain chat did not change with the new fields.
+        assert_eq!(version_of(&chat().encode().unwrap()), 1);
+    }
+
+    #[test]
     fn a_request_survives_the_wire() {
         for r in [
             chat(),
             constrained(),
+            with_tools(),
             JobRequest::Embedding(Embedding { inputs: vec!["a".into(), "b".into()] }),
         ] {
             assert_eq!(JobRequest::decode(&r.encode().unwrap()).unwrap(), r);

@@ -25,6 +25,7 @@ use crate::backend::JobEvent;
 use crate::codec::{self, StreamShape};
 use crate::error::ApiError;
 use crate::request::GenerationRequest;
+use crate::tools::parse::{CallEvent, CallReader};
 
 /// Frames queued between the producer and the HTTP body; the byte bound
 /// below is the real limit, this only caps the channel.
@@ -147,6 +148,7 @@ pub(crate) async fn respond(
         model: f.common.model.clone(),
         include_usage: g.include_usage,
         logprobs: g.job.logprobs.is_some(),
+        tools: g.job.tools.as_ref().map(|t| usize::from(t.max_calls)),
     };
     tokio::spawn(pump(f, shape, jobs, out, accepted));
     Ok(r)
@@ -164,6 +166,10 @@ struct Choice {
     done: bool,
     /// Metered by the worker, once completed.
     metering: Option<gcs_protocol::Metering>,
+    /// A request with tools: the reader of its calls.
+    reader: Option<CallReader>,
+    /// Log-probabilities not yet sent with a content delta (tools only).
+    pending_lp: Vec<gcs_protocol::TokenLogprob>,
 }
 
 /// The whole stream's state.
@@ -315,7 +321,15 @@ fn chunk(
     let now = Instant::now();
     let text = c.delta.content.as_deref().filter(|t| !t.is_empty());
     let ch = &mut p.choices[i];
-    if text.is_some() || (!ch.role_sent && shape.api == ApiType::ChatCompletion) {
+    let wrote = if let Some(max) = shape.tools {
+        ch.pending_lp.extend(c.delta.logprobs.iter().cloned());
+        let r = ch.reader.get_or_insert_with(|| CallReader::new(max));
+        let mut ev = text.map(|t| r.push(t)).unwrap_or_default();
+        if c.finish_reason.is_some() {
+            ev.extend(r.finish());
+        }
+        send_calls(shape, i, ch, out, ev)?
+    } else if text.is_some() || (!ch.role_sent && shape.api == ApiType::ChatCompletion) {
         let role = !ch.role_sent;
         let lp = if shape.logprobs && text.is_some() {
             codec::logprobs(&c.delta.logprobs)
@@ -324,6 +338,11 @@ fn chunk(
         };
         out.data(&shape.chunk(i, text.or(role.then_some("")), role, None, lp))?;
         ch.role_sent = true;
+        true
+    } else {
+        false
+    };
+    if wrote {
         match p.first_at {
             None => {
                 p.first_at = Some(now);
@@ -336,11 +355,58 @@ fn chunk(
     p.last_at = now;
     if let Some(fr) = c.finish_reason {
         if !ch.finish_sent {
-            out.data(&shape.chunk(i, None, false, Some(fr.as_str()), Value::Null))?;
+            let calls = ch.reader.as_ref().map_or(0, CallReader::calls);
+            let finish = codec::calls_finish(fr.as_str(), calls);
+            out.data(&shape.chunk(i, None, false, Some(finish), Value::Null))?;
             ch.finish_sent = true;
         }
     }
     Ok(())
+}
+
+/// Sends what a tools request's text said as OpenAI deltas: content, a
+/// call's opening (index, id, type, name, empty arguments), its argument
+/// pieces. Whether anything was sent.
+fn send_calls(
+    shape: &StreamShape,
+    i: usize,
+    ch: &mut Choice,
+    out: &Out,
+    events: Vec<CallEvent>,
+) -> Result<bool, Stop> {
+    let wrote = !events.is_empty();
+    for e in events {
+        let role = !ch.role_sent;
+        let frame = match e {
+            CallEvent::Content(t) => {
+                let lp = std::mem::take(&mut ch.pending_lp);
+                let lp = if shape.logprobs { codec::logprobs(&lp) } else { Value::Null };
+                shape.chunk(i, Some(&t), role, None, lp)
+            }
+            CallEvent::Start { index, name } => {
+                ch.pending_lp.clear();
+                let id = crate::tools::call_id(&shape.id, i, index);
+                shape.tool_chunk(
+                    i,
+                    role,
+                    serde_json::json!({"index": index, "id": id,
+                    "type": "function", "function": {"name": name, "arguments": ""}}),
+                )
+            }
+            CallEvent::Arguments { index, text } => {
+                ch.pending_lp.clear();
+                shape.tool_chunk(
+                    i,
+                    role,
+                    serde_json::json!({"index": index,
+                    "function": {"arguments": text}}),
+                )
+            }
+        };
+        out.data(&frame)?;
+        ch.role_sent = true;
+    }
+    Ok(wrote)
 }
 
 /// Choice `i` completed; when every choice has, the usage chunk and `[DONE]`.
@@ -354,8 +420,18 @@ fn completed(
 ) -> Result<bool, Stop> {
     let ch = &mut p.choices[i];
     if !ch.finish_sent {
+        // Text held back by the call reader goes out before the finish.
+        let held = ch.reader.as_mut().map(CallReader::finish).unwrap_or_default();
+        send_calls(shape, i, ch, out, held)?;
         let finish = codec::result_finish(r);
-        out.data(&shape.chunk(i, None, false, Some(&finish), Value::Null))?;
+        let calls = ch.reader.as_ref().map_or(0, CallReader::calls);
+        out.data(&shape.chunk(
+            i,
+            None,
+            false,
+            Some(codec::calls_finish(&finish, calls)),
+            Value::Null,
+        ))?;
         ch.finish_sent = true;
     }
     ch.done = true;

@@ -154,12 +154,13 @@ mod tests {
 
     fn g() -> Generation {
         Generation {
-            prompt: Prompt::Chat(vec![Message { role: Role::User, content: "hi".into() }]),
+            prompt: Prompt::Chat(vec![Message::text(Role::User, "hi")]),
             max_tokens: 16,
             sampling: Sampling::default(),
             stop: vec![],
             logprobs: None,
             constraint: None,
+            tools: None,
         }
     }
     const M: ModelLimits = ModelLimits { context_tokens: Some(100), vocab_size: Some(1000) };

@@ -179,15 +179,16 @@ async fn a_careful_clients_checks_all_get_4xx_envelopes() {
             "max_tokens",
         ),
         (
-            "tools",
+            "tool_choice naming no tool",
             post(
                 chat,
                 Some(&key),
                 &body(serde_json::json!({"model": "gnus-auto", "messages": user,
-                                         "tools": [{"type": "function", "function": {"name": "f"}}]})),
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": {"type": "function", "function": {"name": "g"}}})),
             ),
             400,
-            "tools",
+            "tool_choice",
         ),
     ];
     for (what, req, status, param) in cases {

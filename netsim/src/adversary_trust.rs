@@ -257,12 +257,13 @@ impl Rogue {
 
     fn payload() -> Vec<u8> {
         let g = Generation {
-            prompt: Prompt::Chat(vec![Turn { role: Role::User, content: "flood".into() }]),
+            prompt: Prompt::Chat(vec![Turn::text(Role::User, "flood")]),
             max_tokens: 24,
             sampling: Default::default(),
             stop: vec![],
             logprobs: None,
             constraint: None,
+            tools: None,
         };
         Payload::Generation(g).encode().unwrap_or_default()
     }

@@ -24,12 +24,13 @@ fn model_dir() -> std::path::PathBuf {
 
 fn chat(max_tokens: u32) -> Generation {
     Generation {
-        prompt: Prompt::Chat(vec![Message { role: Role::User, content: "Say hi".into() }]),
+        prompt: Prompt::Chat(vec![Message::text(Role::User, "Say hi")]),
         max_tokens,
         sampling: Sampling { temperature: 0.0, ..Sampling::default() },
         stop: vec![],
         logprobs: None,
         constraint: None,
+        tools: None,
     }
 }
 

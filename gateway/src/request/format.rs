@@ -21,12 +21,7 @@ const PARAM: &str = "response_format";
 /// The worker's layout options (`gcs_engine::constraint`): checking with
 /// the same ones means the worker compiles what the gateway accepted.
 fn options() -> JsonCompileOptions {
-    JsonCompileOptions {
-        item_separator: ", ".into(),
-        key_separator: ": ".into(),
-        whitespace_flexible: false,
-        ..JsonCompileOptions::default()
-    }
+    crate::tools::grammar::json_options()
 }
 
 /// The worker's compile limits (`gcs_engine::constraint::limits`).
@@ -67,6 +62,13 @@ fn check(schema: &Value) -> Result<(), ApiError> {
     f.create_parser(TopLevelGrammar::from_json_schema(s))
         .map(drop)
         .map_err(|e| ApiError::unsupported(PARAM, format!("unsupported json schema: {e}")))
+}
+
+/// Compiles a lark grammar (a tools request's) with the worker's limits;
+/// the error is llguidance's reason.
+pub(super) fn check_grammar(lark: &str) -> Result<(), String> {
+    let f = factory().ok_or_else(|| "grammars cannot be compiled here".to_string())?;
+    f.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map(drop).map_err(|e| e.to_string())
 }
 
 /// The constraint `response_format` asks for; `None` for text or absent.

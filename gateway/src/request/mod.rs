@@ -10,12 +10,16 @@ use gcs_protocol::{ApiType, PrivacyLevel, RoutingMode};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+mod fields;
 mod format;
 mod gnus;
+mod messages;
+mod tools;
 
 use gnus::gnus_extension;
+use messages::messages;
 
-use crate::payload::{Embedding, Generation, JobRequest, Message, Prompt, Role, Sampling};
+use crate::payload::{Embedding, Generation, JobRequest, Prompt, Sampling};
 
 /// Largest completion a request may ask for.
 pub const MAX_COMPLETION_TOKENS: u64 = 4096;
@@ -53,6 +57,9 @@ pub struct Common {
     pub privacy: PrivacyLevel,
     /// Timeout overrides.
     pub timeouts: TimeoutOverrides,
+    /// Fields present that GCS does not honour (ignored, as 26.15.2 asks;
+    /// with `gnus.strict` they are refused instead and never get here).
+    pub ignored: Vec<String>,
 }
 
 /// A validated chat or legacy completion request.
@@ -182,7 +189,8 @@ pub fn parse(api_type: ApiType, bytes: &[u8]) -> Result<Parsed, ApiError> {
         Some(_) => return Err(ApiError::invalid("model", "'model' must be a non-empty string")),
     };
     let (network, privacy, timeouts) = gnus_extension(&body)?;
-    let common = Common { api_type, model, prompt_chars: 0, network, privacy, timeouts };
+    let ignored = fields::screen(&body, api_type, fields::strict(&body)?)?;
+    let common = Common { api_type, model, prompt_chars: 0, network, privacy, timeouts, ignored };
     match api_type {
         ApiType::Embedding => embeddings(&body, common).map(Parsed::Embedding),
         ApiType::ChatCompletion | ApiType::Completion => {
@@ -263,18 +271,33 @@ fn generation(
         (ApiType::ChatCompletion, Some(_)) => {
             return Err(ApiError::invalid("logprobs", "'logprobs' must be a boolean"))
         }
-        // The legacy shape (token_logprobs, text_offset) is not produced.
-        (_, Some(_)) => {
-            return Err(ApiError::unsupported(
-                "logprobs",
-                "log probabilities are served on /v1/chat/completions only",
-            ))
-        }
+        // The legacy shape (token_logprobs, text_offset) is not produced:
+        // ignored (refused under gnus.strict) by the field table.
+        (_, Some(_)) => None,
     };
-    unsupported_generation_fields(body, api)?;
     let constraint = format::response_format(body)?;
-    let job =
-        Generation { prompt, max_tokens: max_tokens as u32, sampling, stop, logprobs, constraint };
+    let tools = if api == ApiType::ChatCompletion {
+        tools::tools(body, constraint.as_ref())?
+    } else {
+        None
+    };
+    if let Some(t) = &tools {
+        // The tools are rendered into the prompt.
+        common.prompt_chars += t
+            .functions
+            .iter()
+            .map(|f| f.name.len() + f.parameters.len() + f.description.as_ref().map_or(0, String::len))
+            .sum::<usize>();
+    }
+    let job = Generation {
+        prompt,
+        max_tokens: max_tokens as u32,
+        sampling,
+        stop,
+        logprobs,
+        constraint,
+        tools,
+    };
     Ok(GenerationRequest { common, stream, include_usage, n, budget_field, job })
 }
 
@@ -324,121 +347,6 @@ fn logit_bias(body: &Map<String, Value>) -> Result<BTreeMap<u32, f32>, ApiError>
             .collect(),
         Some(_) => Err(ApiError::invalid("logit_bias", "'logit_bias' must be an object")),
     }
-}
-
-/// Fields no node can honour: refused by name rather than ignored.
-fn unsupported_generation_fields(body: &Map<String, Value>, api: ApiType) -> Result<(), ApiError> {
-    for k in ["tools", "functions", "audio", "prediction", "web_search_options"] {
-        if present(body, k) {
-            return Err(ApiError::unsupported(k, format!("'{k}' is not supported by any node")));
-        }
-    }
-    if let Some(tc) = body.get("tool_choice") {
-        if !matches!(tc.as_str(), Some("none") | Some("auto") | None) || tc.is_object() {
-            return Err(ApiError::unsupported("tool_choice", "no tools are available"));
-        }
-    }
-    if let Some(m) = body.get("modalities").and_then(Value::as_array) {
-        if m.iter().any(|x| x.as_str() != Some("text")) {
-            return Err(ApiError::unsupported("modalities", "only text output is supported"));
-        }
-    }
-    if api == ApiType::Completion {
-        if boolean(body, "echo")? {
-            return Err(ApiError::unsupported("echo", "'echo' is not supported"));
-        }
-        if uint(body, "best_of", 1, 20)?.is_some_and(|b| b != 1) {
-            return Err(ApiError::unsupported("best_of", "only best_of = 1 is supported"));
-        }
-        if body.get("suffix").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::unsupported("suffix", "'suffix' is not supported"));
-        }
-    }
-    Ok(())
-}
-
-/// Validates `messages`; returns them typed, and the characters of text
-/// they hold.
-fn messages(body: &Map<String, Value>) -> Result<(Vec<Message>, usize), ApiError> {
-    let msgs = match body.get("messages") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        None | Some(Value::Null) => return Err(ApiError::missing("messages")),
-        Some(_) => {
-            return Err(ApiError::invalid("messages", "'messages' must be a non-empty array"))
-        }
-    };
-    let mut chars = 0;
-    let mut out = Vec::with_capacity(msgs.len());
-    for (i, m) in msgs.iter().enumerate() {
-        let at = |s: &str| format!("messages[{i}]{s}");
-        let Some(o) = m.as_object() else {
-            return Err(ApiError::invalid(&at(""), "each message must be an object"));
-        };
-        let role = match o.get("role").and_then(Value::as_str) {
-            Some("system" | "developer") => Role::System,
-            Some("user") => Role::User,
-            Some("assistant") => {
-                if present(o, "tool_calls") || present(o, "function_call") || present(o, "audio") {
-                    return Err(ApiError::unsupported(
-                        &at(".tool_calls"),
-                        "tool calls are not supported by any node",
-                    ));
-                }
-                Role::Assistant
-            }
-            Some(r @ ("tool" | "function")) => {
-                return Err(ApiError::unsupported(
-                    &at(".role"),
-                    format!("role '{r}' needs tool support, which no node has"),
-                ))
-            }
-            Some(r) => {
-                return Err(ApiError::invalid(
-                    &at(".role"),
-                    format!("unknown role '{r}': use system, developer, user or assistant"),
-                ))
-            }
-            None => return Err(ApiError::missing(&at(".role"))),
-        };
-        let content = match o.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            // An assistant turn may have no content (OpenAI allows null).
-            None | Some(Value::Null) if role == Role::Assistant => String::new(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    let pat = at(&format!(".content[{j}]"));
-                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                        (Some("text"), _) => {
-                            return Err(ApiError::invalid(
-                                &pat,
-                                "a text part needs a 'text' string",
-                            ))
-                        }
-                        (Some(t), _) => {
-                            return Err(ApiError::unsupported(
-                                &format!("{pat}.type"),
-                                format!("content parts of type '{t}' are not supported; only text"),
-                            ))
-                        }
-                        (None, _) => return Err(ApiError::missing(&format!("{pat}.type"))),
-                    }
-                }
-                text
-            }
-            None | Some(Value::Null) => return Err(ApiError::missing(&at(".content"))),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    &at(".content"),
-                    "content must be a string or an array of text parts",
-                ))
-            }
-        };
-        chars += content.len();
-        out.push(Message { role, content });
-    }
-    Ok((out, chars))
 }
 
 fn prompt(body: &Map<String, Value>) -> Result<String, ApiError> {
@@ -495,9 +403,6 @@ fn embeddings(body: &Map<String, Value>, mut common: Common) -> Result<Embedding
             ))
         }
     };
-    if present(body, "dimensions") {
-        return Err(ApiError::unsupported("dimensions", "'dimensions' is not supported"));
-    }
     Ok(EmbeddingRequest { common, base64, job: Embedding { inputs } })
 }
 

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
 use super::*;
+use crate::payload::{Message, Role};
 use serde_json::json;
 
 fn chat(v: Value) -> Result<Parsed, ApiError> {
@@ -50,7 +51,7 @@ fn what_cannot_be_honoured_is_rejected_naming_the_param() {
         (json!({"model": "m", "messages": m, "n": 9}), "n"),
         (json!({"model": "m", "messages": m, "stop": [1]}), "stop"),
         (json!({"model": "m", "messages": m, "logit_bias": {"x": 1}}), "logit_bias"),
-        (json!({"model": "m", "messages": m, "tools": [{"type": "function"}]}), "tools"),
+        (json!({"model": "m", "messages": m, "tools": [{"type": "function"}]}), "tools[0].function"),
         (
             json!({"model": "m", "messages": m, "stream_options": {"include_usage": true}}),
             "stream_options",
@@ -60,7 +61,11 @@ fn what_cannot_be_honoured_is_rejected_naming_the_param() {
             {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
             "messages[0].content[0].type",
         ),
-        (json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}), "messages[0].role"),
+        (
+            json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (json!({"model": "m", "messages": [{"role": "function", "content": "x"}]}), "messages[0].role"),
         (json!({"model": "m", "messages": m, "gnus": {"network": "moon"}}), "gnus.network"),
         (
             json!({"model": "m", "messages": m, "response_format": {"type": "xml"}}),
@@ -137,7 +142,7 @@ fn the_job_carries_typed_parameters() {
     assert_eq!(p.budget_field, "max_completion_tokens");
     let g = &p.job;
     let msgs = [(Role::System, "be brief"), (Role::Assistant, ""), (Role::User, "ab")]
-        .map(|(role, c)| Message { role, content: c.into() });
+        .map(|(role, c)| Message::text(role, c));
     assert_eq!(g.prompt, Prompt::Chat(msgs.to_vec()));
     assert_eq!((g.max_tokens, g.stop.clone(), g.logprobs), (5, vec!["\n".to_string()], Some(2)));
     let s = &g.sampling;

@@ -25,6 +25,9 @@ pub enum Script {
     Fail { after: Duration, leased: bool, error: ErrorInfo },
     /// Leases at once, sends `tokens` chunks `gap` apart, completes.
     Stream { first_after: Duration, gap: Duration, tokens: u64 },
+    /// Leases at once, sends each piece as one chunk, completes (a
+    /// worker's generated text, as it would stream it).
+    Text(Vec<String>),
     /// Never says anything.
     Silent,
     /// Completes an embeddings job: one 3-float vector per input.
@@ -134,6 +137,15 @@ impl Backend for Net {
                         }
                     }
                     let _ = tx.send(completed(&job, tokens, None)).await;
+                }
+                Script::Text(pieces) => {
+                    let _ = tx.send(JobEvent::Leased { node_id }).await;
+                    for (i, p) in pieces.iter().enumerate() {
+                        if tx.send(chunk(&job, i as u64, p)).await.is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(completed(&job, pieces.len() as u64, None)).await;
                 }
                 Script::Silent => {
                     tx.closed().await;
