@@ -1,5 +1,6 @@
 //! Constrained decoding (structured outputs) with `llguidance`: a grammar
-//! (today: JSON, any object or one JSON Schema) turns into a per-sequence
+//! (JSON: any object or one JSON Schema; or a lark grammar, which tool
+//! calling builds around its tools' schemas) turns into a per-sequence
 //! matcher that gives the set of tokens allowed next. The batch scheduler
 //! masks the logits with it before sampling and commits each sampled token.
 //!
@@ -22,6 +23,8 @@ use crate::tokenizer::GgufTokenizer;
 
 /// Longest grammar source (JSON Schema text) the engine compiles.
 pub const MAX_GRAMMAR_BYTES: usize = 64 * 1024;
+/// Longest lark grammar (a tools request's: every tool's schema inlined).
+pub const MAX_LARK_BYTES: usize = 512 * 1024;
 
 /// What a sequence's output must match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +33,9 @@ pub enum Grammar {
     JsonObject,
     /// A JSON value valid against this JSON Schema (its text).
     JsonSchema(String),
+    /// An llguidance lark grammar (tool calling builds one from the
+    /// request's tools, `gcs_gateway::tools::grammar`).
+    Lark(String),
 }
 
 /// The JSON layout the model is held to: `json.dumps` style separators and
@@ -48,6 +54,15 @@ fn json_options() -> JsonCompileOptions {
 /// replaced by ours (layout and leniency are the engine's choice).
 pub fn top_level(g: &Grammar) -> Result<TopLevelGrammar> {
     let mut schema = match g {
+        Grammar::Lark(text) => {
+            if text.len() > MAX_LARK_BYTES {
+                return Err(EngineError::InvalidRequest(format!(
+                    "grammar of {} bytes exceeds {MAX_LARK_BYTES}",
+                    text.len()
+                )));
+            }
+            return Ok(TopLevelGrammar::from_lark(text.clone()));
+        }
         Grammar::JsonObject => serde_json::json!({"type": "object"}),
         Grammar::JsonSchema(text) => {
             if text.len() > MAX_GRAMMAR_BYTES {
@@ -129,10 +144,10 @@ impl GrammarCompiler {
     /// A fresh matcher for one sequence; the error names what is wrong
     /// with the grammar (an unsupported schema feature, a limit hit).
     pub fn compile(&self, g: &Grammar) -> Result<SeqGrammar> {
-        let parser = self
-            .factory
-            .create_parser(top_level(g)?)
-            .map_err(|e| EngineError::InvalidRequest(format!("response_format: {e}")))?;
+        let parser = self.factory.create_parser(top_level(g)?).map_err(|e| {
+            let what = if matches!(g, Grammar::Lark(_)) { "tools" } else { "response_format" };
+            EngineError::InvalidRequest(format!("{what}: {e}"))
+        })?;
         let matcher = Matcher::new(Ok(parser));
         Ok(SeqGrammar { matcher, vocab: self.vocab })
     }

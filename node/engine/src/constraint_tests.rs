@@ -115,3 +115,31 @@ fn a_hostile_schema_fails_fast_instead_of_stalling() {
         assert!(e.to_string().contains("response_format"), "{e}");
     }
 }
+
+#[test]
+fn a_lark_grammar_holds_a_call_to_its_inlined_schema_and_is_bounded() {
+    let (c, eos) = compiler();
+    // The shape gcs_gateway::tools::grammar builds: a fixed call envelope
+    // around an inlined JSON Schema.
+    let g = Grammar::Lark(concat!(
+        r#"start: "<tool_call>\n{\"name\": \"f\", \"arguments\": " %json {"type":"object","#,
+        r#""properties":{"n":{"type":"integer"}},"required":["n"],"additionalProperties":false,"#,
+        r#""x-guidance":{"item_separator":", ","key_separator":": ","whitespace_flexible":false}}"#,
+        r#" "}\n</tool_call>""#,
+        "\n"
+    ).into());
+    let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 7}}\n</tool_call>";
+    let m = walk(&mut c.compile(&g).unwrap(), eos, call).expect("the call");
+    assert!(m.accepting);
+    let bad = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": \"7\"";
+    assert_eq!(
+        walk(&mut c.compile(&g).unwrap(), eos, bad).err(),
+        bad.rfind("\"7"),
+        "a string for n"
+    );
+    assert!(walk(&mut c.compile(&g).unwrap(), eos, "text").is_err());
+    let e = c.compile(&Grammar::Lark("start: ".to_string() + &"\"a\" ".repeat(MAX_LARK_BYTES)));
+    assert!(e.unwrap_err().to_string().contains("exceeds"));
+    let e = c.compile(&Grammar::Lark("start: nowhere".into())).unwrap_err().to_string();
+    assert!(e.starts_with("invalid request: tools") || e.contains("tools"), "{e}");
+}

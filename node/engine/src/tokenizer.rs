@@ -339,6 +339,36 @@ impl GgufTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+        })
+    }
+
+    /// Whether the chat template renders a `tools` variable itself (Qwen
+    /// 2.5's, Llama 3.1's do; SmolLM2's does not, and a caller then puts
+    /// the tools into the messages it passes).
+    pub fn template_renders_tools(&self) -> bool {
+        self.chat_template.as_deref().is_some_and(|t| t.contains("tools"))
+    }
+
+    /// Render the chat template over OpenAI-shaped messages (any fields:
+    /// `tool_calls`, `tool_call_id`) with the request's `tools`, as
+    /// `transformers`' `apply_chat_template(messages, tools=…)` does.
+    pub fn render_chat(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.render(minijinja::context! {
+            messages => messages,
+            tools => tools,
+            add_generation_prompt => add_generation_prompt,
+        })
+    }
+
+    fn render(&self, ctx: minijinja::Value) -> Result<String> {
         let tpl = self
             .chat_template
             .as_deref()
@@ -356,10 +386,9 @@ impl GgufTokenizer {
             self.bos_id.map(|i| self.inner.id_to_token(i).unwrap_or_default()).unwrap_or_default();
         let eos = self.inner.id_to_token(self.eos_id).unwrap_or_default();
         t.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
             bos_token => bos,
             eos_token => eos,
+            ..ctx
         })
         .map_err(|e| EngineError::Template(e.to_string()))
     }
