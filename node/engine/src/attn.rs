@@ -652,4 +652,55 @@ mod tests {
         assert_eq!(bits(&all_prefill[..prompt * qd]), bits(&want[..prompt * qd]));
         assert_ne!(bits(&all_prefill[prompt * qd..]), bits(&want[prompt * qd..]));
     }
+    #[test]
+    fn sliding_window_masks_keys_before_it() {
+        let sh = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 8 };
+        let (width, qd, t) = (4 * 8, 16, 6);
+        let data: Vec<f32> = (0..t * width).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let run = |rope: &Rope| {
+            let mut a = data.clone();
+            let mut out = vec![0f32; t * qd];
+            attend(sh, rope, &mut a, 0, &mut LayerKv::default(), &mut out);
+            out
+        };
+        let scale = 1.0 / 8f32.sqrt();
+        let full = run(&Rope::new(8, 1e4, 16));
+        // A window as long as the sequence masks nothing.
+        assert_eq!(run(&Rope::new(8, 1e4, 16).with_layout(false, Some(t), scale)), full);
+        // Window 1: each row sees only itself, so it gets its own (f16) V.
+        let own = run(&Rope::new(8, 1e4, 16).with_layout(false, Some(1), scale));
+        for i in 0..t {
+            let v = &data[i * width + 24..i * width + 32];
+            for h in 0..2 {
+                let o = &own[i * qd + h * 8..i * qd + h * 8 + 8];
+                assert!(o.iter().zip(v).all(|(a, b)| *a == r16(*b)), "row {i} head {h}");
+            }
+        }
+        // Window 2 changes rows that had more than 2 keys, and the paged
+        // kernel masks the same keys.
+        let rope2 = Rope::new(8, 1e4, 16).with_layout(false, Some(2), scale);
+        let w2 = run(&rope2);
+        assert_eq!(w2[..2 * qd], full[..2 * qd]);
+        assert_ne!(w2[3 * qd..], full[3 * qd..]);
+        let mut pool = KvPool::new(1, sh, 2);
+        let mut rows = data.clone();
+        let mut paged = vec![0f32; t * qd];
+        let seqs = [PagedSeqRef { past: 0, t, table: &[1], decode_from: t }];
+        pool.attend(0, &rope2, &mut rows, &seqs, &mut paged);
+        assert_eq!(paged, w2);
+    }
+
+    #[test]
+    fn neox_rotates_halves() {
+        let rope = Rope::new(4, 100.0, 4).with_layout(true, None, 1.0);
+        let mut x = [1.0f32, 2.0, 3.0, 4.0];
+        rope.apply(&mut x, 1);
+        // Pairs (0, 2) at angle 1 and (1, 3) at angle 100^(-1/2) = 0.1.
+        let (c0, s0, c1, s1) = (1f32.cos(), 1f32.sin(), 0.1f32.cos(), 0.1f32.sin());
+        let want =
+            [1.0 * c0 - 3.0 * s0, 2.0 * c1 - 4.0 * s1, 1.0 * s0 + 3.0 * c0, 2.0 * s1 + 4.0 * c1];
+        for (a, b) in x.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{x:?} vs {want:?}");
+        }
+    }
 }

@@ -121,3 +121,44 @@ fn truncated_real_model_is_a_clear_error() {
     assert_eq!(g.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(g.tensor_info("token_embd.weight").unwrap().ggml_type, GgmlType::Q8_0);
 }
+
+/// A GGUF whose one tensor `w` ([256, 1]) has ggml type id `ty` and whose
+/// architecture is `arch`.
+fn with_type_and_arch(ty: u32, block_bytes: usize, arch: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    put_str(&mut b, "general.architecture");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    put_str(&mut b, arch);
+    put_str(&mut b, "w");
+    b.extend_from_slice(&2u32.to_le_bytes());
+    b.extend_from_slice(&256u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&ty.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    while b.len() % 32 != 0 {
+        b.push(0);
+    }
+    b.resize(b.len() + block_bytes, 0);
+    b
+}
+
+#[test]
+fn unknown_tensor_types_and_architectures_are_refused_by_name() {
+    // IQ2_XXS (16), Q2_K (10), Q5_1 (7): real ggml types this build cannot run.
+    for (id, name) in [(16u32, "IQ2_XXS"), (10, "Q2_K"), (7, "Q5_1"), (99, "unknown")] {
+        let err =
+            GgufFile::from_bytes("t.gguf", with_type_and_arch(id, 4096, "llama")).unwrap_err();
+        assert!(matches!(err, GgufError::UnsupportedType { ggml_type, .. } if ggml_type == id));
+        let msg = err.to_string();
+        assert!(msg.contains(name) && msg.contains("tensor w"), "{msg}");
+    }
+    // Q4_K (12) loads: one 144-byte super-block of 256 elements.
+    let g = GgufFile::from_bytes("t.gguf", with_type_and_arch(12, 144, "mamba")).unwrap();
+    assert_eq!(g.tensor_info("w").unwrap().ggml_type, GgmlType::Q4_K);
+    let err = gcs_engine::llama::LlamaConfig::from_gguf(&g).unwrap_err().to_string();
+    assert!(err.contains("unsupported architecture \"mamba\""), "{err}");
+}
