@@ -158,7 +158,10 @@ impl InFlight {
     }
 }
 
-async fn read_body(state: &AppState, req: Request) -> Result<(HeaderMap, Vec<u8>), ApiError> {
+pub(crate) async fn read_body(
+    state: &AppState,
+    req: Request,
+) -> Result<(HeaderMap, Vec<u8>), ApiError> {
     let max = state.config.max_body_bytes;
     let (parts, body) = req.into_parts();
     let declared = parts
@@ -211,7 +214,14 @@ pub(crate) async fn admit(
     api: ApiType,
     req: Request,
 ) -> Result<(InFlight, Parsed, Option<String>), ApiError> {
-    let key = authenticate(state, req.headers())?;
+    // A batch's request runs as the key that created the batch (see
+    // `batch::run`); only the gateway itself can set that extension.
+    let batch = req.extensions().get::<crate::batch::Caller>().map(|c| c.key.clone());
+    let is_batch = batch.is_some();
+    let key = match batch {
+        Some(k) => k,
+        None => authenticate(state, req.headers())?,
+    };
     let slot = Slot::take(state)?;
     let (headers, bytes) = read_body(state, req).await?;
     let idem = idempotency_key(&headers)?;
@@ -294,7 +304,7 @@ pub(crate) async fn admit(
         };
         return Err(e);
     }
-    if let Some(rpm) = key.rpm.filter(|r| (*r as usize) < jobs) {
+    if let Some(rpm) = key.rpm.filter(|r| !is_batch && (*r as usize) < jobs) {
         // It would never fit the key's window: say so instead of a 429
         // that a retry cannot cure.
         let param = if api == ApiType::Embedding { "input" } else { "n" };
@@ -335,9 +345,14 @@ pub(crate) async fn admit(
         open_jobs: vec![],
         _slot: slot,
     };
-    let ticket = state.limiter.admit(&flight.key, estimate, jobs as u32, now_ms(), || {
-        spent_tokens(state, &flight.key.id)
-    })?;
+    let spent = || spent_tokens(state, &flight.key.id);
+    let ticket = if is_batch {
+        // Batch work fills idle capacity: it never uses up the key's
+        // per-minute limits that interactive requests need.
+        state.limiter.admit_budget(&flight.key, estimate, spent)?
+    } else {
+        state.limiter.admit(&flight.key, estimate, jobs as u32, now_ms(), spent)?
+    };
     flight.ticket = Some(ticket);
     Ok((flight, parsed, idem))
 }

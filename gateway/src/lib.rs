@@ -11,15 +11,18 @@
 //! - `admit`: authentication, admission and job submission.
 //! - [`completion`], [`sse`]: blocking answers and streams (26.16).
 //! - [`handlers`]: models, health, metrics, usage.
+//! - [`files`], [`batch`]: the Files and Batch APIs (specs/batch.md).
 //! - [`serve`]: plain HTTP or HTTPS (rustls).
 
 mod admit;
 pub mod backend;
+pub mod batch;
 pub mod catalog;
 pub mod codec;
 pub mod completion;
 pub mod durable;
 pub mod error;
+pub mod files;
 mod guard;
 pub mod handlers;
 pub mod keys;
@@ -83,6 +86,10 @@ pub struct GatewayConfig {
     pub edge: serve::EdgeLimits,
     /// Which model metadata comes from peers ([`catalog::build`]).
     pub models: catalog::ModelPolicy,
+    /// Bounds of the Files API (specs/batch.md).
+    pub files: files::FileLimits,
+    /// Bounds of batch work (specs/batch.md).
+    pub batch: batch::BatchLimits,
 }
 
 impl Default for GatewayConfig {
@@ -102,6 +109,8 @@ impl Default for GatewayConfig {
             gateway_id: String::new(),
             edge: serve::EdgeLimits::default(),
             models: catalog::ModelPolicy::default(),
+            files: files::FileLimits::default(),
+            batch: batch::BatchLimits::default(),
         }
     }
 }
@@ -130,6 +139,12 @@ pub struct AppState {
     pub(crate) auth_failures: guard::AuthFailures,
     /// The model catalogue and when it was built.
     pub(crate) catalog: Mutex<Option<(std::time::Instant, Arc<handlers::Catalog>)>>,
+    /// Uploaded and batch output files (beside the key file).
+    pub files: Arc<files::FileStore>,
+    /// Uploads being read now (each holds its body in memory).
+    pub(crate) uploads: tokio::sync::Semaphore,
+    /// Batches (beside the key file).
+    pub batches: batch::Batches,
 }
 
 pub use gcs_protocol::now_ms;
@@ -146,7 +161,17 @@ pub(crate) fn json_body(v: &serde_json::Value) -> axum::response::Response {
 
 /// The HTTP application.
 pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayConfig) -> Router {
+    // Files and batches live in the data directory that holds the key file.
+    let data_dir = keys.path().parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let files = Arc::new(files::FileStore::new(data_dir.join("files"), config.files.clone()));
     let state = Arc::new(AppState {
+        uploads: tokio::sync::Semaphore::new(config.files.concurrent_uploads.max(1)),
+        files,
+        batches: batch::Batches::new(
+            data_dir.join("batches"),
+            config.batch.clone(),
+            config.max_in_flight,
+        ),
         auth_failures: guard::AuthFailures::new(config.edge.unauthenticated_per_ip_per_minute),
         backend,
         keys,
@@ -158,6 +183,7 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         started_s: now_ms() / 1000,
         catalog: Mutex::new(None),
     });
+    batch::resume(&state);
     let r = Router::new();
     // A handler that panics, for the panic guard's test only.
     #[cfg(test)]
@@ -176,6 +202,12 @@ pub fn router(backend: Arc<dyn Backend>, keys: Arc<KeyStore>, config: GatewayCon
         .route("/v1/completions", post(completion::completions))
         .route("/v1/embeddings", post(completion::embeddings))
         .route("/v1/usage", get(handlers::usage))
+        .route("/v1/files", post(files::upload).get(files::list))
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batch::create).get(batch::list))
+        .route("/v1/batches/{id}", get(batch::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batch::cancel))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::fallback)
@@ -211,7 +243,10 @@ fn cors_preflight() -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut r = StatusCode::NO_CONTENT.into_response();
     let h = r.headers_mut();
-    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+    );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static(

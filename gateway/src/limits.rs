@@ -106,6 +106,31 @@ impl Limiter {
         Ok(Ticket { key_id: key.id.clone(), id, estimate })
     }
 
+    /// Admits a batch request: only the key's budget applies (its
+    /// per-minute windows are left to interactive requests).
+    pub fn admit_budget(
+        &self,
+        key: &KeyRecord,
+        estimate: u64,
+        spent: impl FnOnce() -> u64,
+    ) -> Result<Ticket, ApiError> {
+        let mut all = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let w = all.entry(key.id.clone()).or_default();
+        if let Some(budget) = key.budget_tokens {
+            let spent = *w.spent.get_or_insert_with(spent);
+            if spent.saturating_add(w.reserved).saturating_add(estimate) > budget {
+                return Err(ApiError::rate_limited(
+                    "insufficient_quota",
+                    format!("This key's token budget of {budget} is exhausted ({spent} used)."),
+                    60,
+                ));
+            }
+        }
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        w.reserved = w.reserved.saturating_add(estimate);
+        Ok(Ticket { key_id: key.id.clone(), id, estimate })
+    }
+
     /// The request ended having used `actual` tokens.
     pub fn settle(&self, ticket: Ticket, actual: u64) {
         let mut all = self.windows.lock().unwrap_or_else(|p| p.into_inner());
@@ -177,6 +202,18 @@ mod tests {
         assert!(l.admit(&k, 20, 1, 1, || 0).is_err());
         l.settle(t, 10);
         l.admit(&k, 20, 1, 2, || 0).unwrap();
+    }
+
+    #[test]
+    fn batch_requests_leave_the_windows_alone_but_spend_the_budget() {
+        let l = Limiter::default();
+        let k = key(Some(1), Some(10), Some(100));
+        for _ in 0..5 {
+            let t = l.admit_budget(&k, 10, || 0).unwrap();
+            l.settle(t, 10);
+        }
+        l.admit(&k, 5, 1, 0, || unreachable!()).unwrap();
+        assert!(l.admit_budget(&k, 50, || 0).is_err(), "50 spent + 5 reserved + 50 > 100");
     }
 
     #[test]
