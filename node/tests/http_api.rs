@@ -202,6 +202,10 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
     py.arg("tests/sdk/openai_python.py");
     env(&mut py);
     run("OpenAI Python SDK", &mut py);
+    let mut batch = Command::new(&python);
+    batch.arg("tests/sdk/openai_batch.py");
+    env(&mut batch);
+    run("OpenAI Python SDK: Files and Batches", &mut batch);
     let mut node = Command::new("node");
     node.arg("tests/sdk/openai_js.mjs");
     env(&mut node);
