@@ -106,3 +106,41 @@ fn gemma_greedy_matches_llamacpp() {
     let need = prompts.len() * 9 / 10;
     assert!(matched >= need, "only {matched}/{} greedy generations match", prompts.len());
 }
+
+/// Teacher-forced: llama.cpp's own tokens fed back; at every step our
+/// top-1 is its top-1 and our log-probabilities of its top-2 are its own.
+#[test]
+fn gemma_teacher_forced_logprobs_match_llamacpp() {
+    let (Some(path), Some(fx)) = (common::gemma_path(), common::fixture("gemma3_llamacpp.json"))
+    else {
+        return;
+    };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let (mut steps, mut agree, mut max_err) = (0, 0, 0f64);
+    // Four prompts keep this test short; the greedy test covers all twenty.
+    for p in &fx["prompts"].as_array().unwrap()[..4] {
+        let mut cache = gcs_engine::llama::KvCache::new();
+        let mut feed = ids(&p["prompt_tokens"]);
+        for (s, top2) in p["step_top2"].as_array().unwrap().iter().enumerate() {
+            let logits = engine.step(&feed, &mut cache).unwrap();
+            let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+            let ours =
+                (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)));
+            steps += 1;
+            if ours == Some(top2[0]["id"].as_u64().unwrap() as usize) {
+                agree += 1;
+            }
+            for t in top2.as_array().unwrap() {
+                let id = t["id"].as_u64().unwrap() as usize;
+                let err = (logits[id] as f64 - lse - t["logprob"].as_f64().unwrap()).abs();
+                max_err = max_err.max(err);
+            }
+            let Some(next) = p["greedy_tokens"].get(s) else { break };
+            feed = vec![next.as_u64().unwrap() as u32];
+        }
+    }
+    eprintln!("gemma teacher-forced: top-1 {agree}/{steps}, max |Δ logprob| {max_err:.2e}");
+    assert_eq!(agree, steps, "top-1 agreement");
+    assert!(max_err < 1e-3, "log-probabilities differ by {max_err}");
+}
