@@ -347,3 +347,32 @@ fn chunk_logprobs_are_signed_and_bounded() {
     let delta = v.as_map().unwrap().iter().find(|(k, _)| k.as_text() == Some("delta")).unwrap();
     assert!(delta.1.as_map().unwrap().iter().all(|(k, _)| k.as_text() != Some("logprobs")));
 }
+
+#[test]
+fn chunk_token_ids_are_signed_and_match_the_usage() {
+    let (w, _) = samples::keys();
+    let p = Params::default();
+    let mut c = samples::chunk(&w, &p);
+    c.delta.token_ids = vec![4093];
+    let c = signed(c, &w);
+    let back = open(&encode(&c).unwrap(), c.created_at_ms, &lim()).unwrap();
+    assert_eq!(back, Message::StreamChunk(c.clone()), "token ids survive the wire");
+    // Tampering with an id breaks the signature (it is in the delta hash).
+    let mut t = c.clone();
+    t.delta.token_ids[0] = 7;
+    assert!(open(&encode(&t).unwrap(), c.created_at_ms, &lim()).is_err());
+    // One id per counted token, and a bound on the count.
+    for (ids, n) in [(vec![1, 2], 1), (vec![1; MAX_CHUNK_TOKENS + 1], MAX_CHUNK_TOKENS as u32 + 1)]
+    {
+        let mut b = samples::chunk(&w, &p);
+        b.delta.token_ids = ids;
+        b.usage_delta.output_tokens = n;
+        let b = signed(b, &w);
+        assert!(open(&encode(&b).unwrap(), b.created_at_ms, &lim()).is_err());
+    }
+    // Without them a chunk encodes exactly as before the field existed.
+    let plain = signed(samples::chunk(&w, &p), &w);
+    let v: Value = ciborium::from_reader(&encode(&plain).unwrap()[..]).unwrap();
+    let delta = v.as_map().unwrap().iter().find(|(k, _)| k.as_text() == Some("delta")).unwrap();
+    assert!(delta.1.as_map().unwrap().iter().all(|(k, _)| k.as_text() != Some("token_ids")));
+}

@@ -510,7 +510,12 @@ impl Sim {
                 wj::Effect::StartEngine(_) => {
                     let ttft = 100 + self.rng.exp(300.0);
                     let service = ttft + self.rng.exp(self.spec.service_ms);
-                    let delta = wj::Input::Delta { text: "x".into(), tokens: 1, logprobs: vec![] };
+                    let delta = wj::Input::Delta {
+                        text: "x".into(),
+                        tokens: 1,
+                        token_ids: vec![],
+                        logprobs: vec![],
+                    };
                     self.at(ttft, Ev::AtWorker { w, job, input: Box::new(delta) });
                     let done = wj::Input::EngineDone(Ok(outcome()));
                     self.at(service, Ev::AtWorker { w, job, input: Box::new(done) });

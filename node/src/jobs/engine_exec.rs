@@ -116,6 +116,15 @@ impl Executor for EngineExecutor {
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, ExecError> {
+        self.run_with_ids(req, cancel, &mut |text, n, _, lps| emit(text, n, lps))
+    }
+
+    fn run_with_ids(
+        &self,
+        req: &ExecRequest,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, ExecError> {
         let job = JobRequest::decode(&req.body).map_err(|e| ExecError::Invalid(e.to_string()))?;
         if job.api_type() != req.api_type {
             return Err(ExecError::Invalid(format!(
@@ -156,7 +165,7 @@ impl EngineExecutor {
         g: &Generation,
         cache_salt: &str,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
+        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, ExecError> {
         let (id, engine) =
             self.chat.as_ref().ok_or(ExecError::Invalid("no chat model on this worker".into()))?;
@@ -194,7 +203,7 @@ impl EngineExecutor {
         // Tokens (and their logprobs) whose text is held back (a partial
         // character, a possible stop string) ride on the next delta that
         // has text, so every token is counted once.
-        let (mut pending_n, mut pending_lp) = (0u32, Vec::new());
+        let (mut pending_n, mut pending_ids, mut pending_lp) = (0u32, Vec::new(), Vec::new());
         let stream = engine.submit(sreq).map_err(exec_error)?;
         let r = loop {
             let ev = match stream.recv_timeout(Duration::from_millis(20)) {
@@ -212,12 +221,14 @@ impl EngineExecutor {
             match ev {
                 SeqEvent::Delta { text, token_ids, logprobs } => {
                     pending_n += token_ids.len() as u32;
+                    pending_ids.extend_from_slice(&token_ids);
                     let tok = engine.tokenizer();
                     pending_lp.extend(logprobs.iter().map(|lp| wire_logprob(tok, lp)));
                     let sent = text.is_empty()
                         || emit(
                             &text,
                             std::mem::take(&mut pending_n),
+                            &std::mem::take(&mut pending_ids),
                             std::mem::take(&mut pending_lp),
                         );
                     if cancel.load(Ordering::SeqCst) || !sent {

@@ -71,6 +71,20 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
         emit: &mut dyn FnMut(&str, u32, Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, ExecError>;
 
+    /// Like [`Executor::run`], with the ids of the tokens behind each
+    /// delta: `emit(text, tokens, token_ids, logprobs)`, `token_ids` empty
+    /// when the engine does not report them (the default). The worker puts
+    /// them in its chunks so that the gateway knows the delivered tokens
+    /// (exact continuation, specs/lifecycle.md).
+    fn run_with_ids(
+        &self,
+        req: &ExecRequest,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, ExecError> {
+        self.run(req, cancel, &mut |text, n, lps| emit(text, n, &[], lps))
+    }
+
     /// Free KV-cache capacity in tokens, advertised in registrations.
     fn free_kv_tokens(&self) -> u64 {
         0

@@ -73,7 +73,8 @@ impl std::fmt::Debug for WorkerState {
 
 /// The engine as one job's task sees it: its deltas, then its outcome.
 struct Engine {
-    deltas: mpsc::Receiver<(String, u32, Vec<TokenLogprob>)>,
+    /// (text, tokens, their ids when reported, logprobs).
+    deltas: mpsc::Receiver<(String, u32, Vec<u32>, Vec<TokenLogprob>)>,
     run: tokio::task::JoinHandle<Result<ExecOutcome, ExecError>>,
     cancel: Arc<AtomicBool>,
 }
@@ -324,8 +325,8 @@ impl WorkerState {
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();
         let run = tokio::task::spawn_blocking(move || {
-            exec.run(&req, &flag, &mut |text, tokens, logprobs| {
-                tx.blocking_send((text.to_string(), tokens, logprobs)).is_ok()
+            exec.run_with_ids(&req, &flag, &mut |text, tokens, ids, logprobs| {
+                tx.blocking_send((text.to_string(), tokens, ids.to_vec(), logprobs)).is_ok()
             })
         });
         Engine { deltas, run, cancel }
@@ -349,7 +350,9 @@ impl WorkerState {
 async fn next_delta(engine: &mut Option<Engine>) -> Input {
     let Some(e) = engine.as_mut() else { return std::future::pending().await };
     match e.deltas.recv().await {
-        Some((text, tokens, logprobs)) => Input::Delta { text, tokens, logprobs },
+        Some((text, tokens, token_ids, logprobs)) => {
+            Input::Delta { text, tokens, token_ids, logprobs }
+        }
         None => {
             let outcome = (&mut e.run)
                 .await

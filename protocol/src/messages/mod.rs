@@ -1,6 +1,7 @@
 //! Every message of the specification, with its field names.
 
 mod claim;
+mod continuation;
 mod enums;
 mod job;
 mod membership;
@@ -10,6 +11,7 @@ mod result;
 mod stream;
 
 pub use claim::*;
+pub use continuation::*;
 pub use enums::*;
 pub use job::*;
 pub use membership::*;

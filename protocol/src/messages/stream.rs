@@ -23,10 +23,19 @@ pub struct Delta {
     /// chunks without them encode as before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
+    /// The ids of the tokens behind this text (exact continuation: the
+    /// gateway knows the delivered tokens and can hand them to another
+    /// worker). One per counted output token when present; absent from
+    /// workers that do not report them, so such chunks encode as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_ids: Vec<u32>,
 }
 
 /// Most tokens one chunk carries log-probabilities for.
 pub const MAX_CHUNK_LOGPROBS: usize = 64;
+/// Most token ids one chunk carries (a chunk's text is at most
+/// `MAX_DELTA` bytes; held-back tokens can add a few more).
+pub const MAX_CHUNK_TOKENS: usize = 4096;
 /// Most alternatives per token (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -174,6 +183,14 @@ impl SignedMessage for StreamChunk {
             v::text("delta.content", c, MAX_DELTA)?;
         }
         v::list("delta.logprobs", &self.delta.logprobs, MAX_CHUNK_LOGPROBS)?;
+        v::list("delta.token_ids", &self.delta.token_ids, MAX_CHUNK_TOKENS)?;
+        let n = self.delta.token_ids.len();
+        if n != 0 && n != self.usage_delta.output_tokens as usize {
+            return Err(ProtocolError::field(
+                "delta.token_ids",
+                "must list exactly usage_delta.output_tokens ids",
+            ));
+        }
         for t in &self.delta.logprobs {
             v::text("delta.logprobs.token", &t.token, 256)?;
             v::list("delta.logprobs.bytes", &t.bytes, 256)?;

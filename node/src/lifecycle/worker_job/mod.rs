@@ -31,7 +31,7 @@ use gcs_protocol::{
     ids, sign, ApiRequestJob, Attestation, CapabilityMatch, ClaimPolicy, ClaimRejectReason, Delta,
     ErrorInfo, Estimates, FinalResult, FinishReason, Hash32, JobClaim, LeaseGrant, LeaseRenewal,
     Message, MessageType, Metering, ModelInfo, NodeKey, ResponseBody, ResultStatus, StreamChunk,
-    TokenLogprob, UsageDelta, PROTOCOL_VERSION,
+    TokenLogprob, UsageDelta, MAX_CHUNK_TOKENS, PROTOCOL_VERSION,
 };
 
 use crate::jobs::executor::{ExecError, ExecOutcome};
@@ -97,6 +97,9 @@ pub enum Input {
         text: String,
         /// Tokens in it.
         tokens: u32,
+        /// Their ids, when the engine reports them (one per token; the
+        /// chunk carries them only then, for exact continuation).
+        token_ids: Vec<u32>,
         /// Per-token logprobs, when asked for.
         logprobs: Vec<TokenLogprob>,
     },
@@ -292,8 +295,8 @@ impl WorkerJob {
         }
         let r = match input {
             Input::Answer(req, a) => self.on_answer(req, a, now_ms, key),
-            Input::Delta { text, tokens, logprobs } => {
-                self.on_delta(text, tokens, logprobs, now_ms, key)
+            Input::Delta { text, tokens, token_ids, logprobs } => {
+                self.on_delta(text, tokens, token_ids, logprobs, now_ms, key)
             }
             Input::EngineDone(o) => self.on_engine_done(o, now_ms, key),
             Input::Cancel { issued_by, lease_id } => Ok(self.on_cancel(&issued_by, lease_id)),
@@ -376,6 +379,7 @@ impl WorkerJob {
         &mut self,
         text: String,
         tokens: u32,
+        token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
         now: u64,
         key: &NodeKey,
@@ -387,7 +391,7 @@ impl WorkerJob {
         if self.first_token_ms.is_none() {
             self.first_token_ms = Some(now.saturating_sub(self.started_ms));
         }
-        let c = self.chunk(Some(text), tokens, logprobs, None, now, key)?;
+        let c = self.chunk(Some(text), tokens, token_ids, logprobs, None, now, key)?;
         if self.in_flight < IN_FLIGHT {
             self.in_flight += 1;
             Ok(vec![Effect::SendChunk(Box::new(c))])
@@ -493,7 +497,7 @@ impl WorkerJob {
         match &self.outcome {
             Some(Ok(o)) if !self.stopped => {
                 let finish = o.finish_reason;
-                let c = self.chunk(None, 0, vec![], Some(finish), now, key)?;
+                let c = self.chunk(None, 0, vec![], vec![], Some(finish), now, key)?;
                 self.finish_seq = Some(c.sequence);
                 self.in_flight += 1;
                 Ok(vec![Effect::SendChunk(Box::new(c))])
@@ -602,16 +606,23 @@ impl WorkerJob {
         Ok(vec![Effect::SendResult(Box::new(r))])
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn chunk(
         &mut self,
         text: Option<String>,
         tokens: u32,
+        mut token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
         finish: Option<FinishReason>,
         now: u64,
         key: &NodeKey,
     ) -> Result<StreamChunk, gcs_protocol::ProtocolError> {
         let seq = self.seq;
+        // Ids only when they account for every counted token (and fit the
+        // bound): a partial list would be refused by the gateway.
+        if token_ids.len() != tokens as usize || token_ids.len() > MAX_CHUNK_TOKENS {
+            token_ids.clear();
+        }
         let mut c = StreamChunk {
             message_type: MessageType::StreamChunk,
             version: PROTOCOL_VERSION,
@@ -623,6 +634,7 @@ impl WorkerJob {
                 role: (seq == 0).then(|| "assistant".to_string()),
                 content: text,
                 logprobs,
+                token_ids,
             },
             usage_delta: UsageDelta { output_tokens: tokens },
             finish_reason: finish,

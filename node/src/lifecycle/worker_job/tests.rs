@@ -75,7 +75,12 @@ impl World {
     }
 
     fn delta(&mut self, text: &str) -> Vec<Effect> {
-        self.feed(Input::Delta { text: text.into(), tokens: 1, logprobs: vec![] })
+        self.feed(Input::Delta {
+            text: text.into(),
+            tokens: 1,
+            token_ids: vec![],
+            logprobs: vec![],
+        })
     }
 }
 
@@ -203,6 +208,23 @@ fn deltas_become_signed_sequenced_chunks_within_the_window() {
     assert!(chunks(&w.delta("late")).is_empty());
     let fx = w.feed(Input::Answer(Request::Chunk(0), Answer::Ack));
     assert_eq!(chunks(&fx).iter().map(|c| c.sequence).collect::<Vec<_>>(), vec![IN_FLIGHT as u64]);
+}
+
+/// A delta's token ids ride on its chunk (signed) when they account for
+/// every counted token; a partial list is dropped rather than sent.
+#[test]
+fn chunks_carry_the_token_ids_the_engine_reports() {
+    let mut w = World::running();
+    let d =
+        |tokens, token_ids| Input::Delta { text: "ab".into(), tokens, token_ids, logprobs: vec![] };
+    let fx = w.feed(d(2, vec![7, 9]));
+    let c = chunks(&fx)[0].clone();
+    verify(&c).unwrap();
+    assert_eq!((c.delta.token_ids.clone(), c.usage_delta.output_tokens), (vec![7, 9], 2));
+    let fx = w.feed(d(3, vec![7, 9]));
+    let c = chunks(&fx)[0];
+    assert!(c.delta.token_ids.is_empty());
+    assert_eq!(c.usage_delta.output_tokens, 3);
 }
 
 #[test]
