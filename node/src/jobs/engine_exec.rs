@@ -13,7 +13,10 @@ use gcs_engine::{
     SamplingOptions, SeqEvent, SeqRequest,
 };
 use gcs_gateway::codec;
-use gcs_gateway::payload::{Constraint, Embedding, Generation, JobRequest, Prompt, Sampling};
+use gcs_gateway::payload::{
+    Constraint, Embedding, Generation, JobRequest, Message, Prompt, Role, Sampling,
+};
+use gcs_gateway::tools::{grammar as tool_grammar, render};
 use gcs_gateway::validate::{self, ModelLimits, PromptTokens};
 use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
 use serde_json::json;
@@ -89,6 +92,11 @@ fn grammar(c: &Constraint) -> Grammar {
         Constraint::JsonObject => Grammar::JsonObject,
         Constraint::JsonSchema { schema, .. } => Grammar::JsonSchema(schema.clone()),
     }
+}
+
+/// A turn the plain template path cannot show (a call or a result).
+fn uses_tools(m: &Message) -> bool {
+    m.role == Role::Tool || !m.tool_calls.is_empty()
 }
 
 fn now_seed() -> u64 {
@@ -170,6 +178,20 @@ impl EngineExecutor {
         let (id, engine) =
             self.chat.as_ref().ok_or(ExecError::Invalid("no chat model on this worker".into()))?;
         let (api, prompt) = match &g.prompt {
+            // Tools, or a history with tool turns: rendered here, as the
+            // template expects them (natively, or the documented fallback).
+            Prompt::Chat(msgs) if g.tools.is_some() || msgs.iter().any(uses_tools) => {
+                let tok = engine.tokenizer();
+                let input =
+                    render::template_input(msgs, g.tools.as_ref(), tok.template_renders_tools());
+                let text = tok
+                    .render_chat(&input.messages, input.tools.as_deref(), true)
+                    .map_err(exec_error)?;
+                (
+                    ApiType::ChatCompletion,
+                    EnginePrompt::Tokens(tok.encode(&text).map_err(exec_error)?),
+                )
+            }
             Prompt::Chat(msgs) => {
                 let msgs = msgs.iter().map(|m| ChatMessage::new(m.role.as_str(), &m.content));
                 (ApiType::ChatCompletion, EnginePrompt::Chat(msgs.collect()))
@@ -199,7 +221,14 @@ impl EngineExecutor {
         sreq.logprobs = g.logprobs.map(|top| usize::from(top.min(20)));
         // Compiled by `submit`, on this thread, within llguidance's fuel
         // limits; a schema this engine cannot compile is the client's error.
-        sreq.grammar = g.constraint.as_ref().map(grammar);
+        sreq.grammar = match &g.tools {
+            Some(t) => {
+                let lark = tool_grammar::lark(t, g.constraint.as_ref())
+                    .map_err(|e| ExecError::Invalid(e.to_string()))?;
+                Some(Grammar::Lark(lark))
+            }
+            None => g.constraint.as_ref().map(grammar),
+        };
         // Tokens (and their logprobs) whose text is held back (a partial
         // character, a possible stop string) ride on the next delta that
         // has text, so every token is counted once.
