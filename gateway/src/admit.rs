@@ -207,6 +207,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// The key a batch request runs as, in the request's extensions (set only
+/// by `batch::run`; no client can put it there).
+#[derive(Clone, Debug)]
+pub(crate) struct BatchCaller {
+    /// The batch's creating key (re-read and checked live before each request).
+    pub key: KeyRecord,
+}
+
 /// Authenticates, parses and admits a request; returns it, the parsed
 /// request and the client's idempotency key.
 pub(crate) async fn admit(
@@ -216,7 +224,7 @@ pub(crate) async fn admit(
 ) -> Result<(InFlight, Parsed, Option<String>), ApiError> {
     // A batch's request runs as the key that created the batch (see
     // `batch::run`); only the gateway itself can set that extension.
-    let batch = req.extensions().get::<crate::batch::Caller>().map(|c| c.key.clone());
+    let batch = req.extensions().get::<BatchCaller>().map(|c| c.key.clone());
     let is_batch = batch.is_some();
     let key = match batch {
         Some(k) => k,

@@ -11,6 +11,7 @@
 //!   anti-entropy protocols), driven through a [`Network`] handle.
 //! - `replication` (private): which peer deltas are merged, and anti-entropy.
 //! - `registry` (private): the fresh registrations a gateway routes by.
+//! - [`processing`]: the processing queue's sans-IO core (26.2, 26.22).
 //! - [`tenants`]: tenant and swarm keys, membership certificates, trust.
 //! - [`jobs`]: the async shells that run the lifecycle machines — the
 //!   gateway side, the worker side, the job wire protocol, and the engine
@@ -27,6 +28,7 @@ pub mod jobs;
 pub mod lifecycle;
 pub mod models;
 pub mod network;
+pub mod processing;
 pub mod quota;
 mod node;
 mod registry;

@@ -23,7 +23,6 @@ pub use store::{BatchRecord, BatchStore, Status, BATCH_RECORD_VERSION};
 use crate::error::ApiError;
 use crate::files::{blocking, Purpose};
 use crate::handlers::{authenticate, finish};
-use crate::keys::KeyRecord;
 use crate::{json_body, now_ms, AppState};
 
 /// The only completion window (OpenAI's).
@@ -59,14 +58,6 @@ impl Default for BatchLimits {
             retries: 4,
         }
     }
-}
-
-/// The key a batch request runs as, in the request's extensions (set only
-/// by [`run`]; no client can put it there).
-#[derive(Clone, Debug)]
-pub(crate) struct Caller {
-    /// The creating key (re-read and checked live before each request).
-    pub key: KeyRecord,
 }
 
 /// A batch being worked on.

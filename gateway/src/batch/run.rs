@@ -26,7 +26,8 @@ use serde_json::{json, Value};
 
 use super::store::Entry;
 use super::validate::{self, Line, LineError};
-use super::{Active, Caller, Status};
+use super::{Active, Status};
+use crate::admit::BatchCaller;
 use crate::error::ApiError;
 use crate::files::{blocking, Purpose};
 use crate::{now_ms, AppState};
@@ -226,7 +227,7 @@ async fn attempts(
             .uri(endpoint_path(api))
             .header(axum::http::header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", format!("{batch_id}-{i}-{attempt}"))
-            .extension(Caller { key })
+            .extension(BatchCaller { key })
             .body(Body::from(line.body.clone()));
         let resp = match req {
             Ok(req) => dispatch(state.clone(), api, req).await,
