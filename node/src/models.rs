@@ -28,6 +28,9 @@ pub struct Entry {
     /// Vocabulary size of the weights (checked against the file by
     /// node/tests/catalog_gguf.rs).
     pub vocab_size: u32,
+    /// Served when a worker names no models and the file is in the cache.
+    /// A worker runs one chat engine today, so only one chat model may be.
+    pub by_default: bool,
 }
 
 /// Every model this build can serve.
@@ -40,6 +43,22 @@ pub const CATALOG: &[Entry] = &[
         quantization: "q4_1",
         tasks: &[ApiType::ChatCompletion, ApiType::Completion],
         vocab_size: 49_152,
+        by_default: true,
+    },
+    // google/gemma-3-270m (the pretrained model, not the -it one: the
+    // packaged GGUF says so and has no chat template; the engine renders
+    // the Gemma turn format for it). Served only when named (--model).
+    Entry {
+        model_id: "gemma-3-270m",
+        aliases: &["gnus-medium"],
+        file: "gemma-3-270m-q4_k_m.gguf",
+        // The file declares 32768; the engine serves at most 8192 (its
+        // RoPE tables are sized by the context).
+        context_tokens: 8192,
+        quantization: "q4_k_m",
+        tasks: &[ApiType::ChatCompletion, ApiType::Completion],
+        vocab_size: 262_144,
+        by_default: false,
     },
     Entry {
         model_id: "all-minilm-l6-v2",
@@ -49,6 +68,7 @@ pub const CATALOG: &[Entry] = &[
         quantization: "f32",
         tasks: &[ApiType::Embedding],
         vocab_size: 30_522,
+        by_default: true,
     },
 ];
 
@@ -106,7 +126,11 @@ pub fn entry(model_id: &str) -> Option<&'static Entry> {
 /// (by id or alias), or every one whose file is there.
 pub fn available(dir: &Path, names: &[String]) -> Result<Vec<ModelInfo>, CatalogError> {
     if names.is_empty() {
-        return Ok(CATALOG.iter().filter(|e| e.path(dir).is_file()).map(Entry::info).collect());
+        return Ok(CATALOG
+            .iter()
+            .filter(|e| e.by_default && e.path(dir).is_file())
+            .map(Entry::info)
+            .collect());
     }
     let mut out: Vec<ModelInfo> = vec![];
     for n in names {
@@ -145,5 +169,14 @@ mod tests {
             Err(CatalogError::NotFetched { .. })
         ));
         assert!(matches!(available(dir.path(), &["gpt-9".into()]), Err(CatalogError::Unknown(_))));
+        // A model served only when named: fetched, not picked by default.
+        let gemma = entry("gemma-3-270m").unwrap();
+        assert!(!gemma.by_default);
+        std::fs::create_dir_all(dir.path().join(gemma.model_id)).unwrap();
+        std::fs::write(gemma.path(dir.path()), b"gguf").unwrap();
+        assert_eq!(available(dir.path(), &[]).unwrap().len(), 1);
+        let named = available(dir.path(), &["gnus-medium".into()]).unwrap();
+        assert_eq!(named[0].model_id, "gemma-3-270m");
+        assert_eq!(named[0].quantization, "q4_k_m");
     }
 }

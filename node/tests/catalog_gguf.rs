@@ -35,3 +35,29 @@ fn the_chat_models_catalogue_entry_matches_its_weights() {
     );
     eprintln!("longest token: {longest} bytes");
 }
+
+#[test]
+fn the_gemma_catalogue_entry_matches_its_weights() {
+    let dir =
+        std::env::var_os("GCS_MODEL_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models")
+        });
+    let entry = gcs_node::models::entry("gemma-3-270m").unwrap();
+    let path = entry.path(&dir);
+    if !path.is_file() {
+        prereq::missing(&path.display().to_string(), "run scripts/fetch-models.sh gemma3-270m");
+        return;
+    }
+    let engine = gcs_engine::Engine::load(&path, &gcs_engine::cpu_device()).unwrap();
+    let c = &engine.model.config;
+    assert_eq!(c.arch, "gemma3");
+    assert_eq!(entry.vocab_size as usize, c.vocab, "vocab_size");
+    assert_eq!(entry.context_tokens as usize, c.context_length, "context_tokens");
+    let t = &engine.tokenizer;
+    let longest = (0..t.vocab_size() as u32).map(|id| t.token_bytes(id).len()).max().unwrap();
+    eprintln!("gemma longest token: {longest} bytes");
+    assert!(
+        longest <= gcs_gateway::validate::MAX_BYTES_PER_TOKEN,
+        "a {longest}-byte token breaks the edge's prompt bound"
+    );
+}
