@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use gcs_protocol::{verify, NodeId, StreamChunk};
+use gcs_protocol::{verify, Hash32, NodeId, StreamChunk, MAX_CONTINUATION_TOKENS};
 
 /// Reorder-buffer bounds (26.16.11 recommends 8 chunks / 250 ms).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +74,19 @@ pub enum Verdict {
     Failed(FenceFailure),
 }
 
+/// Where a started stream stands, for an exact continuation
+/// (specs/lifecycle.md): what the client has received, as the fence
+/// forwarded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContinuationPoint {
+    /// The next sequence number: the new holder's first chunk.
+    pub from_sequence: u64,
+    /// The ids of every output token forwarded, in order.
+    pub delivered_tokens: Vec<u32>,
+    /// blake3 of the text forwarded.
+    pub delivered_text_hash: Hash32,
+}
+
 /// Fence state of one job's stream.
 #[derive(Debug)]
 pub struct StreamFence {
@@ -87,6 +100,11 @@ pub struct StreamFence {
     failure: Option<FenceFailure>,
     delivered_tokens: u64,
     chunks_delivered: u64,
+    /// Ids of the forwarded tokens; `None` once a forwarded chunk lacked
+    /// them (that stream cannot be continued exactly).
+    delivered_ids: Option<Vec<u32>>,
+    /// Text forwarded so far.
+    delivered_text: blake3::Hasher,
 }
 
 impl StreamFence {
@@ -103,7 +121,38 @@ impl StreamFence {
             failure: None,
             delivered_tokens: 0,
             chunks_delivered: 0,
+            delivered_ids: Some(Vec::new()),
+            delivered_text: blake3::Hasher::new(),
         }
+    }
+
+    /// The point an exact continuation would start from: `None` before
+    /// anything reached the client (a lost worker is then simply
+    /// replaced), after the stream ended, or when a forwarded chunk did not
+    /// carry its token ids.
+    pub fn continuation_point(&self) -> Option<ContinuationPoint> {
+        let ids = self.delivered_ids.as_ref()?;
+        if !self.started() || self.ended || ids.is_empty() || ids.len() > MAX_CONTINUATION_TOKENS {
+            return None;
+        }
+        Some(ContinuationPoint {
+            from_sequence: self.next_seq,
+            delivered_tokens: ids.clone(),
+            delivered_text_hash: Hash32(*self.delivered_text.finalize().as_bytes()),
+        })
+    }
+
+    /// A continuation lease was granted: like [`StreamFence::grant`], but
+    /// the sequence numbers go on from where the stream stands and what
+    /// was forwarded stays counted. Chunks the old holder sent past a gap
+    /// (still in the reorder buffer, never forwarded) are dropped: the new
+    /// holder produces them again, and the old lease's chunks are refused.
+    pub fn continue_with(&mut self, lease_id: &str, holder: NodeId) {
+        if let Some((old, _)) = self.lease.take() {
+            self.old_leases.push(old);
+        }
+        self.lease = Some((lease_id.into(), holder));
+        self.buffer.clear();
     }
 
     /// A (new) lease was granted: chunks under any earlier lease are
@@ -197,7 +246,18 @@ impl StreamFence {
             self.close();
         }
         self.chunks_delivered += out.len() as u64;
-        let n = out.iter().fold(0u64, |a, c| a.saturating_add(u64::from(c.usage_delta.output_tokens)));
+        for c in &out {
+            let n = c.usage_delta.output_tokens as usize;
+            match &mut self.delivered_ids {
+                Some(ids) if c.delta.token_ids.len() == n => ids.extend(&c.delta.token_ids),
+                _ => self.delivered_ids = None,
+            }
+            if let Some(t) = &c.delta.content {
+                self.delivered_text.update(t.as_bytes());
+            }
+        }
+        let n =
+            out.iter().fold(0u64, |a, c| a.saturating_add(u64::from(c.usage_delta.output_tokens)));
         self.delivered_tokens = self.delivered_tokens.saturating_add(n);
         Verdict::Deliver(out)
     }
@@ -215,5 +275,8 @@ impl StreamFence {
     }
 }
 
+#[cfg(test)]
+#[path = "continuation_tests.rs"]
+mod continuation_tests;
 #[cfg(test)]
 mod tests;
