@@ -84,6 +84,10 @@ pub enum BackendError {
     /// The node is shutting down.
     #[error("the node is stopping")]
     Stopping,
+    /// No node may win the job now (HTTP 503 `gnus_no_capable_nodes`,
+    /// with why).
+    #[error("{0}")]
+    NoCapableNodes(String),
     /// The node's storage failed (logged; never shown to a client).
     #[error("storage: {0}")]
     Storage(String),
@@ -101,6 +105,11 @@ impl BackendError {
                 crate::ApiError::idempotency_conflict(job_id)
             }
             BackendError::Stopping => crate::ApiError::unavailable(self.to_string()),
+            BackendError::NoCapableNodes(why) => {
+                let mut e = crate::ApiError::no_capable_nodes("");
+                e.message = why.clone();
+                e
+            }
             BackendError::Storage(_) => {
                 tracing::error!(error = %self, "backend storage failure");
                 crate::ApiError::from_info(&gcs_protocol::ErrorInfo {
@@ -159,6 +168,9 @@ mod tests {
         assert!(api.retry_after.is_some());
         let body = api.body().to_string();
         assert!(!body.contains("No space") && !body.contains("/data"), "{body}");
+        let api = BackendError::NoCapableNodes("none of tenant t's pinned nodes".into()).to_api();
+        assert_eq!((api.status.as_u16(), api.code.as_str()), (503, "gnus_no_capable_nodes"));
+        assert!(api.body().to_string().contains("pinned nodes"));
         let api = BackendError::Internal("signing: bad key at /root/x".into()).to_api();
         assert_eq!(api.status.as_u16(), 500);
         assert!(!api.body().to_string().contains("/root"));

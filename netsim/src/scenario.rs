@@ -106,7 +106,8 @@ pub struct ModelAs {
 pub struct MetricBound {
     /// Node name (an HTTP node).
     pub node: String,
-    /// An unlabelled metric.
+    /// A metric, with its labels as /metrics writes them
+    /// (`name{label="v"}`).
     pub metric: String,
     /// Least value.
     #[serde(default)]

@@ -27,6 +27,8 @@ pub struct NodeClient {
     /// This node's own worker (`--role all`), for its metrics.
     worker: Option<WorkerState>,
     network: crate::network::Network,
+    /// Usage refusals (`gcs_usage_refused_total`).
+    trust: crate::tenants::TrustHandle,
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -42,8 +44,9 @@ impl NodeClient {
         keyspace: Arc<Keyspace>,
         worker: Option<WorkerState>,
         network: crate::network::Network,
+        trust: crate::tenants::TrustHandle,
     ) -> Self {
-        Self { commands, registry, keyspace, worker, network }
+        Self { commands, registry, keyspace, worker, network, trust }
     }
 
     /// Submits a job; see [`crate::NodeHandle::submit`].
@@ -79,6 +82,7 @@ impl Backend for NodeClient {
                     BackendError::IdempotencyConflict { job_id }
                 }
                 NodeError::NetworkStopped => BackendError::Stopping,
+                NodeError::NoCapableNodes(why) => BackendError::NoCapableNodes(why),
                 e @ NodeError::Keyspace(_) => BackendError::Storage(e.to_string()),
                 other => BackendError::Internal(other.to_string()),
             })
@@ -126,6 +130,7 @@ impl Backend for NodeClient {
             self.network.events_dropped()
         ));
         out.push_str(&network_counters(self.network.stats()));
+        out.push_str(&self.trust.usage_refusals().metrics());
         let fresh = self.registrations().len();
         out.push_str(&format!(
             "# HELP gcs_fresh_registrations Fresh worker registrations known.\n\

@@ -81,6 +81,10 @@ pub enum NodeError {
     /// A sealed payload could not be made or opened.
     #[error(transparent)]
     Seal(#[from] gcs_protocol::seal::SealError),
+    /// No node may win this job now (a pinning tenant's private job with
+    /// no pinned node online): HTTP 503 `gnus_no_capable_nodes`.
+    #[error("{0}")]
+    NoCapableNodes(String),
 }
 
 impl NodeError {
@@ -101,6 +105,7 @@ impl NodeError {
             NodeError::IdempotencyConflict { .. } => "idempotency_conflict",
             NodeError::NetworkStopped => "network_stopped",
             NodeError::Seal(_) => "seal",
+            NodeError::NoCapableNodes(_) => "no_capable_nodes",
         }
     }
 }

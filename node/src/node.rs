@@ -24,7 +24,7 @@ use crate::jobs::{JobEvent, JobSpec};
 use crate::lifecycle::tracker::TrackerConfig;
 use crate::lifecycle::worker_job::{Policy, Share};
 use crate::network::{NetEvent, Network, NetworkConfig};
-use crate::registry::{Accepted, Registry};
+use crate::registry::{Accepted, Registry, Source};
 use crate::topics::{self, PUBLIC_SWARM};
 use crate::backend::{NodeClient, RuntimeCommand};
 
@@ -328,6 +328,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         keyspace.clone(),
         worker.clone(),
         network.clone(),
+        trust.clone(),
     );
     let rt = Runtime {
         gateway: (config.role != Role::Worker).then(GatewayState::default),
@@ -488,14 +489,14 @@ impl Runtime {
     async fn on_event(&mut self, ev: NetEvent) {
         let env = &self.env;
         match ev {
-            NetEvent::Message { message, topic, source } => match *message {
+            NetEvent::Message { message, topic, author, .. } => match *message {
                 Message::ApiRequestJob(job) => {
                     env.jobs_heard.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if let Some(w) = &self.worker {
                         w.consider(job);
                     }
                 }
-                Message::NodeRegistration(reg) => env.on_registration(reg, &source),
+                Message::NodeRegistration(reg) => env.on_registration(reg, &author),
                 // Allowed on job topics by `topics::allows`, but answered
                 // over direct streams: a gossiped copy carries no authority.
                 Message::Requeue(_) | Message::Cancellation(_) => {
@@ -619,7 +620,11 @@ impl Env {
             self.store_registration(&reg);
             // Gossip does not deliver our own messages: a gateway in the same
             // process (`--role all`) learns its worker here.
-            self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(reg.clone(), now_ms());
+            self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(
+                reg.clone(),
+                Source::Own,
+                now_ms(),
+            );
             self.network.publish(topics::CAPABILITIES_ALL, bytes).await
         }
         .await;
@@ -628,14 +633,18 @@ impl Env {
         }
     }
 
-    fn on_registration(&self, reg: NodeRegistration, source: &PeerId) {
+    /// A registration that `author` published (many node ids behind one
+    /// author compete with each other in a full registry).
+    fn on_registration(&self, reg: NodeRegistration, author: &PeerId) {
         let node = reg.node_id.clone();
         let models: Vec<String> = reg.models.iter().map(|m| m.model_id.clone()).collect();
+        let own = crate::jobs::peer_of(&node).as_ref() == Some(author);
+        let source = if own { Source::Own } else { Source::Peer(*author) };
         let outcome =
-            self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(reg.clone(), now_ms());
+            self.registry.lock().unwrap_or_else(|p| p.into_inner()).accept(reg.clone(), source, now_ms());
         match outcome {
             Accepted::New => {
-                tracing::info!(%node, ?models, %source, "worker registration arrived");
+                tracing::info!(%node, ?models, %author, own, "worker registration arrived");
                 self.store_registration(&reg);
             }
             // Encoded only when kept: outdated and stale copies (every

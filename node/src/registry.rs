@@ -1,14 +1,19 @@
 //! The registry of fresh worker registrations (26.10): a plain state machine
 //! with time as an input. Bounded: registrations are a peer's word and node
 //! ids cost nothing, so at most [`MAX_NODES`] are held. When full, expired
-//! ones are pruned first; then a new node takes the place of the stalest
-//! node on probation — the [`PROBATION`] most recently admitted. Tenure
-//! protects: a sybil flood churns only the probation slots (the flooders
-//! evict each other), never a node that was admitted before them and keeps
-//! refreshing, and an honest newcomer still gets in (specs/network.md,
-//! "Registry").
+//! ones are pruned first. Then a newcomer takes the place of a registration
+//! that some other peer put on the wire (its gossip author is not the node
+//! it names), from the author holding most of those: many node ids behind
+//! one libp2p peer compete with each other, whenever they arrived. Only when
+//! no such entry is held does it take the place of the stalest node on
+//! probation — the [`PROBATION`] most recently admitted. Tenure protects: a
+//! sybil flood churns only the probation slots, never a node that was
+//! admitted before them and keeps refreshing, and an honest newcomer still
+//! gets in (specs/network.md, "Registry").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use libp2p::PeerId;
 
 use gcs_protocol::{Limits, NodeId, NodeRegistration, NodeStatus};
 
@@ -38,12 +43,26 @@ pub enum Accepted {
     Full,
 }
 
+/// Who put a registration on the wire: the signed gossip author (not the
+/// relay that forwarded it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The node it names (or this node itself): what honest nodes do.
+    Own,
+    /// Another peer: a node id behind someone else's libp2p identity.
+    Peer(PeerId),
+}
+
 /// Fresh registrations by node.
 #[derive(Debug, Default)]
 pub struct Registry {
     nodes: BTreeMap<NodeId, Entry>,
     /// Admission order (a counter, not a clock a peer could set) → node.
     admitted: BTreeMap<u64, NodeId>,
+    /// Author → the admissions of the entries it put on the wire for other
+    /// nodes, and (count, author) ordered, to find the largest at once.
+    by_author: BTreeMap<PeerId, BTreeSet<u64>>,
+    authors: BTreeSet<(usize, PeerId)>,
     next_admission: u64,
     limits: Limits,
     cap: usize,
@@ -56,6 +75,8 @@ struct Entry {
     reg: NodeRegistration,
     /// Its key in `admitted`.
     admission: u64,
+    /// The author it was admitted from, unless it came as its own.
+    author: Option<PeerId>,
 }
 
 impl Registry {
@@ -70,6 +91,8 @@ impl Registry {
         Self {
             nodes: BTreeMap::new(),
             admitted: BTreeMap::new(),
+            by_author: BTreeMap::new(),
+            authors: BTreeSet::new(),
             next_admission: 0,
             limits,
             cap,
@@ -87,7 +110,50 @@ impl Registry {
     fn remove(&mut self, node: &NodeId) -> Option<Entry> {
         let e = self.nodes.remove(node)?;
         self.admitted.remove(&e.admission);
+        if let Some(a) = e.author {
+            self.group(a, e.admission, false);
+        }
         Some(e)
+    }
+
+    /// Adds (`on`) or removes an admission of `author`'s group.
+    fn group(&mut self, author: PeerId, admission: u64, on: bool) {
+        let set = self.by_author.entry(author).or_default();
+        let before = set.len();
+        if on {
+            set.insert(admission);
+        } else {
+            set.remove(&admission);
+        }
+        let after = set.len();
+        if after == 0 {
+            self.by_author.remove(&author);
+        }
+        self.authors.remove(&(before, author));
+        if after > 0 {
+            self.authors.insert((after, author));
+        }
+    }
+
+    /// The stalest entry (oldest heartbeat; on a tie the newest admitted)
+    /// of the author holding the most entries of other nodes.
+    fn largest_author_candidate(&self) -> Option<NodeId> {
+        let (_, author) = self.authors.last()?;
+        self.by_author
+            .get(author)?
+            .iter()
+            .filter_map(|seq| {
+                let n = self.admitted.get(seq)?;
+                self.nodes.get(n).map(|e| (e.reg.heartbeat.created_at_ms, *seq, n))
+            })
+            .min_by_key(|(hb, seq, _)| (*hb, std::cmp::Reverse(*seq)))
+            .map(|(_, _, n)| n.clone())
+    }
+
+    /// Entries held that another peer put on the wire, by author.
+    #[cfg(test)]
+    pub fn held_by(&self, author: &PeerId) -> usize {
+        self.by_author.get(author).map_or(0, BTreeSet::len)
     }
 
     /// The stalest (oldest heartbeat; on a tie the newest admitted) of the
@@ -104,15 +170,21 @@ impl Registry {
             .map(|(_, _, n)| n.clone())
     }
 
-    /// Takes a verified registration.
-    pub fn accept(&mut self, reg: NodeRegistration, now_ms: u64) -> Accepted {
+    /// Takes a verified registration that `source` put on the wire.
+    pub fn accept(&mut self, reg: NodeRegistration, source: Source, now_ms: u64) -> Accepted {
         if let Some(cur) = self.nodes.get_mut(&reg.node_id) {
             if reg.heartbeat.created_at_ms <= cur.reg.heartbeat.created_at_ms {
                 return Accepted::Outdated;
             }
             if reg.status != NodeStatus::Offline && reg.is_fresh(now_ms, &self.limits) {
-                // A refresh keeps the node's tenure.
+                // A refresh keeps the node's tenure; one the node sent
+                // itself takes it out of the group of whoever relayed it
+                // under their own name first.
                 cur.reg = reg;
+                let (admission, left) = (cur.admission, cur.author.take_if(|_| source == Source::Own));
+                if let Some(a) = left {
+                    self.group(a, admission, false);
+                }
                 return Accepted::Refreshed;
             }
         }
@@ -126,8 +198,9 @@ impl Registry {
         if self.nodes.len() >= self.cap {
             self.prune(now_ms);
             if self.nodes.len() >= self.cap {
-                let Some(victim) = self.eviction_candidate() else { return Accepted::Full };
-                tracing::debug!(node = %reg.node_id, evicted = %victim, "registry full: a node on probation made room");
+                let victim = self.largest_author_candidate().or_else(|| self.eviction_candidate());
+                let Some(victim) = victim else { return Accepted::Full };
+                tracing::debug!(node = %reg.node_id, evicted = %victim, "registry full: a node made room");
                 self.remove(&victim);
                 self.evictions += 1;
             }
@@ -135,7 +208,14 @@ impl Registry {
         let admission = self.next_admission;
         self.next_admission += 1;
         self.admitted.insert(admission, reg.node_id.clone());
-        self.nodes.insert(reg.node_id.clone(), Entry { reg, admission });
+        let author = match source {
+            Source::Own => None,
+            Source::Peer(p) => Some(p),
+        };
+        if let Some(a) = author {
+            self.group(a, admission, true);
+        }
+        self.nodes.insert(reg.node_id.clone(), Entry { reg, admission, author });
         Accepted::New
     }
 
@@ -184,11 +264,11 @@ mod tests {
         let t = p.now_ms;
         let mut reg = Registry::new(Limits::default());
         let r1 = samples::registration(&w, &p);
-        assert_eq!(reg.accept(r1.clone(), t), Accepted::New);
-        assert_eq!(reg.accept(r1.clone(), t), Accepted::Outdated);
+        assert_eq!(reg.accept(r1.clone(), Source::Own, t), Accepted::New);
+        assert_eq!(reg.accept(r1.clone(), Source::Own, t), Accepted::Outdated);
         let r2 = samples::registration(&w, &Params { now_ms: t + 10_000, ..p.clone() });
-        assert_eq!(reg.accept(r2, t + 10_000), Accepted::Refreshed);
-        assert_eq!(reg.accept(r1, t + 10_000), Accepted::Outdated);
+        assert_eq!(reg.accept(r2, Source::Own, t + 10_000), Accepted::Refreshed);
+        assert_eq!(reg.accept(r1, Source::Own, t + 10_000), Accepted::Outdated);
         assert_eq!(reg.fresh(t + 39_999).count(), 1);
         assert_eq!(reg.prune(t + 39_999), vec![]);
         assert_eq!(reg.prune(t + 40_000), vec![w.node_id()]);
@@ -200,11 +280,11 @@ mod tests {
         let (w, _) = samples::keys();
         let p = Params::default();
         let mut reg = Registry::new(Limits::default());
-        assert_eq!(reg.accept(samples::registration(&w, &p), p.now_ms + 30_000), Accepted::Stale);
-        assert_eq!(reg.accept(samples::registration(&w, &p), p.now_ms), Accepted::New);
+        assert_eq!(reg.accept(samples::registration(&w, &p), Source::Own, p.now_ms + 30_000), Accepted::Stale);
+        assert_eq!(reg.accept(samples::registration(&w, &p), Source::Own, p.now_ms), Accepted::New);
         let mut off = samples::registration(&w, &Params { now_ms: p.now_ms + 1, ..p.clone() });
         off.status = NodeStatus::Offline;
-        assert_eq!(reg.accept(off, p.now_ms + 1), Accepted::Offline);
+        assert_eq!(reg.accept(off, Source::Own, p.now_ms + 1), Accepted::Offline);
         assert!(reg.get(&w.node_id()).is_none());
     }
 
@@ -222,13 +302,13 @@ mod tests {
     fn a_full_registry_prunes_expired_nodes_first() {
         let t = Params::default().now_ms;
         let mut reg = Registry::with_probation(Limits::default(), 2, 0);
-        assert_eq!(reg.accept(at(&key(0), t), t), Accepted::New);
-        assert_eq!(reg.accept(at(&key(1), t + 5_000), t + 5_000), Accepted::New);
+        assert_eq!(reg.accept(at(&key(0), t), Source::Own, t), Accepted::New);
+        assert_eq!(reg.accept(at(&key(1), t + 5_000), Source::Own, t + 5_000), Accepted::New);
         // No probation: nothing may be evicted while both are fresh.
-        assert_eq!(reg.accept(at(&key(2), t + 5_000), t + 5_000), Accepted::Full);
-        assert_eq!(reg.accept(at(&key(1), t + 6_000), t + 6_000), Accepted::Refreshed);
+        assert_eq!(reg.accept(at(&key(2), t + 5_000), Source::Own, t + 5_000), Accepted::Full);
+        assert_eq!(reg.accept(at(&key(1), t + 6_000), Source::Own, t + 6_000), Accepted::Refreshed);
         // The first one expires (30 s): room for the newcomer.
-        assert_eq!(reg.accept(at(&key(2), t + 30_000), t + 30_000), Accepted::New);
+        assert_eq!(reg.accept(at(&key(2), t + 30_000), Source::Own, t + 30_000), Accepted::New);
         assert!(reg.get(&key(0).node_id()).is_none());
         assert_eq!(reg.fresh(t + 30_000).count(), 2);
     }
@@ -243,17 +323,17 @@ mod tests {
         let mut reg = Registry::with_probation(Limits::default(), 128, 16);
         let honest: Vec<_> = (0..64).map(key).collect();
         for k in &honest {
-            assert_eq!(reg.accept(at(k, t), t), Accepted::New);
+            assert_eq!(reg.accept(at(k, t), Source::Own, t), Accepted::New);
         }
         for i in 0..10_000u32 {
             let now = t + u64::from(i);
             // The honest nodes heartbeat through the flood.
             if i % 1000 == 999 {
                 for k in &honest {
-                    assert_eq!(reg.accept(at(k, now), now), Accepted::Refreshed);
+                    assert_eq!(reg.accept(at(k, now), Source::Own, now), Accepted::Refreshed);
                 }
             }
-            assert_eq!(reg.accept(at(&key(1_000_000 + i), now), now), Accepted::New);
+            assert_eq!(reg.accept(at(&key(1_000_000 + i), now), Source::Own, now), Accepted::New);
             assert!(
                 honest.iter().all(|k| reg.get(&k.node_id()).is_some()),
                 "an honest node was evicted"
@@ -263,16 +343,66 @@ mod tests {
         assert_eq!(reg.fresh(t + 10_000).count(), 128);
         let newcomer = key(500_000);
         let now = t + 10_001;
-        assert_eq!(reg.accept(at(&newcomer, now), now), Accepted::New);
+        assert_eq!(reg.accept(at(&newcomer, now), Source::Own, now), Accepted::New);
         assert!(reg.get(&newcomer.node_id()).is_some());
         // The stalest on probation goes first: a refreshing newcomer stays
         // while sybils that do not refresh arrive.
         for i in 0..100u32 {
             let now = t + 10_002 + u64::from(i);
-            assert_eq!(reg.accept(at(&newcomer, now), now), Accepted::Refreshed);
-            assert_eq!(reg.accept(at(&key(2_000_000 + i), now), now), Accepted::New);
+            assert_eq!(reg.accept(at(&newcomer, now), Source::Own, now), Accepted::Refreshed);
+            assert_eq!(reg.accept(at(&key(2_000_000 + i), now), Source::Own, now), Accepted::New);
         }
         assert!(reg.get(&newcomer.node_id()).is_some(), "a refreshing newcomer is not the stalest");
+    }
+
+    /// Flooders fill the registry first with ids behind their libp2p peers
+    /// and keep them refreshing: honest nodes arriving later still get in,
+    /// each in the place of an entry of the peer behind the most ids, and
+    /// new flooder ids then evict only flooder entries. A node that sends
+    /// its own registration leaves the group of whoever relayed it first.
+    #[test]
+    fn a_full_registry_evicts_from_the_peer_behind_most_node_ids_first() {
+        let t = Params::default().now_ms;
+        let mut reg = Registry::with_probation(Limits::default(), 128, 16);
+        let (big, small) = (PeerId::random(), PeerId::random());
+        let flooder = |j: u32| if j < 100 { (key(1_000 + j), big) } else { (key(2_000 + j), small) };
+        for j in 0..128u32 {
+            let (k, src) = flooder(j);
+            assert_eq!(reg.accept(at(&k, t), Source::Peer(src), t), Accepted::New);
+        }
+        let honest: Vec<_> = (0..64).map(key).collect();
+        for (i, k) in honest.iter().enumerate() {
+            let now = t + 1 + i as u64;
+            assert_eq!(reg.accept(at(k, now), Source::Own, now), Accepted::New);
+        }
+        assert_eq!((reg.held_by(&big), reg.held_by(&small)), (36, 28), "the larger lost all 64");
+        // Both refresh every id (the evicted ones come back as new), then
+        // send 1,000 new ids: they only take each other's places.
+        for j in 0..128u32 {
+            let (k, src) = flooder(j);
+            reg.accept(at(&k, t + 100), Source::Peer(src), t + 100);
+        }
+        for i in 0..1_000u32 {
+            let now = t + 200 + u64::from(i);
+            let src = if i % 2 == 0 { big } else { small };
+            assert_eq!(reg.accept(at(&key(3_000 + i), now), Source::Peer(src), now), Accepted::New);
+        }
+        assert!(honest.iter().all(|k| reg.get(&k.node_id()).is_some()), "an honest node was evicted");
+        assert_eq!(reg.held_by(&big) + reg.held_by(&small), 64);
+        assert!(reg.held_by(&big).abs_diff(reg.held_by(&small)) <= 2, "they evict each other");
+        // An honest node whose first registration reached us under the
+        // flooder's name: its own next heartbeat takes it out of the group.
+        let late = key(500);
+        assert_eq!(reg.accept(at(&late, t + 2_000), Source::Peer(big), t + 2_000), Accepted::New);
+        let before = reg.held_by(&big);
+        assert_eq!(reg.accept(at(&late, t + 2_001), Source::Own, t + 2_001), Accepted::Refreshed);
+        assert_eq!(reg.held_by(&big), before - 1, "its own now");
+        for i in 0..200u32 {
+            let now = t + 3_000 + u64::from(i);
+            assert_eq!(reg.accept(at(&key(9_000 + i), now), Source::Peer(big), now), Accepted::New);
+        }
+        assert!(reg.get(&late.node_id()).is_some() && reg.get(&honest[0].node_id()).is_some());
+        assert_eq!(reg.fresh(t + 3_200).count(), 128);
     }
 
     #[test]
@@ -280,14 +410,14 @@ mod tests {
         let t = Params::default().now_ms;
         let mut reg = Registry::with_probation(Limits::default(), 4, 1);
         for i in 0..4 {
-            assert_eq!(reg.accept(at(&key(i), t), t), Accepted::New);
+            assert_eq!(reg.accept(at(&key(i), t), Source::Own, t), Accepted::New);
         }
         let mut off = at(&key(0), t + 1);
         off.status = NodeStatus::Offline;
-        assert_eq!(reg.accept(off, t + 1), Accepted::Offline);
-        assert_eq!(reg.accept(at(&key(0), t + 2), t + 2), Accepted::New, "back, newest admitted");
+        assert_eq!(reg.accept(off, Source::Own, t + 1), Accepted::Offline);
+        assert_eq!(reg.accept(at(&key(0), t + 2), Source::Own, t + 2), Accepted::New, "back, newest admitted");
         // Now key 0 is the one on probation.
-        assert_eq!(reg.accept(at(&key(9), t + 3), t + 3), Accepted::New);
+        assert_eq!(reg.accept(at(&key(9), t + 3), Source::Own, t + 3), Accepted::New);
         assert!(reg.get(&key(0).node_id()).is_none() && reg.get(&key(1).node_id()).is_some());
     }
 }

@@ -14,10 +14,10 @@
 pub mod cli;
 pub mod pins;
 pub mod records;
+pub mod refusals;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use gcs_protocol::{
@@ -141,7 +141,7 @@ impl Trust {
 #[derive(Debug, Default)]
 pub struct TenantTrust {
     trust: RwLock<Trust>,
-    refused_usage: AtomicU64,
+    refused_usage: refusals::UsageRefusals,
 }
 
 /// A shared [`TenantTrust`].
@@ -150,7 +150,7 @@ pub type TrustHandle = Arc<TenantTrust>;
 impl TenantTrust {
     /// A handle holding `trust`.
     pub fn new(trust: Trust) -> TrustHandle {
-        Arc::new(Self { trust: RwLock::new(trust), refused_usage: AtomicU64::new(0) })
+        Arc::new(Self { trust: RwLock::new(trust), refused_usage: Default::default() })
     }
     /// A copy of the current trust.
     pub fn get(&self) -> Trust {
@@ -164,13 +164,17 @@ impl TenantTrust {
     pub fn with<R>(&self, f: impl FnOnce(&Trust) -> R) -> R {
         f(&self.trust.read().unwrap_or_else(|p| p.into_inner()))
     }
-    /// Counts a refused usage record.
-    pub fn count_refused_usage(&self) {
-        self.refused_usage.fetch_add(1, Ordering::Relaxed);
+    /// Counts a refused usage record; returns the refusals so far.
+    pub fn count_refused_usage(&self, why: refusals::UsageRefusal) -> u64 {
+        self.refused_usage.count(why)
     }
     /// Usage records refused from peers so far.
     pub fn refused_usage(&self) -> u64 {
-        self.refused_usage.load(Ordering::Relaxed)
+        self.refused_usage.total()
+    }
+    /// Them by reason (`gcs_usage_refused_total`).
+    pub fn usage_refusals(&self) -> &refusals::UsageRefusals {
+        &self.refused_usage
     }
 }
 

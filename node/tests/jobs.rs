@@ -566,7 +566,8 @@ async fn gateway_local_and_pinned_jobs_reach_only_their_nodes() {
     let unpinned = admit(&dirs[0], &tenant, &dirs[4], false);
     store.pin(&tenant, &pinned.node_id, true).unwrap();
     let mut gc = config(Role::Gateway, &dirs[0], vec![], None);
-    gc.network.tenant_trust = trust_of(&dirs[0]);
+    let trust = trust_of(&dirs[0]);
+    gc.network.tenant_trust = trust.clone();
     let gw = start(gc).await.unwrap();
     let a = addr(&gw).await;
     let worker = |i: usize| {
@@ -609,6 +610,27 @@ async fn gateway_local_and_pinned_jobs_reach_only_their_nodes() {
         assert_eq!(record.routing.allowed_nodes, vec![pinned.node_id.clone()]);
     }
     assert!(unpinned.jobs_heard() >= 2, "the unpinned member heard the private jobs");
+    // No pinned node can win a private job (its admission revoked; then
+    // admitted and pinned but not running): refused at once, not after
+    // the queue timeout. A hybrid job still falls back to public nodes.
+    store.revoke(&tenant, &pinned.node_id, false, gcs_node::now_ms()).unwrap();
+    trust.set(store.trust().unwrap());
+    let ghost = tempfile::tempdir().unwrap();
+    for (idem, pin_ghost) in [("pin3", false), ("pin4", true)] {
+        if pin_ghost {
+            let _ = admit(&dirs[0], &tenant, &ghost, false);
+            let id = gcs_node::Identity::load_or_create(ghost.path()).unwrap().node_id();
+            store.pin(&tenant, &id, true).unwrap();
+            trust.set(store.trust().unwrap());
+            assert_eq!(trust.get().pinned["tenant_1"], vec![id], "the ghost is the live pin");
+        }
+        let t0 = Instant::now();
+        let r = gw.submit(routed(R::Private, "public", idem)).await;
+        assert!(matches!(r, Err(gcs_node::NodeError::NoCapableNodes(_))), "{idem}: {r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{idem}: {:?}", t0.elapsed());
+    }
+    let (_, holder) = served_by(&gw, routed(R::Hybrid, "public", "pin5")).await;
+    assert!(holder == attached.node_id || holder == fake.node_id, "hybrid won by {holder}");
     for n in [gw, attached, fake, pinned, unpinned] {
         n.shutdown().await;
     }

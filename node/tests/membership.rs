@@ -98,6 +98,15 @@ async fn a_fake_tenant_gateways_usage_record_is_refused() {
     // not by gossip, and not by the anti-entropy rounds that follow.
     let forged = gossip_usage(&fake, &key_of(&dirs[2]), "key_victim").await;
     wait_for("the forged record refused at g1", || g1.refused_usage() >= 1).await;
+    // ... and shown on /metrics under its reason.
+    let metrics = gcs_gateway::Backend::node_metrics(&g1.client());
+    let refused = |reason: &str| -> u64 {
+        let line = format!("gcs_usage_refused_total{{reason=\"{reason}\"}} ");
+        let l = metrics.lines().find(|l| l.starts_with(&line)).expect("the metric line");
+        l[line.len()..].trim().parse().unwrap()
+    };
+    assert!(refused("gateway_not_admitted") >= 1, "{metrics}");
+    assert_eq!(refused("foreign_key"), 0);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!has(&g1, &forged) && !has(&g2, &forged), "a forged usage record was stored");
     for n in [g1, g2, fake] {

@@ -335,6 +335,15 @@ impl GatewayState {
             tracing::warn!(tenant = %spec.tenant_id, "the tenant pins nodes but none is admitted now: no private node can win this job");
             spec.routing.membership_issuer = None;
         }
+        // A private job no pinned node can win now: refused at once (503),
+        // not left to wait out its queue timeout.
+        if ctx.trust.with(|t| crate::tenants::pins::pins(t, &spec.tenant_id)) {
+            let reg = ctx.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let (r, tenant, model) = (&spec.routing, &spec.tenant_id, &spec.model);
+            if let Some(why) = crate::tenants::pins::unservable(r, tenant, model, reg.fresh(now)) {
+                return Err(NodeError::NoCapableNodes(why));
+            }
+        }
         if spec.routing.membership_issuer.is_none()
             && matches!(spec.routing.network, gcs_protocol::RoutingMode::Private | gcs_protocol::RoutingMode::LocalOnly)
         {

@@ -11,6 +11,7 @@ use libp2p::PeerId;
 
 use crate::quota::{PeerQuotas, QuotaExceeded};
 use crate::replication::{self, RefusedDelta};
+use crate::tenants::refusals::UsageRefusal;
 
 /// Actors in a set's causal context (and dots per element) at most: a set
 /// is written by the few nodes that claim one job.
@@ -108,13 +109,22 @@ impl Intake {
     ) -> Result<MergeOutcome, Refused> {
         // Decoded once here; authority and the merge take the value.
         let d = Delta::decode(bytes).map_err(RefusedDelta::from)?;
+        // Usage refused before its own checks still counts as a refused
+        // usage record (`gcs_usage_refused_total`).
+        let usage = |why| {
+            if gcs_keyspace::Namespace::of_key(&d.key).ok() == Some(gcs_keyspace::Namespace::ApiUsage) {
+                self.trust.count_refused_usage(why);
+            }
+        };
         if let Err(e) = check_clock(&d, now_ms, self.keyspace.max_clock_drift_ms()) {
             NetStats::bump(&self.stats.clock_refused);
+            usage(UsageRefusal::Clock);
             return Err(e);
         }
         let size = bytes.len() as u64;
         if let Err(e) = self.quotas().check(peer, size, now_ms) {
             NetStats::bump(&self.stats.quota_refused);
+            usage(UsageRefusal::Quota);
             return Err(e.into());
         }
         let out = replication::merge_scoped(&self.keyspace, d, served, &self.trust, now_ms)?;

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gcs_protocol::{MembershipScope, Message, NodeId, Routing};
+use gcs_protocol::{MembershipScope, Message, NodeId, NodeRegistration, NodeStatus, Routing};
 
 use super::{Group, TenantError, TenantStore, Trust};
 
@@ -143,6 +143,46 @@ pub fn restrict(routing: &mut Routing, tenant: &str, trust: &Trust) -> bool {
     any
 }
 
+/// Whether `tenant` pins nodes (its private jobs are then checked by
+/// [`unservable`]).
+pub fn pins(trust: &Trust, tenant: &str) -> bool {
+    trust.pinned.contains_key(tenant)
+}
+
+/// Why a private job of a tenant that pins nodes ([`pins`]) cannot be won
+/// now, after [`restrict`]: no pinned node is admitted, or none of the
+/// admitted pinned nodes has a fresh registration serving `model` and
+/// taking private jobs. The gateway then answers 503
+/// `gnus_no_capable_nodes` at once instead of letting the job wait out its
+/// queue timeout. `None`: not private, or a pinned node may win it (hybrid
+/// jobs fall back to public nodes, so they are never refused here).
+pub fn unservable<'a>(
+    routing: &Routing,
+    tenant: &str,
+    model: &str,
+    fresh: impl IntoIterator<Item = &'a NodeRegistration>,
+) -> Option<String> {
+    if routing.network != gcs_protocol::RoutingMode::Private {
+        return None;
+    }
+    if routing.allowed_nodes.is_empty() {
+        return Some(format!(
+            "Tenant {tenant} pins its private nodes, and none of them is admitted now ('private' routing)."
+        ));
+    }
+    let online = fresh.into_iter().any(|r| {
+        routing.allowed_nodes.contains(&r.node_id)
+            && r.status != NodeStatus::Offline
+            && r.queue.accepts_private_jobs
+            && r.model(model).is_some()
+    });
+    (!online).then(|| {
+        format!(
+            "None of tenant {tenant}'s pinned nodes can serve '{model}' right now ('private' routing)."
+        )
+    })
+}
+
 impl TenantStore {
     /// `admit --pin`: the tenant's jobs go to its pinned nodes only.
     pub fn pin(&self, group: &Group, node: &NodeId, on: bool) -> Result<(), TenantError> {
@@ -221,5 +261,40 @@ mod tests {
         let mut r = private();
         restrict(&mut r, "acme", &trust);
         assert_eq!(r.allowed_nodes.len(), MAX_PINNED, "bounded at the field's cap");
+    }
+
+    #[test]
+    fn a_private_job_with_no_pinned_node_online_is_unservable() {
+        use gcs_protocol::samples::{self, Params};
+        let (w, _) = samples::keys();
+        let mut reg = samples::registration(&w, &Params::default());
+        reg.queue.accepts_private_jobs = true;
+        let model = reg.models[0].model_id.clone();
+        let mut trust = Trust::default();
+        assert!(!pins(&trust, "acme"));
+        trust.pinned.insert("acme".into(), vec![]);
+        assert!(pins(&trust, "acme"), "pins, even with none admitted");
+        let private = |allowed: Vec<NodeId>| Routing {
+            network: RoutingMode::Private,
+            allowed_nodes: allowed,
+            ..Routing::public()
+        };
+        let regs = [reg.clone()];
+        let none = unservable(&private(vec![]), "acme", &model, &regs);
+        assert!(none.is_some_and(|m| m.contains("none of them is admitted")));
+        let hybrid = Routing { network: RoutingMode::Hybrid, ..Routing::public() };
+        assert_eq!(unservable(&hybrid, "acme", &model, &regs), None, "hybrid falls back");
+        let pinned = private(vec![w.node_id()]);
+        assert_eq!(unservable(&pinned, "acme", &model, &regs), None, "online");
+        assert!(unservable(&pinned, "acme", &model, &[]).is_some(), "not registered");
+        assert!(unservable(&pinned, "acme", "other-model", &regs).is_some(), "no such model");
+        let mut public_only = reg.clone();
+        public_only.queue.accepts_private_jobs = false;
+        assert!(unservable(&pinned, "acme", &model, &[public_only]).is_some());
+        let mut off = reg;
+        off.status = NodeStatus::Offline;
+        assert!(unservable(&pinned, "acme", &model, &[off]).is_some(), "offline");
+        let other = private(vec![node(9)]);
+        assert!(unservable(&other, "acme", &model, &regs).is_some(), "another node is pinned");
     }
 }

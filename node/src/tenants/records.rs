@@ -12,6 +12,7 @@
 use gcs_keyspace::{keys, Delta, Keyspace};
 use gcs_protocol::{verify, Limits, MembershipScope, Message, UsageRecord};
 
+use super::refusals::UsageRefusal;
 use super::TenantTrust;
 use crate::error::RefusedDelta;
 
@@ -32,33 +33,41 @@ pub fn validate_statement(delta: &Delta, limits: &Limits) -> Result<Message, Ref
     }
 }
 
-/// The usage authority rule; `Err` names why the record does not count.
+/// Counts and logs a usage delta refused from a peer (`u`: the record, when
+/// it decoded); returns the refusal.
+pub fn refused(trust: &TenantTrust, e: RefusedDelta, u: Option<&UsageRecord>) -> RefusedDelta {
+    let why = UsageRefusal::of(&e);
+    let n = trust.count_refused_usage(why);
+    let (job, tenant, signer) = match u {
+        Some(u) => (u.job_id.as_str(), u.tenant_id.as_str(), u.recorded_by.as_str()),
+        None => ("", "", ""),
+    };
+    // Logged at 1, 2, 4, 8… refusals: visible, but a flood (which peer
+    // scoring cuts off anyway) cannot fill the log.
+    if n.is_power_of_two() {
+        tracing::info!(job_id = job, tenant, signer, reason = why.as_str(), error = %e, refused = n, "usage record refused");
+    } else {
+        tracing::debug!(job_id = job, tenant, signer, reason = why.as_str(), error = %e, "usage record refused");
+    }
+    e
+}
+
+/// The usage authority rule; `Err` names why the record does not count
+/// (the caller counts it: [`refused`]).
 pub fn authorise_usage(
     ks: &Keyspace,
     u: &UsageRecord,
     trust: &TenantTrust,
     now_ms: u64,
 ) -> Result<(), RefusedDelta> {
-    let refused = |e: RefusedDelta| {
-        trust.count_refused_usage();
-        // Logged at 1, 2, 4, 8… refusals: visible, but a flood (which peer
-        // scoring cuts off anyway) cannot fill the log.
-        let n = trust.refused_usage();
-        if n.is_power_of_two() {
-            tracing::info!(job_id = %u.job_id, tenant = %u.tenant_id, signer = %u.recorded_by, error = %e, refused = n, "usage record refused");
-        } else {
-            tracing::debug!(job_id = %u.job_id, tenant = %u.tenant_id, signer = %u.recorded_by, error = %e, "usage record refused");
-        }
-        Err(e)
-    };
     let (issuer, owner) = trust.with(|t| {
         (t.tenants.get(&u.tenant_id).cloned(), t.key_tenants.get(&u.api_key_id).cloned())
     });
     let Some(issuer) = issuer else {
-        return refused(RefusedDelta::TenantUntrusted(u.tenant_id.clone()));
+        return Err(RefusedDelta::TenantUntrusted(u.tenant_id.clone()));
     };
     if owner.is_some_and(|o| o != u.tenant_id) {
-        return refused(RefusedDelta::ForeignKey(u.api_key_id.clone()));
+        return Err(RefusedDelta::ForeignKey(u.api_key_id.clone()));
     }
     let scope = MembershipScope::TenantGateway;
     let key = keys::membership(issuer.as_str(), scope.as_str(), u.recorded_by.as_str());
@@ -74,7 +83,7 @@ pub fn authorise_usage(
             _ => false,
         });
     if !admitted {
-        return refused(RefusedDelta::GatewayNotAdmitted(u.recorded_by.to_string()));
+        return Err(RefusedDelta::GatewayNotAdmitted(u.recorded_by.to_string()));
     }
     Ok(())
 }
@@ -147,6 +156,16 @@ mod tests {
         let untrusted = super::super::TenantTrust::new(Default::default());
         let r = merge_scoped(&ks, usage_delta(&g, "key_789"), &served, &untrusted, NOW);
         assert!(matches!(r, Err(RefusedDelta::TenantUntrusted(_))), "{r:?}");
+        // Each refusal is counted under its reason (gcs_usage_refused_total).
+        let r = merge_scoped(&ks, usage_delta(&g, "key_789"), &[], &trust, NOW);
+        assert!(matches!(r, Err(RefusedDelta::TenantNotServed(_))), "{r:?}");
+        let by = |t: &TenantTrust, why| t.usage_refusals().of(why);
+        assert_eq!(by(&trust, UsageRefusal::GatewayNotAdmitted), 1);
+        assert_eq!(by(&trust, UsageRefusal::TenantNotServed), 1);
+        assert_eq!(by(&untrusted, UsageRefusal::TenantUntrusted), 1);
+        assert_eq!((trust.refused_usage(), untrusted.refused_usage()), (2, 1));
+        let text = trust.usage_refusals().metrics();
+        assert!(text.contains("gcs_usage_refused_total{reason=\"gateway_not_admitted\"} 1\n"));
     }
 
     #[test]
@@ -160,6 +179,7 @@ mod tests {
         let served = vec!["tenant_123".to_string()];
         let r = merge_scoped(&ks, usage_delta(&g, "key_beta"), &served, &trust, NOW);
         assert!(matches!(r, Err(RefusedDelta::ForeignKey(_))), "{r:?}");
+        assert_eq!(trust.usage_refusals().of(UsageRefusal::ForeignKey), 1);
     }
 
     #[test]
