@@ -153,8 +153,13 @@ def logprobs():
     expect_error(openai.BadRequestError, 400, "invalid_value",
                  lambda: client.chat.completions.create(model=CHAT, messages=MSG, top_logprobs=2),
                  param="top_logprobs")
+    # The legacy completions shape is not produced: ignored (26.15.2), or
+    # refused by name under gnus.strict.
+    legacy = client.completions.create(model=CHAT, prompt="Hi", logprobs=2, max_tokens=2)
+    assert legacy.choices[0].logprobs is None, legacy
     expect_error(openai.BadRequestError, 400, "unsupported_parameter",
-                 lambda: client.completions.create(model=CHAT, prompt="Hi", logprobs=2),
+                 lambda: client.completions.create(model=CHAT, prompt="Hi", logprobs=2,
+                                                   extra_body={"gnus": {"strict": True}}),
                  param="logprobs")
 
 
@@ -544,6 +549,172 @@ def json_object():
             "type": "json_schema", "json_schema": {"name": "x", "schema": bad}}), "response_format")
 
 
+# --- Tool calling (issue 19) ---------------------------------------------
+class GetWeather(BaseModel):
+    """The current weather in a city."""
+    city: str = Field(max_length=24)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class GetTime(BaseModel):
+    """The local time in a time zone."""
+    zone: str = Field(max_length=16)
+
+
+TOOLS = [openai.pydantic_function_tool(GetWeather), openai.pydantic_function_tool(GetTime)]
+TOOL_MODELS = {"GetWeather": GetWeather, "GetTime": GetTime}
+ASK = [{"role": "system", "content": "You can look up the weather and the time."},
+       {"role": "user", "content": "What is the weather in Paris right now?"}]
+NAMED = {"type": "function", "function": {"name": "GetTime"}}
+
+
+def valid_call(call, only=None):
+    """A call as the contract says: an id, type function, a tool's name, arguments a JSON
+    string that validates against that tool's schema."""
+    assert call.id.startswith("call_") and call.type == "function", call
+    assert call.function.name in TOOL_MODELS and (only is None or call.function.name == only), call
+    return TOOL_MODELS[call.function.name].model_validate_json(call.function.arguments)
+
+
+def tool_result(message, call):
+    """The next turn's history: the assistant's calls, then this call's result."""
+    args = json.loads(call.function.arguments)
+    result = {"GetWeather": {"temperature": 21, "sky": "clear"},
+              "GetTime": {"time": "14:05"}}[call.function.name]
+    return [message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({**args, **result})}]
+
+
+def final_answer(history, choice):
+    """After a tool result: text (or, under auto, another valid call)."""
+    r = client.chat.completions.create(model=CHAT, messages=history, tools=TOOLS, tool_choice=choice,
+                                       max_tokens=48, temperature=0)
+    c = r.choices[0]
+    if choice == "none":
+        assert c.message.tool_calls is None and c.message.content, c
+        assert c.finish_reason in ("stop", "length"), c
+    elif c.message.tool_calls:
+        assert c.finish_reason == "tool_calls", c
+        for call in c.message.tool_calls:
+            valid_call(call)
+    else:
+        assert isinstance(c.message.content, str) and c.finish_reason in ("stop", "length"), c
+    return c
+
+
+def tools_blocking():
+    for choice, only in (("required", None), (NAMED, "GetTime")):
+        for seed in (1, 2):
+            r = client.chat.completions.create(model=CHAT, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                               parallel_tool_calls=False, max_tokens=96,
+                                               temperature=0.8, seed=seed)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls", c
+            assert c.message.content is None and len(c.message.tool_calls) == 1, c.message
+            valid_call(c.message.tool_calls[0], only)
+            # The round trip: the result goes back and the model answers in text.
+            final_answer(ASK + tool_result(c.message, c.message.tool_calls[0]), "none")
+    # auto: the model chooses; either is a valid answer.
+    r = client.chat.completions.create(model=CHAT, messages=ASK, tools=TOOLS, max_tokens=96,
+                                       temperature=0)
+    c = r.choices[0]
+    print(f"  auto chose {'a call' if c.message.tool_calls else 'text'}")
+    if c.message.tool_calls:
+        assert c.finish_reason == "tool_calls", c
+        for call in c.message.tool_calls:
+            valid_call(call)
+        final_answer(ASK + tool_result(c.message, c.message.tool_calls[0]), "auto")
+    else:
+        assert c.message.content is not None and c.finish_reason in ("stop", "length"), c
+    # The SDK's own helper parses strict tools' arguments into the models.
+    p = client.chat.completions.parse(model=CHAT, messages=ASK, tools=TOOLS, tool_choice="required",
+                                      parallel_tool_calls=False, max_tokens=96, temperature=0)
+    parsed = p.choices[0].message.tool_calls[0].function.parsed_arguments
+    assert isinstance(parsed, (GetWeather, GetTime)), parsed
+    # Parallel calls: up to 8, each valid, ids distinct.
+    r = client.chat.completions.create(model=CHAT, messages=ASK, tools=TOOLS, tool_choice="required",
+                                       max_tokens=200, temperature=0.8, seed=3)
+    calls = r.choices[0].message.tool_calls or []
+    assert 1 <= len(calls) <= 8 and len({c.id for c in calls}) == len(calls), r
+    if r.choices[0].finish_reason == "tool_calls":
+        for call in calls:
+            valid_call(call)
+
+
+def stream_calls(**kw):
+    """Streams one answer; returns (calls by index, content, finish), checking OpenAI's
+    order: a call's first delta has its index, id, type, name and empty arguments."""
+    s = client.chat.completions.create(model=CHAT, stream=True, **kw)
+    calls, content, finish = {}, "", None
+    for ch in s:
+        if not ch.choices:
+            continue
+        d = ch.choices[0]
+        content += d.delta.content or ""
+        for t in d.delta.tool_calls or []:
+            if t.index not in calls:
+                assert t.id and t.type == "function" and t.function.name, t
+                assert t.function.arguments == "", t
+                calls[t.index] = {"id": t.id, "name": t.function.name, "arguments": ""}
+            else:
+                assert t.id is None and t.function.name is None, t
+                calls[t.index]["arguments"] += t.function.arguments or ""
+        if d.finish_reason is not None:
+            assert finish is None, "one finish chunk"
+            finish = d.finish_reason
+    return calls, content, finish
+
+
+def tools_stream():
+    kw = dict(messages=ASK, tools=TOOLS, parallel_tool_calls=False, max_tokens=96, temperature=0)
+    for choice, only in (("required", None), (NAMED, "GetTime")):
+        calls, content, finish = stream_calls(tool_choice=choice, **kw)
+        assert finish == "tool_calls" and content == "" and list(calls) == [0], (calls, finish)
+        c = calls[0]
+        assert only is None or c["name"] == only, c
+        TOOL_MODELS[c["name"]].model_validate_json(c["arguments"])
+        # The same request, blocking: the same call (the signed text is read the same way).
+        b = client.chat.completions.create(model=CHAT, tool_choice=choice, **kw).choices[0].message.tool_calls[0]
+        assert (b.function.name, b.function.arguments) == (c["name"], c["arguments"]), (b, c)
+        # Round trip, streamed: the result back, a text answer.
+        msg = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}]}
+        history = ASK + [msg, {"role": "tool", "tool_call_id": c["id"], "content": "21 C, clear"}]
+        calls2, text, finish2 = stream_calls(messages=history, tools=TOOLS, tool_choice="none",
+                                             max_tokens=32, temperature=0)
+        assert calls2 == {} and text and finish2 in ("stop", "length"), (calls2, text, finish2)
+    # auto, streamed: text or a valid call.
+    calls, content, finish = stream_calls(tool_choice="auto", **kw)
+    if calls:
+        assert finish == "tool_calls", finish
+        for c in calls.values():
+            TOOL_MODELS[c["name"]].model_validate_json(c["arguments"])
+    else:
+        assert finish in ("stop", "length"), finish
+    # The SDK's stream helper sees argument deltas and a parsed result.
+    with client.chat.completions.stream(model=CHAT, tool_choice="required", **kw) as st:
+        done = [e for e in st if e.type == "tool_calls.function.arguments.done"]
+    assert len(done) == 1 and isinstance(done[0].parsed_arguments, (GetWeather, GetTime)), done
+
+
+def tools_errors():
+    bad = lambda **kw: client.chat.completions.create(model=CHAT, messages=ASK, max_tokens=4, **kw)  # noqa: E731
+    expect_error(openai.BadRequestError, 400, "invalid_value",
+                 lambda: bad(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "Nope"}}),
+                 param="tool_choice")
+    expect_error(openai.BadRequestError, 400, "invalid_value",
+                 lambda: bad(tools=[{"type": "function", "function": {"name": "has space"}}]),
+                 param="tools[0].function.name")
+    expect_error(openai.BadRequestError, 400, "invalid_value", lambda: bad(tool_choice="required"),
+                 param="tool_choice")
+    # gnus.strict: what GCS ignores is refused by name instead.
+    bad(prediction={"type": "content", "content": "x"})
+    expect_error(openai.BadRequestError, 400, "unsupported_parameter",
+                 lambda: bad(prediction={"type": "content", "content": "x"},
+                             extra_body={"gnus": {"strict": True}}),
+                 param="prediction")
+
+
 CHECKS = {
     "models": models, "chat_blocking": chat_blocking, "chat_stream": chat_stream,
     "completions": completions, "n_choices": n_choices, "embeddings": embeddings,
@@ -553,6 +724,7 @@ CHECKS = {
     "abort_mid_stream": abort_mid_stream, "concurrent_streams": concurrent_streams,
     "large_response": large_response,
     "structured_outputs": structured_outputs, "json_object": json_object,
+    "tools_blocking": tools_blocking, "tools_stream": tools_stream, "tools_errors": tools_errors,
 }
 
 if __name__ == "__main__":
