@@ -377,3 +377,36 @@ fn a_batch_resumes_after_a_gateway_restart() {
         assert!(net.submitted() as u64 <= 8 - seen, "{} re-run, {seen} were done", net.submitted());
     });
 }
+
+/// A batch found at start with its 24 h window over: the requests not run
+/// get `batch_expired` error lines and the batch ends `expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_its_window_ends_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(Script::Embed);
+    let gw = gateway(net.clone(), GatewayConfig::default(), dir.path()).await;
+    let input = chat_lines(3);
+    let f = gw.upload(&gw.key, "batch", input.as_bytes()).await.json();
+    let now = gcs_protocol::now_ms() / 1000;
+    let rec: gcs_gateway::batch::BatchRecord = serde_json::from_value(json!({
+        "v": 1, "id": "batch_00112233445566778899aabb", "tenant_id": "t", "project_id": "p",
+        "api_key_id": "key_x", "endpoint": "/v1/chat/completions", "input_file_id": f["id"],
+        "completion_window": "24h", "metadata": null, "status": "in_progress",
+        "created_at": now - 86_401, "expires_at": now - 1, "in_progress_at": now - 86_400,
+        "finalizing_at": null, "completed_at": null, "failed_at": null, "expired_at": null,
+        "cancelling_at": null, "cancelled_at": null, "total": 3, "completed": 0, "failed": 0,
+        "output_file_id": null, "error_file_id": null, "errors": []}))
+    .unwrap();
+    gcs_gateway::batch::BatchStore::new(dir.path().join("batches")).save(&rec).unwrap();
+    // A second gateway over the same directory resumes it at start.
+    let gw2 = serve(net.clone(), GatewayConfig::default(), Arc::new(KeyStore::new(dir.path())))
+        .await
+        .with_keys(gw.key.clone(), gw.other.clone());
+    let b = gw2.until(&rec.id, status_is("expired")).await;
+    assert_eq!(b["request_counts"], json!({"total": 3, "completed": 0, "failed": 3}), "{b}");
+    assert!(b["output_file_id"].is_null() && b["expired_at"].as_u64().is_some(), "{b}");
+    let errs = gw2.lines(&b["error_file_id"]).await;
+    assert_eq!(errs.len(), 3);
+    assert!(errs.iter().all(|l| l["error"]["code"] == "batch_expired" && l["response"].is_null()));
+    assert_eq!(net.submitted(), 0, "nothing ran past the window");
+}
