@@ -92,3 +92,47 @@ await check("abort_mid_stream", async () => {
     await new Promise((r) => setTimeout(r, 20));
   }
 });
+// Tool calling (issue 19): the SDK's own tool loop, streamed, then a final answer.
+const getTime = (calls) => ({
+  type: "function",
+  function: {
+    name: "get_time", description: "The local time in a time zone",
+    parameters: {
+      type: "object", properties: { zone: { type: "string", maxLength: 16 } },
+      required: ["zone"], additionalProperties: false,
+    },
+    strict: true,
+    parse: JSON.parse,
+    function: (args) => { calls.push(args); return { time: "14:05" }; },
+  },
+});
+await check("run_tools", async () => {
+  const calls = [];
+  const ask = [{ role: "user", content: "What time is it in Tokyo?" }];
+  // A named choice: one call, its result appended, the runner ends.
+  const runner = client.chat.completions.runTools({
+    model: CHAT, messages: ask, max_tokens: 96, temperature: 0, stream: true,
+    tool_choice: { type: "function", function: { name: "get_time" } }, tools: [getTime(calls)],
+  });
+  await runner.done();
+  assert.equal(calls.length, 1);
+  assert.equal(typeof calls[0].zone, "string");
+  const history = runner.messages;
+  const call = history.find((m) => m.role === "assistant").tool_calls[0];
+  assert.ok(call.id.startsWith("call_") && call.function.name === "get_time", JSON.stringify(call));
+  assert.equal(history.at(-1).role, "tool");
+  assert.equal(history.at(-1).tool_call_id, call.id);
+  // The round trip's last step: the result in, a text answer out.
+  const done = await client.chat.completions.create({
+    model: CHAT, messages: history, tools: [getTime([])].map(({ type, function: f }) => (
+      { type, function: { name: f.name, parameters: f.parameters } })),
+    tool_choice: "none", max_tokens: 24, temperature: 0,
+  });
+  assert.ok(done.choices[0].message.content.length > 0);
+  // auto, blocking, at most three rounds: every call the loop ran had parseable arguments.
+  const auto = client.chat.completions.runTools(
+    { model: CHAT, messages: ask, max_tokens: 96, temperature: 0, tools: [getTime(calls)] },
+    { maxChatCompletions: 3 });
+  await auto.done();
+  for (const c of calls) assert.equal(typeof c.zone, "string");
+});
