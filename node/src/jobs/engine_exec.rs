@@ -18,7 +18,9 @@ use gcs_gateway::payload::{
 };
 use gcs_gateway::tools::{grammar as tool_grammar, render};
 use gcs_gateway::validate::{self, ModelLimits, PromptTokens};
-use gcs_protocol::{ApiType, FinishReason, ModelInfo, TokenLogprob, TopLogprob};
+use gcs_protocol::{
+    ApiType, Continuation, FinishReason, Hash32, ModelInfo, TokenLogprob, TopLogprob,
+};
 use serde_json::json;
 
 use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
@@ -133,6 +135,30 @@ impl Executor for EngineExecutor {
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, ExecError> {
+        self.run_from(req, None, cancel, emit)
+    }
+
+    fn resume_with_ids(
+        &self,
+        req: &ExecRequest,
+        from: &Continuation,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, ExecError> {
+        self.run_from(req, Some(from), cancel, emit)
+    }
+}
+
+impl EngineExecutor {
+    /// A job from its start, or (`from`) continued after the tokens another
+    /// worker delivered.
+    fn run_from(
+        &self,
+        req: &ExecRequest,
+        from: Option<&Continuation>,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, ExecError> {
         let job = JobRequest::decode(&req.body).map_err(|e| ExecError::Invalid(e.to_string()))?;
         if job.api_type() != req.api_type {
             return Err(ExecError::Invalid(format!(
@@ -141,9 +167,14 @@ impl Executor for EngineExecutor {
                 req.api_type.as_str()
             )));
         }
-        match job {
-            JobRequest::Embedding(e) => self.embed(&e),
-            JobRequest::Generation(g) => self.generate(&g, &req.cache_salt, cancel, emit),
+        match (job, from) {
+            (JobRequest::Embedding(e), None) => self.embed(&e),
+            (JobRequest::Embedding(_), Some(_)) => {
+                Err(ExecError::Invalid("an embedding is not a stream to continue".into()))
+            }
+            (JobRequest::Generation(g), from) => {
+                self.generate(&g, &req.cache_salt, from, cancel, emit)
+            }
         }
     }
 }
@@ -172,6 +203,7 @@ impl EngineExecutor {
         &self,
         g: &Generation,
         cache_salt: &str,
+        from: Option<&Continuation>,
         cancel: &AtomicBool,
         emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
     ) -> Result<ExecOutcome, ExecError> {
@@ -233,7 +265,23 @@ impl EngineExecutor {
         // character, a possible stop string) ride on the next delta that
         // has text, so every token is counted once.
         let (mut pending_n, mut pending_ids, mut pending_lp) = (0u32, Vec::new(), Vec::new());
-        let stream = engine.submit(sreq).map_err(exec_error)?;
+        let stream = match from {
+            None => engine.submit(sreq).map_err(exec_error)?,
+            Some(c) => {
+                // The seed the delivered tokens were sampled with; the
+                // replay must release exactly the text the client has.
+                sreq.sampling.seed = c.seed;
+                let s = engine.resume(sreq, &c.delivered_tokens).map_err(exec_error)?;
+                if Hash32::of(s.resumed_text().as_bytes()) != c.delivered_text_hash {
+                    return Err(ExecError::Invalid(
+                        "continuation: the delivered text is not what this engine's replay \
+                         releases (another engine build or model file)"
+                            .into(),
+                    ));
+                }
+                s
+            }
+        };
         let r = loop {
             let ev = match stream.recv_timeout(Duration::from_millis(20)) {
                 Ok(ev) => ev,

@@ -85,6 +85,22 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
         self.run(req, cancel, &mut |text, n, lps| emit(text, n, &[], lps))
     }
 
+    /// Continues a stream another worker started (exact continuation,
+    /// specs/lifecycle.md): the same job, after the tokens `from` says the
+    /// client received; `emit` gets only what follows, and the outcome
+    /// counts every token once. Engines that cannot replay refuse (the
+    /// default).
+    fn resume_with_ids(
+        &self,
+        req: &ExecRequest,
+        from: &gcs_protocol::Continuation,
+        cancel: &AtomicBool,
+        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+    ) -> Result<ExecOutcome, ExecError> {
+        let _ = (req, from, cancel, emit);
+        Err(ExecError::Invalid("this engine cannot continue another worker's stream".into()))
+    }
+
     /// Free KV-cache capacity in tokens, advertised in registrations.
     fn free_kv_tokens(&self) -> u64 {
         0

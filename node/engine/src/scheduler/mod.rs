@@ -141,6 +141,8 @@ pub enum SeqEvent {
 pub struct SeqStream {
     id: u64,
     prompt_tokens: usize,
+    /// The text a resumed request's given tokens released (empty otherwise).
+    resumed_text: String,
     rx: Receiver<SeqEvent>,
     cancel: Arc<AtomicBool>,
 }
@@ -153,6 +155,13 @@ impl SeqStream {
     /// Prompt length in tokens (after templating).
     pub fn prompt_tokens(&self) -> usize {
         self.prompt_tokens
+    }
+
+    /// For [`BatchEngine::resume`]: the text the given tokens released
+    /// (what the client already has; the stream yields what follows).
+    /// Empty for a fresh request.
+    pub fn resumed_text(&self) -> &str {
+        &self.resumed_text
     }
 
     /// The next event; `None` once the stream has ended.
@@ -434,7 +443,8 @@ impl BatchEngine {
             let cancel = Arc::new(AtomicBool::new(false));
             let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
             ends.push((id, tx, cancel.clone()));
-            streams.push(SeqStream { id, prompt_tokens, rx, cancel });
+            let resumed_text = resumed.as_ref().map(|r| r.text.clone()).unwrap_or_default();
+            streams.push(SeqStream { id, prompt_tokens, resumed_text, rx, cancel });
         }
         let (id, tx, cancel) = ends.remove(0);
         {
