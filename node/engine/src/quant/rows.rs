@@ -188,6 +188,23 @@ pub struct Q8K {
 
 impl Q8K {
     pub fn quantize(x: &[f32]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("sse4.1") {
+            // SAFETY: SSE4.1 support was detected above.
+            return unsafe { Self::quantize_sse41(x) };
+        }
+        Self::quantize_impl(x)
+    }
+
+    /// Compiled with SSE4.1 so rounding is one instruction, not a libm call.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.1")]
+    unsafe fn quantize_sse41(x: &[f32]) -> Self {
+        Self::quantize_impl(x)
+    }
+
+    #[inline(always)]
+    fn quantize_impl(x: &[f32]) -> Self {
         let nb = x.len() / QK_K;
         let mut d = vec![0f32; nb];
         let mut qs = vec![0i8; nb * QK_K];
@@ -306,17 +323,33 @@ pub fn matmul_rows(
             let q5 = (ty == GgmlType::Q5_0).then(|| QActs::quantize(x, n, cols));
             let q8k = (ty != GgmlType::Q5_0).then(|| Q8K::quantize(x));
             tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
-                for (ri, orow) in o.chunks_mut(n).enumerate() {
-                    let r = ti * per_task + ri;
-                    let w = &bytes[r * row_bytes..][..row_bytes];
-                    // SAFETY: the CPU features were detected above.
-                    unsafe {
-                        match (&q5, &q8k) {
-                            (Some(a), _) => super::rows_avx2::q5_0_row(w, nb, &a.d, &a.qs, orow),
-                            (_, Some(a)) => super::rows_avx2::k_row(ty, w, nb, a, orow),
-                            _ => {}
+                let r0 = ti * per_task;
+                if let Some(a) = &q5 {
+                    // Four rows at a time, then the rest one by one.
+                    let four = o.len() / (4 * n) * 4 * n;
+                    let (o4, o1) = o.split_at_mut(four);
+                    for (gi, og) in o4.chunks_mut(4 * n).enumerate() {
+                        let w = &bytes[(r0 + 4 * gi) * row_bytes..][..4 * row_bytes];
+                        // SAFETY: the CPU features were detected above.
+                        unsafe {
+                            super::rows_avx2::q5_0_rows::<4>(w, row_bytes, nb, &a.d, &a.qs, og)
                         }
                     }
+                    for (ri, orow) in o1.chunks_mut(n).enumerate() {
+                        let r = r0 + four / n + ri;
+                        let w = &bytes[r * row_bytes..][..row_bytes];
+                        // SAFETY: as above.
+                        unsafe {
+                            super::rows_avx2::q5_0_rows::<1>(w, row_bytes, nb, &a.d, &a.qs, orow)
+                        }
+                    }
+                    return;
+                }
+                let Some(a) = &q8k else { return };
+                for (ri, orow) in o.chunks_mut(n).enumerate() {
+                    let w = &bytes[(r0 + ri) * row_bytes..][..row_bytes];
+                    // SAFETY: the CPU features were detected above.
+                    unsafe { super::rows_avx2::k_row(ty, w, nb, a, orow) }
                 }
             });
         }

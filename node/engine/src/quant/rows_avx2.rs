@@ -4,13 +4,13 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 use super::rows::{Q8K, QK_K};
 use super::{GgmlType, QK};
 
-fn h(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+/// An f16 at `p` as f32 with F16C (exact, like any conversion).
+#[inline(always)]
+unsafe fn h16(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
 }
 
 /// tinyBLAS's `hsum`: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
@@ -47,26 +47,86 @@ unsafe fn q5_0_block(blk: *const u8) -> __m256i {
     _mm256_or_si256(nib, _mm256_andnot_si256(bits, _mm256_set1_epi8(0xF0u8 as i8)))
 }
 
-/// `out[t]` = one Q5_0 row (`nb` blocks) · activation row `t` (Q8_0: `d`
-/// per block, `qs` `[n, cols]`), in tinyBLAS's order.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q5_0_row(w: &[u8], nb: usize, d: &[f32], qs: &[i8], out: &mut [f32]) {
+/// `out[k * n + t]` = Q5_0 row `k` of `w` (`R` rows of `nb` blocks, each
+/// `row_bytes` long) · activation row `t` (Q8_0: `d` per block, `qs`
+/// `[n, cols]`), in tinyBLAS's order: one accumulator chain per (row,
+/// activation row), `R` rows interleaved to hide the FMA latency. With
+/// AVX-VNNI when the CPU has it (the same exact lane sums).
+pub unsafe fn q5_0_rows<const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    d: &[f32],
+    qs: &[i8],
+    out: &mut [f32],
+) {
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn vnni<const R: usize>(
+        w: &[u8],
+        rb: usize,
+        nb: usize,
+        d: &[f32],
+        qs: &[i8],
+        out: &mut [f32],
+    ) {
+        q5_0_impl::<true, R>(w, rb, nb, d, qs, out)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2<const R: usize>(
+        w: &[u8],
+        rb: usize,
+        nb: usize,
+        d: &[f32],
+        qs: &[i8],
+        out: &mut [f32],
+    ) {
+        q5_0_impl::<false, R>(w, rb, nb, d, qs, out)
+    }
+    if std::is_x86_feature_detected!("avxvnni") {
+        vnni::<R>(w, row_bytes, nb, d, qs, out)
+    } else {
+        avx2::<R>(w, row_bytes, nb, d, qs, out)
+    }
+}
+
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn dpbusd(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
+}
+
+#[inline(always)]
+unsafe fn q5_0_impl<const VNNI: bool, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    d: &[f32],
+    qs: &[i8],
+    out: &mut [f32],
+) {
     let cols = nb * QK;
-    debug_assert!(w.len() >= nb * 22 && qs.len() >= out.len() * cols);
-    for (t, o) in out.iter_mut().enumerate() {
-        let mut acc = _mm256_setzero_ps();
+    let n = out.len() / R;
+    debug_assert!(w.len() >= R * row_bytes && row_bytes >= nb * 22 && qs.len() >= n * cols);
+    for t in 0..n {
+        let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
-            let blk = &w[b * 22..];
-            let qx = q5_0_block(blk.as_ptr());
             let y = _mm256_loadu_si256(qs.as_ptr().add(t * cols + b * QK) as *const __m256i);
-            let dot = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(y, qx)),
-                _mm256_set1_epi16(1),
-            );
-            let dd = _mm256_set1_ps(h(blk, 0) * d[t * nb + b]);
-            acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc);
+            let dx = d[t * nb + b];
+            for (k, acc_k) in acc.iter_mut().enumerate() {
+                let blk = w.as_ptr().add(k * row_bytes + b * 22);
+                let qx = q5_0_block(blk);
+                let (ax, sy) = (_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(y, qx));
+                let dot = if VNNI {
+                    dpbusd(ax, sy)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+                };
+                let dd = _mm256_set1_ps(h16(blk) * dx);
+                *acc_k = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), *acc_k);
+            }
         }
-        *o = hsum_ps(acc);
+        for (k, a) in acc.iter().enumerate() {
+            out[k * n + t] = hsum_ps(*a);
+        }
     }
 }
 
@@ -102,8 +162,8 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
     };
     match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => {
-            u.d = h(x, 0);
-            u.dmin = h(x, 2);
+            u.d = h16(p);
+            u.dmin = h16(p.add(2));
             for j in 0..8 {
                 let (s, m) = super::rows::scale_min_k4(j, &x[4..16]);
                 u.sc16[2 * j] = s as i16;
@@ -128,7 +188,7 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
             }
         }
         GgmlType::Q6_K => {
-            u.d = h(x, 208);
+            u.d = h16(p.add(208));
             u.off = 32;
             for s in 0..16 {
                 u.sc16[s] = x[192 + s] as i8 as i16;
