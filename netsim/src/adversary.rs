@@ -40,8 +40,8 @@ use gcs_node::jobs::wire::{JobRequest, JobResponse};
 use gcs_node::{now_ms, Identity, NetEvent, Network, NetworkConfig};
 use gcs_protocol::{
     encode, ids, open, sign, ApiRequestJob, Attestation, Delta, FinalResult, FinishReason, Hash32,
-    Heartbeat, JobClaim, LeaseGrant, Limits, Message, MessageType, Metering, NodeKey,
-    NodeRegistration, NodeStatus, ResponseBody, ResultStatus, StreamChunk, UsageDelta,
+    JobClaim, LeaseGrant, Limits, Message, MessageType, Metering, NodeKey,
+    NodeRegistration, ResponseBody, ResultStatus, StreamChunk, UsageDelta,
     PROTOCOL_VERSION,
 };
 use libp2p::PeerId;
@@ -367,23 +367,12 @@ impl Adv {
     }
 
     fn own_registration(&self) -> Option<NodeRegistration> {
-        let mut r = lock(&self.template).clone()?;
-        let now = now_ms();
-        r.registration_id = ids::new_id(ids::REGISTRATION, now).ok()?;
+        let t = lock(&self.template).clone()?;
+        // Admitted to nothing: the template's certificates are dropped.
+        let r = crate::adversary_sybil::resign(&t, &self.key, now_ms(), |r| {
+            r.queue.max_concurrent_api_jobs = 64
+        })?;
         *lock(&self.reg_id) = r.registration_id.clone();
-        r.node_id = self.key.node_id();
-        r.public_key = self.key.public_key();
-        r.status = NodeStatus::Online;
-        r.queue.current_api_jobs = 0;
-        r.queue.max_concurrent_api_jobs = 64;
-        r.heartbeat = Heartbeat { created_at_ms: now, expires_at_ms: now + 30_000, ttl_ms: 30_000 };
-        r.addresses.clear();
-        // The template's certificates name the honest node: a registration
-        // carrying them is refused outright, and the adversary is admitted
-        // to nothing.
-        r.memberships.clear();
-        r.signature = None;
-        sign(&mut r, &self.key).ok()?;
         Some(r)
     }
 
@@ -401,17 +390,7 @@ impl Adv {
         created: u64,
     ) -> Option<NodeRegistration> {
         let t = lock(&self.template).clone()?;
-        let mut r = t.clone();
-        r.registration_id = ids::new_id(ids::REGISTRATION, now_ms()).ok()?;
-        r.node_id = key.node_id();
-        r.public_key = key.public_key();
-        r.models = models_named(&t, name);
-        r.memberships.clear();
-        r.heartbeat =
-            Heartbeat { created_at_ms: created, expires_at_ms: created + 30_000, ttl_ms: 30_000 };
-        r.signature = None;
-        sign(&mut r, key).ok()?;
-        Some(r)
+        crate::adversary_sybil::resign(&t, key, created, |r| r.models = models_named(&t, name))
     }
 
     /// Every 3 s: its own registration; every third round also the forged

@@ -25,8 +25,7 @@ use gcs_keyspace::Keyspace;
 use gcs_node::jobs::wire::{JobRequest, JobResponse};
 use gcs_node::{now_ms, Network};
 use gcs_protocol::{
-    encode, ids, sign, ApiType, Heartbeat, JobLimits, NodeKey, NodeRegistration, NodeStatus,
-    Routing,
+    encode, ids, sign, ApiType, JobLimits, NodeKey, NodeRegistration, Routing,
 };
 
 /// Sybil identities whose registrations the flood rotates through (the
@@ -114,22 +113,8 @@ impl Flooder {
 
     async fn registration(&self, template: &NodeRegistration, n: u64) {
         let k = &self.sybils[(n / 3) as usize % SYBILS];
-        let now = now_ms();
-        let mut r = template.clone();
-        let bytes = (|| {
-            r.registration_id = ids::new_id(ids::REGISTRATION, now).ok()?;
-            r.node_id = k.node_id();
-            r.public_key = k.public_key();
-            r.status = NodeStatus::Online;
-            r.queue.current_api_jobs = 0;
-            r.heartbeat =
-                Heartbeat { created_at_ms: now, expires_at_ms: now + 30_000, ttl_ms: 30_000 };
-            r.addresses.clear();
-            r.memberships.clear();
-            r.signature = None;
-            sign(&mut r, k).ok()?;
-            encode(&r).ok()
-        })();
+        let r = crate::adversary_sybil::resign(template, k, now_ms(), |_| {});
+        let bytes = r.and_then(|r| encode(&r).ok());
         self.publish("flood_registration", gcs_node::topics::CAPABILITIES_ALL, bytes).await;
     }
 

@@ -29,7 +29,7 @@ use gcs_node::jobs::wire::{JobRequest, JobResponse, LeasedPayload};
 use gcs_node::jobs::JobSpec;
 use gcs_node::{now_ms, Network};
 use gcs_protocol::{
-    encode, ids, open, sign, ApiRequestJob, ApiType, Heartbeat, JobLimits, LeaseGrant, Limits,
+    encode, ids, open, sign, ApiRequestJob, ApiType, JobLimits, LeaseGrant, Limits,
     Message, MessageType, NodeKey, NodeRegistration, Routing, PROTOCOL_VERSION,
 };
 
@@ -224,11 +224,6 @@ impl Rogue {
         let Some(real) = template.models.first() else { return };
         let now = now_ms();
         for (i, k) in self.sybils.iter().enumerate() {
-            let mut r = template.clone();
-            let Ok(id) = ids::new_id(ids::REGISTRATION, now) else { return };
-            r.registration_id = id;
-            r.node_id = k.node_id();
-            r.public_key = k.public_key();
             let mut m = real.clone();
             let kind = if i < SYBILS {
                 m.context_tokens = 1;
@@ -238,16 +233,10 @@ impl Rogue {
                 m.context_tokens = 1;
                 "catalog_hijacked_alias"
             };
-            r.models = vec![m];
-            r.queue.current_api_jobs = 0;
-            r.heartbeat =
-                Heartbeat { created_at_ms: now, expires_at_ms: now + 30_000, ttl_ms: 30_000 };
-            r.addresses.clear();
-            r.memberships.clear();
-            r.signature = None;
-            if sign(&mut r, k).is_err() {
+            let Some(r) = crate::adversary_sybil::resign(template, k, now, |r| r.models = vec![m])
+            else {
                 continue;
-            }
+            };
             if let Ok(b) = encode(&r) {
                 let _ = self.net.publish(gcs_node::topics::CAPABILITIES_ALL, b).await;
                 (self.bump)(kind);

@@ -5,6 +5,7 @@
 
 pub mod adversary;
 pub mod adversary_flood;
+pub mod adversary_sybil;
 pub mod adversary_trust;
 pub mod checks;
 pub mod client;
