@@ -144,3 +144,37 @@ fn gemma_teacher_forced_logprobs_match_llamacpp() {
     assert_eq!(agree, steps, "top-1 agreement");
     assert!(max_err < 1e-3, "log-probabilities differ by {max_err}");
 }
+
+/// The batch engine (paged K/V, chunked prefill, four sequences decoded
+/// together) gives llama.cpp's greedy tokens too.
+#[test]
+fn gemma_batched_paged_matches_llamacpp() {
+    let (Some(path), Some(fx)) = (common::gemma_path(), common::fixture("gemma3_llamacpp.json"))
+    else {
+        return;
+    };
+    let cfg = gcs_engine::BatchConfig { prefill_chunk: 16, ..gcs_engine::BatchConfig::default() };
+    let batch = gcs_engine::BatchEngine::start(Engine::load(&path, &cpu_device()).unwrap(), cfg);
+    let prompts = &fx["prompts"].as_array().unwrap()[4..8];
+    let streams: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let req = gcs_engine::SeqRequest::new(
+                gcs_engine::Prompt::Tokens(ids(&p["prompt_tokens"])),
+                32,
+            );
+            batch.submit(req).unwrap()
+        })
+        .collect();
+    for (p, s) in prompts.iter().zip(streams) {
+        let mut got = Vec::new();
+        loop {
+            match s.recv_timeout(std::time::Duration::from_secs(120)).expect("event in time") {
+                gcs_engine::SeqEvent::Delta { token_ids, .. } => got.extend(token_ids),
+                gcs_engine::SeqEvent::Done(_) => break,
+                gcs_engine::SeqEvent::Error(e) => panic!("sequence failed: {e}"),
+            }
+        }
+        assert_eq!(got, ids(&p["greedy_tokens"]), "prompt {}", p["index"]);
+    }
+}
