@@ -216,6 +216,14 @@ async fn a_batch_runs_its_requests_as_its_key_and_writes_openai_jsonl() {
         assert!(l["error"].is_null());
     }
     {
+        let sum = |k: &str| -> u64 {
+            out.iter().map(|l| l["response"]["body"]["usage"][k].as_u64().unwrap()).sum()
+        };
+        let (i, o) = (sum("prompt_tokens"), sum("completion_tokens"));
+        assert!(o >= 18, "3 tokens a request: {o}");
+        assert_eq!(b["usage"]["input_tokens"], i, "{b}");
+        assert_eq!(b["usage"]["output_tokens"], o, "{b}");
+        assert_eq!(b["usage"]["total_tokens"], i + o, "{b}");
         let jobs = net.jobs.lock().unwrap();
         assert_eq!(jobs.len(), 6);
         assert!(jobs.iter().all(|j| j.tenant_id == "t" && j.idempotency_key.starts_with(id)));
@@ -395,6 +403,7 @@ async fn a_batch_past_its_window_ends_expired() {
         "created_at": now - 86_401, "expires_at": now - 1, "in_progress_at": now - 86_400,
         "finalizing_at": null, "completed_at": null, "failed_at": null, "expired_at": null,
         "cancelling_at": null, "cancelled_at": null, "total": 3, "completed": 0, "failed": 0,
+        "input_tokens": 0, "output_tokens": 0,
         "output_file_id": null, "error_file_id": null, "errors": []}))
     .unwrap();
     gcs_gateway::batch::BatchStore::new(dir.path().join("batches")).save(&rec).unwrap();

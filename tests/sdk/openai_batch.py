@@ -88,6 +88,7 @@ def run_batch(endpoint, bodies):
 def chat_batch():
     bodies = [chat_body(i) for i in range(CHAT_LINES)]
     b, out = run_batch("/v1/chat/completions", bodies)
+    completion = 0
     for i, body in enumerate(bodies):
         alone = client.chat.completions.create(**body)
         got = out[f"c-{i}"]["response"]["body"]
@@ -95,6 +96,9 @@ def chat_batch():
         assert got["choices"][0]["message"]["content"] == alone.choices[0].message.content, \
             (i, got["choices"][0]["message"]["content"], alone.choices[0].message.content)
         assert got["usage"]["completion_tokens"] == alone.usage.completion_tokens, (got, alone)
+        completion += alone.usage.completion_tokens
+    assert b.usage.output_tokens == completion, (b.usage, completion)
+    assert b.usage.total_tokens == b.usage.input_tokens + completion > completion, b.usage
     assert b.id in [x.id for x in client.batches.list(limit=100)]
 
 

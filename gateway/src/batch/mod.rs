@@ -289,6 +289,8 @@ async fn create_inner(state: &Arc<AppState>, req: Request) -> Result<Response, A
         total: 0,
         completed: 0,
         failed: 0,
+        input_tokens: 0,
+        output_tokens: 0,
         output_file_id: None,
         error_file_id: None,
         errors: vec![],

@@ -108,10 +108,9 @@ async fn execute(state: &Arc<AppState>, a: &Arc<Active>, lines: &[Line]) -> Resu
     let rec = a.snapshot();
     let (store, r2) = (state.batches.store.clone(), rec.clone());
     let done = blocking(move || store.results(&r2)).await?;
-    let ok = done.iter().filter(|e| e.ok).count() as u64;
     a.update(|r| {
-        r.completed = ok;
-        r.failed = done.len() as u64 - ok;
+        (r.completed, r.failed, r.input_tokens, r.output_tokens) = (0, 0, 0, 0);
+        done.iter().for_each(|e| r.count(e));
     });
     let done: HashSet<u64> = done.iter().map(|e| e.i).collect();
     let Some(api) = validate::endpoint_api(&rec.endpoint) else {
@@ -131,13 +130,7 @@ async fn execute(state: &Arc<AppState>, a: &Arc<Active>, lines: &[Line]) -> Resu
             .store
             .append(&rec, std::slice::from_ref(&entry))
             .map_err(crate::files::api_error)?;
-        a.update(|r| {
-            if entry.ok {
-                r.completed += 1;
-            } else {
-                r.failed += 1;
-            }
-        });
+        a.update(|r| r.count(&entry));
         if saved.elapsed() >= SAVE_EVERY {
             save(state, a).await?;
             saved = Instant::now();
@@ -319,7 +312,9 @@ async fn finalize(state: &Arc<AppState>, a: &Arc<Active>) -> Result<(), ApiError
         let now = Some(now_ms() / 1000);
         r.output_file_id = output;
         r.error_file_id = errors;
-        (r.completed, r.failed) = (n_ok, n_bad);
+        (r.completed, r.failed, r.input_tokens, r.output_tokens) = (0, 0, 0, 0);
+        entries.iter().for_each(|e| r.count(e));
+        debug_assert_eq!((r.completed, r.failed), (n_ok, n_bad));
         if r.status == Status::Cancelling {
             r.status = Status::Cancelled;
             r.cancelled_at = now;

@@ -98,6 +98,11 @@ pub struct BatchRecord {
     pub total: u64,
     pub completed: u64,
     pub failed: u64,
+    /// Tokens metered by the requests that succeeded (OpenAI's `usage`).
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
     /// Output files, once written.
     pub output_file_id: Option<String>,
     pub error_file_id: Option<String>,
@@ -105,7 +110,31 @@ pub struct BatchRecord {
     pub errors: Vec<LineError>,
 }
 
+impl Entry {
+    /// (prompt, completion) tokens of a successful request's answer.
+    pub fn tokens(&self) -> (u64, u64) {
+        if !self.ok {
+            return (0, 0);
+        }
+        let u = &self.out["response"]["body"]["usage"];
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        (n("prompt_tokens"), n("completion_tokens"))
+    }
+}
+
 impl BatchRecord {
+    /// Counts `e` in `request_counts` and `usage`.
+    pub fn count(&mut self, e: &Entry) {
+        if e.ok {
+            self.completed += 1;
+        } else {
+            self.failed += 1;
+        }
+        let (i, o) = e.tokens();
+        self.input_tokens = self.input_tokens.saturating_add(i);
+        self.output_tokens = self.output_tokens.saturating_add(o);
+    }
+
     /// OpenAI's batch object.
     pub fn to_json(&self) -> Value {
         let errors =
@@ -120,6 +149,11 @@ impl BatchRecord {
             "cancelling_at": self.cancelling_at, "cancelled_at": self.cancelled_at,
             "request_counts": {"total": self.total, "completed": self.completed,
                                "failed": self.failed},
+            "usage": {"input_tokens": self.input_tokens,
+                      "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": self.output_tokens,
+                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": self.input_tokens + self.output_tokens},
             "metadata": self.metadata})
     }
 }
@@ -304,6 +338,8 @@ mod tests {
             total: 2,
             completed: 0,
             failed: 0,
+            input_tokens: 0,
+            output_tokens: 0,
             output_file_id: None,
             error_file_id: None,
             errors: vec![],
