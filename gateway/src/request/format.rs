@@ -6,7 +6,7 @@
 //! of a failed job; the job then carries the schema text, not the compiled
 //! state (the worker compiles it against its own tokenizer).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::ApproximateTokEnv;
@@ -66,9 +66,45 @@ fn check(schema: &Value) -> Result<(), ApiError> {
 
 /// Compiles a lark grammar (a tools request's) with the worker's limits;
 /// the error is llguidance's reason.
+/// Grammars that compiled lately: an agent sends the same tools every
+/// turn, and a compile costs about 2 ms per tool (128 tools: ~0.3 s of
+/// CPU), so a repeat is not compiled again. Keyed by a hash under a key
+/// random per process, so a client cannot forge a hit; bounded FIFO.
+const CHECKED_CAPACITY: usize = 512;
+
+struct Checked {
+    keys: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+fn checked() -> &'static (std::hash::RandomState, Mutex<Checked>) {
+    static C: OnceLock<(std::hash::RandomState, Mutex<Checked>)> = OnceLock::new();
+    C.get_or_init(|| {
+        let c = Checked { keys: Default::default(), order: Default::default() };
+        (std::hash::RandomState::new(), Mutex::new(c))
+    })
+}
+
 pub(super) fn check_grammar(lark: &str) -> Result<(), String> {
+    use std::hash::BuildHasher;
+    let (state, cache) = checked();
+    let key = state.hash_one(lark);
+    if cache.lock().map(|c| c.keys.contains(&key)).unwrap_or(false) {
+        return Ok(());
+    }
     let f = factory().ok_or_else(|| "grammars cannot be compiled here".to_string())?;
-    f.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map(drop).map_err(|e| e.to_string())
+    f.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map_err(|e| e.to_string())?;
+    if let Ok(mut c) = cache.lock() {
+        if c.keys.insert(key) {
+            c.order.push_back(key);
+        }
+        while c.order.len() > CHECKED_CAPACITY {
+            if let Some(old) = c.order.pop_front() {
+                c.keys.remove(&old);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The constraint `response_format` asks for; `None` for text or absent.

@@ -2,10 +2,10 @@
 //! at admission: at most [`MAX_TOOLS`] functions named
 //! `^[a-zA-Z0-9_-]{1,64}$` (no two alike), each schema an object of at
 //! most [`MAX_SCHEMA_BYTES`], all definitions together at most
-//! [`MAX_TOOLS_BYTES`]; each schema is compiled (a `strict` tool whose
-//! schema llguidance refuses is a 400, another is held to any object), and
-//! so is the whole grammar the worker will compile
-//! ([`crate::tools::grammar`]).
+//! [`MAX_TOOLS_BYTES`]. The whole grammar the worker will compile
+//! ([`crate::tools::grammar`]) is compiled here; only if it fails is each
+//! schema compiled alone (a `strict` tool whose schema llguidance refuses
+//! is a 400 naming it, another is held to any object).
 
 use serde_json::{json, Map, Value};
 
@@ -38,17 +38,19 @@ pub(super) fn tools(
         }
         Some(_) => return Err(ApiError::invalid("tools", "'tools' must be an array")),
     };
-    let mut functions: Vec<Tool> = Vec::with_capacity(defs.len());
+    let mut functions: Vec<ToolDef> = Vec::with_capacity(defs.len());
     let mut bytes = 0usize;
     for (i, d) in defs.iter().enumerate() {
         let t = tool(i, d)?;
-        if functions.iter().any(|f| f.name == t.name) {
+        let new = &t.tool;
+        if functions.iter().any(|f| f.tool.name == new.name) {
             return Err(ApiError::invalid(
                 &format!("tools[{i}].function.name"),
-                format!("two tools are named '{}'", t.name),
+                format!("two tools are named '{}'", new.name),
             ));
         }
-        bytes += t.name.len() + t.parameters.len() + t.description.as_ref().map_or(0, String::len);
+        bytes +=
+            new.name.len() + new.parameters.len() + new.description.as_ref().map_or(0, String::len);
         if bytes > MAX_TOOLS_BYTES {
             return Err(ApiError::invalid(
                 "tools",
@@ -88,7 +90,7 @@ pub(super) fn tools(
         return Err(ApiError::invalid("tool_choice", "'tool_choice' needs 'tools'"));
     }
     if let ToolChoice::Function(n) = &choice {
-        if !functions.iter().any(|f| &f.name == n) {
+        if !functions.iter().any(|f| &f.tool.name == n) {
             return Err(ApiError::invalid(
                 "tool_choice",
                 format!("'tool_choice' names '{n}', which is not one of the tools"),
@@ -96,7 +98,17 @@ pub(super) fn tools(
         }
     }
     let max_calls = if parallel { MAX_PARALLEL_CALLS } else { 1 };
-    let t = Tools { functions, choice, max_calls };
+    let all = |functions: Vec<Tool>| Tools { functions, choice: choice.clone(), max_calls };
+    // The whole grammar first: when it compiles, every schema does (the
+    // common case, one compile, cached for the next turn of the same agent).
+    let first = all(functions.iter().map(|d| d.tool.clone()).collect());
+    let g = lark(&first, text).map_err(|e| ApiError::invalid("tools", e.to_string()))?;
+    if check_grammar(&g).is_ok() {
+        return Ok(Some(first));
+    }
+    let settled =
+        functions.into_iter().enumerate().map(|(i, d)| settle(i, d)).collect::<Result<_, _>>()?;
+    let t = all(settled);
     let g = lark(&t, text).map_err(|e| ApiError::invalid("tools", e.to_string()))?;
     check_grammar(&g).map_err(|e| ApiError::unsupported("tools", format!("tools: {e}")))?;
     Ok(Some(t))
@@ -118,7 +130,7 @@ fn named(o: &Map<String, Value>) -> Result<ToolChoice, ApiError> {
 }
 
 /// `tools[i]`.
-fn tool(i: usize, d: &Value) -> Result<Tool, ApiError> {
+fn tool(i: usize, d: &Value) -> Result<ToolDef, ApiError> {
     let at = |s: &str| format!("tools[{i}]{s}");
     let Some(d) = d.as_object() else {
         return Err(ApiError::invalid(&at(""), "each tool must be an object"));
@@ -185,21 +197,39 @@ fn tool(i: usize, d: &Value) -> Result<Tool, ApiError> {
             format!("the schema must be at most {MAX_SCHEMA_BYTES} bytes"),
         ));
     }
-    // Compiled alone: the reason of a refusal names this tool.
-    let alone = inline_schema(&schema)
+    // Compiled alone (the reason of a refusal names this tool) only when
+    // the whole grammar does not compile: see `tools`.
+    Ok(ToolDef { tool: Tool { name, description, parameters, loose: false }, strict, schema })
+}
+
+/// A tool as parsed, before its schema is known to compile.
+struct ToolDef {
+    tool: Tool,
+    strict: bool,
+    schema: Value,
+}
+
+/// Compiles `d`'s schema alone: a strict tool whose schema does not compile
+/// is a 400 on its parameters, another is held to any object.
+fn settle(i: usize, d: ToolDef) -> Result<Tool, ApiError> {
+    let alone = inline_schema(&d.schema)
         .map_err(|e| e.to_string())
         .and_then(|s| check_grammar(&format!("start: %json {s}\n")));
-    let loose = match alone {
-        Ok(()) => false,
-        Err(e) if strict => {
-            return Err(ApiError::unsupported(&pat, format!("unsupported json schema: {e}")))
+    let mut t = d.tool;
+    match alone {
+        Ok(()) => {}
+        Err(e) if d.strict => {
+            return Err(ApiError::unsupported(
+                &format!("tools[{i}].function.parameters"),
+                format!("unsupported json schema: {e}"),
+            ))
         }
         Err(e) => {
-            tracing::debug!(tool = %name, error = %e, "schema not compiled: any object");
-            true
+            tracing::debug!(tool = %t.name, error = %e, "schema not compiled: any object");
+            t.loose = true;
         }
-    };
-    Ok(Tool { name, description, parameters, loose })
+    }
+    Ok(t)
 }
 
 #[cfg(test)]

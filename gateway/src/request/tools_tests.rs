@@ -144,3 +144,23 @@ fn a_schema_that_does_not_compile_holds_a_non_strict_tool_to_any_object() {
     let p: serde_json::Value = serde_json::from_str(&t.functions[0].parameters).unwrap();
     assert_eq!(p["additionalProperties"], false);
 }
+
+#[test]
+fn the_same_tools_again_are_not_compiled_again() {
+    // Names no other test uses: the cache is per process.
+    let tools: Vec<serde_json::Value> = (0..32)
+        .map(|i| {
+            let mut t = weather();
+            t["function"]["name"] = json!(format!("cached_{i}"));
+            t
+        })
+        .collect();
+    let time = || {
+        let t = std::time::Instant::now();
+        chat(json!({"tools": tools.clone(), "tool_choice": "required"})).unwrap();
+        t.elapsed()
+    };
+    let (cold, warm) = (time(), time());
+    println!("32 tools: admission {cold:?} compiled, {warm:?} cached");
+    assert!(warm * 5 < cold, "cold {cold:?}, warm {warm:?}");
+}
