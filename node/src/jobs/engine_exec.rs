@@ -23,7 +23,7 @@ use gcs_protocol::{
 };
 use serde_json::json;
 
-use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
+use super::executor::{EmitIds, ExecError, ExecOutcome, ExecRequest, Executor};
 
 /// Longest completion the engine runs (the gateway refuses longer ones).
 const MAX_TOKENS: usize = gcs_gateway::request::MAX_COMPLETION_TOKENS as usize;
@@ -133,7 +133,7 @@ impl Executor for EngineExecutor {
         &self,
         req: &ExecRequest,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+        emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
         self.run_from(req, None, cancel, emit)
     }
@@ -143,7 +143,7 @@ impl Executor for EngineExecutor {
         req: &ExecRequest,
         from: &Continuation,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+        emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
         self.run_from(req, Some(from), cancel, emit)
     }
@@ -157,7 +157,7 @@ impl EngineExecutor {
         req: &ExecRequest,
         from: Option<&Continuation>,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+        emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
         let job = JobRequest::decode(&req.body).map_err(|e| ExecError::Invalid(e.to_string()))?;
         if job.api_type() != req.api_type {
@@ -205,7 +205,7 @@ impl EngineExecutor {
         cache_salt: &str,
         from: Option<&Continuation>,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+        emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
         let (id, engine) =
             self.chat.as_ref().ok_or(ExecError::Invalid("no chat model on this worker".into()))?;

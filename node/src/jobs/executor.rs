@@ -58,6 +58,10 @@ impl ExecError {
     }
 }
 
+/// `emit(text, tokens, token_ids, logprobs)` of [`Executor::run_with_ids`]:
+/// false when the consumer is gone.
+pub type EmitIds<'a> = dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool + 'a;
+
 /// An inference engine as a worker sees it.
 pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
     /// Runs one request, calling `emit(text, tokens, logprobs)` for each
@@ -80,7 +84,7 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
         &self,
         req: &ExecRequest,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+        emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
         self.run(req, cancel, &mut |text, n, lps| emit(text, n, &[], lps))
     }
@@ -95,7 +99,7 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
         req: &ExecRequest,
         from: &gcs_protocol::Continuation,
         cancel: &AtomicBool,
-        emit: &mut dyn FnMut(&str, u32, &[u32], Vec<TokenLogprob>) -> bool,
+        emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
         let _ = (req, from, cancel, emit);
         Err(ExecError::Invalid("this engine cannot continue another worker's stream".into()))
