@@ -234,7 +234,10 @@ async fn attempts(
             (header("x-request-id"), retry)
         };
         let bytes = axum::body::to_bytes(resp.into_body(), MAX_RESPONSE_BYTES).await;
-        if matches!(status, 429 | 503) && attempt < retries {
+        // Capacity (429, 503) and the gateway's own failures (500: also
+        // what a request hears when the node is stopping, which must not
+        // become its final answer) are asked again.
+        if matches!(status, 429 | 500 | 503) && attempt < retries {
             attempt += 1;
             tokio::time::sleep(Duration::from_secs(retry_after.clamp(1, 30))).await;
             continue;
