@@ -69,6 +69,34 @@ fn gemma_tokenizer_and_chat_format() {
     }
 }
 
+/// The built-in Gemma template and the SentencePiece tokenizer give
+/// llama.cpp's prompt tokens for the 20 fixture chats.
+#[test]
+fn gemma_prompts_tokenize_as_llamacpp() {
+    let (Some(path), Some(fx)) = (common::gemma_path(), common::fixture("gemma3_llamacpp.json"))
+    else {
+        return;
+    };
+    let g = GgufFile::open(&path).unwrap();
+    let tok = GgufTokenizer::from_gguf(&g).unwrap();
+    for p in fx["prompts"].as_array().unwrap() {
+        let msgs: Vec<ChatMessage> = p["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let rendered = tok.apply_chat_template(&msgs, true).unwrap();
+        assert_eq!(rendered, p["rendered"].as_str().unwrap(), "prompt {} render", p["index"]);
+        assert_eq!(
+            tok.encode_chat(&msgs).unwrap(),
+            ids(&p["prompt_tokens"]),
+            "prompt {}",
+            p["index"]
+        );
+    }
+}
+
 /// Greedy generations of 32 tokens against llama.cpp's.
 #[test]
 fn gemma_greedy_matches_llamacpp() {
