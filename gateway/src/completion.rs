@@ -114,9 +114,10 @@ async fn serve_api(state: Arc<AppState>, api: ApiType, req: Request) -> Result<R
 async fn generate(
     state: Arc<AppState>,
     mut f: InFlight,
-    g: GenerationRequest,
+    mut g: GenerationRequest,
     idem: String,
 ) -> Result<Response, ApiError> {
+    g.assign_seed(&idem);
     let (api, n) = (f.common.api_type, g.n);
     let mut jobs = Vec::with_capacity(n as usize);
     for i in 0..n {

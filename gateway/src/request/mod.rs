@@ -136,6 +136,24 @@ impl GenerationRequest {
         }
         JobRequest::Generation(job)
     }
+
+    /// Gives a sampled request without a `seed` one, so that every sampled
+    /// stream can be continued on another worker (specs/lifecycle.md, exact
+    /// continuation). The seed is derived from the job's idempotency key:
+    /// a random one when the client named none (so each admission differs),
+    /// the client's own otherwise (so a retry keeps the same payload bytes
+    /// and is not refused as an idempotency conflict). Greedy requests and
+    /// client seeds are left alone; nothing is echoed to the client.
+    pub fn assign_seed(&mut self, idempotency_key: &str) {
+        let s = &mut self.job.sampling;
+        if s.seed.is_some() || s.temperature <= 0.0 {
+            return;
+        }
+        let h = blake3::derive_key("gcs gateway assigned seed v1", idempotency_key.as_bytes());
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[..8]);
+        s.seed = Some(u64::from_le_bytes(b));
+    }
 }
 
 fn num(body: &Map<String, Value>, k: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {

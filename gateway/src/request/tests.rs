@@ -224,3 +224,41 @@ fn a_schema_that_cannot_be_compiled_is_a_400_naming_response_format() {
         assert_eq!(e.param.as_deref(), Some(param), "{rf}: {e}");
     }
 }
+
+/// The seed each choice's signed payload carries, read back from its bytes.
+fn payload_seeds(g: &GenerationRequest) -> Vec<Option<u64>> {
+    (0..g.n)
+        .map(|i| match JobRequest::decode(&g.choice(i).encode().unwrap()).unwrap() {
+            JobRequest::Generation(j) => j.sampling.seed,
+            JobRequest::Embedding(_) => panic!("a generation payload"),
+        })
+        .collect()
+}
+
+#[test]
+fn every_sampled_request_gets_a_seed_at_admission() {
+    let body = |extra: Value| {
+        let mut v = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2});
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        generation(chat(v).unwrap())
+    };
+    let admit = |extra: Value, key: &str| {
+        let mut g = body(extra);
+        g.assign_seed(key);
+        payload_seeds(&g)
+    };
+    let fresh = crate::admit::fresh_idempotency_key;
+    // Unseeded and sampled (OpenAI's default temperature is 1): each
+    // admission gets its own seed, in the payload; the choices still differ.
+    let (a, b) = (admit(json!({}), &fresh()), admit(json!({"temperature": 0.8}), &fresh()));
+    assert!(a.iter().chain(&b).all(Option::is_some), "{a:?} {b:?}");
+    assert_ne!(a[0], b[0]);
+    assert_ne!(a[0], a[1]);
+    // A client's idempotency key gives the same seed again, so its retry
+    // carries the same payload bytes.
+    assert_eq!(admit(json!({}), "client-key-1"), admit(json!({}), "client-key-1"));
+    assert_ne!(admit(json!({}), "client-key-1"), admit(json!({}), "client-key-2"));
+    // A client seed is kept; greedy requests stay unseeded.
+    assert_eq!(admit(json!({"seed": 42}), &fresh()), vec![Some(42), Some(43)]);
+    assert_eq!(admit(json!({"temperature": 0}), &fresh()), vec![None, None]);
+}
