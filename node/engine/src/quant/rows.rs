@@ -26,8 +26,7 @@ use rayon::prelude::*;
 
 use super::{GgmlType, QActs, QK};
 
-/// Elements per K-quant super-block.
-pub const QK_K: usize = 256;
+pub use super::q8k::{Q8K, QK_K};
 
 fn h(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
@@ -174,64 +173,6 @@ fn unpack_k(ty: GgmlType, x: &[u8], b: &mut KBlock) {
             }
         }
         other => unreachable!("{other:?} is not a K-quant"),
-    }
-}
-
-/// Activations quantized to Q8_K (`quantize_row_q8_K_ref`): per 256
-/// elements an f32 scale, 256 int8 and 16 sums of 16.
-#[derive(Debug)]
-pub struct Q8K {
-    pub d: Vec<f32>,
-    pub qs: Vec<i8>,
-    pub bsums: Vec<i32>,
-}
-
-impl Q8K {
-    pub fn quantize(x: &[f32]) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("sse4.1") {
-            // SAFETY: SSE4.1 support was detected above.
-            return unsafe { Self::quantize_sse41(x) };
-        }
-        Self::quantize_impl(x)
-    }
-
-    /// Compiled with SSE4.1 so rounding is one instruction, not a libm call.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "sse4.1")]
-    unsafe fn quantize_sse41(x: &[f32]) -> Self {
-        Self::quantize_impl(x)
-    }
-
-    #[inline(always)]
-    fn quantize_impl(x: &[f32]) -> Self {
-        let nb = x.len() / QK_K;
-        let mut d = vec![0f32; nb];
-        let mut qs = vec![0i8; nb * QK_K];
-        let mut bsums = vec![0i32; nb * 16];
-        for (i, xb) in x.chunks_exact(QK_K).enumerate() {
-            let (mut max, mut amax) = (0f32, 0f32);
-            for &v in xb {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
-            if amax == 0.0 {
-                continue;
-            }
-            let iscale = -127.0 / max;
-            let q = &mut qs[i * QK_K..][..QK_K];
-            for (qj, &v) in q.iter_mut().zip(xb) {
-                // ggml's nearest_int: round half to even.
-                *qj = ((iscale * v).round_ties_even() as i32).min(127) as i8;
-            }
-            for j in 0..16 {
-                bsums[i * 16 + j] = q[16 * j..][..16].iter().map(|&v| v as i32).sum();
-            }
-            d[i] = 1.0 / iscale;
-        }
-        Self { d, qs, bsums }
     }
 }
 

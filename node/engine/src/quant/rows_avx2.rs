@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::rows::{Q8K, QK_K};
+use super::q8k::{Q8K, QK_K};
 use super::{GgmlType, QK};
 
 /// An f16 at `p` as f32 with F16C (exact, like any conversion).
