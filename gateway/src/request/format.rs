@@ -85,6 +85,13 @@ fn checked() -> &'static (std::hash::RandomState, Mutex<Checked>) {
     })
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Lark compiles on this thread (tests run in parallel threads, so a
+    /// per-thread count is one test's own).
+    pub(super) static LARK_COMPILES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 pub(super) fn check_grammar(lark: &str) -> Result<(), String> {
     use std::hash::BuildHasher;
     let (state, cache) = checked();
@@ -93,6 +100,8 @@ pub(super) fn check_grammar(lark: &str) -> Result<(), String> {
         return Ok(());
     }
     let f = factory().ok_or_else(|| "grammars cannot be compiled here".to_string())?;
+    #[cfg(test)]
+    LARK_COMPILES.with(|n| n.set(n.get() + 1));
     f.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map_err(|e| e.to_string())?;
     if let Ok(mut c) = cache.lock() {
         if c.keys.insert(key) {
