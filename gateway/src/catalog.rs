@@ -155,6 +155,9 @@ pub fn build<'a>(
                 backend: variant.backend.clone(),
                 tasks: variant.tasks.clone(),
                 vocab_size: variant.vocab_size,
+                // Per worker, not per catalogue entry: the tracker reads
+                // them from each registration.
+                ..Default::default()
             };
             out.insert(name.clone(), Served { info, workers: nodes.len() });
         }
@@ -205,6 +208,7 @@ fn trusted_entries(
         backend,
         tasks,
         vocab_size,
+        ..Default::default()
     };
     for name in std::iter::once(&t.model_id).chain(&aliases) {
         let workers: BTreeSet<&NodeId> =

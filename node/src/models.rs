@@ -9,6 +9,10 @@ use gcs_protocol::{ApiType, ModelInfo};
 
 /// The burn backend the engine runs on (advertised in registrations).
 pub const BACKEND: &str = "burn-flex";
+/// The engine build registrations advertise (`models[].engine_build`): a
+/// stream is continued only on a worker whose build matches. The engine
+/// crate shares the workspace version; no git id is built in.
+pub const ENGINE_BUILD: &str = concat!("gcs-engine ", env!("CARGO_PKG_VERSION"));
 
 /// One model of the catalogue.
 #[derive(Clone, Copy, Debug)]
@@ -86,6 +90,14 @@ pub enum CatalogError {
         /// The model cache.
         dir: PathBuf,
     },
+    /// Its file could not be read to hash it.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The weights file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 fn known() -> String {
@@ -113,7 +125,20 @@ impl Entry {
             backend: BACKEND.into(),
             tasks: self.tasks.to_vec(),
             vocab_size: self.vocab_size,
+            engine_build: ENGINE_BUILD.into(),
+            model_hash: String::new(),
         }
+    }
+
+    /// [`Entry::info`] of the file in `dir`, with its blake3 (hex) as the
+    /// `model_hash` a continuation is matched on.
+    pub fn hosted_info(&self, dir: &Path) -> Result<ModelInfo, CatalogError> {
+        let path = self.path(dir);
+        let read = |source| CatalogError::Read { path: path.clone(), source };
+        let mut file = std::fs::File::open(&path).map_err(read)?;
+        let mut h = blake3::Hasher::new();
+        std::io::copy(&mut file, &mut h).map_err(read)?;
+        Ok(ModelInfo { model_hash: h.finalize().to_hex().to_string(), ..self.info() })
     }
 }
 
@@ -126,11 +151,11 @@ pub fn entry(model_id: &str) -> Option<&'static Entry> {
 /// (by id or alias), or every one whose file is there.
 pub fn available(dir: &Path, names: &[String]) -> Result<Vec<ModelInfo>, CatalogError> {
     if names.is_empty() {
-        return Ok(CATALOG
+        return CATALOG
             .iter()
             .filter(|e| e.by_default && e.path(dir).is_file())
-            .map(Entry::info)
-            .collect());
+            .map(|e| e.hosted_info(dir))
+            .collect();
     }
     let mut out: Vec<ModelInfo> = vec![];
     for n in names {
@@ -142,7 +167,7 @@ pub fn available(dir: &Path, names: &[String]) -> Result<Vec<ModelInfo>, Catalog
             return Err(CatalogError::NotFetched { name: n.clone(), dir: dir.to_path_buf() });
         }
         if !out.iter().any(|m| m.model_id == e.model_id) {
-            out.push(e.info());
+            out.push(e.hosted_info(dir)?);
         }
     }
     Ok(out)
@@ -164,6 +189,9 @@ mod tests {
         let named = available(dir.path(), &["gnus-auto".into(), chat.model_id.into()]).unwrap();
         assert_eq!(named.len(), 1, "an id and its alias are one model");
         assert_eq!(named[0].backend, BACKEND);
+        // Continuations are matched on these: this build, this file's blake3.
+        assert_eq!(named[0].engine_build, ENGINE_BUILD);
+        assert_eq!(named[0].model_hash, blake3::hash(b"gguf").to_hex().to_string());
         assert!(matches!(
             available(dir.path(), &["gnus-embed".into()]),
             Err(CatalogError::NotFetched { .. })

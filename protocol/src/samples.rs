@@ -69,6 +69,7 @@ pub fn registration(worker: &NodeKey, p: &Params) -> NodeRegistration {
             backend: "burn-flex".into(),
             tasks: vec![ApiType::ChatCompletion, ApiType::Completion],
             vocab_size: 0,
+            ..Default::default()
         }],
         queue: QueueInfo {
             max_concurrent_api_jobs: 8,

@@ -376,3 +376,44 @@ fn chunk_token_ids_are_signed_and_match_the_usage() {
     let delta = v.as_map().unwrap().iter().find(|(k, _)| k.as_text() == Some("delta")).unwrap();
     assert!(delta.1.as_map().unwrap().iter().all(|(k, _)| k.as_text() != Some("token_ids")));
 }
+
+#[test]
+fn registration_engine_build_and_model_hash_are_optional_signed_and_checked() {
+    let (w, _) = samples::keys();
+    let plain = signed(samples::registration(&w, &Params::default()), &w);
+    // Unset, they are absent from the bytes: an older registration (and its
+    // signature, specs/vectors/messages.json) is unchanged and still opens.
+    let bytes = encode(&plain).unwrap();
+    let v = codec::decode_value(&bytes).unwrap();
+    let models = match &v {
+        Value::Map(m) => m.iter().find(|(k, _)| k.as_text() == Some("models")).unwrap().1.clone(),
+        _ => panic!("a map"),
+    };
+    let text = format!("{models:?}");
+    assert!(!text.contains("engine_build") && !text.contains("model_hash"), "{text}");
+    let back: NodeRegistration = open_as(&bytes, NOW, &lim()).unwrap();
+    assert_eq!((back.models[0].engine_build.as_str(), back.models[0].model_hash.as_str()), ("", ""));
+    // Set, they are signed (a changed hash breaks the signature) and round-trip.
+    let mut r = samples::registration(&w, &Params::default());
+    r.models[0].engine_build = "gcs-engine 0.1.0".into();
+    r.models[0].model_hash = "ab".repeat(32);
+    let r = signed(r, &w);
+    let back: NodeRegistration = open_as(&encode(&r).unwrap(), NOW, &lim()).unwrap();
+    assert_eq!(back.models, r.models);
+    let mut forged = r.clone();
+    forged.models[0].model_hash = "cd".repeat(32);
+    assert!(open_as::<NodeRegistration>(&encode(&forged).unwrap(), NOW, &lim()).is_err());
+    // A hash that is not 64 hex digits, or an overlong build, is refused.
+    for (build, hash, field) in [
+        ("b", "ab".repeat(31), "models.model_hash"),
+        ("b", "zz".repeat(32), "models.model_hash"),
+        (&*"b".repeat(4096), String::new(), "models.engine_build"),
+    ] {
+        let mut bad = samples::registration(&w, &Params::default());
+        bad.models[0].engine_build = build.into();
+        bad.models[0].model_hash = hash;
+        let err = open_as::<NodeRegistration>(&encode(&signed(bad, &w)).unwrap(), NOW, &lim())
+            .unwrap_err();
+        assert!(matches!(err, ProtocolError::Field { field: f, .. } if f == field), "{err}");
+    }
+}

@@ -17,6 +17,7 @@ pub fn model(model_id: &str, aliases: &[&str]) -> ModelInfo {
         backend: "scripted".into(),
         tasks: vec![ApiType::ChatCompletion],
         vocab_size: 0,
+        ..Default::default()
     }
 }
 

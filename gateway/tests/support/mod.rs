@@ -74,6 +74,7 @@ fn registration() -> NodeRegistration {
         backend: "burn-flex".into(),
         tasks: vec![ApiType::Embedding],
         vocab_size: 30_522,
+        ..Default::default()
     });
     r
 }

@@ -27,7 +27,7 @@ pub struct Capabilities {
 }
 
 /// One model a node serves.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     /// Canonical model id, e.g. `smollm2-135m-instruct`.
     pub model_id: String,
@@ -46,6 +46,15 @@ pub struct ModelInfo {
     /// (extension, omitted when 0 so older signatures are unchanged).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub vocab_size: u32,
+    /// Engine build that serves it, e.g. `gcs-engine 0.1.0`: a stream is
+    /// continued only on a worker of the same build (specs/lifecycle.md,
+    /// exact continuation). Extension, omitted when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub engine_build: String,
+    /// blake3 (hex) of the model file it loaded, compared with a
+    /// `Continuation`'s `model_hash`. Extension, omitted when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model_hash: String,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -194,6 +203,12 @@ impl SignedMessage for NodeRegistration {
             v::text("models.backend", &m.backend, MAX_SHORT)?;
             v::list("models.tasks", &m.tasks, 8)?;
             v::range("models.context_tokens", m.context_tokens, 1, 16 * 1024 * 1024)?;
+            v::text("models.engine_build", &m.engine_build, MAX_SHORT)?;
+            if !m.model_hash.is_empty()
+                && (m.model_hash.len() != 64 || !m.model_hash.bytes().all(|b| b.is_ascii_hexdigit()))
+            {
+                return Err(ProtocolError::field("models.model_hash", "must be 64 hex digits"));
+            }
         }
         v::finite("queue.decode_tokens_per_s", self.queue.decode_tokens_per_s, 0.0, 1e9)?;
         v::finite("trust.reputation_score", self.trust.reputation_score, 0.0, 1.0)?;
