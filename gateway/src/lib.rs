@@ -150,6 +150,27 @@ pub struct AppState {
 pub use gcs_protocol::now_ms;
 
 /// A JSON body with the right content type.
+/// One page of an OpenAI list object from records in list order: at most
+/// `limit` of those after the id `after` (an unknown cursor is past the
+/// end: an empty page, as OpenAI answers).
+pub(crate) fn list_page<T>(
+    mut all: Vec<T>,
+    after: Option<&str>,
+    limit: usize,
+    id: impl Fn(&T) -> &str,
+    to_json: impl Fn(&T) -> serde_json::Value,
+) -> axum::response::Response {
+    if let Some(after) = after {
+        let at = all.iter().position(|x| id(x) == after).map_or(all.len(), |i| i + 1);
+        all.drain(..at);
+    }
+    let has_more = all.len() > limit;
+    all.truncate(limit);
+    let data: Vec<serde_json::Value> = all.iter().map(&to_json).collect();
+    json_body(&serde_json::json!({"object": "list", "data": data, "has_more": has_more,
+        "first_id": all.first().map(&id), "last_id": all.last().map(&id)}))
+}
+
 pub(crate) fn json_body(v: &serde_json::Value) -> axum::response::Response {
     use axum::response::IntoResponse;
     (

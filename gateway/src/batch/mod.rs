@@ -15,7 +15,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
 pub use store::{BatchRecord, BatchStore, Status, BATCH_RECORD_VERSION};
@@ -363,15 +363,8 @@ pub(crate) async fn list(
                 *r = a.snapshot();
             }
         }
-        if let Some(after) = q.after.as_deref() {
-            let at = all.iter().position(|b| b.id == after).map_or(all.len(), |i| i + 1);
-            all.drain(..at);
-        }
-        let has_more = all.len() > limit;
-        all.truncate(limit);
-        let data: Vec<Value> = all.iter().map(BatchRecord::to_json).collect();
-        Ok::<_, ApiError>(json_body(&json!({"object": "list", "data": data, "has_more": has_more,
-            "first_id": all.first().map(|b| &b.id), "last_id": all.last().map(|b| &b.id)})))
+        let page = crate::list_page(all, q.after.as_deref(), limit, |b| b.id.as_str(), BatchRecord::to_json);
+        Ok::<_, ApiError>(page)
     }
     .await;
     finish(&state, "batches", r.unwrap_or_else(IntoResponse::into_response))

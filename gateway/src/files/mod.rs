@@ -13,7 +13,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 pub use store::{FileError, FileLimits, FileRecord, FileStore, Purpose};
 
@@ -192,15 +192,8 @@ pub(crate) async fn list(
         if let Some(p) = q.purpose.as_deref() {
             all.retain(|f| f.purpose.as_str() == p);
         }
-        if let Some(after) = q.after.as_deref() {
-            let at = all.iter().position(|f| f.id == after).map_or(all.len(), |i| i + 1);
-            all.drain(..at);
-        }
-        let has_more = all.len() > limit;
-        all.truncate(limit);
-        let data: Vec<Value> = all.iter().map(FileRecord::to_json).collect();
-        Ok::<_, ApiError>(json_body(&json!({"object": "list", "data": data, "has_more": has_more,
-            "first_id": all.first().map(|f| &f.id), "last_id": all.last().map(|f| &f.id)})))
+        let page = crate::list_page(all, q.after.as_deref(), limit, |f| f.id.as_str(), FileRecord::to_json);
+        Ok::<_, ApiError>(page)
     }
     .await;
     finish(&state, "files", r.unwrap_or_else(IntoResponse::into_response))
