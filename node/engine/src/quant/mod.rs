@@ -16,7 +16,7 @@ use half::f16;
 use rayon::prelude::*;
 
 mod kernels;
-mod q8k;
+mod k_common;
 pub mod rows;
 #[cfg(target_arch = "x86_64")]
 mod rows_avx2;

@@ -26,21 +26,13 @@ use rayon::prelude::*;
 
 use super::{GgmlType, QActs, QK};
 
-pub use super::q8k::{Q8K, QK_K};
+pub use super::k_common::{Q8K, QK_K};
+pub(crate) use super::k_common::scale_min_k4;
 
 fn h(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j`.
-#[inline]
-pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
-}
 
 /// Whether `ty` is stored by this module.
 pub(crate) fn is_row_type(ty: GgmlType) -> bool {

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::q8k::{Q8K, QK_K};
+use super::k_common::{scale_min_k4, Q8K, QK_K};
 use super::{GgmlType, QK};
 
 /// An f16 at `p` as f32 with F16C (exact, like any conversion).
@@ -165,7 +165,7 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
             u.d = h16(p);
             u.dmin = h16(p.add(2));
             for j in 0..8 {
-                let (s, m) = super::rows::scale_min_k4(j, &x[4..16]);
+                let (s, m) = scale_min_k4(j, &x[4..16]);
                 u.sc16[2 * j] = s as i16;
                 u.sc16[2 * j + 1] = s as i16;
                 u.mins[j] = m as i32;

@@ -1,9 +1,20 @@
-//! Activations quantized to Q8_K, the K-quant dot products' other operand.
-//! A leaf of its own because both the scalar rows and their AVX2 kernels
-//! use it (and those two must not import each other).
+//! What the K-quant rows and their AVX2 kernels share: the super-block
+//! size, ggml's packed 6-bit scales, and the Q8_K activations that are the
+//! dot products' other operand. A leaf of its own so that the scalar rows
+//! and the kernels do not import each other.
 
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j`.
+#[inline]
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
 
 /// Activations quantized to Q8_K (`quantize_row_q8_K_ref`): per 256
 /// elements an f32 scale, 256 int8 and 16 sums of 16.
