@@ -176,6 +176,7 @@ pub fn api_job(gateway: &NodeKey, p: &Params) -> ApiRequestJob {
             allowed_model_aliases: vec!["gnus-auto".into(), "gnus-small".into()],
             max_input_tokens: 4096,
             max_output_tokens: 1024,
+            continuation: None,
         },
         limits: JobLimits::default(),
         reply_to: ReplyTo::for_job(&id),

@@ -140,6 +140,7 @@ pub fn build_job(
             allowed_model_aliases: vec![spec.model.clone()],
             max_input_tokens: 0,
             max_output_tokens: spec.max_output_tokens,
+            continuation: None,
         },
         reply_to: ReplyTo::for_job(&job_id),
         created_at_ms: now,

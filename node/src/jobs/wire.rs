@@ -30,6 +30,11 @@ pub struct LeasedPayload {
     /// 32 secret bytes; equal salts may share cached prefixes.
     #[serde(with = "serde_bytes")]
     pub cache_salt: Vec<u8>,
+    /// For a continuation lease only: where the stream stands (the tokens
+    /// the client received, the seed, the sequence to number from). Omitted
+    /// otherwise, so a plain answer encodes as in version 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<gcs_protocol::Continuation>,
 }
 
 impl std::fmt::Debug for LeasedPayload {
@@ -49,7 +54,13 @@ pub const MAX_TENANT_ID: usize = 128;
 impl LeasedPayload {
     /// A payload answer of the current version.
     pub fn new(body: Vec<u8>, tenant_id: String, cache_salt: [u8; 32]) -> Self {
-        Self { version: LEASED_PAYLOAD_VERSION, body, tenant_id, cache_salt: cache_salt.to_vec() }
+        Self {
+            version: LEASED_PAYLOAD_VERSION,
+            body,
+            tenant_id,
+            cache_salt: cache_salt.to_vec(),
+            continuation: None,
+        }
     }
 
     /// Why the worker must not run it, if anything is wrong with its form.
@@ -60,6 +71,8 @@ impl LeasedPayload {
             Some("the cache salt is not 32 bytes")
         } else if self.tenant_id.is_empty() || self.tenant_id.len() > MAX_TENANT_ID {
             Some("the tenant id is empty or too long")
+        } else if self.continuation.as_ref().is_some_and(|c| c.check().is_err()) {
+            Some("the continuation is malformed")
         } else {
             None
         }

@@ -92,6 +92,42 @@ impl Continuation {
     }
 }
 
+/// What a continuation's announcement says of it, in the re-announced
+/// job's `requirements.continuation` (signed with the job): which
+/// continuation this is and what engine build and model file a claimant
+/// must serve. The delivered tokens are not in it: they go only to the new
+/// lease holder, inside its payload answer (a [`Continuation`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContinuationOffer {
+    /// 1 for the job's first continuation, at most [`MAX_CONTINUATIONS`].
+    pub continuation: u32,
+    /// The engine build a claimant must advertise for the job's model
+    /// (its registration's `models[].engine_build`).
+    pub engine_build: String,
+    /// The model file's blake3 (hex) a claimant must advertise
+    /// (`models[].model_hash`).
+    pub model_hash: String,
+}
+
+impl ContinuationOffer {
+    /// The offer for `c`.
+    pub fn of(c: &Continuation) -> Self {
+        Self {
+            continuation: c.continuation,
+            engine_build: c.engine_build.clone(),
+            model_hash: c.model_hash.clone(),
+        }
+    }
+
+    /// Field bounds.
+    pub fn check(&self) -> Result<(), ProtocolError> {
+        v::range("continuation", self.continuation, 1, MAX_CONTINUATIONS)?;
+        v::short("engine_build", &self.engine_build, MAX_SHORT)?;
+        v::short("model_hash", &self.model_hash, MAX_SHORT)?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,6 +132,11 @@ pub struct Requirements {
     pub allowed_model_aliases: Vec<String>,
     pub max_input_tokens: u32,
     pub max_output_tokens: u32,
+    /// Set when the job is re-announced as an exact continuation (extension
+    /// of 26.16.9): only a worker of this engine build and model file may
+    /// claim it. Omitted otherwise, so older jobs encode and sign as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<crate::ContinuationOffer>,
 }
 
 /// Timeouts and budgets.
@@ -299,6 +304,9 @@ impl SignedMessage for ApiRequestJob {
         v::list("routing.allowed_nodes", &r.allowed_nodes, 256)?;
         v::list("routing.excluded_nodes", &r.excluded_nodes, 256)?;
         let q = &self.requirements;
+        if let Some(offer) = &q.continuation {
+            offer.check()?;
+        }
         v::list("requirements.allowed_model_aliases", &q.allowed_model_aliases, MAX_LIST)?;
         for a in &q.allowed_model_aliases {
             v::short("requirements.allowed_model_aliases", a, MAX_SHORT)?;
