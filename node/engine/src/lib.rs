@@ -14,6 +14,7 @@
 //! - [`paged`]: the paged KV block manager with prefix caching.
 //! - [`scheduler`]: continuous batching ([`BatchEngine`]) over a paged KV pool,
 //!   run by one engine thread's step loop.
+//! - [`backend`]: compute backends behind one paged decode step (CPU today).
 //! - [`bert`]: sentence embeddings (all-MiniLM-L6-v2).
 //! - [`error`]: [`EngineError`] and [`GgufError`].
 
@@ -21,6 +22,7 @@
 // `unsafe`; the workspace denies it by default.
 #[allow(unsafe_code)]
 pub mod attn;
+pub mod backend;
 pub mod bert;
 pub mod constraint;
 pub mod error;
