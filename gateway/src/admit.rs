@@ -123,6 +123,8 @@ pub(crate) struct InFlight {
     pub used_tokens: Option<u64>,
     /// Jobs not yet ended.
     pub open_jobs: Vec<String>,
+    /// The batch this request runs for (its jobs' usage records name it).
+    pub batch_id: Option<String>,
     _slot: Slot,
 }
 
@@ -213,6 +215,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 pub(crate) struct BatchCaller {
     /// The batch's creating key (re-read and checked live before each request).
     pub key: KeyRecord,
+    /// The batch's id, carried to its jobs' usage records.
+    pub batch_id: String,
 }
 
 /// Authenticates, parses and admits a request; returns it, the parsed
@@ -224,9 +228,10 @@ pub(crate) async fn admit(
 ) -> Result<(InFlight, Parsed, Option<String>), ApiError> {
     // A batch's request runs as the key that created the batch (see
     // `batch::run`); only the gateway itself can set that extension.
-    let batch = req.extensions().get::<BatchCaller>().map(|c| c.key.clone());
-    let is_batch = batch.is_some();
-    let key = match batch {
+    let caller = req.extensions().get::<BatchCaller>().cloned();
+    let is_batch = caller.is_some();
+    let batch_id = caller.as_ref().map(|c| c.batch_id.clone());
+    let key = match caller.map(|c| c.key) {
         Some(k) => k,
         None => authenticate(state, req.headers())?,
     };
@@ -351,6 +356,7 @@ pub(crate) async fn admit(
         estimate,
         used_tokens: None,
         open_jobs: vec![],
+        batch_id,
         _slot: slot,
     };
     let spent = || spent_tokens(state, &flight.key.id);
@@ -446,6 +452,7 @@ pub(crate) async fn submit(
             swarm_id: f.state.config.swarm_id.clone(),
             ..Routing::public()
         },
+        batch_id: f.batch_id.clone(),
     };
     let r = f.state.backend.submit(spec).await;
     if r.is_err() && f.open_jobs.is_empty() {

@@ -43,6 +43,9 @@ pub struct JobSpec {
     pub max_output_tokens: u32,
     /// Routing mode, privacy and claim policy (26.11.3, 26.15.4).
     pub routing: Routing,
+    /// The OpenAI batch this job runs for, if any: its usage record names
+    /// it (specs/batch.md, "Metering").
+    pub batch_id: Option<String>,
 }
 
 /// What the network tells the client, in order.

@@ -139,6 +139,8 @@ pub(crate) struct UsageQuery {
     end_time: Option<u64>,
     /// Most records returned (newest first), default 100, at most 1000.
     limit: Option<usize>,
+    /// Only the records of this batch's jobs.
+    batch_id: Option<String>,
 }
 
 /// `GET /v1/usage`: the presenting key's own usage records.
@@ -157,6 +159,9 @@ pub(crate) async fn usage(
             .backend
             .usage(&key.id, since, until)
             .map_err(|e| e.to_api())?;
+        if let Some(b) = &q.batch_id {
+            recs.retain(|u| u.batch_id.as_ref() == Some(b));
+        }
         recs.sort_by_key(|r| std::cmp::Reverse(r.created_at_ms));
         let has_more = recs.len() > limit;
         recs.truncate(limit);
@@ -176,7 +181,8 @@ pub(crate) async fn usage(
                        "first_token_ms": u.first_token_ms, "wall_ms": u.wall_ms,
                        "requeue_count": u.requeue_count,
                        "cancellation_reason": u.cancellation_reason.map(|c| c.as_str()),
-                       "failed_after_partial_output": u.failed_after_partial_output})
+                       "failed_after_partial_output": u.failed_after_partial_output,
+                       "batch_id": u.batch_id})
             })
             .collect();
         Ok::<_, ApiError>(json_body(&json!({"object": "list", "data": data, "has_more": has_more})))

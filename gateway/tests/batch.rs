@@ -419,3 +419,54 @@ async fn a_batch_past_its_window_ends_expired() {
     assert!(errs.iter().all(|l| l["error"]["code"] == "batch_expired" && l["response"].is_null()));
     assert_eq!(net.submitted(), 0, "nothing ran past the window");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batchs_jobs_are_metered_under_its_id_and_spend_the_key_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let net =
+        Net::new(Script::Stream { first_after: Duration::ZERO, gap: Duration::ZERO, tokens: 3 });
+    let keys = Arc::new(KeyStore::new(dir.path()));
+    // Each request reserves ~4 prompt tokens + max_tokens 3 and spends
+    // 1 + 3: a budget of 30 covers a few of the 12 requests, not all.
+    let new = NewKey {
+        tenant_id: "t".into(),
+        project_id: "p".into(),
+        budget_tokens: Some(30),
+        ..Default::default()
+    };
+    let key = keys.create(new, gcs_protocol::now_ms()).unwrap().0;
+    let gw = serve(net.clone(), GatewayConfig::default(), keys).await.with_keys(key, String::new());
+    let b = gw.batch("/v1/chat/completions", &chat_lines(12)).await;
+    let id = b["id"].as_str().unwrap();
+    let b = gw.until(id, status_is("completed")).await;
+    let (ok, failed) =
+        (b["request_counts"]["completed"].as_u64().unwrap(), b["request_counts"]["failed"].as_u64().unwrap());
+    assert_eq!(ok + failed, 12, "{b}");
+    assert!(ok >= 1 && failed >= 1, "the budget admits some requests, not all: {b}");
+    assert!(ok * 4 <= 30, "no more was spent than the budget: {b}");
+    // The requests past the budget are answered at once, not retried.
+    let errs = gw.lines(&b["error_file_id"]).await;
+    assert!(errs.iter().all(|l| l["response"]["status_code"] == 429
+        && l["response"]["body"]["error"]["code"] == "insufficient_quota"), "{errs:?}");
+    assert_eq!(net.submitted() as u64, ok, "one job per admitted request");
+    assert!(net.jobs.lock().unwrap().iter().all(|j| j.batch_id.as_deref() == Some(id)));
+    // /v1/usage names the batch on each record and can filter by it.
+    let u = gw.get(&format!("/v1/usage?batch_id={id}"), &gw.key).await.json();
+    let data = u["data"].as_array().unwrap();
+    assert_eq!(data.len() as u64, ok, "{u}");
+    assert!(data.iter().all(|r| r["batch_id"] == id), "{u}");
+    let tokens: u64 = data
+        .iter()
+        .map(|r| r["input_tokens"].as_u64().unwrap() + r["output_tokens_generated"].as_u64().unwrap())
+        .sum();
+    assert_eq!(tokens, ok * 4, "{u}");
+    let none = gw.get("/v1/usage?batch_id=batch_ffffffffffffffffffffffff", &gw.key).await.json();
+    assert_eq!(none["data"], json!([]), "{none}");
+    // An interactive request of the same key is now refused: the batch
+    // spent its budget.
+    let body = json!({"model": "gnus-auto", "max_tokens": 3,
+                      "messages": [{"role": "user", "content": "q"}]});
+    let a = gw.post("/v1/chat/completions", &gw.key, &body).await;
+    assert_eq!(a.status, 429, "{}", a.body);
+    assert_eq!(a.json()["error"]["code"], "insufficient_quota");
+}

@@ -134,6 +134,7 @@ impl Flooder {
             limits: JobLimits::default(),
             max_output_tokens: 16,
             routing: Routing::public(),
+            batch_id: None,
         };
         let bytes = gcs_node::jobs::announce::build_job(&spec, &self.key, &body, now_ms())
             .ok()

@@ -213,6 +213,7 @@ impl Rogue {
             cost_gnus: "0".into(),
             cancellation_reason: None,
             failed_after_partial_output: false,
+            batch_id: None,
             created_at_ms: now,
             signature: None,
         };
@@ -274,6 +275,7 @@ impl Rogue {
                 limits: JobLimits::default(),
                 max_output_tokens: 24,
                 routing: Routing::public(),
+                batch_id: None,
             };
             let Ok(job) = gcs_node::jobs::announce::build_job(&spec, &self.key, &body, now) else {
                 continue;

@@ -92,6 +92,7 @@ async fn run(workers: usize, jobs: usize) {
             limits: JobLimits::default(),
             max_output_tokens: 1,
             routing: gcs_protocol::Routing::public(),
+            batch_id: None,
         };
         let t0 = Instant::now();
         let (_, mut rx) = gw.submit(spec).await.unwrap();

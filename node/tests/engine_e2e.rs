@@ -101,6 +101,7 @@ async fn smollm2_answers_through_gateway_and_worker() {
             limits: JobLimits { claim_timeout_ms: 5_000, ..JobLimits::default() },
             max_output_tokens: 12,
             routing: gcs_protocol::Routing::public(),
+            batch_id: None,
         })
         .await
         .unwrap();

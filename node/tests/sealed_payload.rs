@@ -78,6 +78,7 @@ fn spec(privacy: PrivacyLevel) -> JobSpec {
         limits: JobLimits { claim_timeout_ms: 3_000, ..JobLimits::default() },
         max_output_tokens: 64,
         routing,
+        batch_id: None,
     }
 }
 

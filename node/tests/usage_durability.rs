@@ -96,6 +96,7 @@ fn spec(idem: &str) -> JobSpec {
         limits: JobLimits { claim_timeout_ms: 3_000, ..JobLimits::default() },
         max_output_tokens: 64,
         routing: gcs_protocol::Routing::public(),
+        batch_id: None,
     }
 }
 

@@ -376,6 +376,7 @@ pub fn usage(worker: &NodeKey, gateway: &NodeKey, p: &Params) -> UsageRecord {
             None
         },
         failed_after_partial_output: false,
+        batch_id: None,
         created_at_ms: p.now_ms + 7_100,
         signature: None,
     }

@@ -417,3 +417,30 @@ fn registration_engine_build_and_model_hash_are_optional_signed_and_checked() {
         assert!(matches!(err, ProtocolError::Field { field: f, .. } if f == field), "{err}");
     }
 }
+
+#[test]
+fn a_usage_record_names_its_batch_only_when_it_has_one() {
+    let (w, g) = samples::keys();
+    let p = Params::default();
+    // Without a batch the field is not written: the signed bytes are the
+    // ones a record had before the field existed, so old records verify.
+    let u = signed(samples::usage(&w, &g, &p), &g);
+    let bytes = encode(&u).unwrap();
+    let v: Value = ciborium::de::from_reader(bytes.as_slice()).unwrap();
+    let has = |v: &Value, k: &str| {
+        format!("{v:?}").contains(&format!("Text(\"{k}\")"))
+    };
+    assert!(!has(&v, "batch_id"), "no batch_id key without a batch");
+    verify(&u).unwrap();
+    // With one it is signed: a changed batch id does not verify.
+    let mut b = samples::usage(&w, &g, &p);
+    b.batch_id = Some("batch_0123456789abcdef01234567".into());
+    let mut b = signed(b, &g);
+    verify(&b).unwrap();
+    let back: UsageRecord = codec::from_cbor_bytes(&encode(&b).unwrap()).unwrap();
+    assert_eq!(back.batch_id, b.batch_id);
+    b.batch_id = Some("batch_ffffffffffffffffffffffff".into());
+    assert!(verify(&b).is_err(), "the batch id is covered by the signature");
+    b.batch_id = Some("b".repeat(10_000));
+    assert!(b.check_fields(&lim()).is_err(), "an oversized batch id is refused");
+}

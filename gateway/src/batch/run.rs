@@ -220,7 +220,7 @@ async fn attempts(
             .uri(endpoint_path(api))
             .header(axum::http::header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", format!("{batch_id}-{i}-{attempt}"))
-            .extension(BatchCaller { key })
+            .extension(BatchCaller { key, batch_id: batch_id.to_string() })
             .body(Body::from(line.body.clone()));
         let resp = match req {
             Ok(req) => dispatch(state.clone(), api, req).await,
@@ -234,10 +234,16 @@ async fn attempts(
             (header("x-request-id"), retry)
         };
         let bytes = axum::body::to_bytes(resp.into_body(), MAX_RESPONSE_BYTES).await;
+        // An exhausted budget does not refill: its 429 is the answer.
+        let spent = status == 429
+            && bytes.as_ref().is_ok_and(|b| {
+                serde_json::from_slice::<Value>(b)
+                    .is_ok_and(|v| v["error"]["code"] == "insufficient_quota")
+            });
         // Capacity (429, 503) and the gateway's own failures (500: also
         // what a request hears when the node is stopping, which must not
         // become its final answer) are asked again.
-        if matches!(status, 429 | 500 | 503) && attempt < retries {
+        if matches!(status, 429 | 500 | 503) && !spent && attempt < retries {
             attempt += 1;
             tokio::time::sleep(Duration::from_secs(retry_after.clamp(1, 30))).await;
             continue;

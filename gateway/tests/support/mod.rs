@@ -40,6 +40,9 @@ pub struct Net {
     pub script: Mutex<Script>,
     pub jobs: Mutex<Vec<JobSpec>>,
     pub cancelled: AtomicUsize,
+    /// One usage record per `Stream` job (1 prompt token + its tokens),
+    /// naming the job's batch as the node's tracker does.
+    pub usage: Mutex<Vec<UsageRecord>>,
     next: AtomicUsize,
 }
 
@@ -49,6 +52,7 @@ impl Net {
             script: Mutex::new(script),
             jobs: Mutex::default(),
             cancelled: AtomicUsize::new(0),
+            usage: Mutex::default(),
             next: AtomicUsize::new(0),
         })
     }
@@ -112,8 +116,18 @@ impl Backend for Net {
             Ok(gcs_gateway::payload::JobRequest::Embedding(e)) => Some(e.inputs.len()),
             _ => None,
         };
-        self.jobs.lock().unwrap().push(spec);
         let script = self.script.lock().unwrap().clone();
+        if let Script::Stream { tokens, .. } = &script {
+            let (w, g) = samples::keys();
+            let mut u = samples::usage(&w, &g, &Params::default());
+            (u.job_id, u.api_key_id, u.tenant_id) =
+                (id.clone(), spec.api_key_id.clone(), spec.tenant_id.clone());
+            (u.input_tokens, u.cached_tokens) = (1, 0);
+            (u.output_tokens_generated, u.output_tokens_sent_to_client) = (*tokens, *tokens);
+            (u.batch_id, u.created_at_ms) = (spec.batch_id.clone(), gcs_protocol::now_ms());
+            self.usage.lock().unwrap().push(u);
+        }
+        self.jobs.lock().unwrap().push(spec);
         let (tx, rx) = mpsc::channel(64);
         let job = id.clone();
         let node_id = samples::keys().0.node_id();
@@ -169,8 +183,10 @@ impl Backend for Net {
         vec![registration()]
     }
 
-    fn usage(&self, _: &str, _: u64, _: u64) -> Result<Vec<UsageRecord>, BackendError> {
-        Ok(vec![])
+    fn usage(&self, key: &str, since: u64, until: u64) -> Result<Vec<UsageRecord>, BackendError> {
+        let all = self.usage.lock().unwrap();
+        let of = |u: &&UsageRecord| u.api_key_id == key && (since..until).contains(&u.created_at_ms);
+        Ok(all.iter().filter(of).cloned().collect())
     }
 }
 

@@ -61,6 +61,10 @@ pub struct GatewayRecord {
     /// Whether `body` is sealed.
     #[serde(default)]
     pub sealed: bool,
+    /// The OpenAI batch the job runs for (kept so a usage record written
+    /// after a restart still names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 impl GatewayRecord {
@@ -75,6 +79,7 @@ impl GatewayRecord {
             },
             body: spec.body.clone(),
             sealed: false,
+            batch_id: spec.batch_id.clone(),
         }
     }
 

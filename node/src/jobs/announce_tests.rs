@@ -17,6 +17,7 @@ fn spec(privacy: PrivacyLevel) -> JobSpec {
         limits: JobLimits::default(),
         max_output_tokens: 16,
         routing,
+        batch_id: None,
     }
 }
 

@@ -263,6 +263,7 @@ impl GatewayState {
             let (mut tracker, _) = JobTracker::new(job.clone(), ctx.tracker, now);
             if let Some(r) = record.as_deref().and_then(GatewayRecord::decode) {
                 tracker.bill_to(r.billing);
+                tracker.for_batch(r.batch_id);
             }
             tracker.restore_lease(lease);
             tracker.restore_delivered(recorded_tokens(ctx.keyspace, id)?);
@@ -373,6 +374,7 @@ impl GatewayState {
         )?;
         let (mut tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         tracker.bill_to(billing);
+        tracker.for_batch(record.batch_id.clone());
         let salt = cache_salt(ctx.key, &spec.tenant_id);
         let body = if record.sealed { record.body } else { spec.body };
         let payload = LeasedPayload::new(body, spec.tenant_id, salt);

@@ -175,6 +175,7 @@ mod tests {
             limits: gcs_protocol::JobLimits::default(),
             max_output_tokens: 1,
             routing: gcs_protocol::Routing::public(),
+            batch_id: None,
         };
         assert_eq!(idempotency_digest(&key, &spec), Hash32::of(b"prompt"));
         spec.routing.privacy_mode = gcs_protocol::PrivacyLevel::EncryptedPayload;

@@ -208,6 +208,11 @@ pub struct UsageRecord {
     /// Whether the stream failed after partial output (26.16.10, extension).
     #[serde(default)]
     pub failed_after_partial_output: bool,
+    /// The OpenAI batch (`batch_<24 hex>`) the job ran for (extension);
+    /// absent, and so outside the signed bytes, for API work, so records
+    /// signed before the field existed still verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
     pub created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
@@ -230,6 +235,9 @@ impl SignedMessage for UsageRecord {
         v::short("api_key_id", &self.api_key_id, MAX_SHORT)?;
         v::short("model", &self.model, MAX_SHORT)?;
         v::short("cost_gnus", &self.cost_gnus, 32)?;
+        if let Some(b) = &self.batch_id {
+            v::short("batch_id", b, MAX_SHORT)?;
+        }
         if self.output_tokens_sent_to_client > self.output_tokens_generated {
             return Err(ProtocolError::field(
                 "output_tokens_sent_to_client",

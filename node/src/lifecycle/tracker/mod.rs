@@ -122,6 +122,8 @@ pub struct JobTracker {
     /// Who the usage record bills: the gateway's own record, since the
     /// announcement carries no project or key (see `bill_to`).
     billing: gcs_protocol::TenantRef,
+    /// The OpenAI batch the job runs for; its usage record names it.
+    batch_id: Option<String>,
 }
 
 fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
@@ -152,6 +154,7 @@ impl JobTracker {
             announcements: 0,
             turned_away_public: false,
             billing: job.tenant.clone(),
+            batch_id: None,
             job,
         };
         let publish = Effect::Publish(Box::new(t.job.clone()));
@@ -180,6 +183,11 @@ impl JobTracker {
     /// request) rather than to the announcement's tenant reference.
     pub fn bill_to(&mut self, billing: gcs_protocol::TenantRef) {
         self.billing = billing;
+    }
+
+    /// Names the batch the job runs for in its usage record.
+    pub fn for_batch(&mut self, batch_id: Option<String>) {
+        self.batch_id = batch_id;
     }
 
     /// The signed job it tracks.
@@ -636,6 +644,7 @@ impl JobTracker {
             cost_gnus: "0".into(),
             cancellation_reason: self.cancellation,
             failed_after_partial_output: self.state == JobState::Failed && self.fence.started(),
+            batch_id: self.batch_id.clone(),
             created_at_ms: now,
             signature: None,
         };
