@@ -79,9 +79,10 @@ pub struct RunArgs {
     /// Default wall-clock timeout in ms.
     #[arg(long, env = "GCS_WALL_TIMEOUT_MS", default_value_t = 120_000)]
     pub wall_timeout_ms: u64,
-    /// Reserved for a GPU device. GPU inference is not implemented: a worker
-    /// given `--gpu` refuses to start (gateways ignore it); workers run the
-    /// engine on CPU.
+    /// CUDA device for the worker's engine (gateways ignore it). Needs a
+    /// `--features cuda` build and the NVIDIA driver; the CUDA decoder is not
+    /// implemented yet, so a worker given `--gpu` exits at start saying
+    /// which of these is missing. Without it workers run on CPU.
     #[arg(long, env = "GCS_GPU")]
     pub gpu: Option<u32>,
     /// Model to serve, by id or alias, from the model cache:

@@ -13,10 +13,11 @@ use super::models::{model_dir, models};
 
 /// The node's settings from the command line.
 fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
-    if let Some(gpu) = cli.gpu {
-        if cli.role.is_worker() {
-            bail!("--gpu {gpu}: GPU inference is not implemented (workers run on CPU)");
-        }
+    if let (Some(gpu), true) = (cli.gpu, cli.role.is_worker()) {
+        // Before any model loads: burn-cuda panics without a driver, so the
+        // engine probes it first and says what is missing.
+        gcs_engine::backend::ensure_servable(gcs_engine::backend::ComputeDevice::Cuda(gpu))
+            .with_context(|| format!("--gpu {gpu}"))?;
     }
     for (flag, v) in
         [("--swarm", Some(&cli.swarm)), ("--private-tenant", cli.private_tenant.as_ref())]

@@ -118,7 +118,10 @@ mod tests {
         let msg = err.to_string();
         assert!(matches!(err, BackendError::NoCudaDriver { .. }), "{err:?}");
         assert!(msg.starts_with("no CUDA driver found"), "{msg}");
-        assert!(msg.contains("libgcs-no-such-driver.so.1") && msg.contains("libgcs-nope.so"), "{msg}");
+        assert!(
+            msg.contains("libgcs-no-such-driver.so.1") && msg.contains("libgcs-nope.so"),
+            "{msg}"
+        );
     }
 
     #[test]

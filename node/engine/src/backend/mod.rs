@@ -45,7 +45,7 @@ pub enum BackendKind {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error(
-        "--gpu {index}: this build has no CUDA support; rebuild with `--features cuda` \
+        "this build has no CUDA support (device {index}); rebuild with `--features cuda` \
          (after scripts/setup-cuda.sh), or run the worker without --gpu (CPU)"
     )]
     NoCudaSupport { index: u32 },
@@ -55,11 +55,11 @@ pub enum BackendError {
     NotACudaDriver { library: String, reason: String },
     #[error("CUDA driver call {call} failed with CUresult {code}")]
     CudaCall { call: String, code: i32 },
-    #[error("--gpu {index}: the CUDA driver sees {count} device(s)")]
+    #[error("no CUDA device {index}: the driver sees {count} device(s)")]
     NoSuchGpu { index: u32, count: u32 },
     #[error(
-        "--gpu {index}: found {name} ({mib} MiB), but the CUDA decoder is not implemented yet; \
-         run the worker without --gpu (CPU)"
+        "CUDA device {index} is {name} ({mib} MiB), but the CUDA decoder is not implemented \
+         yet; run the worker without --gpu (CPU)"
     )]
     CudaDecoderMissing { index: u32, name: String, mib: u64 },
 }
@@ -138,20 +138,31 @@ pub fn check_device(device: ComputeDevice) -> Result<Option<CudaDeviceInfo>, Bac
     }
 }
 
-/// The decoder for `model` on `device`, with `kv_blocks` K/V blocks.
-pub fn paged_decoder(
-    device: ComputeDevice,
-    model: Llama,
-    kv_blocks: usize,
-) -> Result<Box<dyn PagedDecoder>, BackendError> {
+/// Whether this build and machine can serve on `device` now: on a GPU, the
+/// checks of [`check_device`] and then [`BackendError::CudaDecoderMissing`]
+/// (there is no CUDA decoder yet). `gcs-node --gpu N` calls this at start,
+/// before any model is loaded.
+pub fn ensure_servable(device: ComputeDevice) -> Result<(), BackendError> {
     match check_device(device)? {
-        None => Ok(Box::new(CpuDecoder::new(model, kv_blocks))),
+        None => Ok(()),
         Some(gpu) => Err(BackendError::CudaDecoderMissing {
             index: gpu.index,
             name: gpu.name,
             mib: gpu.total_memory_bytes >> 20,
         }),
     }
+}
+
+/// The decoder for `model` on `device`, with `kv_blocks` K/V blocks.
+pub fn paged_decoder(
+    device: ComputeDevice,
+    model: Llama,
+    kv_blocks: usize,
+) -> Result<Box<dyn PagedDecoder>, BackendError> {
+    // Refuses every GPU until a CUDA decoder exists, so only the CPU one
+    // is reached here.
+    ensure_servable(device)?;
+    Ok(Box::new(CpuDecoder::new(model, kv_blocks)))
 }
 
 #[cfg(test)]
@@ -167,10 +178,13 @@ mod tests {
     #[test]
     fn cpu_needs_no_probe() {
         assert!(matches!(check_device(ComputeDevice::Cpu), Ok(None)));
+        assert!(ensure_servable(ComputeDevice::Cpu).is_ok());
     }
 
     #[test]
     fn gpu_without_the_feature_or_a_driver_is_a_clear_error() {
+        // Nowhere servable yet: no CUDA decoder, whatever the machine.
+        assert!(ensure_servable(ComputeDevice::Cuda(0)).is_err());
         let res = check_device(ComputeDevice::Cuda(0));
         if cfg!(feature = "cuda") {
             // On a machine with a driver and a GPU the probe succeeds and

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BatchConfig, Pending, SeqEvent, SeqRequest, SeqResult, Shared};
-use crate::attn::KvPool;
+use crate::backend::{CpuDecoder, PagedDecoder};
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::llama::{Llama, PagedSeq};
@@ -106,15 +106,15 @@ struct Work {
     n: usize,
 }
 
-/// The state of the engine thread: the model, the KV pool and every
-/// sequence it owns. [`StepLoop::run`] steps until shutdown.
+/// The state of the engine thread: the decoder (the model and its K/V
+/// storage, on its compute backend) and every sequence it owns.
+/// [`StepLoop::run`] steps until shutdown.
 #[derive(Debug)]
 pub(super) struct StepLoop {
-    model: Llama,
+    dec: Box<dyn PagedDecoder>,
     tok: Arc<GgufTokenizer>,
     shared: Arc<Shared>,
     cfg: BatchConfig,
-    pool: KvPool,
     blocks: BlockManager,
     running: Vec<Seq>,
     /// Preempted sequences, re-admitted before new requests.
@@ -130,19 +130,20 @@ impl StepLoop {
         shared: Arc<Shared>,
         cfg: BatchConfig,
     ) -> Self {
-        let pool = model.new_kv_pool(cfg.kv_blocks);
+        // The host backend; a GPU one is chosen here once it exists
+        // (crate::backend::paged_decoder).
+        let dec: Box<dyn PagedDecoder> = Box::new(CpuDecoder::new(model, cfg.kv_blocks));
         tracing::info!(
             blocks = cfg.kv_blocks,
-            mib = (cfg.kv_blocks * BLOCK_SIZE * pool.bytes_per_token()) >> 20,
+            mib = (cfg.kv_blocks * BLOCK_SIZE * dec.kv_bytes_per_token()) >> 20,
             "paged KV pool"
         );
         Self {
-            model,
+            dec,
             tok,
             shared,
             blocks: BlockManager::new(cfg.kv_blocks),
             cfg,
-            pool,
             running: Vec::new(),
             preempted: VecDeque::new(),
             closing: Vec::new(),
@@ -206,7 +207,7 @@ impl StepLoop {
         if !ignore_eos {
             stop_token_ids.extend(self.tok.stop_ids.iter().copied());
         }
-        let context = self.model.config.context_length;
+        let context = self.dec.config().context_length;
         let prompt_len = tokens.len();
         let (sampler, stop, text, resumed) = match resumed {
             None => (Sampler::new(sampling), StopMatcher::new(&stop), String::new(), 0),
@@ -378,9 +379,7 @@ impl StepLoop {
                     })
                 })
                 .collect();
-            let (model, pool) = (&self.model, &mut self.pool);
-            // On a rayon worker, so this thread takes part in the matmuls.
-            rayon::scope(|_| model.forward_paged(pool, &seqs))
+            self.dec.forward_paged(&seqs)
         };
         let logits = match logits {
             Ok(l) => l,
@@ -396,7 +395,7 @@ impl StepLoop {
                 return;
             }
         };
-        let vocab = self.model.lm_head.rows;
+        let vocab = self.dec.vocab();
         let mut done: Vec<(usize, End)> = Vec::new();
         let mut need_slot: Vec<u64> = Vec::new();
         for (wi, w) in work.iter().enumerate() {
@@ -447,7 +446,7 @@ impl StepLoop {
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
-        let context = self.model.config.context_length;
+        let context = self.dec.config().context_length;
         let eos = self.tok.eos_id;
         let seq = &mut self.running[idx];
         let (tok, lp) = match seq.grammar.as_mut() {
@@ -515,7 +514,7 @@ impl StepLoop {
             // The manager's copy of the tokens lags by this one token.
             match self.blocks.append(id, tok) {
                 Ok(Some(cp)) => {
-                    self.pool.copy_block(cp.src, cp.dst);
+                    self.dec.copy_block(cp.src, cp.dst);
                     return;
                 }
                 Ok(None) => return,

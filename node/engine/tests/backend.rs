@@ -1,0 +1,99 @@
+//! The compute-backend boundary: the CPU decoder behind `PagedDecoder` is
+//! the host path bit for bit, and a GPU device is refused with a typed
+//! error on a build or machine that cannot use it (needs the model; skips
+//! otherwise).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use gcs_engine::backend::{
+    paged_decoder, BackendError, BackendKind, ComputeDevice, CpuDecoder, PagedDecoder,
+};
+use gcs_engine::llama::PagedSeq;
+use gcs_engine::sampling::argmax;
+use gcs_engine::{cpu_device, ChatMessage, Engine};
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn cpu_decoder_is_the_host_path_bit_for_bit() {
+    let Some(path) = common::smollm_path() else { return };
+    let direct = Engine::load(&path, &cpu_device()).unwrap();
+    let boxed = Engine::load(&path, &cpu_device()).unwrap();
+    let prompt = direct
+        .prompt_tokens(&[ChatMessage::new("user", "Name three colours of the rainbow.")])
+        .unwrap();
+    let p = prompt.len();
+    let table: Vec<u32> = (0..16).collect();
+    let mut pool = direct.model.new_kv_pool(16);
+    let mut dec: Box<dyn PagedDecoder> =
+        paged_decoder(ComputeDevice::Cpu, boxed.model, 16).expect("CPU always works");
+    assert_eq!(dec.kind(), BackendKind::Cpu);
+    assert_eq!(dec.kv_blocks(), 16);
+    assert_eq!(dec.kv_bytes_per_token(), pool.bytes_per_token());
+    assert_eq!(dec.vocab(), direct.model.lm_head.rows);
+    assert_eq!(dec.config(), &direct.model.config);
+
+    let run_direct = |pool: &mut _, tokens: &[u32], past: usize| {
+        let s = PagedSeq { tokens, past, table: &table, decode_from: p };
+        direct.model.forward_paged(pool, &[s]).unwrap()
+    };
+    let mut a = run_direct(&mut pool, &prompt, 0);
+    let mut b = dec
+        .forward_paged(&[PagedSeq { tokens: &prompt, past: 0, table: &table, decode_from: p }])
+        .unwrap();
+    assert_eq!(bits(&a), bits(&b), "prefill logits");
+    for k in 0..12 {
+        let t = argmax(&a);
+        a = run_direct(&mut pool, &[t], p + k);
+        b = dec
+            .forward_paged(&[PagedSeq { tokens: &[t], past: p + k, table: &table, decode_from: p }])
+            .unwrap();
+        assert_eq!(bits(&a), bits(&b), "decode step {k}");
+    }
+
+    // Copy-on-write goes to the backend's storage: a sequence reading a
+    // copied block sees the same K/V as one reading the original.
+    let len = p + 12;
+    let last = len / gcs_engine::paged::BLOCK_SIZE; // the block the next row goes to
+    let (src, dst) = (table[last], 15u32);
+    assert!(last < 15, "prompt too long for this test's table");
+    dec.copy_block(src, dst);
+    pool.copy_block(src, dst);
+    let mut moved = table.clone();
+    moved[last] = dst;
+    let t = argmax(&a);
+    let x = direct
+        .model
+        .forward_paged(
+            &mut pool,
+            &[PagedSeq { tokens: &[t], past: len, table: &moved, decode_from: p }],
+        )
+        .unwrap();
+    let y = dec
+        .forward_paged(&[PagedSeq { tokens: &[t], past: len, table: &moved, decode_from: p }])
+        .unwrap();
+    assert_eq!(bits(&x), bits(&y), "after copy_block");
+    let z = dec
+        .forward_paged(&[PagedSeq { tokens: &[t], past: len, table: &table, decode_from: p }])
+        .unwrap();
+    assert_eq!(bits(&x), bits(&z), "the copy holds the original block's K/V");
+}
+
+#[test]
+fn a_gpu_device_is_refused_with_a_typed_error_here() {
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let err = paged_decoder(ComputeDevice::Cuda(0), engine.model, 4).expect_err("no CUDA decoder");
+    if cfg!(feature = "cuda") {
+        assert!(!matches!(err, BackendError::NoCudaSupport { .. }), "{err}");
+    } else {
+        assert!(matches!(err, BackendError::NoCudaSupport { index: 0 }), "{err:?}");
+    }
+    // CpuDecoder is also constructible directly.
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let dec = CpuDecoder::new(engine.model, 2);
+    assert_eq!(dec.kv_blocks(), 2);
+}
