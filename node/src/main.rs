@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use cmd::args::{LogFormat, RunArgs};
+use cmd::batches::BatchesCommand;
 use cmd::keys::KeysCommand;
 use cmd::models::ModelsCommand;
 
@@ -37,6 +38,12 @@ enum Command {
     Keys {
         #[command(subcommand)]
         action: KeysCommand,
+    },
+    /// The gateway's OpenAI batches in the data directory: list (with
+    /// progress) and show.
+    Batches {
+        #[command(subcommand)]
+        action: BatchesCommand,
     },
     /// Tenant and swarm membership keys: create, admit a node (a signed,
     /// expiring certificate), revoke, list (specs/network.md).
@@ -94,6 +101,7 @@ fn main() -> ExitCode {
     init_logging(cli.run.log_format);
     let result = data_dir(cli.data_dir).and_then(|dir| match cli.command {
         Some(Command::Keys { action }) => cmd::keys::keys(dir, action),
+        Some(Command::Batches { action }) => cmd::batches::batches(&dir, action),
         Some(Command::Tenants { action }) => {
             Ok(gcs_node::tenants::cli::run(&dir, action, gcs_node::now_ms())?)
         }

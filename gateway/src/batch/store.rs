@@ -254,6 +254,11 @@ impl BatchStore {
 
     /// Every batch of every tenant that has not ended (to resume at start).
     pub fn unfinished(&self) -> Result<Vec<BatchRecord>, FileError> {
+        Ok(self.all()?.into_iter().filter(|r| !r.status.terminal()).collect())
+    }
+
+    /// Every batch of every tenant, newest first (`gcs-node batches`).
+    pub fn all(&self) -> Result<Vec<BatchRecord>, FileError> {
         let dirs = match std::fs::read_dir(&self.root) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
@@ -261,8 +266,9 @@ impl BatchStore {
         };
         let mut out = vec![];
         for d in dirs.flatten() {
-            out.extend(Self::scan(&d.path())?.into_iter().filter(|r| !r.status.terminal()));
+            out.extend(Self::scan(&d.path())?);
         }
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.cmp(&a.id)));
         Ok(out)
     }
 

@@ -2,6 +2,7 @@
 //! top-level command line and the process setup.
 
 pub mod args;
+pub mod batches;
 pub mod keys;
 pub mod models;
 pub mod run;
