@@ -587,6 +587,7 @@ impl Env {
                 max_concurrent_api_jobs: self.config.max_concurrent_jobs as u32,
                 current_api_jobs: worker.map_or(0, |w| w.load()) as u32,
                 free_kv_tokens: worker.map_or(0, |w| w.executor.free_kv_tokens()),
+                decode_tokens_per_s: worker.map_or(0.0, |w| w.executor.decode_tokens_per_s()),
                 ..Default::default()
             },
             trust: Trust::default(),

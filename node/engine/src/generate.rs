@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 
+use crate::card::ModelCard;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::llama::{KvCache, Llama, SeqInput};
@@ -52,6 +53,8 @@ pub struct Engine {
     pub model: Llama,
     pub tokenizer: GgufTokenizer,
     pub device: Device,
+    /// What the file says about itself (name, format, served context).
+    pub card: ModelCard,
 }
 
 impl std::fmt::Debug for Engine {
@@ -63,10 +66,20 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Load a GGUF chat model.
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        Self::load_capped(path, device, None)
+    }
+
+    /// [`Engine::load`] serving at most `max_context` positions.
+    pub fn load_capped(
+        path: impl AsRef<Path>,
+        device: &Device,
+        max_context: Option<usize>,
+    ) -> Result<Self> {
         let g = GgufFile::open(path)?;
         let tokenizer = GgufTokenizer::from_gguf(&g)?;
-        let model = Llama::from_gguf(&g, device)?;
-        Ok(Self { model, tokenizer, device: device.clone() })
+        let model = Llama::from_gguf_capped(&g, device, max_context)?;
+        let card = ModelCard::of(&g, &model.config, tokenizer.has_chat_template());
+        Ok(Self { model, tokenizer, device: device.clone(), card })
     }
 
     /// Render the chat template and tokenize.

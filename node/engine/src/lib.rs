@@ -14,6 +14,7 @@
 //! - [`paged`]: the paged KV block manager with prefix caching.
 //! - [`scheduler`]: continuous batching ([`BatchEngine`]) over a paged KV pool,
 //!   run by one engine thread's step loop.
+//! - [`card`]: what a GGUF chat file says about itself (name, format, context).
 //! - [`backend`]: compute backends behind one paged decode step (CPU today).
 //! - [`bert`]: sentence embeddings (all-MiniLM-L6-v2).
 //! - [`error`]: [`EngineError`] and [`GgufError`].
@@ -24,6 +25,7 @@
 pub mod attn;
 pub mod backend;
 pub mod bert;
+pub mod card;
 pub mod constraint;
 pub mod error;
 pub mod gemma3;
@@ -41,6 +43,7 @@ pub mod spm;
 pub mod stop;
 pub mod tokenizer;
 
+pub use card::ModelCard;
 pub use constraint::Grammar;
 pub use error::{EngineError, GgufError, Result};
 pub use generate::{Engine, FinishReason, GenerateRequest, GenerateResult};

@@ -49,6 +49,12 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// Bytes of K/V one position takes in the paged pool (f16 K and V of
+    /// every layer and KV head): what a shared KV budget is divided by.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * 2 * self.n_layers * self.n_kv_heads * self.head_dim
+    }
+
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.get_str("general.architecture")?;
         if arch != "llama" && arch != "gemma3" {
@@ -248,7 +254,21 @@ fn rms_norm(x: Tensor<2>, w: &Param<Tensor<1>>, eps: f32) -> Vec<f32> {
 
 impl Llama {
     pub fn from_gguf(g: &GgufFile, device: &Device) -> Result<Self> {
-        let config = LlamaConfig::from_gguf(g)?;
+        Self::from_gguf_capped(g, device, None)
+    }
+
+    /// [`Llama::from_gguf`] serving at most `max_context` positions (the
+    /// operator's `--ctx`): the RoPE tables and every length check follow
+    /// the capped context.
+    pub fn from_gguf_capped(
+        g: &GgufFile,
+        device: &Device,
+        max_context: Option<usize>,
+    ) -> Result<Self> {
+        let mut config = LlamaConfig::from_gguf(g)?;
+        if let Some(cap) = max_context {
+            config.context_length = config.context_length.min(cap.max(1));
+        }
         let mut blocks = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");

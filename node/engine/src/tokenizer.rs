@@ -255,6 +255,12 @@ impl GgufTokenizer {
         })
     }
 
+    /// Whether chat prompts can be rendered (the file's template or the
+    /// architecture's built-in one).
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.token_bytes.len()
     }

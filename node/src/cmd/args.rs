@@ -85,12 +85,28 @@ pub struct RunArgs {
     /// which of these is missing. Without it workers run on CPU.
     #[arg(long, env = "GCS_GPU")]
     pub gpu: Option<u32>,
-    /// Model to serve, by id or alias, from the model cache:
-    /// `smollm2-135m-instruct` (`gnus-auto`, `gnus-small`) or
-    /// `all-minilm-l6-v2` (`gnus-embed`); repeatable or comma-separated.
-    /// Default: every model the cache holds.
+    /// Model to serve: a catalogue id or alias from the model cache
+    /// (`smollm2-135m-instruct`/`gnus-small`, `gemma-3-270m`/`gnus-medium`,
+    /// `all-minilm-l6-v2`/`gnus-embed`), or the path of any supported GGUF
+    /// file (a value ending in `.gguf` or containing `/`); repeatable or
+    /// comma-separated. Each chat model gets its own batch engine. Default:
+    /// the catalogue's default models the cache holds.
     #[arg(long = "model", env = "GCS_MODEL", value_delimiter = ',')]
     pub models: Vec<String>,
+    /// The model id of a `--model` path, paired with the paths in order
+    /// (default: the file's `general.name`, lowercased, spaces as `-`).
+    #[arg(long = "model-id", env = "GCS_MODEL_ID", value_delimiter = ',')]
+    pub model_ids: Vec<String>,
+    /// Most context positions a chat model is served with (default: the
+    /// file's own, at most 8192 for gemma3).
+    #[arg(long, env = "GCS_CTX", value_parser = clap::value_parser!(u32).range(16..))]
+    pub ctx: Option<u32>,
+    /// KV-cache memory of the worker's chat models together, in MiB,
+    /// shared in equal parts between them (default: 360, 1024 blocks of
+    /// SmolLM2-135M).
+    #[arg(long, env = "GCS_KV_CACHE_MB", default_value_t = 360,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub kv_cache_mb: u64,
     /// Swarm this node belongs to; a worker outside `public` also takes the
     /// swarm's `local_only` jobs.
     #[arg(long, env = "GCS_SWARM", default_value = "public")]

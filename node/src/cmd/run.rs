@@ -9,7 +9,7 @@ use gcs_node::{NodeConfig, Role};
 
 use super::args::RunArgs;
 use super::keys::{first_local_key, tenants_of};
-use super::models::{model_dir, models};
+use super::models::model_dir;
 
 /// The node's settings from the command line.
 fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
@@ -68,20 +68,24 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     Ok(config)
 }
 
-/// A worker's models, and the engine loaded with them.
-async fn load_engine(config: &mut NodeConfig, names: &[String]) -> anyhow::Result<()> {
-    config.models = models(names)?;
-    if config.models.is_empty() {
-        tracing::warn!(dir = %model_dir().display(), "no models in the cache (run scripts/fetch-models.sh); this worker will claim nothing");
+/// A worker's models, and the engines loaded with them: catalogue models
+/// from the cache, files by path; a file the engine cannot serve (its
+/// architecture, a tensor type) stops the worker with the engine's reason.
+async fn load_engine(config: &mut NodeConfig, cli: &RunArgs) -> anyhow::Result<()> {
+    let dir = model_dir();
+    let wanted = gcs_node::models::wanted(&dir, &cli.models, &cli.model_ids)?;
+    if wanted.is_empty() {
+        tracing::warn!(dir = %dir.display(), "no models in the cache (run scripts/fetch-models.sh); this worker will claim nothing");
         return Ok(());
     }
-    let (dir, models, max_jobs) = (model_dir(), config.models.clone(), config.max_concurrent_jobs);
-    let exec = tokio::task::spawn_blocking(move || {
-        gcs_node::jobs::engine_exec::EngineExecutor::load(&dir, &models, max_jobs)
+    let (ctx, kv_bytes, max_jobs) = (cli.ctx, cli.kv_cache_mb << 20, config.max_concurrent_jobs);
+    let (models, exec) = tokio::task::spawn_blocking(move || {
+        gcs_node::jobs::engine_exec::EngineExecutor::serve(&dir, &wanted, ctx, kv_bytes, max_jobs)
     })
     .await?
-    .map_err(|e| anyhow::anyhow!("cannot load model: {e}"))?;
-    tracing::info!(models = ?config.models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models loaded");
+    .context("cannot load the worker's models")?;
+    tracing::info!(models = ?models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models loaded");
+    config.models = models;
     config.executor = Some(std::sync::Arc::new(exec));
     Ok(())
 }
@@ -171,7 +175,7 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 pub async fn run(data_dir: PathBuf, cli: RunArgs) -> anyhow::Result<()> {
     let mut config = node_config(&data_dir, &cli)?;
     if cli.role.is_worker() {
-        load_engine(&mut config, &cli.models).await?;
+        load_engine(&mut config, &cli).await?;
     }
     let is_gateway = cli.role != Role::Worker;
     let http = if is_gateway { Some(bind_http(&cli).await?) } else { None };

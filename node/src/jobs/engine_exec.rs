@@ -28,50 +28,121 @@ use super::executor::{EmitIds, ExecError, ExecOutcome, ExecRequest, Executor};
 /// Longest completion the engine runs (the gateway refuses longer ones).
 const MAX_TOKENS: usize = gcs_gateway::request::MAX_COMPLETION_TOKENS as usize;
 
-/// The chat model and/or the embedder a worker serves. Chat runs on the
-/// continuous-batching engine: every job is one sequence of its batch.
+/// The chat models and/or the embedder a worker serves. Each chat model
+/// runs on its own continuous-batching engine (every job is one sequence
+/// of its batch); they share the worker's KV budget (`models::kv_blocks`).
 pub struct EngineExecutor {
-    chat: Option<(String, BatchEngine)>,
+    chat: Vec<ChatModel>,
     embed: Option<(String, Embedder)>,
 }
 
+/// One served chat model.
+struct ChatModel {
+    info: ModelInfo,
+    engine: BatchEngine,
+    /// Measured at start (`BatchEngine::measure_decode`), tokens/s.
+    decode_tokens_per_s: f64,
+}
+
+/// Tokens the start-up decode measurement times (after the first).
+const MEASURE_TOKENS: usize = 16;
+
 impl std::fmt::Debug for EngineExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let chat: Vec<&str> = self.chat.iter().map(|c| c.info.model_id.as_str()).collect();
         f.debug_struct("EngineExecutor")
-            .field("chat", &self.chat.as_ref().map(|c| &c.0))
+            .field("chat", &chat)
             .field("embed", &self.embed.as_ref().map(|e| &e.0))
             .finish()
     }
 }
 
 impl EngineExecutor {
-    /// Loads the models in `models` from `model_dir`; the chat engine runs
-    /// up to `max_running` sequences in one batch.
+    /// Loads the catalogue models in `models` from `model_dir`; each chat
+    /// engine runs up to `max_running` sequences in one batch.
     pub fn load(
         model_dir: &Path,
         models: &[ModelInfo],
         max_running: usize,
     ) -> Result<Self, String> {
-        let device = gcs_engine::cpu_device();
-        let mut chat = None;
-        let mut embed = None;
+        let mut wanted = vec![];
         for m in models {
-            if m.tasks.contains(&ApiType::Embedding) {
-                let dir = model_dir.join(&m.model_id);
-                let e =
-                    Embedder::load(&dir, &device).map_err(|e| format!("{}: {e}", dir.display()))?;
-                embed = Some((m.model_id.clone(), e));
-            } else {
-                let path = crate::models::entry(&m.model_id)
-                    .map(|e| e.path(model_dir))
-                    .ok_or_else(|| format!("{}: not in the model catalogue", m.model_id))?;
-                let e =
-                    Engine::load(&path, &device).map_err(|e| format!("{}: {e}", path.display()))?;
-                let cfg = BatchConfig { max_running: max_running.max(1), ..BatchConfig::default() };
-                chat = Some((m.model_id.clone(), BatchEngine::start(e, cfg)));
+            let e = crate::models::entry(&m.model_id)
+                .ok_or_else(|| format!("{}: not in the model catalogue", m.model_id))?;
+            wanted.push(crate::models::Wanted::Catalog(e));
+        }
+        let (_, exec) = Self::serve(model_dir, &wanted, None, crate::models::DEFAULT_KV_BYTES, max_running)
+            .map_err(|e| e.to_string())?;
+        Ok(exec)
+    }
+
+    /// Loads every model of `wanted` (catalogue entries from `model_dir`,
+    /// files by path), each chat model with at most `max_context` positions
+    /// and its share of `kv_bytes`, measures each one's decode speed, and
+    /// returns what registrations advertise for them, in order.
+    pub fn serve(
+        model_dir: &Path,
+        wanted: &[crate::models::Wanted],
+        max_context: Option<u32>,
+        kv_bytes: u64,
+        max_running: usize,
+    ) -> Result<(Vec<ModelInfo>, Self), crate::models::CatalogError> {
+        use crate::models::{kv_blocks, load_chat, CatalogError, Wanted};
+        let mut loaded = vec![];
+        let mut embed = None;
+        let mut infos = vec![];
+        for w in wanted {
+            match load_chat(w, model_dir, max_context)? {
+                Some((info, engine)) => {
+                    if loaded.iter().any(|(i, _): &(ModelInfo, Engine)| i.model_id == info.model_id) {
+                        return Err(CatalogError::Usage(format!(
+                            "two models with the id {:?}; name one with --model-id",
+                            info.model_id
+                        )));
+                    }
+                    loaded.push((info, engine));
+                }
+                None => {
+                    let Wanted::Catalog(e) = w else { continue };
+                    let dir = model_dir.join(e.model_id);
+                    let device = gcs_engine::cpu_device();
+                    let m = Embedder::load(&dir, &device).map_err(|source| {
+                        CatalogError::Load { path: dir.clone(), source }
+                    })?;
+                    infos.push(e.hosted_info(model_dir)?);
+                    embed = Some((e.model_id.to_string(), m));
+                }
             }
         }
-        Ok(Self { chat, embed })
+        let per_token: Vec<usize> =
+            loaded.iter().map(|(_, e)| e.model.config.kv_bytes_per_token()).collect();
+        let blocks = kv_blocks(kv_bytes, &per_token);
+        let mut chat = vec![];
+        for ((info, engine), kv_blocks) in loaded.into_iter().zip(blocks) {
+            let cfg = BatchConfig { max_running: max_running.max(1), kv_blocks, ..BatchConfig::default() };
+            let engine = BatchEngine::start(engine, cfg);
+            let decode_tokens_per_s = engine.measure_decode(MEASURE_TOKENS).unwrap_or_else(|e| {
+                tracing::warn!(model = %info.model_id, error = %e, "decode measurement failed");
+                0.0
+            });
+            tracing::info!(model = %info.model_id, kv_blocks, context = info.context_tokens, quantization = %info.quantization, decode_tokens_per_s, "chat model ready");
+            infos.push(info.clone());
+            chat.push(ChatModel { info, engine, decode_tokens_per_s });
+        }
+        Ok((infos, Self { chat, embed }))
+    }
+
+    /// The chat model a job asked for (its id or an alias); a worker with
+    /// one chat model serves every chat job it was admitted with.
+    fn chat_model(&self, name: &str) -> Result<&ChatModel, ExecError> {
+        match self.chat.iter().find(|c| c.info.answers_to(name)) {
+            Some(c) => Ok(c),
+            None if self.chat.len() == 1 => Ok(&self.chat[0]),
+            None if self.chat.is_empty() => {
+                Err(ExecError::Invalid("no chat model on this worker".into()))
+            }
+            None => Err(ExecError::Invalid(format!("model {name:?} is not served by this worker"))),
+        }
     }
 }
 
@@ -117,7 +188,12 @@ fn finish(f: gcs_engine::FinishReason) -> FinishReason {
 
 impl Executor for EngineExecutor {
     fn free_kv_tokens(&self) -> u64 {
-        self.chat.as_ref().map_or(0, |(_, e)| e.free_kv_tokens() as u64)
+        self.chat.iter().map(|c| c.engine.free_kv_tokens() as u64).sum()
+    }
+
+    fn decode_tokens_per_s(&self) -> f64 {
+        // The slowest chat model: what any chat job here gets at least.
+        self.chat.iter().map(|c| c.decode_tokens_per_s).reduce(f64::min).unwrap_or(0.0)
     }
 
     fn run(
@@ -173,7 +249,7 @@ impl EngineExecutor {
                 Err(ExecError::Invalid("an embedding is not a stream to continue".into()))
             }
             (JobRequest::Generation(g), from) => {
-                self.generate(&g, &req.cache_salt, from, cancel, emit)
+                self.generate(&g, &req.model, &req.cache_salt, from, cancel, emit)
             }
         }
     }
@@ -202,13 +278,14 @@ impl EngineExecutor {
     fn generate(
         &self,
         g: &Generation,
+        model: &str,
         cache_salt: &str,
         from: Option<&Continuation>,
         cancel: &AtomicBool,
         emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
-        let (id, engine) =
-            self.chat.as_ref().ok_or(ExecError::Invalid("no chat model on this worker".into()))?;
+        let c = self.chat_model(model)?;
+        let (id, engine) = (&c.info.model_id, &c.engine);
         let (api, prompt) = match &g.prompt {
             // Tools, or a history with tool turns: rendered here, as the
             // template expects them (natively, or the documented fallback).

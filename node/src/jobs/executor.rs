@@ -109,4 +109,10 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
     fn free_kv_tokens(&self) -> u64 {
         0
     }
+
+    /// Measured single-stream decode speed in tokens/s, advertised in
+    /// registrations (`queue.decode_tokens_per_s`); 0: not measured.
+    fn decode_tokens_per_s(&self) -> f64 {
+        0.0
+    }
 }

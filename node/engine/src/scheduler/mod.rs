@@ -12,6 +12,7 @@
 //! [`BatchEngine::resume`] continues a request from tokens another engine
 //! already generated, exactly (see [`resume`]).
 
+mod measure;
 mod resume;
 mod step_loop;
 

@@ -1,0 +1,246 @@
+//! One worker, two chat models (issue 18): a `--role gateway` node and a
+//! `--role worker` node serving the catalogue's SmolLM2 by name and the
+//! Gemma 3 270M file by path (`--model PATH.gguf --model-id ...`, `--ctx`),
+//! real processes over TCP and libp2p. `/v1/models` lists both with what
+//! the file says about itself (its quantization, the capped context), each
+//! model answers chat and completion requests from its own weights (the
+//! tokenizers count the same prompt differently: SmolLM2 adds no BOS,
+//! Gemma does), and the worker measured each model's decode speed at start.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gcs-node");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("GCS_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models")
+    })
+}
+
+/// A node process, killed when dropped.
+struct Node {
+    child: Child,
+    http: u16,
+    p2p: u16,
+    log: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Node {
+    fn start(dir: &Path, args: &[&str]) -> Node {
+        std::fs::create_dir_all(dir).unwrap();
+        let (http, p2p) = (free_port(), free_port());
+        let log = dir.join("node.log");
+        let child = Command::new(BIN)
+            .args(["--data-dir", dir.to_str().unwrap(), "--no-mdns"])
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{p2p}")])
+            .args(["--heartbeat-ms", "500"])
+            .args(args)
+            .env("RUST_LOG", "info,libp2p=warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Node { child, http, p2p, log }
+    }
+
+    fn request(&self, method: &str, path: &str, key: &str, body: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
+            return (0, String::new());
+        };
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Authorization: Bearer {key}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    fn json(&self, method: &str, path: &str, key: &str, body: &str) -> Value {
+        let (status, text) = self.request(method, path, key, body);
+        assert_eq!(status, 200, "{method} {path}: {text}\nlog: {}", tail(&self.log));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let start = text.len().saturating_sub(4000);
+    let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    text[start..].to_string()
+}
+
+fn create_key(dir: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["keys", "create", "--data-dir", dir.to_str().unwrap()])
+        .args(["--tenant", "acme", "--project", "tests"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The entry of `/v1/models` named `id`.
+fn listed<'a>(models: &'a Value, id: &str) -> Option<&'a Value> {
+    models["data"].as_array()?.iter().find(|m| m["id"] == id)
+}
+
+#[test]
+fn one_worker_serves_smollm2_by_name_and_gemma_by_path() {
+    let dir = model_dir();
+    let smol = dir.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let gemma = dir.join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
+    for (file, name) in [(&smol, "smollm2"), (&gemma, "gemma3-270m")] {
+        if !file.is_file() {
+            prereq::missing(
+                &file.display().to_string(),
+                &format!("run scripts/fetch-models.sh {name}"),
+            );
+            return;
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let key = create_key(&tmp.path().join("gw"));
+    let gw = Node::start(&tmp.path().join("gw"), &["--role", "gateway"]);
+    let bootstrap = format!("/ip4/127.0.0.1/tcp/{}", gw.p2p);
+    let gemma_path = gemma.display().to_string();
+    let t0 = Instant::now();
+    let worker = Node::start(
+        &tmp.path().join("worker"),
+        &[
+            "--role",
+            "worker",
+            "--bootstrap",
+            &bootstrap,
+            "--model",
+            "smollm2-135m-instruct",
+            "--model",
+            &gemma_path,
+            "--model-id",
+            "gemma-file",
+            "--ctx",
+            "4096",
+        ],
+    );
+
+    // Both models listed, the file's one as the file describes itself.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let models = loop {
+        // Until the gateway listens, nothing answers (status 0).
+        let (status, text) = gw.request("GET", "/v1/models", &key, "");
+        let m: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status == 200
+            && listed(&m, "gemma-file").is_some()
+            && listed(&m, "smollm2-135m-instruct").is_some()
+        {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never listed both: {status} {text}\nworker: {}\ngateway: {}",
+            tail(&worker.log),
+            tail(&gw.log)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    eprintln!("both models listed {:.1}s after the worker started", t0.elapsed().as_secs_f64());
+    let g = &listed(&models, "gemma-file").unwrap()["gnus"];
+    assert_eq!(g["quantization"], "q4_k_m", "{g}");
+    assert_eq!(g["context_tokens"], 4096, "--ctx caps the file's 32768: {g}");
+    assert_eq!(g["workers"], 1);
+    assert!(g["tasks"].as_array().unwrap().iter().any(|t| t == "chat.completion"), "{g}");
+    let s = &listed(&models, "smollm2-135m-instruct").unwrap()["gnus"];
+    assert_eq!(s["quantization"], "q4_1", "{s}");
+
+    // Each model answers from its own weights: the same completion prompt
+    // is 2 SmolLM2 tokens and 3 Gemma tokens (<bos> first).
+    let mut prompt_tokens = vec![];
+    for model in ["smollm2-135m-instruct", "gemma-file"] {
+        let body = format!(
+            r#"{{"model":"{model}","prompt":"Hello world","max_tokens":6,"temperature":0}}"#
+        );
+        let r = gw.json("POST", "/v1/completions", &key, &body);
+        assert_eq!(r["model"], model, "{r}");
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        assert!(!text.is_empty(), "{model} answered nothing: {r}");
+        assert!(r["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{r}");
+        prompt_tokens.push(r["usage"]["prompt_tokens"].as_u64().unwrap());
+        eprintln!("{model} completion: {text:?}");
+
+        let body = format!(
+            r#"{{"model":"{model}","max_tokens":8,"temperature":0,
+                "messages":[{{"role":"user","content":"Name a colour."}}]}}"#
+        );
+        let r = gw.json("POST", "/v1/chat/completions", &key, &body);
+        assert_eq!(r["model"], model, "{r}");
+        let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(!text.is_empty(), "{model} chat answered nothing: {r}");
+        eprintln!("{model} chat: {text:?}");
+    }
+    assert_eq!(prompt_tokens, [2, 3], "each prompt ran on its own model's tokenizer");
+
+    // The start-up measurement of each model, from the worker's log.
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    let rates: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("chat model ready"))
+        .filter_map(|l| l.split("decode_tokens_per_s=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(rates.len(), 2, "one measurement per chat model:\n{}", tail(&worker.log));
+    assert!(rates.iter().all(|&r| r > 1.0), "measured decode speeds {rates:?}");
+    eprintln!("measured decode tok/s (smollm2, gemma): {rates:?}");
+}
+
+#[test]
+fn a_file_the_engine_cannot_serve_stops_the_worker_naming_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("not-a-model.gguf");
+    std::fs::write(&bad, b"this is not a gguf file").unwrap();
+    let out = Command::new(BIN)
+        .args(["--data-dir", tmp.path().join("w").to_str().unwrap(), "--no-mdns"])
+        .args(["--role", "worker", "--model", bad.to_str().unwrap()])
+        .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{}", free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a worker with an unservable file must not start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not-a-model.gguf") && err.contains("not a GGUF file"), "{err}");
+    let out = Command::new(BIN)
+        .args(["--data-dir", tmp.path().join("w").to_str().unwrap(), "--no-mdns"])
+        .args(["--role", "worker", "--model", "/nonexistent/x.gguf"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/x.gguf"), "{err}");
+}
