@@ -324,10 +324,19 @@ impl WorkerState {
         };
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();
+        // The machine accepted a continuation only as the signed job
+        // announces it; the engine refuses (`ExecError::Invalid`, reported
+        // as `gnus_continuation_refused`) a replay that does not release
+        // the delivered text.
+        let from = p.continuation;
         let run = tokio::task::spawn_blocking(move || {
-            exec.run_with_ids(&req, &flag, &mut |text, tokens, ids, logprobs| {
+            let mut emit = |text: &str, tokens: u32, ids: &[u32], logprobs: Vec<TokenLogprob>| {
                 tx.blocking_send((text.to_string(), tokens, ids.to_vec(), logprobs)).is_ok()
-            })
+            };
+            match &from {
+                None => exec.run_with_ids(&req, &flag, &mut emit),
+                Some(c) => exec.resume_with_ids(&req, c, &flag, &mut emit),
+            }
         });
         Engine { deltas, run, cancel }
     }

@@ -12,17 +12,21 @@
 //! [`Slots`] is the worker's admission: a slot per running job and a
 //! bounded backlog of announced jobs, claimed when a slot frees.
 
+mod continuation;
+#[cfg(test)]
+mod continuation_tests;
 mod payload;
 #[cfg(test)]
 mod payload_tests;
 mod policy;
-mod slots;
 #[cfg(test)]
 mod share_tests;
+mod slots;
 #[cfg(test)]
 mod tests;
 
-pub use policy::Policy;
+pub use continuation::{Mismatch, REFUSED_CODE};
+pub use policy::{continues, Policy};
 pub use slots::{Offer, Share, Slots, BACKLOG};
 
 use std::collections::VecDeque;
@@ -131,7 +135,8 @@ pub enum Effect {
         lease_id: String,
     },
     /// Run the engine on the (verified) payload, keying its prefix cache
-    /// on the payload's salt.
+    /// on the payload's salt; with `continuation` set (checked against the
+    /// signed job), resume after the delivered tokens instead.
     StartEngine(Box<LeasedPayload>),
     /// Stop the engine within one decode step.
     StopEngine,
@@ -216,6 +221,8 @@ pub struct WorkerJob {
     next_renewal_ms: Option<u64>,
     /// When an unanswered claim is given up.
     claim_deadline_ms: u64,
+    /// The stream this run continues, once its payload answer is accepted.
+    continuation: Option<gcs_protocol::Continuation>,
 }
 
 impl WorkerJob {
@@ -247,6 +254,7 @@ impl WorkerJob {
             first_token_ms: None,
             engine_done_ms: 0,
             next_renewal_ms: None,
+            continuation: None,
         };
         Ok((me, effects))
     }
@@ -514,6 +522,10 @@ impl WorkerJob {
     ) -> Result<Vec<Effect>, gcs_protocol::ProtocolError> {
         let compute_ms = self.engine_done_ms.saturating_sub(self.started_ms);
         let first_token_ms = self.first_token_ms.unwrap_or(0);
+        // A continuation's holder meters the whole completion, the
+        // delivered prefix included (its engine counts every token once),
+        // and the prompt once: the gateway's one usage record is built
+        // from the last holder's result (specs/lifecycle.md).
         let metering = |o: &ExecOutcome| Metering {
             input_tokens: o.input_tokens,
             output_tokens: o.output_tokens,
@@ -556,6 +568,11 @@ impl WorkerJob {
                 ResultStatus::Failed,
                 None,
                 Some(match e {
+                    // A continuation's refusal is this engine's, not the
+                    // client's: another worker (or the first) ran it fine.
+                    ExecError::Invalid(m) if self.continuation.is_some() => {
+                        error("server_error", REFUSED_CODE, m)
+                    }
                     ExecError::Invalid(m) => ErrorInfo::invalid_request(m.as_str()),
                     ExecError::Engine(m) => error("server_error", "gnus_engine_error", m),
                 }),
@@ -631,7 +648,8 @@ impl WorkerJob {
             lease_id: self.lease.as_ref().map(|l| l.lease_id.clone()).unwrap_or_default(),
             sequence: seq,
             delta: Delta {
-                role: (seq == 0).then(|| "assistant".to_string()),
+                // A continuation's client has the role already.
+                role: (seq == 0 && self.continuation.is_none()).then(|| "assistant".to_string()),
                 content: text,
                 logprobs,
                 token_ids,

@@ -3,11 +3,12 @@
 //! not open is answered with a signed failed result before the first token
 //! (`gnus_payload_unreadable`), so the gateway requeues the job at once
 //! instead of waiting out the lease — without a strike, since the fault may
-//! be the gateway's.
+//! be the gateway's. A continuation's answer is run only as the signed
+//! job announces it (`continuation::accept`).
 
 use gcs_protocol::{ErrorInfo, Hash32, NodeKey, ResultStatus};
 
-use super::{Answer, Effect, Phase, Termination, WorkerJob};
+use super::{continuation, Answer, Effect, Phase, Termination, WorkerJob};
 use crate::jobs::sealed::{self, PayloadError};
 
 impl WorkerJob {
@@ -39,6 +40,14 @@ impl WorkerJob {
         } else {
             return Ok(self.end(Termination::Gateway("payload hash mismatch".into())));
         };
+        match continuation::accept(&self.job, &p) {
+            Ok(c) => {
+                // Numbering goes on from the fence's next sequence.
+                self.seq = c.as_ref().map_or(0, |c| c.from_sequence);
+                self.continuation = c;
+            }
+            Err(why) => return Ok(self.end(Termination::Gateway(why.to_string()))),
+        }
         self.phase = Phase::Running;
         self.started_ms = now;
         Ok(vec![Effect::StartEngine(p)])

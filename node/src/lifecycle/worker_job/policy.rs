@@ -1,10 +1,11 @@
 //! Which announced jobs a worker may win: its routing policy (mirroring
 //! its registration, so it does not claim what the gateway must refuse),
-//! the gateways it works for, and the models it serves.
+//! the gateways it works for, and the models it serves — for a
+//! continuation, only with the engine build and model file it names.
 
 use std::collections::BTreeSet;
 
-use gcs_protocol::{ApiRequestJob, ModelInfo, NodeId, RoutingMode};
+use gcs_protocol::{ApiRequestJob, ContinuationOffer, ModelInfo, NodeId, RoutingMode};
 
 use crate::topics::PUBLIC_SWARM;
 
@@ -63,7 +64,11 @@ impl Policy {
         }
     }
 
-    /// The model `me` would serve `job` with, if it may claim it.
+    /// The model `me` would serve `job` with, if it may claim it. A job
+    /// re-announced as an exact continuation (`requirements.continuation`)
+    /// is served only by a model of exactly the offered engine build and
+    /// model file hash: another build or file could not replay the
+    /// delivered tokens bit for bit, and the gateway refuses its claim.
     pub fn admit<'m>(
         &self,
         job: &ApiRequestJob,
@@ -73,8 +78,20 @@ impl Policy {
         if !self.allows(job, me) {
             return None;
         }
-        models
-            .iter()
-            .find(|m| m.answers_to(&job.request.model) && m.tasks.contains(&job.request.api_type))
+        let offer = job.requirements.continuation.as_ref();
+        models.iter().find(|m| {
+            m.answers_to(&job.request.model)
+                && m.tasks.contains(&job.request.api_type)
+                && offer.is_none_or(|o| continues(m, o))
+        })
     }
+}
+
+/// Whether `m` may continue a stream under `offer`: the same engine build
+/// and the same (known, non-empty) model file hash.
+pub fn continues(m: &ModelInfo, offer: &ContinuationOffer) -> bool {
+    !m.model_hash.is_empty()
+        && m.model_hash == offer.model_hash
+        && !m.engine_build.is_empty()
+        && m.engine_build == offer.engine_build
 }

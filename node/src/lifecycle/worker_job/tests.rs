@@ -4,21 +4,21 @@ use super::*;
 use gcs_protocol::samples::{self, Params};
 use gcs_protocol::{verify, ClaimRejectReason, RoutingMode};
 
-const T0: u64 = 1_783_468_800_000;
+pub(super) const T0: u64 = 1_783_468_800_000;
 
-struct World {
-    gw: NodeKey,
-    key: NodeKey,
-    m: WorkerJob,
-    now: u64,
-    claim: JobClaim,
+pub(super) struct World {
+    pub(super) gw: NodeKey,
+    pub(super) key: NodeKey,
+    pub(super) m: WorkerJob,
+    pub(super) now: u64,
+    pub(super) claim: JobClaim,
 }
 
-fn model() -> ModelInfo {
+pub(super) fn model() -> ModelInfo {
     samples::registration(&samples::keys().0, &Params::default()).models[0].clone()
 }
 
-fn outcome(tokens: u64) -> ExecOutcome {
+pub(super) fn outcome(tokens: u64) -> ExecOutcome {
     ExecOutcome {
         finish_reason: FinishReason::Stop,
         input_tokens: 12,
@@ -41,11 +41,11 @@ impl World {
         (World { gw, key, m, now: T0, claim }, fx)
     }
 
-    fn feed(&mut self, input: Input) -> Vec<Effect> {
+    pub(super) fn feed(&mut self, input: Input) -> Vec<Effect> {
         self.m.handle(input, self.now, &self.key)
     }
 
-    fn lease(&self) -> LeaseGrant {
+    pub(super) fn lease(&self) -> LeaseGrant {
         let mut l =
             samples::lease(&self.key, &self.gw, &Params { now_ms: self.now, ..Params::default() });
         l.job_id = self.m.job().job_id.clone();
@@ -84,7 +84,7 @@ impl World {
     }
 }
 
-fn chunks(fx: &[Effect]) -> Vec<&StreamChunk> {
+pub(super) fn chunks(fx: &[Effect]) -> Vec<&StreamChunk> {
     fx.iter()
         .filter_map(|e| match e {
             Effect::SendChunk(c) => Some(&**c),
@@ -93,7 +93,7 @@ fn chunks(fx: &[Effect]) -> Vec<&StreamChunk> {
         .collect()
 }
 
-fn result(fx: &[Effect]) -> &FinalResult {
+pub(super) fn result(fx: &[Effect]) -> &FinalResult {
     fx.iter()
         .find_map(|e| match e {
             Effect::SendResult(r) => Some(&**r),
@@ -102,7 +102,7 @@ fn result(fx: &[Effect]) -> &FinalResult {
         .unwrap_or_else(|| panic!("no result in {fx:?}"))
 }
 
-fn done(fx: &[Effect]) -> Option<&Termination> {
+pub(super) fn done(fx: &[Effect]) -> Option<&Termination> {
     fx.iter().find_map(|e| match e {
         Effect::Done(t) => Some(t),
         _ => None,
