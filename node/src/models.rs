@@ -278,13 +278,22 @@ pub fn hash_file(path: &Path) -> Result<String, CatalogError> {
 /// (`id`, else its normalised `general.name`, else its file name), the
 /// catalogue's aliases when that id is a catalogue model, its real format,
 /// served context and vocabulary; chat only when it has a chat template.
-pub fn file_info(card: &ModelCard, path: &Path, id: Option<&str>) -> Result<ModelInfo, CatalogError> {
+pub fn file_info(
+    card: &ModelCard,
+    path: &Path,
+    id: Option<&str>,
+) -> Result<ModelInfo, CatalogError> {
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let model_id = match id {
         Some(id) => id.to_string(),
-        None => normalise_id(card.name.as_deref().filter(|n| !normalise_id(n).is_empty()).unwrap_or(&stem)),
+        None => normalise_id(
+            card.name.as_deref().filter(|n| !normalise_id(n).is_empty()).unwrap_or(&stem),
+        ),
     };
-    if model_id.is_empty() || model_id.len() > gcs_protocol::validate::MAX_SHORT || model_id.chars().any(|c| c.is_control() || c == ' ') {
+    if model_id.is_empty()
+        || model_id.len() > gcs_protocol::validate::MAX_SHORT
+        || model_id.chars().any(|c| c.is_control() || c == ' ')
+    {
         return Err(CatalogError::Usage(format!(
             "{}: no usable model id ({model_id:?}); give one with --model-id",
             path.display()
@@ -296,7 +305,9 @@ pub fn file_info(card: &ModelCard, path: &Path, id: Option<&str>) -> Result<Mode
         vec![ApiType::Completion]
     };
     Ok(ModelInfo {
-        aliases: entry(&model_id).map(|e| e.aliases.iter().map(|a| a.to_string()).collect()).unwrap_or_default(),
+        aliases: entry(&model_id)
+            .map(|e| e.aliases.iter().map(|a| a.to_string()).collect())
+            .unwrap_or_default(),
         model_id,
         context_tokens: u32::try_from(card.context_tokens).unwrap_or(u32::MAX),
         quantization: card.quantization.clone(),
@@ -345,10 +356,7 @@ pub const DEFAULT_KV_BYTES: u64 = 1024 * 16 * 23_040;
 /// one position takes), at least one block each.
 pub fn kv_blocks(budget_bytes: u64, per_token: &[usize]) -> Vec<usize> {
     let share = budget_bytes / per_token.len().max(1) as u64;
-    per_token
-        .iter()
-        .map(|&b| (share / (16 * b.max(1) as u64)).max(1) as usize)
-        .collect()
+    per_token.iter().map(|&b| (share / (16 * b.max(1) as u64)).max(1) as usize).collect()
 }
 
 #[cfg(test)]
@@ -463,8 +471,14 @@ mod file_tests {
         assert_eq!(info.tasks, [ApiType::Completion]);
         // --model-id wins; a catalogue id brings the catalogue's aliases.
         let info = file_info(&card(Some("x"), true), &path, Some("gemma-3-270m")).unwrap();
-        assert_eq!((info.model_id.as_str(), info.aliases.as_slice()), ("gemma-3-270m", &["gnus-medium".to_string()][..]));
-        assert!(matches!(file_info(&card(None, true), &path, Some("a b")), Err(CatalogError::Usage(_))));
+        assert_eq!(
+            (info.model_id.as_str(), info.aliases.as_slice()),
+            ("gemma-3-270m", &["gnus-medium".to_string()][..])
+        );
+        assert!(matches!(
+            file_info(&card(None, true), &path, Some("a b")),
+            Err(CatalogError::Usage(_))
+        ));
     }
 
     #[test]
@@ -476,7 +490,8 @@ mod file_tests {
         assert_eq!(kv_blocks(DEFAULT_KV_BYTES, &[smol]), [1024], "one model: the old default");
         let two = kv_blocks(DEFAULT_KV_BYTES, &[smol, gemma]);
         assert_eq!(two, [512, 640]);
-        let bytes: Vec<u64> = two.iter().zip([smol, gemma]).map(|(n, b)| (n * 16 * b) as u64).collect();
+        let bytes: Vec<u64> =
+            two.iter().zip([smol, gemma]).map(|(n, b)| (n * 16 * b) as u64).collect();
         assert!(bytes.iter().sum::<u64>() <= DEFAULT_KV_BYTES);
         assert_eq!(kv_blocks(1, &[smol, gemma]), [1, 1], "at least one block each");
     }

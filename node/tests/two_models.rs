@@ -27,9 +27,9 @@ fn free_port() -> u16 {
 }
 
 fn model_dir() -> PathBuf {
-    std::env::var_os("GCS_MODEL_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models")
-    })
+    std::env::var_os("GCS_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models"))
 }
 
 /// A node process, killed when dropped.

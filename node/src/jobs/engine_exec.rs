@@ -71,8 +71,9 @@ impl EngineExecutor {
                 .ok_or_else(|| format!("{}: not in the model catalogue", m.model_id))?;
             wanted.push(crate::models::Wanted::Catalog(e));
         }
-        let (_, exec) = Self::serve(model_dir, &wanted, None, crate::models::DEFAULT_KV_BYTES, max_running)
-            .map_err(|e| e.to_string())?;
+        let (_, exec) =
+            Self::serve(model_dir, &wanted, None, crate::models::DEFAULT_KV_BYTES, max_running)
+                .map_err(|e| e.to_string())?;
         Ok(exec)
     }
 
@@ -94,7 +95,8 @@ impl EngineExecutor {
         for w in wanted {
             match load_chat(w, model_dir, max_context)? {
                 Some((info, engine)) => {
-                    if loaded.iter().any(|(i, _): &(ModelInfo, Engine)| i.model_id == info.model_id) {
+                    if loaded.iter().any(|(i, _): &(ModelInfo, Engine)| i.model_id == info.model_id)
+                    {
                         return Err(CatalogError::Usage(format!(
                             "two models with the id {:?}; name one with --model-id",
                             info.model_id
@@ -106,9 +108,8 @@ impl EngineExecutor {
                     let Wanted::Catalog(e) = w else { continue };
                     let dir = model_dir.join(e.model_id);
                     let device = gcs_engine::cpu_device();
-                    let m = Embedder::load(&dir, &device).map_err(|source| {
-                        CatalogError::Load { path: dir.clone(), source }
-                    })?;
+                    let m = Embedder::load(&dir, &device)
+                        .map_err(|source| CatalogError::Load { path: dir.clone(), source })?;
                     infos.push(e.hosted_info(model_dir)?);
                     embed = Some((e.model_id.to_string(), m));
                 }
@@ -119,7 +120,11 @@ impl EngineExecutor {
         let blocks = kv_blocks(kv_bytes, &per_token);
         let mut chat = vec![];
         for ((info, engine), kv_blocks) in loaded.into_iter().zip(blocks) {
-            let cfg = BatchConfig { max_running: max_running.max(1), kv_blocks, ..BatchConfig::default() };
+            let cfg = BatchConfig {
+                max_running: max_running.max(1),
+                kv_blocks,
+                ..BatchConfig::default()
+            };
             let engine = BatchEngine::start(engine, cfg);
             let decode_tokens_per_s = engine.measure_decode(MEASURE_TOKENS).unwrap_or_else(|e| {
                 tracing::warn!(model = %info.model_id, error = %e, "decode measurement failed");
