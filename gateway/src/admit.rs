@@ -337,6 +337,7 @@ pub(crate) async fn admit(
             .unwrap_or(c.first_token_timeout_ms),
         idle_stream_timeout_ms: t.idle_ms.or(key.idle_timeout_ms).unwrap_or(c.idle_timeout_ms),
         wall_timeout_ms: t.wall_ms.or(key.wall_timeout_ms).unwrap_or(c.wall_timeout_ms),
+        max_continuations: common.continuation.max_continuations(),
         ..JobLimits::default()
     };
     // Bytes / 4 is a generous token estimate for English text; it is

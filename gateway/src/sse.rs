@@ -177,6 +177,11 @@ struct Progress {
     choices: Vec<Choice>,
     first_at: Option<Instant>,
     last_at: Instant,
+    /// When the idle timeout counts from: the last chunk, or a later lease
+    /// (an exact continuation's grant: the new worker replays the delivered
+    /// prefix before its first chunk, and the network's tracker restarts
+    /// its own idle timer there too).
+    idle_from: Instant,
 }
 
 async fn pump(mut f: InFlight, shape: StreamShape, jobs: Vec<Held>, out: Out, accepted: Instant) {
@@ -200,13 +205,14 @@ async fn pump(mut f: InFlight, shape: StreamShape, jobs: Vec<Held>, out: Out, ac
         choices: ids.iter().map(|_| Choice::default()).collect(),
         first_at: None,
         last_at: Instant::now(),
+        idle_from: Instant::now(),
     };
     let mut outcome = out.send(": gcs job accepted\n\n".into());
     // Keepalives count from acceptance: a hold that lasted a keepalive
     // interval is followed by one at once.
     let mut last_write = accepted;
     while outcome.is_ok() {
-        let idle_deadline = if p.first_at.is_some() { p.last_at + idle } else { wall };
+        let idle_deadline = if p.first_at.is_some() { p.idle_from + idle } else { wall };
         let deadline = wall.min(idle_deadline);
         tokio::select! {
             ev = events.next() => match ev {
@@ -277,6 +283,7 @@ fn on_event(
     let m = &state.metrics;
     match ev {
         JobEvent::Leased { .. } => {
+            p.idle_from = Instant::now();
             let c = &mut p.choices[i];
             c.leases += 1;
             if c.leases == 1 {
@@ -353,6 +360,7 @@ fn chunk(
     }
     ch.tokens += u64::from(c.usage_delta.output_tokens);
     p.last_at = now;
+    p.idle_from = now;
     if let Some(fr) = c.finish_reason {
         if !ch.finish_sent {
             let calls = ch.reader.as_ref().map_or(0, CallReader::calls);

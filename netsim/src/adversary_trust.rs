@@ -214,6 +214,7 @@ impl Rogue {
             cancellation_reason: None,
             failed_after_partial_output: false,
             batch_id: None,
+            holders: vec![],
             created_at_ms: now,
             signature: None,
         };

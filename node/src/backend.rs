@@ -130,6 +130,7 @@ impl Backend for NodeClient {
             self.network.events_dropped()
         ));
         out.push_str(&network_counters(self.network.stats()));
+        out.push_str(&crate::jobs::continuations::metrics());
         out.push_str(&self.trust.usage_refusals().metrics());
         let fresh = self.registrations().len();
         out.push_str(&format!(

@@ -377,6 +377,7 @@ pub fn usage(worker: &NodeKey, gateway: &NodeKey, p: &Params) -> UsageRecord {
         },
         failed_after_partial_output: false,
         batch_id: None,
+        holders: vec![],
         created_at_ms: p.now_ms + 7_100,
         signature: None,
     }

@@ -1,5 +1,5 @@
 //! The `gnus` extension object (26.15.4): routing, privacy, per-request
-//! timeouts.
+//! timeouts, exact continuation.
 
 use gcs_protocol::{PrivacyLevel, RoutingMode};
 use serde_json::{Map, Value};
@@ -11,11 +11,39 @@ fn parse_enum<T: Copy + std::fmt::Display>(all: &[T], s: &str) -> Option<T> {
     all.iter().copied().find(|v| v.to_string() == s)
 }
 
-type Extension = (RoutingMode, PrivacyLevel, TimeoutOverrides);
+/// `gnus.continuation`: whether a stream whose worker is lost after the
+/// first token may continue, token for token, on another worker of the
+/// same engine build and model file (specs/lifecycle.md "Exact
+/// continuation"), or ends with `gnus_worker_lost`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContinuationPolicy {
+    /// Continue when a matching worker claims it (the default).
+    #[default]
+    Auto,
+    /// Never: a lost worker after the first token is an error.
+    Off,
+}
+
+impl ContinuationPolicy {
+    /// The job's `limits.max_continuations`.
+    pub fn max_continuations(self) -> u32 {
+        match self {
+            ContinuationPolicy::Auto => gcs_protocol::MAX_CONTINUATIONS,
+            ContinuationPolicy::Off => 0,
+        }
+    }
+}
+
+type Extension = (RoutingMode, PrivacyLevel, TimeoutOverrides, ContinuationPolicy);
 
 /// The `gnus` extension object (26.15.4).
 pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, ApiError> {
-    let mut out = (RoutingMode::Public, PrivacyLevel::Standard, TimeoutOverrides::default());
+    let mut out = (
+        RoutingMode::Public,
+        PrivacyLevel::Standard,
+        TimeoutOverrides::default(),
+        ContinuationPolicy::Auto,
+    );
     let g = match body.get("gnus") {
         None | Some(Value::Null) => return Ok(out),
         Some(Value::Object(g)) => g,
@@ -90,6 +118,18 @@ pub(super) fn gnus_extension(body: &Map<String, Value>) -> Result<Extension, Api
             ));
         }
     }
+    if let Some(c) = g.get("continuation").filter(|v| !v.is_null()) {
+        out.3 = match c.as_str() {
+            Some("auto") => ContinuationPolicy::Auto,
+            Some("off") => ContinuationPolicy::Off,
+            _ => {
+                return Err(ApiError::invalid(
+                    "gnus.continuation",
+                    "'gnus.continuation' must be \"auto\" or \"off\"",
+                ))
+            }
+        };
+    }
     if present(g, "retrieval") {
         return Err(ApiError::unsupported("gnus.retrieval", "no retrieval nodes are available"));
     }
@@ -130,10 +170,26 @@ mod tests {
             ("hybrid", RoutingMode::Hybrid),
             ("local_only", RoutingMode::LocalOnly),
         ] {
-            let (r, p, _) =
+            let (r, p, _, _) =
                 ext(serde_json::json!({"network": network, "privacy_mode": "encrypted_payload"}))
                     .unwrap();
             assert_eq!((r, p), (mode, PrivacyLevel::EncryptedPayload), "{network}");
+        }
+    }
+
+    #[test]
+    fn continuation_is_auto_or_off_and_anything_else_is_a_400() {
+        assert_eq!(ext(serde_json::json!({})).unwrap().3, ContinuationPolicy::Auto);
+        assert_eq!(ext(serde_json::json!({"continuation": null})).unwrap().3, ContinuationPolicy::Auto);
+        let auto = ext(serde_json::json!({"continuation": "auto"})).unwrap().3;
+        assert_eq!(auto.max_continuations(), gcs_protocol::MAX_CONTINUATIONS);
+        let off = ext(serde_json::json!({"continuation": "off"})).unwrap().3;
+        assert_eq!((off, off.max_continuations()), (ContinuationPolicy::Off, 0));
+        for bad in [serde_json::json!("on"), serde_json::json!(true), serde_json::json!(0)] {
+            let e = ext(serde_json::json!({"continuation": bad})).unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{bad}");
+            assert_eq!(e.param.as_deref(), Some("gnus.continuation"), "{bad}");
+            assert_eq!(e.code, "invalid_value", "{bad}");
         }
     }
 

@@ -16,6 +16,7 @@ mod gnus;
 mod messages;
 mod tools;
 
+pub use gnus::ContinuationPolicy;
 use gnus::gnus_extension;
 use messages::messages;
 
@@ -57,6 +58,8 @@ pub struct Common {
     pub privacy: PrivacyLevel,
     /// Timeout overrides.
     pub timeouts: TimeoutOverrides,
+    /// `gnus.continuation` (default auto).
+    pub continuation: ContinuationPolicy,
     /// Fields present that GCS does not honour (ignored, as 26.15.2 asks;
     /// with `gnus.strict` they are refused instead and never get here).
     pub ignored: Vec<String>,
@@ -206,9 +209,10 @@ pub fn parse(api_type: ApiType, bytes: &[u8]) -> Result<Parsed, ApiError> {
         None | Some(Value::Null) => return Err(ApiError::missing("model")),
         Some(_) => return Err(ApiError::invalid("model", "'model' must be a non-empty string")),
     };
-    let (network, privacy, timeouts) = gnus_extension(&body)?;
+    let (network, privacy, timeouts, continuation) = gnus_extension(&body)?;
     let ignored = fields::screen(&body, api_type, fields::strict(&body)?)?;
-    let common = Common { api_type, model, prompt_chars: 0, network, privacy, timeouts, ignored };
+    let common =
+        Common { api_type, model, prompt_chars: 0, network, privacy, timeouts, continuation, ignored };
     match api_type {
         ApiType::Embedding => embeddings(&body, common).map(Parsed::Embedding),
         ApiType::ChatCompletion | ApiType::Completion => {

@@ -376,6 +376,12 @@ impl Sim {
                         self.detect_ms.push(self.now - self.workers[w].died_at);
                     }
                 }
+                Effect::Continue { .. } => {
+                    // Simulated workers advertise no engine build, so no
+                    // continuation is offered here; counted as a requeue.
+                    self.requeues += 1;
+                    self.jobs[job].lease = None;
+                }
                 Effect::Complete(_) => self.completed += 1,
                 Effect::Usage(_) => {
                     self.jobs[job].done = true;

@@ -143,6 +143,16 @@ fn recorded_tokens(keyspace: &Keyspace, job_id: &str) -> Result<u64, NodeError> 
         .sum())
 }
 
+/// The seed a job's payload samples with (the client's, or the one the
+/// gateway assigned at admission); `None` for greedy and embedding jobs,
+/// and for a body that does not decode (the worker refuses it anyway).
+fn payload_seed(body: &[u8]) -> Option<u64> {
+    match gcs_gateway::payload::JobRequest::decode(body).ok()? {
+        gcs_gateway::payload::JobRequest::Generation(g) => g.sampling.seed,
+        gcs_gateway::payload::JobRequest::Embedding(_) => None,
+    }
+}
+
 /// What the gateway needs from the node.
 pub(crate) struct Ctx<'a> {
     pub key: &'a NodeKey,
@@ -375,6 +385,7 @@ impl GatewayState {
         let (mut tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         tracker.bill_to(billing);
         tracker.for_batch(record.batch_id.clone());
+        tracker.set_seed(payload_seed(&spec.body));
         let salt = cache_salt(ctx.key, &spec.tenant_id);
         let body = if record.sealed { record.body } else { spec.body };
         let payload = LeasedPayload::new(body, spec.tenant_id, salt);
@@ -495,14 +506,21 @@ impl GatewayState {
                 };
                 match a.tracker.lease() {
                     Some(l) if l.lease_id == lease_id && peer_of(&l.node_id) == Some(peer) => {
+                        // A continuation's holder also gets where the
+                        // stream stands (its lease only; never gossiped).
+                        let continuation = a.tracker.continuation().cloned();
                         if !super::sealed::is_sealed(a.tracker.job()) {
-                            return JobResponse::Payload(Box::new(a.payload.clone()));
+                            return JobResponse::Payload(Box::new(LeasedPayload {
+                                continuation,
+                                ..a.payload.clone()
+                            }));
                         }
                         // Opened in memory, sealed to this holder and lease.
                         let at_rest = &a.payload.body;
                         match super::sealed::reseal_for(ctx.key, &job_id, &lease_id, &l.node_id, at_rest) {
                             Ok(body) => JobResponse::Payload(Box::new(LeasedPayload {
                                 body,
+                                continuation,
                                 ..a.payload.clone()
                             })),
                             Err(e) => {
@@ -660,6 +678,18 @@ impl GatewayState {
                         ctx.keyspace.put(&key, gcs_protocol::encode(&r).unwrap_or_default(), now);
                     tracing::info!(job_id, reason = %r.reason, attempt = r.requeue_count, "job requeued");
                 }
+                Effect::Continue { requeue: r, continuation } => {
+                    // The lost holder sits out, as after any lost job.
+                    if let Some(node) = r.excluded_nodes.last() {
+                        let until = self.penalties.strike(node, now);
+                        tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
+                    }
+                    let key = keys::requeue(job_id, r.requeue_count);
+                    let _ =
+                        ctx.keyspace.put(&key, gcs_protocol::encode(&r).unwrap_or_default(), now);
+                    super::continuations::started();
+                    tracing::info!(job_id, reason = %r.reason, continuation, "job continues on another worker");
+                }
                 Effect::Cancel(c) => {
                     let holder = a.tracker.lease().and_then(|l| peer_of(&l.node_id));
                     if let (Some(peer), Ok(bytes)) = (holder, gcs_protocol::encode(&c)) {
@@ -675,12 +705,18 @@ impl GatewayState {
                         gcs_protocol::encode(r.as_ref()).unwrap_or_default(),
                         now,
                     );
+                    if a.tracker.continuations() > 0 {
+                        super::continuations::ended(true);
+                    }
                     terminal = Some(JobEvent::Completed(r));
                 }
                 Effect::Fail { error, after_partial_output } => {
                     if let (true, Some(l)) = (error.code == "gnus_worker_lost", a.tracker.lease()) {
                         let until = self.penalties.strike(&l.node_id, now);
                         tracing::info!(node = %l.node_id, sits_out_ms = until - now, "worker lost a job");
+                    }
+                    if a.tracker.continuations() > 0 {
+                        super::continuations::ended(false);
                     }
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
                 }

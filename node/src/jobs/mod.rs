@@ -4,9 +4,10 @@
 //! The worker runs jobs through an [`executor::Executor`]; the real one is
 //! [`engine_exec::EngineExecutor`].
 
+pub mod announce;
+pub mod continuations;
 pub mod engine_exec;
 pub mod executor;
-pub mod announce;
 pub(crate) mod gateway;
 pub mod sealed;
 pub mod wire;

@@ -1,5 +1,7 @@
 //! First-valid-claim validation (26.12.1): a claim wins only if it is valid
-//! on all eleven counts; otherwise the claimant is told which count failed.
+//! on all eleven counts (twelve for an exact continuation: the claimant's
+//! engine build and model file must be the lost holder's); otherwise the
+//! claimant is told which count failed.
 
 use gcs_protocol::{
     verify, ApiRequestJob, ApiType, ClaimRejectReason, JobClaim, Limits, MembershipScope,
@@ -96,6 +98,17 @@ pub fn validate_claim(claim: &JobClaim, ctx: &ClaimContext<'_>) -> Result<(), Cl
         .filter(|m| m.tasks.contains(&job.request.api_type))
         .filter(|m| m.model_id == claim.capability_match.model_id)
         .ok_or(R::ModelUnsupported)?;
+    if let Some(offer) = &job.requirements.continuation {
+        // Only the same arithmetic reproduces the lost holder's tokens; an
+        // empty (unadvertised) build or hash matches nothing.
+        let same = !model.engine_build.is_empty()
+            && !model.model_hash.is_empty()
+            && model.engine_build == offer.engine_build
+            && model.model_hash == offer.model_hash;
+        if !same {
+            return Err(R::ContinuationMismatch);
+        }
+    }
     if (job.request.stream || job.requirements.supports_streaming) && !caps.streaming {
         return Err(R::StreamingUnsupported);
     }
@@ -214,6 +227,36 @@ mod tests {
         let mut c = Case::new();
         c.job.request.model = "smollm2-135m-instruct".into();
         assert_eq!(c.check(), Ok(()), "the canonical id works as well as an alias");
+    }
+    #[test]
+    fn count_12_a_continuation_needs_the_same_engine_build_and_model_file() {
+        let hash = "ab".repeat(32);
+        let mut c = Case::new();
+        for m in &mut c.reg.models {
+            m.engine_build = "gcs-engine 0.1.0".into();
+            m.model_hash = hash.clone();
+        }
+        c.job.requirements.continuation = Some(gcs_protocol::ContinuationOffer {
+            continuation: 1,
+            engine_build: "gcs-engine 0.1.0".into(),
+            model_hash: hash.clone(),
+        });
+        assert_eq!(c.check(), Ok(()), "same build, same file");
+        let offer = c.job.requirements.continuation.clone().unwrap();
+        let other_build = gcs_protocol::ContinuationOffer {
+            engine_build: "gcs-engine 0.2.0".into(),
+            ..offer.clone()
+        };
+        c.job.requirements.continuation = Some(other_build);
+        assert_eq!(c.check(), Err(R::ContinuationMismatch), "another build");
+        let other_file = gcs_protocol::ContinuationOffer { model_hash: "cd".repeat(32), ..offer };
+        c.job.requirements.continuation = Some(other_file);
+        assert_eq!(c.check(), Err(R::ContinuationMismatch), "another file");
+        let mut c2 = Case::new();
+        c2.job.requirements.continuation = c.job.requirements.continuation.clone();
+        c2.job.requirements.continuation.as_mut().unwrap().model_hash = String::new();
+        c2.job.requirements.continuation.as_mut().unwrap().engine_build = String::new();
+        assert_eq!(c2.check(), Err(R::ContinuationMismatch), "nothing advertised matches nothing");
     }
     #[test]
     fn count_6_streaming() {

@@ -283,6 +283,10 @@ wire_enum!(
         /// Hybrid routing: the tenant's private nodes have the first claim
         /// window; a public node may claim the job when it is re-announced.
         PrivateFirst => "private_first",
+        /// The job is an exact continuation and the claimant's
+        /// registration does not advertise the engine build and model file
+        /// hash the announcement names (specs/lifecycle.md).
+        ContinuationMismatch => "continuation_mismatch",
     }
 );
 

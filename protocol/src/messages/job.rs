@@ -149,6 +149,19 @@ pub struct JobLimits {
     pub wall_timeout_ms: u64,
     pub max_cost_gnus: String,
     pub max_requeues: u32,
+    /// Exact continuations the job allows (`gnus.continuation`: `auto` is
+    /// [`crate::MAX_CONTINUATIONS`], `off` is 0; specs/lifecycle.md).
+    /// Extension, omitted at its default so older jobs sign as before.
+    #[serde(default = "default_continuations", skip_serializing_if = "is_default_continuations")]
+    pub max_continuations: u32,
+}
+
+fn default_continuations() -> u32 {
+    crate::MAX_CONTINUATIONS
+}
+
+fn is_default_continuations(n: &u32) -> bool {
+    *n == crate::MAX_CONTINUATIONS
 }
 
 impl Default for JobLimits {
@@ -161,6 +174,7 @@ impl Default for JobLimits {
             wall_timeout_ms: 120_000,
             max_cost_gnus: "auto".into(),
             max_requeues: 2,
+            max_continuations: crate::MAX_CONTINUATIONS,
         }
     }
 }
@@ -328,6 +342,7 @@ impl SignedMessage for ApiRequestJob {
         v::range("limits.wall_timeout_ms", l.wall_timeout_ms, 1, MAX_JOB_LIFETIME_MS)?;
         v::short("limits.max_cost_gnus", &l.max_cost_gnus, 32)?;
         v::range("limits.max_requeues", l.max_requeues, 0, 16)?;
+        v::range("limits.max_continuations", l.max_continuations, 0, crate::MAX_CONTINUATIONS)?;
         let rt = &self.reply_to;
         for (f, c) in [
             ("reply_to.result_channel", &rt.result_channel),

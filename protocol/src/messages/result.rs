@@ -169,6 +169,16 @@ impl SignedMessage for FinalResult {
     }
 }
 
+/// One lease holder's part of a continued job's output (exact
+/// continuation, specs/lifecycle.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderTokens {
+    /// The holder.
+    pub node_id: NodeId,
+    /// Output tokens of its fenced chunks that reached the client.
+    pub output_tokens: u64,
+}
+
 /// `GCS_API_USAGE_RECORD` (26.21.1), one per job, signed by the gateway that
 /// saw both what the worker generated and what the client received.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -213,6 +223,11 @@ pub struct UsageRecord {
     /// signed before the field existed still verify.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
+    /// A job continued on other workers: every lease holder in order and
+    /// the output tokens it delivered (extension; absent, and so outside
+    /// the signed bytes, for a job that never continued).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<HolderTokens>,
     pub created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
@@ -246,6 +261,12 @@ impl SignedMessage for UsageRecord {
         }
         if self.cached_tokens > self.input_tokens {
             return Err(ProtocolError::field("cached_tokens", "exceeds input_tokens"));
+        }
+        // One holder per continuation plus the first.
+        v::list("holders", &self.holders, crate::MAX_CONTINUATIONS as usize + 1)?;
+        let shared = self.holders.iter().fold(0u64, |a, h| a.saturating_add(h.output_tokens));
+        if shared > self.output_tokens_sent_to_client {
+            return Err(ProtocolError::field("holders", "exceed output_tokens_sent_to_client"));
         }
         Ok(())
     }

@@ -13,6 +13,8 @@ use gcs_protocol::{
 use super::claims::{validate_claim, ClaimContext};
 use super::fence::{FenceConfig, StreamFence, Verdict};
 
+mod continuation;
+
 /// Lease timing.
 #[derive(Clone, Copy, Debug)]
 pub struct TrackerConfig {
@@ -75,6 +77,15 @@ pub enum Effect {
     Forward(Vec<StreamChunk>),
     /// Record a requeue.
     Requeue(Requeue),
+    /// The holder was lost after the first token and the job is
+    /// re-announced as exact continuation number `continuation`: record
+    /// the requeue (the lost holder is its last excluded node).
+    Continue {
+        /// The signed requeue record.
+        requeue: Requeue,
+        /// 1 for the job's first continuation.
+        continuation: u32,
+    },
     /// Tell the worker to stop.
     Cancel(Cancellation),
     /// The job finished: answer the client.
@@ -122,6 +133,8 @@ pub struct JobTracker {
     /// Who the usage record bills: the gateway's own record, since the
     /// announcement carries no project or key (see `bill_to`).
     billing: gcs_protocol::TenantRef,
+    /// Exact continuations (continuation.rs).
+    cont: continuation::State,
     /// The OpenAI batch the job runs for; its usage record names it.
     batch_id: Option<String>,
 }
@@ -154,6 +167,7 @@ impl JobTracker {
             announcements: 0,
             turned_away_public: false,
             billing: job.tenant.clone(),
+            cont: continuation::State::default(),
             batch_id: None,
             job,
         };
@@ -284,6 +298,7 @@ impl JobTracker {
     ) -> Result<Vec<Effect>, ProtocolError> {
         let mut job = self.job.clone();
         job.routing.excluded_nodes = self.excluded.clone();
+        job.requirements.continuation = self.pending_offer();
         let ctx = ClaimContext {
             job: Some(&job),
             registration: reg,
@@ -317,7 +332,12 @@ impl JobTracker {
             signature: None,
         };
         sign(&mut lease, key)?;
-        self.fence.grant(&lease.lease_id, lease.node_id.clone());
+        if self.cont.pending {
+            self.grant_continuation(&lease.lease_id, lease.node_id.clone(), now);
+        } else {
+            self.fence.grant(&lease.lease_id, lease.node_id.clone());
+        }
+        self.note_holder(reg);
         self.lease = Some(lease.clone());
         self.lease_granted_ms = now;
         self.ever_leased = true;
@@ -416,7 +436,12 @@ impl JobTracker {
                     let e = ErrorInfo::invalid_request(e.message);
                     self.fail(e, now, key)
                 } else if self.fence.started() {
-                    self.fail(e, now, key)
+                    // Failed after partial output: continued elsewhere if
+                    // it can be (the holder is left out), else as before.
+                    match self.try_continue(RequeueReason::InvalidResult, now, key) {
+                        Some(effects) => effects,
+                        None => self.fail(e, now, key),
+                    }
                 } else if e.code == crate::jobs::sealed::PayloadError::CODE {
                     // A sealed payload that did not open on its holder: the
                     // fault may be this gateway's, so no strike
@@ -429,8 +454,10 @@ impl JobTracker {
         }
     }
 
-    /// The holder is gone or failed: requeue before the first token (26.16.9),
-    /// fail after it — never switch workers silently mid-stream.
+    /// The holder is gone or failed: requeue before the first token (26.16.9);
+    /// after it, an exact continuation on a worker of the same engine build
+    /// and model file when the job allows one (continuation.rs), else fail —
+    /// never switch workers silently to one that would answer differently.
     fn on_worker_lost(
         &mut self,
         node: &NodeId,
@@ -442,11 +469,10 @@ impl JobTracker {
             return vec![];
         }
         if self.fence.started() {
-            return self.fail(
-                err("server_error", "gnus_worker_lost", "the worker failed mid-stream"),
-                now,
-                key,
-            );
+            if let Some(effects) = self.try_continue(reason, now, key) {
+                return effects;
+            }
+            return self.fail(worker_lost(), now, key);
         }
         self.requeue(reason, now, key)
     }
@@ -501,6 +527,7 @@ impl JobTracker {
         let mut job = self.job.clone();
         job.announcement = self.announcements;
         job.routing.excluded_nodes = self.excluded.clone();
+        job.requirements.continuation = self.cont.offer.clone();
         job.signature = None;
         sign(&mut job, key).ok()?;
         Some(Effect::Publish(Box::new(job)))
@@ -532,6 +559,11 @@ impl JobTracker {
             return self.announcement(key).into_iter().collect();
         }
         match &self.lease {
+            None if self.cont.pending && now >= self.attempt_started_ms + l.claim_timeout_ms => {
+                // No worker of the lost holder's build and file claimed the
+                // continuation in its claim round: the error of before.
+                self.fail(worker_lost(), now, key)
+            }
             None if now >= self.attempt_started_ms + l.claim_timeout_ms => {
                 let queued_until = (self.job.created_at_ms + self.config.queue_timeout_ms)
                     .min(self.job.created_at_ms + l.wall_timeout_ms);
@@ -645,6 +677,7 @@ impl JobTracker {
             cancellation_reason: self.cancellation,
             failed_after_partial_output: self.state == JobState::Failed && self.fence.started(),
             batch_id: self.batch_id.clone(),
+            holders: self.holder_shares(),
             created_at_ms: now,
             signature: None,
         };
@@ -653,6 +686,12 @@ impl JobTracker {
             Err(_) => vec![],
         }
     }
+}
+
+/// The holder was lost after the first token and the stream could not
+/// continue (26.16.9).
+fn worker_lost() -> ErrorInfo {
+    err("server_error", "gnus_worker_lost", "the worker failed mid-stream")
 }
 
 /// 26.17.2.
@@ -696,6 +735,8 @@ pub fn bounded_metering(
     }
 }
 
+#[cfg(test)]
+mod continuation_tests;
 #[cfg(test)]
 mod metering_tests;
 #[cfg(test)]

@@ -1,0 +1,174 @@
+//! Exact continuation, the tracker's side (extension of 26.16.9,
+//! specs/lifecycle.md "Exact continuation"): a lease holder lost after the
+//! first token is replaced by a worker of the same engine build and model
+//! file, which continues the stream from the fence's continuation point,
+//! instead of the stream ending with `gnus_worker_lost`.
+
+use gcs_protocol::{
+    sign, Continuation, ContinuationOffer, HolderTokens, MessageType, NodeId, NodeKey,
+    NodeRegistration, Requeue, RequeueReason, CONTINUATION_VERSION, MAX_CONTINUATIONS,
+    PROTOCOL_VERSION,
+};
+
+use super::{Effect, JobTracker};
+use crate::lifecycle::fence::ContinuationPoint;
+
+/// What the tracker keeps for exact continuations.
+#[derive(Debug, Default)]
+pub(super) struct State {
+    /// The current holder's `(engine_build, model_hash)` for the job's
+    /// model, from the registration its claim was validated against.
+    holder_model: Option<(String, String)>,
+    /// Continuations started so far.
+    pub(super) count: u32,
+    /// The offer of the latest continuation (announced, then leased).
+    pub(super) offer: Option<ContinuationOffer>,
+    /// What the latest continuation's holder resumes from.
+    handoff: Option<Continuation>,
+    /// Whether a continuation is announced and no claim has won it yet.
+    pub(super) pending: bool,
+    /// The seed the job samples with (0 for greedy: it draws none).
+    seed: u64,
+    /// Tokens each earlier holder delivered, in order.
+    shares: Vec<HolderTokens>,
+}
+
+impl JobTracker {
+    /// The seed the job's payload samples with (the client's or the one
+    /// assigned at admission): a continuation's holder replays with it.
+    pub fn set_seed(&mut self, seed: Option<u64>) {
+        self.cont.seed = seed.unwrap_or(0);
+    }
+
+    /// What the current lease holder resumes from, when its lease is a
+    /// continuation's (goes into its payload answer, to it only).
+    pub fn continuation(&self) -> Option<&Continuation> {
+        if self.cont.pending || self.lease.is_none() {
+            return None;
+        }
+        self.cont.handoff.as_ref()
+    }
+
+    /// Continuations started for this job.
+    pub fn continuations(&self) -> u32 {
+        self.cont.count
+    }
+
+    /// Who delivered which output tokens: empty for a job that never
+    /// continued; otherwise every holder in order, the last being the
+    /// current (or last) one.
+    pub fn holder_shares(&self) -> Vec<HolderTokens> {
+        if self.cont.count == 0 {
+            return vec![];
+        }
+        let mut out = self.cont.shares.clone();
+        if let Some(l) = &self.lease {
+            let before: u64 = out.iter().map(|s| s.output_tokens).sum();
+            let tokens = self.delivered_tokens().saturating_sub(before);
+            out.push(HolderTokens { node_id: l.node_id.clone(), output_tokens: tokens });
+        }
+        out
+    }
+
+    /// A claim won: remembers what the winner serves the job's model with.
+    pub(super) fn note_holder(&mut self, reg: Option<&NodeRegistration>) {
+        self.cont.holder_model = reg.and_then(|r| r.model(&self.job.request.model)).and_then(|m| {
+            (!m.engine_build.is_empty() && !m.model_hash.is_empty())
+                .then(|| (m.engine_build.clone(), m.model_hash.clone()))
+        });
+    }
+
+    /// The offer a claim is validated against: only while a continuation
+    /// waits for its claim.
+    pub(super) fn pending_offer(&self) -> Option<ContinuationOffer> {
+        self.cont.offer.clone().filter(|_| self.cont.pending)
+    }
+
+    /// Whether the job's stream may continue on another worker now, and
+    /// from where.
+    fn continuable(&self, now: u64) -> Option<(ContinuationPoint, (String, String))> {
+        let allowed = self.job.limits.max_continuations.min(MAX_CONTINUATIONS);
+        if self.cont.count >= allowed {
+            return None;
+        }
+        let l = &self.job.limits;
+        let wall_left = (self.job.created_at_ms + l.wall_timeout_ms).saturating_sub(now);
+        // At least one claim round must fit before the wall timeout.
+        if wall_left <= l.claim_timeout_ms {
+            return None;
+        }
+        let point = self.fence.continuation_point()?;
+        Some((point, self.cont.holder_model.clone()?))
+    }
+
+    /// The holder was lost after the first token: if the job can continue,
+    /// re-announces it as a continuation (the lost holder excluded) and
+    /// returns the effects; `None` leaves the caller to fail the job as
+    /// before.
+    pub(super) fn try_continue(
+        &mut self,
+        reason: RequeueReason,
+        now: u64,
+        key: &NodeKey,
+    ) -> Option<Vec<Effect>> {
+        let (point, (engine_build, model_hash)) = self.continuable(now)?;
+        let number = self.cont.count + 1;
+        let handoff = Continuation {
+            version: CONTINUATION_VERSION,
+            job_id: self.job.job_id.clone(),
+            continuation: number,
+            from_sequence: point.from_sequence,
+            delivered_tokens: point.delivered_tokens,
+            delivered_text_hash: point.delivered_text_hash,
+            seed: self.cont.seed,
+            engine_build,
+            model_hash,
+        };
+        if handoff.check().is_err() {
+            return None;
+        }
+        let wall_left =
+            (self.job.created_at_ms + self.job.limits.wall_timeout_ms).saturating_sub(now);
+        let lost = self.lease.take()?;
+        let before: u64 = self.cont.shares.iter().map(|s| s.output_tokens).sum();
+        self.cont.shares.push(HolderTokens {
+            node_id: lost.node_id.clone(),
+            output_tokens: self.delivered_tokens().saturating_sub(before),
+        });
+        self.excluded.push(lost.node_id);
+        self.cont.count = number;
+        self.cont.offer = Some(ContinuationOffer::of(&handoff));
+        self.cont.handoff = Some(handoff);
+        self.cont.pending = true;
+        self.cont.holder_model = None;
+        self.attempt_started_ms = now;
+        self.set(gcs_protocol::JobState::Requeued);
+        // Stored like a requeue (its own index after the job's requeues:
+        // no plain requeue follows a started stream).
+        let mut rq = Requeue {
+            message_type: MessageType::Requeue,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            issued_by: key.node_id(),
+            requeue_count: self.attempt + number,
+            reason,
+            excluded_nodes: self.excluded.clone(),
+            remaining_wall_timeout_ms: wall_left,
+            created_at_ms: now,
+            signature: None,
+        };
+        sign(&mut rq, key).ok()?;
+        let publish = self.announcement(key)?;
+        tracing::info!(job = %self.job.job_id, continuation = number, %reason, "stream continues on another worker");
+        Some(vec![Effect::Continue { requeue: rq, continuation: number }, publish])
+    }
+
+    /// A continuation lease was granted (see `on_claim`): numbering goes on
+    /// from the continuation point, and the idle timer restarts so the new
+    /// holder's replay of the delivered prefix is not taken for a stall.
+    pub(super) fn grant_continuation(&mut self, lease_id: &str, holder: NodeId, now: u64) {
+        self.fence.continue_with(lease_id, holder);
+        self.cont.pending = false;
+        self.last_chunk_ms = now;
+    }
+}
