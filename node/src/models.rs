@@ -95,21 +95,22 @@ pub enum CatalogError {
         dir: PathBuf,
     },
     /// Its file could not be read to hash it.
-    #[error("reading {}: {source}", path.display())]
+    #[error("reading {}: {reason}", path.display())]
     Read {
         /// The weights file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (named `reason`, not `source`: the message already has
+        /// it, and an error chain would print it twice).
+        reason: std::io::Error,
     },
     /// The engine refused the file (its architecture, a tensor type, a
     /// malformed header: the engine's error names which).
-    #[error("cannot serve {}: {source}", path.display())]
+    #[error("cannot serve {}: {reason}", path.display())]
     Load {
         /// The weights file.
         path: PathBuf,
-        /// The engine's reason.
-        source: gcs_engine::EngineError,
+        /// The engine's reason (it names the file itself).
+        reason: gcs_engine::EngineError,
     },
     /// The command line names models inconsistently.
     #[error("{0}")]
@@ -227,7 +228,7 @@ pub fn wanted(dir: &Path, names: &[String], ids: &[String]) -> Result<Vec<Wanted
             if !path.is_file() {
                 return Err(CatalogError::Read {
                     path,
-                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                    reason: std::io::Error::from(std::io::ErrorKind::NotFound),
                 });
             }
             Wanted::File { path, id: ids.next().cloned() }
@@ -267,7 +268,7 @@ pub fn normalise_id(name: &str) -> String {
 
 /// The blake3 (hex) of a model file: the `model_hash` continuations match.
 pub fn hash_file(path: &Path) -> Result<String, CatalogError> {
-    let read = |source| CatalogError::Read { path: path.to_path_buf(), source };
+    let read = |reason| CatalogError::Read { path: path.to_path_buf(), reason };
     let mut file = std::fs::File::open(path).map_err(read)?;
     let mut h = blake3::Hasher::new();
     std::io::copy(&mut file, &mut h).map_err(read)?;
@@ -335,7 +336,7 @@ pub fn load_chat(
     let device = gcs_engine::cpu_device();
     let cap = max_context.map(|c| c as usize);
     let engine = Engine::load_capped(&path, &device, cap)
-        .map_err(|source| CatalogError::Load { path: path.clone(), source })?;
+        .map_err(|reason| CatalogError::Load { path: path.clone(), reason })?;
     let info = match w {
         Wanted::Catalog(e) => {
             let mut info = e.hosted_info(dir)?;

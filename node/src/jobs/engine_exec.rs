@@ -109,7 +109,7 @@ impl EngineExecutor {
                     let dir = model_dir.join(e.model_id);
                     let device = gcs_engine::cpu_device();
                     let m = Embedder::load(&dir, &device)
-                        .map_err(|source| CatalogError::Load { path: dir.clone(), source })?;
+                        .map_err(|reason| CatalogError::Load { path: dir.clone(), reason })?;
                     infos.push(e.hosted_info(model_dir)?);
                     embed = Some((e.model_id.to_string(), m));
                 }
