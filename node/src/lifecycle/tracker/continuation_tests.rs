@@ -256,14 +256,23 @@ fn lost_mid_window_continues_from_the_gap_on_a_matching_worker() {
     assert_eq!(u.requeue_count, 0, "a continuation is not a requeue");
     assert_eq!(u.node_id, Some(w.node(2)));
     assert!(!u.failed_after_partial_output);
-    let shares = w.tracker.holder_shares();
-    assert_eq!(
-        shares,
-        vec![
-            HolderTokens { node_id: w.node(0), output_tokens: 2 },
-            HolderTokens { node_id: w.node(2), output_tokens: 2 },
-        ]
-    );
+    let holders = vec![
+        HolderTokens { node_id: w.node(0), output_tokens: 2 },
+        HolderTokens { node_id: w.node(2), output_tokens: 2 },
+    ];
+    assert_eq!(u.holders, holders, "who delivered what");
+    gcs_protocol::verify(u).expect("the record, holders included, is signed");
+    let mut forged = u.clone();
+    forged.holders[0].output_tokens = 1;
+    assert!(gcs_protocol::verify(&forged).is_err(), "holders are inside the signature");
+    use gcs_protocol::SignedMessage as _;
+    // (The fixture bills no project or key; a gateway's record names both.)
+    let mut ok = u.clone();
+    (ok.project_id, ok.api_key_id) = ("proj_1".into(), "key_1".into());
+    ok.check_fields(&w.limits).expect("within bounds");
+    let mut over = ok.clone();
+    over.holders[0].output_tokens = 3;
+    assert!(over.check_fields(&w.limits).is_err(), "holders cannot claim more than was sent");
 }
 
 /// Lost just before the final result, the finish chunk not yet sent: the
@@ -320,6 +329,7 @@ fn off_keeps_the_error() {
     assert_eq!(failure(&out), Some(("gnus_worker_lost", true)));
     assert_eq!(w.usage().output_tokens_sent_to_client, 2);
     assert!(w.usage().failed_after_partial_output);
+    assert!(w.usage().holders.is_empty(), "a job that never continued lists no holders");
 }
 
 /// At most MAX_CONTINUATIONS per job: the fifth loss is the error.
