@@ -173,6 +173,26 @@ pub mod keys {
     pub fn requeue(job_id: &str, n: u32) -> String {
         key(N::ApiRequeue, format_args!("{job_id}/{n}"))
     }
+    /// A processing task's signed queue record (its subtasks inside).
+    pub fn processing_task(task_id: &str) -> String {
+        key(N::ProcessingTasks, format_args!("{task_id}"))
+    }
+    /// The live lock on one subtask (`<task_id>/<subtask_id>`).
+    pub fn processing_lock(task_key: &str) -> String {
+        key(N::ProcessingLocks, format_args!("{task_key}"))
+    }
+    /// Every lock of a task.
+    pub fn processing_locks(task_id: &str) -> String {
+        key(N::ProcessingLocks, format_args!("{task_id}/"))
+    }
+    /// The signed result of one subtask (`<task_id>/<subtask_id>`).
+    pub fn processing_result(task_key: &str) -> String {
+        key(N::ProcessingResults, format_args!("{task_key}"))
+    }
+    /// Every result of a task.
+    pub fn processing_results(task_id: &str) -> String {
+        key(N::ProcessingResults, format_args!("{task_id}/"))
+    }
     /// A node's latest registration.
     pub fn registration(node_id: &str) -> String {
         key(N::NodeRegistrations, format_args!("{node_id}"))

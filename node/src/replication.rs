@@ -217,7 +217,11 @@ pub fn merge_scoped(
     trust: &crate::tenants::TenantTrust,
     now_ms: u64,
 ) -> Result<MergeOutcome, RefusedDelta> {
-    if Namespace::of_key(&d.key)? != Namespace::ApiUsage {
+    let ns = Namespace::of_key(&d.key)?;
+    if matches!(authority::authority(ns), authority::Authority::Processing) {
+        return crate::processing::records::merge(ks, d, trust, now_ms);
+    }
+    if ns != Namespace::ApiUsage {
         return merge_global(ks, d, now_ms);
     }
     use crate::tenants::records::{authorise_usage, refused};

@@ -1,8 +1,12 @@
 //! The processing queue of 26.2 and 26.22 (specs/batch.md, "Processing
-//! queue"): [`queue`] is its sans-IO core. Its shell (tasks, subtasks and
-//! locks in the keyspace under `/gcs/processing/*`, workers locking
-//! subtasks) is not built yet.
+//! queue"): [`queue`] is its sans-IO core, [`records`] its signed records
+//! in the keyspace under `/gcs/processing/*` with their authority rows and
+//! the replay that rebuilds a task's state from them. Workers grabbing
+//! subtasks and the batch runner enqueueing tasks are not wired yet.
 
 pub mod queue;
 #[cfg(test)]
 mod queue_tests;
+pub mod records;
+#[cfg(test)]
+mod records_tests;

@@ -30,6 +30,10 @@ pub enum Authority {
     /// certificate or its revocation), signed by the issuer its key names
     /// (`tenants::records`); replaced only by a newer statement.
     Membership,
+    /// The processing queue (`processing::records`): a task from a gateway
+    /// its tenant admitted, a lock by the worker it names under the queue
+    /// rules, a result by the lock's holder.
+    Processing,
     /// A set of signed `ty` elements, at most `cap` per key.
     Set {
         /// The message type of its elements.
@@ -56,6 +60,9 @@ pub fn authority(ns: Namespace) -> Authority {
             Register { ty: MessageType::NodeRegistration, by_job_gateway: false }
         }
         Namespace::TenantMemberships => Authority::Membership,
+        Namespace::ProcessingTasks | Namespace::ProcessingLocks | Namespace::ProcessingResults => {
+            Authority::Processing
+        }
         // Written by no node today (states, capabilities, heartbeats, the
         // processing queue), or never global (payloads, results, streams,
         // usage, local).
@@ -77,6 +84,10 @@ pub fn validate(delta: &Delta) -> Result<Option<gcs_protocol::Message>, RefusedD
         Authority::NotFromPeers => return Err(RefusedDelta::NotFromPeers(ns.cf())),
         Authority::Membership => {
             return crate::tenants::records::validate_statement(delta, &record_limits()).map(Some)
+        }
+        // Checked with the node's tenant trust in `merge_scoped`.
+        Authority::Processing => {
+            return crate::processing::records::validate(delta).map(|_| None)
         }
         Authority::Register { ty, .. } | Authority::Set { ty, .. } => ty,
     };

@@ -1,0 +1,431 @@
+//! The processing queue in the keyspace (26.2, 26.22; specs/batch.md,
+//! "Processing queue records"): a task is one signed [`TaskRecord`] under
+//! `/gcs/processing/tasks/<task_id>` (its subtasks inside it), the live lock
+//! of a subtask a signed `TaskLock` under `/gcs/processing/locks/<task>/<sub>`
+//! and its result a signed `TaskResult` (one subtask) under
+//! `/gcs/processing/results/<task>/<sub>`.
+//!
+//! Authority, checked on every record before it is stored, the node's own
+//! as much as a peer's (the record-authority rows of specs/network.md):
+//! - a task only from a gateway its tenant admitted (a live
+//!   `tenant_gateway` certificate), a task id once;
+//! - a lock only signed by the worker it names (its signer), and only if
+//!   the queue rules take it (first valid lock wins, renewal by the holder,
+//!   expiry), replayed from the stored records;
+//! - a result only from the holder of the subtask's stored lock, created
+//!   before that lock expired, covering the subtask's chunks, once.
+//!
+//! The state of a task is never stored: [`replay`] rebuilds the sans-IO
+//! [`TaskQueue`] from the records, so every node holding them agrees.
+
+use gcs_keyspace::{keys, CrdtValue, Delta, Keyspace, MergeOutcome, Namespace};
+use gcs_protocol::{
+    ids, Limits, Message, MessageType, NodeId, NodeKey, ProcessingSubTask, ProcessingTask,
+    ProtocolError, QueueJob, QueueJobBody, Signature, SignedMessage, TaskLock, TaskResult,
+    PROTOCOL_VERSION,
+};
+use serde::{Deserialize, Serialize};
+
+use super::queue::{Effect, Input, TaskQueue, MAX_SUBTASKS};
+use crate::error::RefusedDelta;
+use crate::tenants::TenantTrust;
+
+/// Largest encoded task record (a task of [`MAX_SUBTASKS`] small subtasks).
+pub const MAX_TASK_RECORD_BYTES: usize = 1024 * 1024;
+/// Largest encoded lock or result record.
+pub const MAX_ENTRY_BYTES: usize = 64 * 1024;
+/// Chunk ids one subtask may name.
+pub const MAX_CHUNKS_PER_SUBTASK: usize = 256;
+
+/// A processing task as its gateway enqueued it: the unified queue wrapper
+/// (26.22.3) around the `ProcessingTask`, its subtasks, the tenant it runs
+/// for, signed by the gateway. Signed as `GCS_QUEUE_JOB` (the wrapper is
+/// unsigned on its own, so no other signed message shares the tag).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Always `GCS_QUEUE_JOB`.
+    pub message_type: MessageType,
+    /// The protocol version.
+    pub version: u16,
+    /// The tenant whose work it is.
+    pub tenant_id: String,
+    /// The enqueueing gateway; signer.
+    pub gateway_node_id: NodeId,
+    /// The OpenAI batch it runs, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
+    /// `kind: processing_chunk`, body a `ProcessingTask`.
+    pub job: QueueJob,
+    /// Exactly `subtask_count` subtasks of the task.
+    pub subtasks: Vec<ProcessingSubTask>,
+    /// Creation time.
+    pub created_at_ms: u64,
+    /// The gateway's signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+fn field(field: &'static str, reason: &str) -> ProtocolError {
+    ProtocolError::Field { field, reason: reason.into() }
+}
+
+impl TaskRecord {
+    /// A record of `task` for `tenant`, unsigned.
+    pub fn new(
+        tenant_id: &str,
+        gateway: &NodeId,
+        task: ProcessingTask,
+        subtasks: Vec<ProcessingSubTask>,
+        now_ms: u64,
+    ) -> Self {
+        Self {
+            message_type: MessageType::QueueJob,
+            version: PROTOCOL_VERSION,
+            tenant_id: tenant_id.into(),
+            gateway_node_id: gateway.clone(),
+            batch_id: None,
+            job: QueueJob::wrap(QueueJobBody::ProcessingTask(task)),
+            subtasks,
+            created_at_ms: now_ms,
+            signature: None,
+        }
+    }
+
+    /// The task inside.
+    pub fn task(&self) -> Option<&ProcessingTask> {
+        match &self.job.body {
+            QueueJobBody::ProcessingTask(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+impl SignedMessage for TaskRecord {
+    const TYPE: MessageType = MessageType::QueueJob;
+    fn signer(&self) -> &NodeId {
+        &self.gateway_node_id
+    }
+    fn message_type(&self) -> MessageType {
+        self.message_type
+    }
+    fn version(&self) -> u16 {
+        self.version
+    }
+    fn signature(&self) -> Option<&Signature> {
+        self.signature.as_ref()
+    }
+    fn set_signature(&mut self, sig: Option<Signature>) {
+        self.signature = sig;
+    }
+    fn created_at_ms(&self) -> u64 {
+        self.created_at_ms
+    }
+    fn check_fields(&self, _: &Limits) -> Result<(), ProtocolError> {
+        if self.message_type != MessageType::QueueJob || self.version != PROTOCOL_VERSION {
+            return Err(field("message_type", "not a GCS_QUEUE_JOB of this version"));
+        }
+        if self.tenant_id.is_empty() || self.tenant_id.len() > 128 {
+            return Err(field("tenant_id", "1-128 bytes"));
+        }
+        if self.batch_id.as_ref().is_some_and(|b| b.len() > 128) {
+            return Err(field("batch_id", "at most 128 bytes"));
+        }
+        self.job.check()?;
+        let Some(t) = self.task() else { return Err(field("job", "not a processing task")) };
+        ids::check_id("task_id", &t.task_id, ids::TASK)?;
+        if t.subtask_count as usize != self.subtasks.len() || self.subtasks.len() > MAX_SUBTASKS {
+            return Err(field("subtasks", "subtask_count subtasks, at most 4096"));
+        }
+        for s in &self.subtasks {
+            if s.task_id != t.task_id || s.subtask_id.is_empty() || s.subtask_id.len() > 128 {
+                return Err(field("subtasks", "of another task, or a bad id"));
+            }
+            if s.chunk_ids.len() > MAX_CHUNKS_PER_SUBTASK || s.chunk_ids.iter().any(|c| c.len() > 128) {
+                return Err(field("subtasks.chunk_ids", "at most 256 ids of 128 bytes"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The register bytes of a delta (peers never delete these records).
+fn register(d: &Delta) -> Result<&[u8], RefusedDelta> {
+    match &d.value {
+        CrdtValue::Register(r) => r.value().ok_or(RefusedDelta::Tombstone),
+        CrdtValue::Set(_) => Err(RefusedDelta::WrongType {
+            expected: MessageType::QueueJob,
+            found: MessageType::QueueJob,
+        }),
+    }
+}
+
+fn size(bytes: &[u8], max: usize) -> Result<(), RefusedDelta> {
+    if bytes.len() > max {
+        return Err(RefusedDelta::Envelope(field("record", "over the size bound")));
+    }
+    Ok(())
+}
+
+fn limits() -> Limits {
+    Limits { max_message_bytes: MAX_TASK_RECORD_BYTES, ..Default::default() }
+}
+
+/// A record checked on its own (signature, bounds, filed under its own key).
+#[derive(Clone, Debug)]
+pub enum Record {
+    /// A task.
+    Task(Box<TaskRecord>),
+    /// A lock.
+    Lock(TaskLock),
+    /// A result of one subtask.
+    Result(TaskResult),
+}
+
+fn misfiled(ty: MessageType, id: &str, key: &str) -> RefusedDelta {
+    RefusedDelta::Misfiled { message_type: ty, id: id.into(), key: key.into() }
+}
+
+/// Checks a processing record on its own: the namespace's type, a valid
+/// signature, its size and field bounds, and the key it names.
+pub fn validate(d: &Delta) -> Result<Record, RefusedDelta> {
+    validate_bytes(&d.key, register(d)?)
+}
+
+fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
+    let ns = Namespace::of_key(key)?;
+    match ns {
+        Namespace::ProcessingTasks => {
+            size(bytes, MAX_TASK_RECORD_BYTES)?;
+            let t: TaskRecord = gcs_protocol::codec::from_cbor_bytes(bytes)?;
+            t.check_fields(&limits())?;
+            gcs_protocol::verify(&t)?;
+            let id = t.task().map(|t| t.task_id.clone()).unwrap_or_default();
+            if keys::processing_task(&id) != key {
+                return Err(misfiled(MessageType::QueueJob, &id, key));
+            }
+            Ok(Record::Task(Box::new(t)))
+        }
+        Namespace::ProcessingLocks => {
+            size(bytes, MAX_ENTRY_BYTES)?;
+            let Message::TaskLock(l) = gcs_protocol::decode(bytes, &limits())? else {
+                return Err(RefusedDelta::NotFromPeers("processing.locks"));
+            };
+            gcs_protocol::verify(&l)?;
+            if keys::processing_lock(&l.task_key) != key {
+                return Err(misfiled(MessageType::TaskLock, &l.task_key, key));
+            }
+            Ok(Record::Lock(l))
+        }
+        Namespace::ProcessingResults => {
+            size(bytes, MAX_ENTRY_BYTES)?;
+            let Message::TaskResult(r) = gcs_protocol::decode(bytes, &limits())? else {
+                return Err(RefusedDelta::NotFromPeers("processing.results"));
+            };
+            gcs_protocol::verify(&r)?;
+            let [one] = r.subtask_results.as_slice() else {
+                return Err(RefusedDelta::Envelope(field("subtask_results", "exactly one")));
+            };
+            let task_key = format!("{}/{}", r.task_id, one.subtask_id);
+            if keys::processing_result(&task_key) != key {
+                return Err(misfiled(MessageType::TaskResult, &task_key, key));
+            }
+            Ok(Record::Result(r))
+        }
+        // Subtasks travel inside their task record.
+        _ => Err(RefusedDelta::NotFromPeers(ns.cf())),
+    }
+}
+
+/// Whether `node` holds a live `tenant_gateway` certificate of `tenant`.
+fn admitted_gateway(
+    ks: &Keyspace,
+    trust: &TenantTrust,
+    tenant: &str,
+    node: &NodeId,
+    now_ms: u64,
+) -> Result<(), RefusedDelta> {
+    use gcs_protocol::MembershipScope;
+    let Some(issuer) = trust.with(|t| t.tenants.get(tenant).cloned()) else {
+        return Err(RefusedDelta::TenantUntrusted(tenant.into()));
+    };
+    let scope = MembershipScope::TenantGateway;
+    let stored = ks.get_bytes(&keys::membership(issuer.as_str(), scope.as_str(), node.as_str()))?;
+    let ok = stored.and_then(|b| gcs_protocol::decode(&b, &Limits::default()).ok()).is_some_and(
+        |m| match m {
+            Message::MembershipCertificate(c) => {
+                c.issuer == issuer
+                    && c.admits(scope, tenant, node, now_ms)
+                    && gcs_protocol::verify(&c).is_ok()
+            }
+            _ => false,
+        },
+    );
+    if !ok {
+        return Err(RefusedDelta::GatewayNotAdmitted(node.to_string()));
+    }
+    Ok(())
+}
+
+/// The task, locks and results stored for `task_id`.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    /// The task record.
+    pub task: TaskRecord,
+    /// Its subtasks' live locks.
+    pub locks: Vec<TaskLock>,
+    /// Its subtasks' results.
+    pub results: Vec<TaskResult>,
+}
+
+/// Reads what this node holds of a task.
+pub fn stored(ks: &Keyspace, task_id: &str) -> Result<Option<Stored>, RefusedDelta> {
+    let Some(task) = ks.find_cbor::<TaskRecord>(&keys::processing_task(task_id))? else {
+        return Ok(None);
+    };
+    let locks = ks.scan_cbor::<TaskLock>(&keys::processing_locks(task_id))?;
+    let results = ks.scan_cbor::<TaskResult>(&keys::processing_results(task_id))?;
+    Ok(Some(Stored {
+        task,
+        locks: locks.into_iter().map(|(_, l)| l).collect(),
+        results: results.into_iter().map(|(_, r)| r).collect(),
+    }))
+}
+
+/// Rebuilds a task's queue from its records (task, then every lock, then
+/// every result under its subtask's lock), then lets time pass to `now_ms`.
+pub fn replay(s: &Stored, now_ms: u64) -> TaskQueue {
+    let mut q = TaskQueue::default();
+    if let Some(t) = s.task.task() {
+        q.handle(Input::Enqueue(t.clone(), s.task.subtasks.clone()), s.task.created_at_ms);
+    }
+    for l in &s.locks {
+        q.handle(Input::Lock(l.clone()), l.created_at_ms);
+    }
+    for r in &s.results {
+        let (Some(one), Some(tid)) = (r.subtask_results.first(), s.task.task().map(|t| &t.task_id))
+        else {
+            continue;
+        };
+        let task_key = format!("{tid}/{}", one.subtask_id);
+        let Some(l) = s.locks.iter().find(|l| l.task_key == task_key) else { continue };
+        let input = Input::Result {
+            node: r.node_id.clone(),
+            lock_id: l.lock_id.clone(),
+            task_id: tid.clone(),
+            result: one.clone(),
+        };
+        q.handle(input, r.created_at_ms.min(l.expires_at_ms));
+    }
+    q.handle(Input::Tick, now_ms);
+    q
+}
+
+fn task_of(task_key: &str) -> &str {
+    task_key.split('/').next().unwrap_or_default()
+}
+
+fn rule(field_name: &'static str, effects: &[Effect]) -> RefusedDelta {
+    let why = effects.iter().find_map(|e| match e {
+        Effect::Refused { reason } => Some(*reason),
+        _ => None,
+    });
+    RefusedDelta::Envelope(field(field_name, why.unwrap_or("refused by the queue rules")))
+}
+
+/// Checks a processing record against what this node holds, then stores
+/// it: the authority rows of the module comment. The same record again
+/// changes nothing.
+pub fn merge(
+    ks: &Keyspace,
+    d: Delta,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<MergeOutcome, RefusedDelta> {
+    let bytes = register(&d)?;
+    if ks.get_bytes(&d.key)?.as_deref() == Some(bytes) {
+        return Ok(MergeOutcome::Unchanged);
+    }
+    check(ks, &d.key, bytes, trust, now_ms)?;
+    Ok(ks.merge(d, now_ms)?)
+}
+
+/// The authority rows over one record, against what this node holds.
+fn check(
+    ks: &Keyspace,
+    key: &str,
+    bytes: &[u8],
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<(), RefusedDelta> {
+    let record = validate_bytes(key, bytes)?;
+    match &record {
+        Record::Task(t) => {
+            admitted_gateway(ks, trust, &t.tenant_id, &t.gateway_node_id, now_ms)?;
+            if ks.get_bytes(key)?.is_some() {
+                return Err(RefusedDelta::NotTheAuthor("processing.tasks"));
+            }
+        }
+        Record::Lock(l) => {
+            let Some(s) = stored(ks, task_of(&l.task_key))? else {
+                return Err(RefusedDelta::Envelope(field("task_key", "no such task here")));
+            };
+            let mut q = replay(&s, now_ms);
+            let effects = q.handle(Input::Lock(l.clone()), now_ms);
+            let took = effects.iter().any(|e| match e {
+                Effect::Locked { lock_id, .. } | Effect::Renewed { lock_id, .. } => {
+                    lock_id == &l.lock_id
+                }
+                _ => false,
+            });
+            if !took {
+                return Err(rule("lock", &effects));
+            }
+        }
+        Record::Result(r) => {
+            if ks.get_bytes(key)?.is_some() {
+                return Err(RefusedDelta::NotTheAuthor("processing.results"));
+            }
+            let Some(s) = stored(ks, &r.task_id)? else {
+                return Err(RefusedDelta::Envelope(field("task_id", "no such task here")));
+            };
+            let one = &r.subtask_results[0];
+            let task_key = format!("{}/{}", r.task_id, one.subtask_id);
+            let Some(l) = s.locks.iter().find(|l| l.task_key == task_key).cloned() else {
+                return Err(RefusedDelta::NotTheAuthor("processing.results"));
+            };
+            if l.node_id != r.node_id {
+                return Err(RefusedDelta::NotTheAuthor("processing.results"));
+            }
+            // Judged when it was made under the lock: a result replicated
+            // after the lock expired still counts, one made after does not.
+            let mut q = replay(&Stored { results: vec![], ..s }, r.created_at_ms);
+            let input = Input::Result {
+                node: r.node_id.clone(),
+                lock_id: l.lock_id.clone(),
+                task_id: r.task_id.clone(),
+                result: one.clone(),
+            };
+            let effects = q.handle(input, r.created_at_ms);
+            if !effects.iter().any(|e| matches!(e, Effect::Accepted { .. })) {
+                return Err(rule("result", &effects));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Signs and stores a record of this node (through the same checks as a
+/// peer's); returns the delta to publish.
+pub fn write<T: SignedMessage + Serialize>(
+    ks: &Keyspace,
+    key: &str,
+    mut record: T,
+    node_key: &NodeKey,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Delta, RefusedDelta> {
+    gcs_protocol::sign(&mut record, node_key)?;
+    let bytes = gcs_protocol::encode(&record)?;
+    check(ks, key, &bytes, trust, now_ms)?;
+    Ok(ks.put(key, bytes, now_ms)?)
+}
