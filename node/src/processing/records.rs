@@ -429,3 +429,70 @@ pub fn write<T: SignedMessage + Serialize>(
     check(ks, key, &bytes, trust, now_ms)?;
     Ok(ks.put(key, bytes, now_ms)?)
 }
+
+/// The worker's side of the shell: replays `task_id` and, if the queue
+/// offers a free subtask, signs a lock on it for `lease_ms` and stores it
+/// (through the authority rows); returns the lock and the delta to publish.
+pub fn grab(
+    ks: &Keyspace,
+    task_id: &str,
+    node_key: &NodeKey,
+    lease_ms: u64,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Option<(TaskLock, Delta)>, RefusedDelta> {
+    let Some(s) = stored(ks, task_id)? else { return Ok(None) };
+    let mut q = replay(&s, now_ms);
+    let me = node_key.node_id();
+    let effects = q.handle(Input::Grab { node: me.clone(), lease_ms }, now_ms);
+    let Some((task_key, expires_at_ms)) = effects.into_iter().find_map(|e| match e {
+        Effect::ProposeLock { task_key, expires_at_ms } => Some((task_key, expires_at_ms)),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let lock = TaskLock {
+        message_type: MessageType::TaskLock,
+        version: PROTOCOL_VERSION,
+        lock_id: ids::new_id(ids::LOCK, now_ms)?,
+        task_key,
+        node_id: me,
+        created_at_ms: now_ms,
+        expires_at_ms,
+        signature: None,
+    };
+    let d = write(ks, &keys::processing_lock(&lock.task_key), lock.clone(), node_key, trust, now_ms)?;
+    let mut signed = lock;
+    gcs_protocol::sign(&mut signed, node_key)?;
+    Ok(Some((signed, d)))
+}
+
+/// The holder's result of one subtask, signed and stored (refused unless
+/// this node holds the subtask's live lock); returns the delta to publish.
+pub fn complete(
+    ks: &Keyspace,
+    task_id: &str,
+    result: gcs_protocol::SubTaskResult,
+    node_key: &NodeKey,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Delta, RefusedDelta> {
+    let key = keys::processing_result(&format!("{task_id}/{}", result.subtask_id));
+    let r = TaskResult {
+        message_type: MessageType::TaskResult,
+        version: PROTOCOL_VERSION,
+        task_id: task_id.into(),
+        node_id: node_key.node_id(),
+        subtask_results: vec![result],
+        created_at_ms: now_ms,
+        signature: None,
+    };
+    write(ks, &key, r, node_key, trust, now_ms)
+}
+
+/// Whether every subtask of the task has an accepted result.
+pub fn all_results(s: &Stored, now_ms: u64) -> bool {
+    let Some(t) = s.task.task() else { return false };
+    let q = replay(s, now_ms);
+    s.task.subtasks.iter().all(|sub| q.result(&t.task_id, &sub.subtask_id).is_some())
+}

@@ -237,3 +237,31 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
     let (qa, qb) = (replay(&stored(&a, TASK).unwrap().unwrap(), late), replay(&stored(&b, TASK).unwrap().unwrap(), late));
     assert!(qa.holder(TASK, "s1").is_none() && qb.holder(TASK, "s1").is_none());
 }
+
+#[test]
+fn workers_grab_distinct_subtasks_and_the_holders_results_finish_the_task() {
+    let (_da, a, _db, b, trust, worker, gateway) = two();
+    let other = NodeKey::from_seed([9; 32]);
+    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW).unwrap();
+    merge_scoped(&b, t, &[], &trust, NOW).unwrap();
+    // The worker on node A locks the first free subtask; B hears of it.
+    let (l0, d0) = grab(&a, TASK, &worker, 30_000, &trust, NOW).unwrap().unwrap();
+    assert_eq!(l0.task_key, format!("{TASK}/s0"));
+    merge_scoped(&b, d0, &[], &trust, NOW).unwrap();
+    // Another worker on node B gets the other subtask, not the held one.
+    let (l1, d1) = grab(&b, TASK, &other, 30_000, &trust, NOW + 1).unwrap().unwrap();
+    assert_eq!(l1.task_key, format!("{TASK}/s1"));
+    merge_scoped(&a, d1, &[], &trust, NOW + 1).unwrap();
+    assert!(grab(&a, TASK, &worker, 30_000, &trust, NOW + 2).unwrap().is_none(), "nothing free");
+    let res = |sub: &str| result(sub, &worker, 0).subtask_results.remove(0);
+    // Not the holder of s1: refused, nothing stored.
+    assert!(complete(&a, TASK, res("s1"), &worker, &trust, NOW + 3).is_err());
+    let r0 = complete(&a, TASK, res("s0"), &worker, &trust, NOW + 3).unwrap();
+    merge_scoped(&b, r0, &[], &trust, NOW + 3).unwrap();
+    assert!(!all_results(&stored(&b, TASK).unwrap().unwrap(), NOW + 4));
+    let r1 = complete(&b, TASK, res("s1"), &other, &trust, NOW + 4).unwrap();
+    merge_scoped(&a, r1, &[], &trust, NOW + 4).unwrap();
+    for ks in [&a, &b] {
+        assert!(all_results(&stored(ks, TASK).unwrap().unwrap(), NOW + 5));
+    }
+}
