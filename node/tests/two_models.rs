@@ -6,6 +6,7 @@
 //! model answers chat and completion requests from its own weights (the
 //! tokenizers count the same prompt differently: SmolLM2 adds no BOS,
 //! Gemma does), and the worker measured each model's decode speed at start.
+//! A second worker serving the same file counts for that model only.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -219,6 +220,33 @@ fn one_worker_serves_smollm2_by_name_and_gemma_by_path() {
     assert_eq!(rates.len(), 2, "one measurement per chat model:\n{}", tail(&worker.log));
     assert!(rates.iter().all(|&r| r > 1.0), "measured decode speeds {rates:?}");
     eprintln!("measured decode tok/s (smollm2, gemma): {rates:?}");
+
+    // A second worker with the same file under the same id: the gateway
+    // counts both for that model (their registrations describe it alike).
+    let second = Node::start(
+        &tmp.path().join("worker2"),
+        &["--role", "worker", "--bootstrap", &bootstrap]
+            .into_iter()
+            .chain(["--model", &gemma_path, "--model-id", "gemma-file", "--ctx", "4096"])
+            .collect::<Vec<_>>(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = gw.json("GET", "/v1/models", &key, "");
+        let g = listed(&m, "gemma-file").map(|g| g["gnus"].clone()).unwrap_or(Value::Null);
+        if g["workers"] == 2 {
+            assert_eq!(g["context_tokens"], 4096, "{g}");
+            let s = &listed(&m, "smollm2-135m-instruct").unwrap()["gnus"];
+            assert_eq!(s["workers"], 1, "only the first worker serves SmolLM2: {s}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second worker never counted: {m}\n{}",
+            tail(&second.log)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 #[test]
