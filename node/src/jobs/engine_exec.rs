@@ -102,6 +102,8 @@ impl EngineExecutor {
                             info.model_id
                         )));
                     }
+                    // Advertised in the order asked for.
+                    infos.push(info.clone());
                     loaded.push((info, engine));
                 }
                 None => {
@@ -131,7 +133,6 @@ impl EngineExecutor {
                 0.0
             });
             tracing::info!(model = %info.model_id, kv_blocks, context = info.context_tokens, quantization = %info.quantization, decode_tokens_per_s, "chat model ready");
-            infos.push(info.clone());
             chat.push(ChatModel { info, engine, decode_tokens_per_s });
         }
         Ok((infos, Self { chat, embed }))
