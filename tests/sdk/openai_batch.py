@@ -13,6 +13,7 @@ import json
 import math
 import os
 import time
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -57,6 +58,13 @@ def wait(batch_id, timeout=240):
         time.sleep(0.2)
 
 
+def usage_records(query):
+    req = urllib.request.Request(f"{BASE.rstrip('/')}/usage?{query}",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["data"]
+
+
 def outputs(file_id):
     text = client.files.content(file_id).text
     return {l["custom_id"]: l for l in map(json.loads, text.splitlines())}
@@ -99,6 +107,14 @@ def chat_batch():
         completion += alone.usage.completion_tokens
     assert b.usage.output_tokens == completion, (b.usage, completion)
     assert b.usage.total_tokens == b.usage.input_tokens + completion > completion, b.usage
+    # Metered like API work, under the batch's id (specs/batch.md, "Metering").
+    recs = usage_records(f"batch_id={b.id}&limit=1000")
+    assert len(recs) == len(bodies), (len(recs), len(bodies))
+    assert all(r["batch_id"] == b.id for r in recs), recs[:2]
+    sent = sum(r["output_tokens_sent_to_client"] for r in recs)
+    assert sent == completion, (sent, completion)
+    alone = [r for r in usage_records("limit=1000") if r["batch_id"] is None]
+    assert len(alone) >= len(bodies), len(alone)
     assert b.id in [x.id for x in client.batches.list(limit=100)]
 
 
