@@ -28,6 +28,11 @@ pub enum Script {
     /// Leases at once, sends each piece as one chunk, completes (a
     /// worker's generated text, as it would stream it).
     Text(Vec<String>),
+    /// An exact continuation's seam: leases, sends `before` chunks, is
+    /// silent for `lost` (the holder lost), leases again (the
+    /// continuation's grant), is silent for `replay`, sends `after` more
+    /// chunks, completes.
+    Seam { before: u64, lost: Duration, replay: Duration, after: u64 },
     /// Never says anything.
     Silent,
     /// Completes an embeddings job: one 3-float vector per input.
@@ -162,6 +167,21 @@ impl Backend for Net {
                     }
                     let _ = tx.send(completed(&job, pieces.len() as u64, None)).await;
                 }
+                Script::Seam { before, lost, replay, after } => {
+                    let _ = tx.send(JobEvent::Leased { node_id: node_id.clone() }).await;
+                    for i in 0..before {
+                        let _ = tx.send(chunk(&job, i, "tok ")).await;
+                    }
+                    tokio::time::sleep(lost).await;
+                    let _ = tx.send(JobEvent::Leased { node_id }).await;
+                    tokio::time::sleep(replay).await;
+                    for i in before..before + after {
+                        if tx.send(chunk(&job, i, "tok ")).await.is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(completed(&job, before + after, None)).await;
+                }
                 Script::Silent => {
                     tx.closed().await;
                 }
@@ -185,7 +205,8 @@ impl Backend for Net {
 
     fn usage(&self, key: &str, since: u64, until: u64) -> Result<Vec<UsageRecord>, BackendError> {
         let all = self.usage.lock().unwrap();
-        let of = |u: &&UsageRecord| u.api_key_id == key && (since..until).contains(&u.created_at_ms);
+        let of =
+            |u: &&UsageRecord| u.api_key_id == key && (since..until).contains(&u.created_at_ms);
         Ok(all.iter().filter(of).cloned().collect())
     }
 }
