@@ -109,7 +109,7 @@ fn policy_offers_a_continuation_only_to_the_same_engine_build_and_model_file() {
     let other_build = ModelInfo { engine_build: "gcs-engine 0.2.0".into(), ..served() };
     let unhashed = ModelInfo { model_hash: String::new(), ..served() };
     for m in [other_file, other_build, unhashed] {
-        assert!(p.admit(&j, &me, &[m.clone()]).is_none(), "{m:?}");
+        assert!(p.admit(&j, &me, std::slice::from_ref(&m)).is_none(), "{m:?}");
     }
     // Of two models answering the name, the matching one serves it.
     let other = ModelInfo { model_hash: "cd".repeat(32), ..served() };
