@@ -22,7 +22,13 @@ fn batches(dir: &Path, args: &[&str]) -> (bool, String, String) {
     (out.status.success(), s(&out.stdout), s(&out.stderr))
 }
 
-fn record(id: &str, tenant: &str, status: &str, created: u64, counts: (u64, u64, u64)) -> BatchRecord {
+fn record(
+    id: &str,
+    tenant: &str,
+    status: &str,
+    created: u64,
+    counts: (u64, u64, u64),
+) -> BatchRecord {
     serde_json::from_value(json!({
         "v": 1, "id": id, "tenant_id": tenant, "project_id": "p",
         "api_key_id": "key_x", "endpoint": "/v1/chat/completions", "input_file_id": "file-x",
@@ -51,13 +57,21 @@ fn batches_list_and_show_print_status_counts_and_progress() {
     assert!(lines[0].starts_with(b), "newest first: {out}");
     assert!(lines[0].contains("completed") && lines[0].contains("[##########] 4/4"), "{out}");
     let l = lines[1];
-    for want in [a, "in_progress", "/v1/chat/completions", "[#####-----] 512/1000", "completed=500", "failed=12"] {
+    for want in [
+        a,
+        "in_progress",
+        "/v1/chat/completions",
+        "[#####-----] 512/1000",
+        "completed=500",
+        "failed=12",
+    ] {
         assert!(l.contains(want), "{want:?} missing in {l:?}");
     }
 
     let (ok, out, _) = batches(dir.path(), &["list", "--tenant", "u", "--json"]);
     assert!(ok);
-    let objs: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let objs: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(objs.len(), 1, "{out}");
     assert_eq!(objs[0]["id"], b);
     assert_eq!(objs[0]["request_counts"], json!({"total": 4, "completed": 4, "failed": 0}));

@@ -33,9 +33,8 @@ const BAR: u64 = 10;
 
 /// `[#####-----] 512/1000`: finished (completed + failed) of total.
 pub fn progress(done: u64, total: u64) -> String {
-    let filled = if total == 0 { 0 } else { (done.min(total) * BAR) / total };
-    let bar: String =
-        (0..BAR).map(|i| if i < filled { '#' } else { '-' }).collect();
+    let filled = (done.min(total) * BAR).checked_div(total).unwrap_or(0);
+    let bar: String = (0..BAR).map(|i| if i < filled { '#' } else { '-' }).collect();
     format!("[{bar}] {done}/{total}")
 }
 

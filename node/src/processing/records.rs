@@ -140,7 +140,9 @@ impl SignedMessage for TaskRecord {
             if s.task_id != t.task_id || s.subtask_id.is_empty() || s.subtask_id.len() > 128 {
                 return Err(field("subtasks", "of another task, or a bad id"));
             }
-            if s.chunk_ids.len() > MAX_CHUNKS_PER_SUBTASK || s.chunk_ids.iter().any(|c| c.len() > 128) {
+            if s.chunk_ids.len() > MAX_CHUNKS_PER_SUBTASK
+                || s.chunk_ids.iter().any(|c| c.len() > 128)
+            {
                 return Err(field("subtasks.chunk_ids", "at most 256 ids of 128 bytes"));
             }
         }
@@ -250,16 +252,17 @@ fn admitted_gateway(
     };
     let scope = MembershipScope::TenantGateway;
     let stored = ks.get_bytes(&keys::membership(issuer.as_str(), scope.as_str(), node.as_str()))?;
-    let ok = stored.and_then(|b| gcs_protocol::decode(&b, &Limits::default()).ok()).is_some_and(
-        |m| match m {
-            Message::MembershipCertificate(c) => {
-                c.issuer == issuer
-                    && c.admits(scope, tenant, node, now_ms)
-                    && gcs_protocol::verify(&c).is_ok()
+    let ok =
+        stored.and_then(|b| gcs_protocol::decode(&b, &Limits::default()).ok()).is_some_and(|m| {
+            match m {
+                Message::MembershipCertificate(c) => {
+                    c.issuer == issuer
+                        && c.admits(scope, tenant, node, now_ms)
+                        && gcs_protocol::verify(&c).is_ok()
+                }
+                _ => false,
             }
-            _ => false,
-        },
-    );
+        });
     if !ok {
         return Err(RefusedDelta::GatewayNotAdmitted(node.to_string()));
     }
@@ -461,7 +464,8 @@ pub fn grab(
         expires_at_ms,
         signature: None,
     };
-    let d = write(ks, &keys::processing_lock(&lock.task_key), lock.clone(), node_key, trust, now_ms)?;
+    let d =
+        write(ks, &keys::processing_lock(&lock.task_key), lock.clone(), node_key, trust, now_ms)?;
     let mut signed = lock;
     gcs_protocol::sign(&mut signed, node_key)?;
     Ok(Some((signed, d)))

@@ -86,7 +86,15 @@ const L1: &str = "lock_01JDZ0000000000000000000L1";
 const L2: &str = "lock_01JDZ0000000000000000000L2";
 
 /// Two nodes' stores with the sample gateway admitted by tenant_123.
-fn two() -> (tempfile::TempDir, Keyspace, tempfile::TempDir, Keyspace, std::sync::Arc<TenantTrust>, NodeKey, NodeKey) {
+fn two() -> (
+    tempfile::TempDir,
+    Keyspace,
+    tempfile::TempDir,
+    Keyspace,
+    std::sync::Arc<TenantTrust>,
+    NodeKey,
+    NodeKey,
+) {
     let (da, a) = store();
     let (db, b) = store();
     let (worker, gateway) = samples::keys();
@@ -94,7 +102,12 @@ fn two() -> (tempfile::TempDir, Keyspace, tempfile::TempDir, Keyspace, std::sync
     (da, a, db, b, trust, worker, gateway)
 }
 
-fn signed_delta<T: gcs_protocol::SignedMessage>(ks: &Keyspace, key: &str, mut m: T, k: &NodeKey) -> Delta {
+fn signed_delta<T: gcs_protocol::SignedMessage>(
+    ks: &Keyspace,
+    key: &str,
+    mut m: T,
+    k: &NodeKey,
+) -> Delta {
     gcs_protocol::sign(&mut m, k).unwrap();
     ks.put(key, gcs_protocol::encode(&m).unwrap(), NOW).unwrap()
 }
@@ -102,18 +115,24 @@ fn signed_delta<T: gcs_protocol::SignedMessage>(ks: &Keyspace, key: &str, mut m:
 #[test]
 fn a_task_comes_only_from_a_gateway_its_tenant_admitted() {
     let (_da, a, _db, b, trust, worker, gateway) = two();
-    let d = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW).unwrap();
-    assert!(matches!(merge_scoped(&b, d.clone(), &[], &trust, NOW).unwrap(), MergeOutcome::Changed(_)));
+    let d = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW)
+        .unwrap();
+    assert!(matches!(
+        merge_scoped(&b, d.clone(), &[], &trust, NOW).unwrap(),
+        MergeOutcome::Changed(_)
+    ));
     assert!(matches!(merge_scoped(&b, d, &[], &trust, NOW).unwrap(), MergeOutcome::Unchanged));
     // A worker (no tenant_gateway certificate) signing a task of its own.
     let (_dc, c) = store();
     let mut r = record(&worker, 2);
-    r.job = gcs_protocol::QueueJob::wrap(gcs_protocol::QueueJobBody::ProcessingTask(ProcessingTask {
-        task_id: "task_01JDZ0000000000000000000BB".into(),
-        ..task(2).0
-    }));
+    r.job =
+        gcs_protocol::QueueJob::wrap(gcs_protocol::QueueJobBody::ProcessingTask(ProcessingTask {
+            task_id: "task_01JDZ0000000000000000000BB".into(),
+            ..task(2).0
+        }));
     r.subtasks.iter_mut().for_each(|s| s.task_id = "task_01JDZ0000000000000000000BB".into());
-    let forged = signed_delta(&c, &keys::processing_task("task_01JDZ0000000000000000000BB"), r, &worker);
+    let forged =
+        signed_delta(&c, &keys::processing_task("task_01JDZ0000000000000000000BB"), r, &worker);
     let e = merge_scoped(&b, forged, &[], &trust, NOW).unwrap_err();
     assert!(matches!(e, RefusedDelta::GatewayNotAdmitted(_)), "{e}");
     // The admitted gateway's name on a record the worker signed.
@@ -122,14 +141,22 @@ fn a_task_comes_only_from_a_gateway_its_tenant_admitted() {
     let mut bytes_rec = r.clone();
     gcs_protocol::sign(&mut bytes_rec, &gateway).unwrap();
     bytes_rec.subtasks[0].chunk_ids.push("extra".into());
-    let tampered = c.put(&keys::processing_task(TASK), gcs_protocol::encode(&bytes_rec).unwrap(), NOW).unwrap();
+    let tampered = c
+        .put(&keys::processing_task(TASK), gcs_protocol::encode(&bytes_rec).unwrap(), NOW)
+        .unwrap();
     let (_dd, dks) = store();
-    assert!(merge_scoped(&dks, tampered, &[], &trust, NOW).is_err(), "a changed task fails its signature");
+    assert!(
+        merge_scoped(&dks, tampered, &[], &trust, NOW).is_err(),
+        "a changed task fails its signature"
+    );
     // A task id once: a second, different record for it is refused.
     let mut again = record(&gateway, 3);
     again.created_at_ms = NOW + 1;
     let d2 = signed_delta(&c, &keys::processing_task(TASK), again, &gateway);
-    assert!(matches!(merge_scoped(&b, d2, &[], &trust, NOW).unwrap_err(), RefusedDelta::NotTheAuthor(_)));
+    assert!(matches!(
+        merge_scoped(&b, d2, &[], &trust, NOW).unwrap_err(),
+        RefusedDelta::NotTheAuthor(_)
+    ));
 }
 
 #[test]
@@ -140,10 +167,11 @@ fn oversized_or_misfiled_task_records_are_refused() {
     assert!(write(&a, &keys::processing_task(TASK), r, &gateway, &trust, NOW).is_err());
     let mut r = record(&gateway, 1);
     r.subtasks[0].chunk_ids = (0..200).map(|i| format!("{i:0>120}")).collect();
-    r.job = gcs_protocol::QueueJob::wrap(gcs_protocol::QueueJobBody::ProcessingTask(ProcessingTask {
-        json_data: "x".repeat(MAX_TASK_RECORD_BYTES),
-        ..task(1).0
-    }));
+    r.job =
+        gcs_protocol::QueueJob::wrap(gcs_protocol::QueueJobBody::ProcessingTask(ProcessingTask {
+            json_data: "x".repeat(MAX_TASK_RECORD_BYTES),
+            ..task(1).0
+        }));
     let big = signed_delta(&a, &keys::processing_task(TASK), r, &gateway);
     assert!(merge_scoped(&b, big, &[], &trust, NOW).is_err(), "over the size bound");
     let other = "task_01JDZ0000000000000000000CC";
@@ -151,55 +179,116 @@ fn oversized_or_misfiled_task_records_are_refused() {
     let e = merge_scoped(&b, misfiled, &[], &trust, NOW).unwrap_err();
     assert!(matches!(e, RefusedDelta::Misfiled { .. }), "{e}");
     // Subtasks travel in their task: their own namespace takes nothing.
-    let sub = a.put(&format!("{}x", gcs_keyspace::Namespace::ProcessingSubtasks.prefix()), vec![1], NOW).unwrap();
-    assert!(matches!(merge_scoped(&b, sub, &[], &trust, NOW).unwrap_err(), RefusedDelta::NotFromPeers(_)));
+    let sub = a
+        .put(&format!("{}x", gcs_keyspace::Namespace::ProcessingSubtasks.prefix()), vec![1], NOW)
+        .unwrap();
+    assert!(matches!(
+        merge_scoped(&b, sub, &[], &trust, NOW).unwrap_err(),
+        RefusedDelta::NotFromPeers(_)
+    ));
 }
 
 #[test]
 fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     let (_da, a, _db, b, trust, worker, gateway) = two();
-    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW).unwrap();
+    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW)
+        .unwrap();
     // A lock for a task this node does not hold yet is refused.
     let (_dc, scratch) = store();
-    let early = signed_delta(&scratch, &keys::processing_lock(&format!("{TASK}/s0")), lock("s0", L1, &worker, NOW), &worker);
+    let early = signed_delta(
+        &scratch,
+        &keys::processing_lock(&format!("{TASK}/s0")),
+        lock("s0", L1, &worker, NOW),
+        &worker,
+    );
     assert!(merge_scoped(&b, early.clone(), &[], &trust, NOW).is_err());
     merge_scoped(&b, t, &[], &trust, NOW).unwrap();
-    let l1 = write(&a, &keys::processing_lock(&format!("{TASK}/s0")), lock("s0", L1, &worker, NOW), &worker, &trust, NOW + 1).unwrap();
+    let l1 = write(
+        &a,
+        &keys::processing_lock(&format!("{TASK}/s0")),
+        lock("s0", L1, &worker, NOW),
+        &worker,
+        &trust,
+        NOW + 1,
+    )
+    .unwrap();
     merge_scoped(&b, l1, &[], &trust, NOW + 1).unwrap();
     // Another worker's lock on the held subtask, created later: refused.
     let other = NodeKey::from_seed([9; 32]);
-    let late = signed_delta(&a, &keys::processing_lock(&format!("{TASK}/s0")), lock("s0", L2, &other, NOW + 10_000), &other);
+    let late = signed_delta(
+        &a,
+        &keys::processing_lock(&format!("{TASK}/s0")),
+        lock("s0", L2, &other, NOW + 10_000),
+        &other,
+    );
     assert!(merge_scoped(&b, late, &[], &trust, NOW + 10_000).is_err(), "first valid lock wins");
     // A lock naming the worker but signed by another key: refused.
     let mut forged = lock("s1", L2, &worker, NOW);
     gcs_protocol::sign(&mut forged, &worker).unwrap();
     forged.node_id = other.node_id();
-    let fd = a.put(&keys::processing_lock(&format!("{TASK}/s1")), gcs_protocol::encode(&forged).unwrap(), NOW).unwrap();
+    let fd = a
+        .put(
+            &keys::processing_lock(&format!("{TASK}/s1")),
+            gcs_protocol::encode(&forged).unwrap(),
+            NOW,
+        )
+        .unwrap();
     assert!(merge_scoped(&b, fd, &[], &trust, NOW).is_err(), "forged signer");
     // Once the lock expired the subtask is free for another worker.
     let after = NOW + 70_000;
-    let take = signed_delta(&a, &keys::processing_lock(&format!("{TASK}/s0")), lock("s0", L2, &other, after), &other);
-    assert!(matches!(merge_scoped(&b, take, &[], &trust, after).unwrap(), MergeOutcome::Changed(_)));
+    let take = signed_delta(
+        &a,
+        &keys::processing_lock(&format!("{TASK}/s0")),
+        lock("s0", L2, &other, after),
+        &other,
+    );
+    assert!(matches!(
+        merge_scoped(&b, take, &[], &trust, after).unwrap(),
+        MergeOutcome::Changed(_)
+    ));
 }
 
 #[test]
 fn a_result_comes_only_from_the_lock_holder_and_once() {
     let (_da, a, _db, b, trust, worker, gateway) = two();
     for ks in [&a, &b] {
-        write(ks, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW).unwrap();
-        write(ks, &keys::processing_lock(&format!("{TASK}/s0")), lock("s0", L1, &worker, NOW), &worker, &trust, NOW).unwrap();
+        write(ks, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW)
+            .unwrap();
+        write(
+            ks,
+            &keys::processing_lock(&format!("{TASK}/s0")),
+            lock("s0", L1, &worker, NOW),
+            &worker,
+            &trust,
+            NOW,
+        )
+        .unwrap();
     }
     let other = NodeKey::from_seed([9; 32]);
     let key = keys::processing_result(&format!("{TASK}/s0"));
     let stolen = signed_delta(&a, &key, result("s0", &other, NOW + 5), &other);
-    assert!(matches!(merge_scoped(&b, stolen, &[], &trust, NOW + 5).unwrap_err(), RefusedDelta::NotTheAuthor(_)));
-    let unlocked = signed_delta(&a, &keys::processing_result(&format!("{TASK}/s1")), result("s1", &worker, NOW + 5), &worker);
+    assert!(matches!(
+        merge_scoped(&b, stolen, &[], &trust, NOW + 5).unwrap_err(),
+        RefusedDelta::NotTheAuthor(_)
+    ));
+    let unlocked = signed_delta(
+        &a,
+        &keys::processing_result(&format!("{TASK}/s1")),
+        result("s1", &worker, NOW + 5),
+        &worker,
+    );
     assert!(merge_scoped(&b, unlocked, &[], &trust, NOW + 5).is_err(), "no lock on s1");
     let late = signed_delta(&a, &key, result("s0", &worker, NOW + 61_000), &worker);
-    assert!(merge_scoped(&b, late, &[], &trust, NOW + 61_000).is_err(), "made after its lock expired");
+    assert!(
+        merge_scoped(&b, late, &[], &trust, NOW + 61_000).is_err(),
+        "made after its lock expired"
+    );
     let ok = signed_delta(&a, &key, result("s0", &worker, NOW + 5), &worker);
     // Replicated after the lock expired, it still counts: it was made under it.
-    assert!(matches!(merge_scoped(&b, ok, &[], &trust, NOW + 90_000).unwrap(), MergeOutcome::Changed(_)));
+    assert!(matches!(
+        merge_scoped(&b, ok, &[], &trust, NOW + 90_000).unwrap(),
+        MergeOutcome::Changed(_)
+    ));
     let again = signed_delta(&a, &key, result("s0", &worker, NOW + 6), &worker);
     assert!(merge_scoped(&b, again, &[], &trust, NOW + 7).is_err(), "a result once");
     let mut two_subs = result("s0", &worker, NOW + 5);
@@ -214,11 +303,44 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
     let (_da, a, _db, b, trust, worker, gateway) = two();
     let other = NodeKey::from_seed([9; 32]);
     let mut deltas = vec![];
-    deltas.push(write(&a, &keys::processing_task(TASK), record(&gateway, 3), &gateway, &trust, NOW).unwrap());
+    deltas.push(
+        write(&a, &keys::processing_task(TASK), record(&gateway, 3), &gateway, &trust, NOW)
+            .unwrap(),
+    );
     let k = |s: &str| format!("{TASK}/{s}");
-    deltas.push(write(&a, &keys::processing_lock(&k("s0")), lock("s0", L1, &worker, NOW), &worker, &trust, NOW).unwrap());
-    deltas.push(write(&a, &keys::processing_lock(&k("s1")), lock("s1", L2, &other, NOW + 1), &other, &trust, NOW + 1).unwrap());
-    deltas.push(write(&a, &keys::processing_result(&k("s0")), result("s0", &worker, NOW + 2), &worker, &trust, NOW + 2).unwrap());
+    deltas.push(
+        write(
+            &a,
+            &keys::processing_lock(&k("s0")),
+            lock("s0", L1, &worker, NOW),
+            &worker,
+            &trust,
+            NOW,
+        )
+        .unwrap(),
+    );
+    deltas.push(
+        write(
+            &a,
+            &keys::processing_lock(&k("s1")),
+            lock("s1", L2, &other, NOW + 1),
+            &other,
+            &trust,
+            NOW + 1,
+        )
+        .unwrap(),
+    );
+    deltas.push(
+        write(
+            &a,
+            &keys::processing_result(&k("s0")),
+            result("s0", &worker, NOW + 2),
+            &worker,
+            &trust,
+            NOW + 2,
+        )
+        .unwrap(),
+    );
     for d in deltas {
         merge_scoped(&b, d, &[], &trust, NOW + 3).unwrap();
     }
@@ -227,14 +349,21 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
     let qb = replay(&stored(&b, TASK).unwrap().unwrap(), at);
     for s in ["s0", "s1", "s2"] {
         assert_eq!(qa.result(TASK, s), qb.result(TASK, s), "{s}");
-        assert_eq!(qa.holder(TASK, s).map(|l| &l.lock_id), qb.holder(TASK, s).map(|l| &l.lock_id), "{s}");
+        assert_eq!(
+            qa.holder(TASK, s).map(|l| &l.lock_id),
+            qb.holder(TASK, s).map(|l| &l.lock_id),
+            "{s}"
+        );
     }
     assert!(qb.result(TASK, "s0").is_some() && qb.result(TASK, "s1").is_none());
     assert_eq!(qb.holder(TASK, "s1").map(|l| l.lock_id.as_str()), Some(L2));
     assert!(qb.holder(TASK, "s2").is_none());
     // After s1's lock expired, both see it free again.
     let late = NOW + 70_000;
-    let (qa, qb) = (replay(&stored(&a, TASK).unwrap().unwrap(), late), replay(&stored(&b, TASK).unwrap().unwrap(), late));
+    let (qa, qb) = (
+        replay(&stored(&a, TASK).unwrap().unwrap(), late),
+        replay(&stored(&b, TASK).unwrap().unwrap(), late),
+    );
     assert!(qa.holder(TASK, "s1").is_none() && qb.holder(TASK, "s1").is_none());
 }
 
@@ -242,7 +371,8 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
 fn workers_grab_distinct_subtasks_and_the_holders_results_finish_the_task() {
     let (_da, a, _db, b, trust, worker, gateway) = two();
     let other = NodeKey::from_seed([9; 32]);
-    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW).unwrap();
+    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW)
+        .unwrap();
     merge_scoped(&b, t, &[], &trust, NOW).unwrap();
     // The worker on node A locks the first free subtask; B hears of it.
     let (l0, d0) = grab(&a, TASK, &worker, 30_000, &trust, NOW).unwrap().unwrap();
