@@ -37,6 +37,10 @@ pub struct ChatRequest {
     pub timeout: Duration,
     /// `gnus.network`, if not public.
     pub network: Option<String>,
+    /// `gnus.continuation` (`auto` / `off`), if set.
+    pub continuation: Option<String>,
+    /// Sampled instead of greedy: (temperature, seed).
+    pub sampled: Option<(f32, u64)>,
 }
 
 impl ChatRequest {
@@ -49,8 +53,15 @@ impl ChatRequest {
         if self.stream && self.include_usage {
             b["stream_options"] = json!({"include_usage": true});
         }
+        if let Some((t, seed)) = self.sampled {
+            b["temperature"] = json!(t);
+            b["seed"] = json!(seed);
+        }
         if let Some(n) = &self.network {
-            b["gnus"] = json!({"network": n});
+            b["gnus"]["network"] = json!(n);
+        }
+        if let Some(c) = &self.continuation {
+            b["gnus"]["continuation"] = json!(c);
         }
         b.to_string().into_bytes()
     }

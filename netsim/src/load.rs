@@ -118,6 +118,8 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
         vanish_after_frames: None,
         timeout: Duration::from_secs(120),
         network: None,
+        continuation: None,
+        sampled: None,
     };
     let records = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));

@@ -102,6 +102,8 @@ fn chat_request(s: &RequestSpec) -> ChatRequest {
         vanish_after_frames: s.vanish_after_frames,
         timeout: Duration::from_secs(s.timeout_s),
         network: s.network.clone(),
+        continuation: s.continuation.clone(),
+        sampled: s.temperature.map(|t| (t, s.seed.unwrap_or(0))),
     }
 }
 

@@ -260,6 +260,18 @@ pub struct RequestSpec {
     /// Ban end-of-sequence so generation runs to `max_tokens`.
     #[serde(default)]
     pub ban_eos: bool,
+    /// `gnus.continuation` (`"auto"`, the gateway's default, or `"off"`:
+    /// a holder lost after the first token then ends the stream).
+    #[serde(default)]
+    pub continuation: Option<String>,
+    /// Sample at this temperature (with `seed`) instead of greedy; the
+    /// reference run uses the same seed, so its text is still the one
+    /// an uninterrupted stream must equal.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// The request's `seed` (with `temperature`).
+    #[serde(default)]
+    pub seed: Option<u64>,
     /// `stream_options.include_usage`.
     #[serde(default = "yes")]
     pub include_usage: bool,

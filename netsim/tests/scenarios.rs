@@ -74,6 +74,28 @@ fn fault_scenarios_keep_every_invariant() {
     ]);
 }
 
+/// Exact continuation (issue 16): holders killed mid-stream, greedy and
+/// seeded sampling; each stream equals its reference run (~35 s).
+#[test]
+fn a_stream_continues_exactly_after_its_worker_is_killed() {
+    run_all(&["worker_crash_mid_stream_continues"]);
+}
+
+/// Exact continuation: a holder paused past its lease; its late chunks
+/// are fenced out and the stream equals its reference run (~30 s).
+#[test]
+fn a_stream_continues_exactly_after_its_worker_is_paused_past_the_lease() {
+    run_all(&["worker_pause_past_lease_continues"]);
+}
+
+/// Exact continuation: a holder cut off past its lease, seeded sampling;
+/// its chunks after the heal are refused and the stream equals its
+/// reference run (~25 s). Network namespaces, as below.
+#[test]
+fn a_stream_continues_exactly_after_its_worker_is_partitioned() {
+    run_all(&["partition_worker_mid_stream_continues"]);
+}
+
 /// Network namespaces: SKIP (with the reason) where they cannot be made,
 /// a failure under `CI=true`.
 #[test]
