@@ -98,6 +98,13 @@ impl JobTracker {
             return None;
         }
         let point = self.fence.continuation_point()?;
+        // Every allowed token delivered, only the finish missing: no engine
+        // can continue that (the new holder refuses it), so offering it
+        // would only wait out claim rounds before the same error.
+        let max = u64::from(self.job.requirements.max_output_tokens);
+        if max > 0 && point.delivered_tokens.len() as u64 >= max {
+            return None;
+        }
         Some((point, self.cont.holder_model.clone()?))
     }
 

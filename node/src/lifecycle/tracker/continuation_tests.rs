@@ -375,6 +375,18 @@ fn no_matching_claim_before_the_claim_timeout_is_the_error() {
     assert_eq!(w.usage().output_tokens_sent_to_client, 2);
 }
 
+/// Every allowed token delivered and only the finish missing: nothing is
+/// left to continue, so the error comes at once, with no claim round.
+#[test]
+fn a_stream_lost_with_all_its_tokens_delivered_is_not_offered() {
+    let mut w = World::with(|j| j.requirements.max_output_tokens = 3);
+    w.streaming(0, 3);
+    let out = w.feed(Input::WorkerDisconnected(w.node(0)));
+    assert!(continued(&out).is_none(), "{out:?}");
+    assert_eq!(failure(&out), Some(("gnus_worker_lost", true)));
+    assert_eq!(w.usage().output_tokens_sent_to_client, 3);
+}
+
 /// A holder whose registration advertised no build or file cannot be
 /// matched: the error of before.
 #[test]
