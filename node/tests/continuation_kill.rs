@@ -10,85 +10,42 @@
 
 #[path = "../../tests/support/prereq.rs"]
 mod prereq;
+#[path = "support/procs.rs"]
+mod procs;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use procs::{create_key, model_dir, tail, Node};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gcs-node");
 /// Tokens streamed before the holder is killed.
 const KILL_AFTER: usize = 40;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// Registrations every 300 ms: a killed holder's loss is noticed sooner.
+const HEARTBEAT_MS: u64 = 300;
+
+fn gateway(dir: &Path) -> Node {
+    Node::start(dir, HEARTBEAT_MS, &["--role", "gateway"])
 }
 
-fn model_dir() -> PathBuf {
-    std::env::var_os("GCS_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models"))
+fn worker(dir: &Path, gw: &Node) -> Node {
+    let boot = gw.bootstrap();
+    let args = ["--role", "worker", "--bootstrap", &boot, "--model", "smollm2-135m-instruct"];
+    Node::start(dir, HEARTBEAT_MS, &args)
 }
 
-/// A node process, killed when dropped.
-struct Node {
-    child: Child,
-    http: u16,
-    p2p: u16,
-    log: PathBuf,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Node {
-    fn start(dir: &Path, args: &[&str]) -> Node {
-        std::fs::create_dir_all(dir).unwrap();
-        let (http, p2p) = (free_port(), free_port());
-        let log = dir.join("node.log");
-        let child = Command::new(BIN)
-            .args(["--data-dir", dir.to_str().unwrap(), "--no-mdns"])
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{p2p}")])
-            .args(["--heartbeat-ms", "300"])
-            .args(args)
-            .env("RUST_LOG", "info,libp2p=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Node { child, http, p2p, log }
-    }
-
-    fn worker(dir: &Path, gw: &Node) -> Node {
-        let boot = format!("/ip4/127.0.0.1/tcp/{}", gw.p2p);
-        let args = ["--role", "worker", "--bootstrap", &boot, "--model", "smollm2-135m-instruct"];
-        Node::start(dir, &args)
-    }
-
-    fn get(&self, path: &str, key: &str) -> String {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else { return String::new() };
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {key}\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
-    }
+/// A GET's body ("" when nothing answers).
+fn get(n: &Node, path: &str, key: &str) -> String {
+    n.request("GET", path, key, "").1
 }
 
 /// A counter in the gateway's `/metrics`.
 fn counter(gw: &Node, key: &str, name: &str) -> u64 {
-    let m = gw.get("/metrics", key);
+    let m = get(gw, "/metrics", key);
     m.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0)
@@ -102,23 +59,6 @@ fn cpu_ticks(n: &Node) -> u64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let at = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     at(11) + at(12)
-}
-
-fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let start = text.len().saturating_sub(3000);
-    let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(0);
-    text[start..].to_string()
-}
-
-fn create_key(dir: &Path) -> String {
-    let out = Command::new(BIN)
-        .args(["keys", "create", "--data-dir", dir.to_str().unwrap()])
-        .args(["--tenant", "acme", "--project", "tests"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// What a client saw of one stream.
@@ -246,7 +186,7 @@ fn request(temperature: f64) -> Value {
 fn wait_for_workers(gw: &Node, key: &str, n: u64, workers: &[&Node]) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let m: Value = serde_json::from_str(&gw.get("/v1/models", key)).unwrap_or(Value::Null);
+        let m: Value = serde_json::from_str(&get(gw, "/v1/models", key)).unwrap_or(Value::Null);
         let listed = m["data"].as_array().and_then(|d| {
             d.iter().find(|e| e["id"] == "smollm2-135m-instruct")?["gnus"]["workers"].as_u64()
         });
@@ -334,15 +274,15 @@ fn a_stream_survives_its_worker_killed_mid_stream_byte_for_byte() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let key = create_key(&tmp.path().join("gw"));
-    let gw = Node::start(&tmp.path().join("gw"), &["--role", "gateway"]);
+    let gw = gateway(&tmp.path().join("gw"));
     let mut workers: Vec<Node> =
-        (0..2).map(|i| Node::worker(&tmp.path().join(format!("w{i}")), &gw)).collect();
+        (0..2).map(|i| worker(&tmp.path().join(format!("w{i}")), &gw)).collect();
     wait_for_workers(&gw, &key, 2, &workers.iter().collect::<Vec<_>>());
     killed_mid_stream_equals_reference(&gw, &key, &request(0.0), &mut workers);
 
     // Seeded sampling, with a fresh second worker beside the survivor.
     workers.retain_mut(|w| w.child.try_wait().ok().flatten().is_none());
-    workers.push(Node::worker(&tmp.path().join("w2"), &gw));
+    workers.push(worker(&tmp.path().join("w2"), &gw));
     wait_for_workers(&gw, &key, 2, &workers.iter().collect::<Vec<_>>());
     killed_mid_stream_equals_reference(&gw, &key, &request(0.8), &mut workers);
 }

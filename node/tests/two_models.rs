@@ -12,103 +12,15 @@
 
 #[path = "../../tests/support/prereq.rs"]
 mod prereq;
+#[path = "support/procs.rs"]
+mod procs;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use procs::{create_key, free_port, model_dir, tail, Node, BIN};
+
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_gcs-node");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn model_dir() -> PathBuf {
-    std::env::var_os("GCS_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/gcs/models"))
-}
-
-/// A node process, killed when dropped.
-struct Node {
-    child: Child,
-    http: u16,
-    p2p: u16,
-    log: PathBuf,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Node {
-    fn start(dir: &Path, args: &[&str]) -> Node {
-        std::fs::create_dir_all(dir).unwrap();
-        let (http, p2p) = (free_port(), free_port());
-        let log = dir.join("node.log");
-        let child = Command::new(BIN)
-            .args(["--data-dir", dir.to_str().unwrap(), "--no-mdns"])
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{p2p}")])
-            .args(["--heartbeat-ms", "500"])
-            .args(args)
-            .env("RUST_LOG", "info,libp2p=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Node { child, http, p2p, log }
-    }
-
-    fn request(&self, method: &str, path: &str, key: &str, body: &str) -> (u16, String) {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
-            return (0, String::new());
-        };
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
-             Authorization: Bearer {key}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        (status, body)
-    }
-
-    fn json(&self, method: &str, path: &str, key: &str, body: &str) -> Value {
-        let (status, text) = self.request(method, path, key, body);
-        assert_eq!(status, 200, "{method} {path}: {text}\nlog: {}", tail(&self.log));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-    }
-}
-
-fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let start = text.len().saturating_sub(4000);
-    let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(0);
-    text[start..].to_string()
-}
-
-fn create_key(dir: &Path) -> String {
-    let out = Command::new(BIN)
-        .args(["keys", "create", "--data-dir", dir.to_str().unwrap()])
-        .args(["--tenant", "acme", "--project", "tests"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
 
 /// The entry of `/v1/models` named `id`.
 fn listed<'a>(models: &'a Value, id: &str) -> Option<&'a Value> {
@@ -131,12 +43,13 @@ fn one_worker_serves_smollm2_by_name_and_gemma_by_path() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let key = create_key(&tmp.path().join("gw"));
-    let gw = Node::start(&tmp.path().join("gw"), &["--role", "gateway"]);
-    let bootstrap = format!("/ip4/127.0.0.1/tcp/{}", gw.p2p);
+    let gw = Node::start(&tmp.path().join("gw"), 500, &["--role", "gateway"]);
+    let bootstrap = gw.bootstrap();
     let gemma_path = gemma.display().to_string();
     let t0 = Instant::now();
     let worker = Node::start(
         &tmp.path().join("worker"),
+        500,
         &[
             "--role",
             "worker",
@@ -225,6 +138,7 @@ fn one_worker_serves_smollm2_by_name_and_gemma_by_path() {
     // counts both for that model (their registrations describe it alike).
     let second = Node::start(
         &tmp.path().join("worker2"),
+        500,
         &["--role", "worker", "--bootstrap", &bootstrap]
             .into_iter()
             .chain(["--model", &gemma_path, "--model-id", "gemma-file", "--ctx", "4096"])
