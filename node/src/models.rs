@@ -159,25 +159,33 @@ pub fn entry(model_id: &str) -> Option<&'static Entry> {
     CATALOG.iter().find(|e| e.model_id == model_id)
 }
 
+/// The default catalogue models whose files the cache `dir` holds.
+fn defaults(dir: &Path) -> impl Iterator<Item = &'static Entry> + '_ {
+    CATALOG.iter().filter(move |e| e.by_default && e.path(dir).is_file())
+}
+
+/// The catalogue entry `name` (an id or alias) names, if its file is in
+/// the cache `dir`.
+fn fetched(dir: &Path, name: &str) -> Result<&'static Entry, CatalogError> {
+    let e = CATALOG
+        .iter()
+        .find(|e| e.answers_to(name))
+        .ok_or_else(|| CatalogError::Unknown(name.to_string()))?;
+    if !e.path(dir).is_file() {
+        return Err(CatalogError::NotFetched { name: name.to_string(), dir: dir.to_path_buf() });
+    }
+    Ok(e)
+}
+
 /// The models a worker hosts from the model cache `dir`: the ones named
 /// (by id or alias), or every one whose file is there.
 pub fn available(dir: &Path, names: &[String]) -> Result<Vec<ModelInfo>, CatalogError> {
     if names.is_empty() {
-        return CATALOG
-            .iter()
-            .filter(|e| e.by_default && e.path(dir).is_file())
-            .map(|e| e.hosted_info(dir))
-            .collect();
+        return defaults(dir).map(|e| e.hosted_info(dir)).collect();
     }
     let mut out: Vec<ModelInfo> = vec![];
     for n in names {
-        let e = CATALOG
-            .iter()
-            .find(|e| e.answers_to(n))
-            .ok_or_else(|| CatalogError::Unknown(n.clone()))?;
-        if !e.path(dir).is_file() {
-            return Err(CatalogError::NotFetched { name: n.clone(), dir: dir.to_path_buf() });
-        }
+        let e = fetched(dir, n)?;
         if !out.iter().any(|m| m.model_id == e.model_id) {
             out.push(e.hosted_info(dir)?);
         }
@@ -217,8 +225,7 @@ pub fn wanted(dir: &Path, names: &[String], ids: &[String]) -> Result<Vec<Wanted
         )));
     }
     if names.is_empty() {
-        let d = CATALOG.iter().filter(|e| e.by_default && e.path(dir).is_file());
-        return Ok(d.map(Wanted::Catalog).collect());
+        return Ok(defaults(dir).map(Wanted::Catalog).collect());
     }
     let mut ids = ids.iter();
     let mut out: Vec<Wanted> = vec![];
@@ -233,14 +240,7 @@ pub fn wanted(dir: &Path, names: &[String], ids: &[String]) -> Result<Vec<Wanted
             }
             Wanted::File { path, id: ids.next().cloned() }
         } else {
-            let e = CATALOG
-                .iter()
-                .find(|e| e.answers_to(n))
-                .ok_or_else(|| CatalogError::Unknown(n.clone()))?;
-            if !e.path(dir).is_file() {
-                return Err(CatalogError::NotFetched { name: n.clone(), dir: dir.to_path_buf() });
-            }
-            Wanted::Catalog(e)
+            Wanted::Catalog(fetched(dir, n)?)
         };
         if !out.contains(&w) {
             out.push(w);
