@@ -4,12 +4,28 @@
 //!
 //! Usage: engine-bench [--gguf PATH] [--bert DIR] [--tokens N] [--prompt TEXT]
 //!                     [--batch-tokens N] [--no-batch] [--constrained]
+//!        engine-bench --model PATH [--model PATH ...] [--llama-bench PATH]
+//!                     [--rounds N] [--threads N] [--tokens N] [--json FILE]
 //!
 //! `--constrained` measures structured outputs instead: the grammar mask's
 //! cost per token, and decode tok/s of constrained (JSON Schema) against
 //! unconstrained sequences at batch 1 and 8, side by side.
+//!
+//! `--model PATH` (repeatable) compares models instead, each side by side
+//! with llama.cpp when `--llama-bench PATH` is given
+//! (`scripts/build-llama-native.sh` builds it): prefill tok/s at 64 and 512
+//! tokens, TTFT of a 64-token prompt, steady-state decode tok/s at 1, 8 and
+//! 16 streams, peak RSS; `--rounds N` (default 3) alternating rounds,
+//! medians; `--threads N` (default: rayon's); `--json FILE` writes them.
 
 use std::time::{Duration, Instant};
+
+#[path = "engine_bench/compare.rs"]
+mod compare;
+#[path = "engine_bench/ours.rs"]
+mod ours;
+#[path = "engine_bench/theirs.rs"]
+mod theirs;
 
 use gcs_engine::bert::Embedder;
 use gcs_engine::{
@@ -17,19 +33,7 @@ use gcs_engine::{
     SamplingParams, SeqEvent, SeqRequest,
 };
 
-fn peak_rss_mib() -> f64 {
-    // VmHWM is the peak resident set size of this process.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
+use ours::peak_rss_mib;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
@@ -43,6 +47,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut batch_tokens = 64usize;
     let mut batch = true;
     let mut constrained = false;
+    let mut compare = compare::Args {
+        models: vec![],
+        llama_bench: None,
+        rounds: 3,
+        tokens: 128,
+        threads: 0,
+        json: None,
+    };
+    let mut measure_one = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -55,8 +68,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--no-batch" => batch = false,
             "--constrained" => constrained = true,
+            "--model" => compare.models.push(args.next().ok_or("--model needs a path")?),
+            "--llama-bench" => {
+                compare.llama_bench = Some(args.next().ok_or("--llama-bench needs a path")?)
+            }
+            "--rounds" => compare.rounds = args.next().ok_or("--rounds needs N")?.parse()?,
+            "--threads" => compare.threads = args.next().ok_or("--threads needs N")?.parse()?,
+            "--json" => compare.json = Some(args.next().ok_or("--json needs a file")?),
+            // One round of --model in a child process (compare.rs).
+            "--measure-one" => measure_one = Some(args.next().ok_or("--measure-one needs a path")?),
             other => return Err(format!("unknown argument {other}").into()),
         }
+    }
+    if let Some(path) = measure_one {
+        let r = ours::measure(&path, n_tokens)?;
+        println!("{}{}", ours::MARK, serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    if !compare.models.is_empty() {
+        compare.tokens = n_tokens;
+        if compare.threads == 0 {
+            compare.threads = rayon::current_num_threads();
+        }
+        compare.rounds = compare.rounds.max(1);
+        return compare::run(&compare);
     }
     println!("threads: {}", rayon::current_num_threads());
     let device = cpu_device();
