@@ -17,6 +17,11 @@ pub struct Served {
     pub info: ModelInfo,
     /// Distinct workers that advertise it as `info` says.
     pub workers: usize,
+    /// The median of the decode speeds (tokens/s) those workers measured
+    /// for it; 0 when none advertises one. Informational only (a client's
+    /// hint, never an admission or routing input): a worker may lie, and
+    /// the median needs a majority of liars to move.
+    pub decode_tokens_per_s: f64,
 }
 
 /// Model names served now.
@@ -111,8 +116,35 @@ pub fn build<'a>(
     regs: impl IntoIterator<Item = &'a NodeRegistration>,
     policy: &ModelPolicy,
 ) -> Catalog {
+    let regs: Vec<&NodeRegistration> = regs.into_iter().filter(|r| available(r)).collect();
+    let mut out = agree(&regs, policy);
+    for (name, served) in out.iter_mut() {
+        served.decode_tokens_per_s = median_rate(&regs, name, &served.info.model_id);
+    }
+    out
+}
+
+/// The median decode speed the workers counted for `name` (their entry
+/// answering to it is `model_id`) advertise; 0 without any.
+fn median_rate(regs: &[&NodeRegistration], name: &str, model_id: &str) -> f64 {
+    let mut rates: Vec<f64> = regs
+        .iter()
+        .filter_map(|r| r.model(name))
+        .filter(|m| m.model_id == model_id && m.decode_tokens_per_s > 0.0)
+        .map(|m| m.decode_tokens_per_s)
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    match rates.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => rates[n / 2],
+        n => (rates[n / 2 - 1] + rates[n / 2]) / 2.0,
+    }
+}
+
+/// Agreement and trust, without the decode speeds ([`build`]).
+fn agree(regs: &[&NodeRegistration], policy: &ModelPolicy) -> Catalog {
     let mut votes: BTreeMap<String, Votes> = BTreeMap::new();
-    for r in regs.into_iter().filter(|r| available(r)) {
+    for r in regs {
         let mut voted: BTreeSet<&str> = BTreeSet::new();
         for m in &r.models {
             for name in std::iter::once(&m.model_id).chain(&m.aliases) {
@@ -159,7 +191,10 @@ pub fn build<'a>(
                 // them from each registration.
                 ..Default::default()
             };
-            out.insert(name.clone(), Served { info, workers: nodes.len() });
+            out.insert(
+                name.clone(),
+                Served { info, workers: nodes.len(), decode_tokens_per_s: 0.0 },
+            );
         }
     }
     out
@@ -214,7 +249,9 @@ fn trusted_entries(
         let workers: BTreeSet<&NodeId> =
             of_id(name).into_iter().flat_map(|(_, (n, _))| n.iter()).collect();
         if !workers.is_empty() {
-            out.insert(name.clone(), Served { info: info.clone(), workers: workers.len() });
+            let served =
+                Served { info: info.clone(), workers: workers.len(), decode_tokens_per_s: 0.0 };
+            out.insert(name.clone(), served);
         }
     }
 }

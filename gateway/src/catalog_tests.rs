@@ -146,3 +146,24 @@ fn the_vocabulary_is_agreed_like_the_rest() {
     let c = build(&regs, &trusted());
     assert_eq!(c["gnus-auto"].info.vocab_size, 49_152);
 }
+
+#[test]
+fn decode_speed_is_the_median_of_the_counted_workers() {
+    let rate = |seed: u8, r: f64| reg(seed, move |m| m.decode_tokens_per_s = r);
+    // One liar among three moves nothing; unmeasured (0) workers are not
+    // counted; an outlier of another model id is not this name's.
+    let hijack = reg(8, |m| {
+        m.model_id = "aaa-evil".into();
+        m.decode_tokens_per_s = 1e6;
+    });
+    let regs = [rate(1, 80.0), rate(2, 90.0), rate(3, 1e8), honest(4), hijack];
+    let c = build(&regs, &ModelPolicy::default());
+    assert_eq!(c["gnus-auto"].decode_tokens_per_s, 90.0);
+    assert_eq!(c["smollm2-135m-instruct"].decode_tokens_per_s, 90.0);
+    // Two: their mean; trusted entries get it too.
+    let c = build(&[rate(1, 80.0), rate(2, 90.0)], &trusted());
+    assert_eq!(c["smollm2-135m-instruct"].decode_tokens_per_s, 85.0);
+    // None measured: 0.
+    let c = build(&[honest(1)], &ModelPolicy::default());
+    assert_eq!(c["gnus-auto"].decode_tokens_per_s, 0.0);
+}

@@ -64,7 +64,8 @@ fn model_object(state: &AppState, name: &str, s: &Served) -> Value {
     json!({"id": name, "object": "model", "created": state.started_s, "owned_by": "gnus.ai",
            "gnus": {"model_id": s.info.model_id, "workers": s.workers, "tasks": tasks,
                     "context_tokens": s.info.context_tokens,
-                    "quantization": s.info.quantization}})
+                    "quantization": s.info.quantization,
+                    "decode_tokens_per_s": s.decode_tokens_per_s}})
 }
 
 /// `GET /v1/models`.

@@ -144,6 +144,8 @@ impl Entry {
             vocab_size: self.vocab_size,
             engine_build: ENGINE_BUILD.into(),
             model_hash: String::new(),
+            // Measured once the engine runs (`EngineExecutor::serve`).
+            decode_tokens_per_s: 0.0,
         }
     }
 
@@ -317,6 +319,7 @@ pub fn file_info(
         vocab_size: u32::try_from(card.vocab).unwrap_or(0),
         engine_build: ENGINE_BUILD.into(),
         model_hash: hash_file(path)?,
+        decode_tokens_per_s: 0.0,
     })
 }
 

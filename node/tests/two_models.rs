@@ -133,6 +133,14 @@ fn one_worker_serves_smollm2_by_name_and_gemma_by_path() {
     assert_eq!(rates.len(), 2, "one measurement per chat model:\n{}", tail(&worker.log));
     assert!(rates.iter().all(|&r| r > 1.0), "measured decode speeds {rates:?}");
     eprintln!("measured decode tok/s (smollm2, gemma): {rates:?}");
+    // Each model's own figure travels in its registration entry: the
+    // gateway lists the two (one worker: its own) apart, as logged.
+    let advertised: Vec<f64> = ["smollm2-135m-instruct", "gemma-file"]
+        .iter()
+        .map(|id| listed(&models, id).unwrap()["gnus"]["decode_tokens_per_s"].as_f64().unwrap())
+        .collect();
+    assert_eq!(advertised, rates, "advertised per model as measured");
+    assert_ne!(advertised[0], advertised[1], "two models, two figures");
 
     // A second worker with the same file under the same id: the gateway
     // counts both for that model (their registrations describe it alike).

@@ -419,6 +419,47 @@ fn registration_engine_build_and_model_hash_are_optional_signed_and_checked() {
 }
 
 #[test]
+fn registration_model_decode_rate_is_optional_signed_and_bounded() {
+    let (w, _) = samples::keys();
+    // Unset (0), it is absent from the bytes: older registrations and their
+    // signatures are unchanged, and they decode with 0 (not measured).
+    let plain = signed(samples::registration(&w, &Params::default()), &w);
+    let bytes = encode(&plain).unwrap();
+    let Value::Map(top) = codec::decode_value(&bytes).unwrap() else { panic!("a map") };
+    let models = &top.iter().find(|(k, _)| k.as_text() == Some("models")).unwrap().1;
+    assert!(!format!("{models:?}").contains("decode_tokens_per_s"), "{models:?}");
+    let back: NodeRegistration = open_as(&bytes, NOW, &lim()).unwrap();
+    assert_eq!(back.models[0].decode_tokens_per_s, 0.0);
+    // Two models, two figures: signed (a changed one breaks the signature)
+    // and round-tripped per model.
+    let mut r = samples::registration(&w, &Params::default());
+    let mut second = r.models[0].clone();
+    second.model_id = "gemma-3-270m".into();
+    second.aliases = vec![];
+    second.decode_tokens_per_s = 31.25;
+    r.models[0].decode_tokens_per_s = 88.5;
+    r.models.push(second);
+    let r = signed(r, &w);
+    let back: NodeRegistration = open_as(&encode(&r).unwrap(), NOW, &lim()).unwrap();
+    let rates: Vec<f64> = back.models.iter().map(|m| m.decode_tokens_per_s).collect();
+    assert_eq!(rates, [88.5, 31.25]);
+    let mut forged = r.clone();
+    forged.models[1].decode_tokens_per_s = 3125.0;
+    assert!(open_as::<NodeRegistration>(&encode(&forged).unwrap(), NOW, &lim()).is_err());
+    // Negative, infinite or absurd figures are refused by the field check.
+    for bad_rate in [-1.0, f64::INFINITY, f64::NAN, 2e9] {
+        let mut bad = samples::registration(&w, &Params::default());
+        bad.models[0].decode_tokens_per_s = bad_rate;
+        let err = open_as::<NodeRegistration>(&encode(&signed(bad, &w)).unwrap(), NOW, &lim())
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::Field { field: f, .. } if *f == "models.decode_tokens_per_s"),
+            "{bad_rate}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_usage_record_names_its_batch_only_when_it_has_one() {
     let (w, g) = samples::keys();
     let p = Params::default();

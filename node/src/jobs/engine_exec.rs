@@ -40,7 +40,8 @@ pub struct EngineExecutor {
 struct ChatModel {
     info: ModelInfo,
     engine: BatchEngine,
-    /// Measured at start (`BatchEngine::measure_decode`), tokens/s.
+    /// Measured at start (`BatchEngine::measure_decode`), tokens/s; also
+    /// in the model's registration entry (`ModelInfo::decode_tokens_per_s`).
     decode_tokens_per_s: f64,
 }
 
@@ -133,6 +134,10 @@ impl EngineExecutor {
                 0.0
             });
             tracing::info!(model = %info.model_id, kv_blocks, context = info.context_tokens, quantization = %info.quantization, decode_tokens_per_s, "chat model ready");
+            // Each model's own figure goes into its registration entry.
+            if let Some(i) = infos.iter_mut().find(|i| i.model_id == info.model_id) {
+                i.decode_tokens_per_s = decode_tokens_per_s;
+            }
             chat.push(ChatModel { info, engine, decode_tokens_per_s });
         }
         Ok((infos, Self { chat, embed }))

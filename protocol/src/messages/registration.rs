@@ -55,10 +55,19 @@ pub struct ModelInfo {
     /// `Continuation`'s `model_hash`. Extension, omitted when empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model_hash: String,
+    /// This model's single-stream decode speed, tokens/s, measured by the
+    /// worker at start (`queue.decode_tokens_per_s` is the slowest of its
+    /// models). Extension, omitted when 0 (not measured).
+    #[serde(default, skip_serializing_if = "is_zero_rate")]
+    pub decode_tokens_per_s: f64,
 }
 
 fn is_zero(v: &u32) -> bool {
     *v == 0
+}
+
+fn is_zero_rate(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl ModelInfo {
@@ -204,6 +213,7 @@ impl SignedMessage for NodeRegistration {
             v::list("models.tasks", &m.tasks, 8)?;
             v::range("models.context_tokens", m.context_tokens, 1, 16 * 1024 * 1024)?;
             v::text("models.engine_build", &m.engine_build, MAX_SHORT)?;
+            v::finite("models.decode_tokens_per_s", m.decode_tokens_per_s, 0.0, 1e9)?;
             if !m.model_hash.is_empty()
                 && (m.model_hash.len() != 64 || !m.model_hash.bytes().all(|b| b.is_ascii_hexdigit()))
             {
