@@ -10,7 +10,7 @@ use crate::llama::LlamaConfig;
 pub struct ModelCard {
     /// `general.name`, if the file has one.
     pub name: Option<String>,
-    /// `general.architecture` (`llama` or `gemma3`).
+    /// `general.architecture` (`llama`, `qwen2` or `gemma3`).
     pub arch: String,
     /// The weight format as llama.cpp names its file types (`q4_k_m`),
     /// lowercased; from `general.file_type`, else the type of the first

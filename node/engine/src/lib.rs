@@ -7,7 +7,8 @@
 //! - [`tokenizer`]: tokenizer + chat template from GGUF metadata.
 //! - [`numerics`]: llama.cpp's float kernels (`expf`, dot-product orders, RMSNorm, SwiGLU).
 //! - [`attn`]: RoPE, the contiguous KV cache, the paged [`attn::KvPool`] and causal attention.
-//! - [`llama`]: the decoder (burn module) over either KV store.
+//! - [`llama`]: the decoder (burn module) over either KV store; [`qwen2`] and
+//!   [`gemma3`]: what those architectures add to it.
 //! - [`sampling`], [`stop`]: token sampling with logprobs, and stop strings.
 //! - [`constraint`]: grammar-constrained decoding (JSON / JSON Schema) with llguidance.
 //! - [`generate`]: [`Engine`], one chat generation at a time with streaming deltas.
@@ -37,6 +38,7 @@ pub mod numerics;
 pub mod paged;
 #[allow(unsafe_code)]
 pub mod quant;
+pub mod qwen2;
 pub mod sampling;
 pub mod scheduler;
 pub mod spm;

@@ -1,5 +1,6 @@
 //! Llama-architecture decoder as a burn [`Module`]; `general.architecture`
-//! selects `llama` or `gemma3` (whose additions are in [`crate::gemma3`]).
+//! selects `llama`, `qwen2` or `gemma3` (their additions are in
+//! [`crate::qwen2`] and [`crate::gemma3`]).
 //!
 //! Burn 0.22 tensors are backend-agnostic (`Tensor<D>`); the backend is
 //! chosen by the [`Device`] at runtime (Flex on CPU, CUDA with the `cuda`
@@ -24,6 +25,10 @@ use crate::gemma3::{geglu_rows, Gemma3Config, Gemma3Norms};
 use crate::gguf::GgufFile;
 use crate::numerics::{rms_norm_rows, swiglu_rows};
 use crate::quant::QMatrix;
+use crate::qwen2::{add_rows, output_bias, BlockBiases};
+
+/// The architectures this decoder runs (`general.architecture`).
+pub const ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "gemma3"];
 
 /// Gemma 3's RoPE tables are sized by the context; its files declare 32k,
 /// which would cost 64 MiB of tables, so the served context is capped.
@@ -32,7 +37,7 @@ const GEMMA3_MAX_CONTEXT: usize = 8192;
 /// Hyper-parameters read from GGUF metadata (`<arch>.*`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
-    /// `general.architecture`: "llama" or "gemma3".
+    /// `general.architecture`: one of [`ARCHITECTURES`].
     pub arch: String,
     /// Set for gemma3 files.
     pub gemma3: Option<Gemma3Config>,
@@ -57,10 +62,13 @@ impl LlamaConfig {
 
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.get_str("general.architecture")?;
-        if arch != "llama" && arch != "gemma3" {
+        if !ARCHITECTURES.contains(&arch) {
             return Err(EngineError::Model {
                 path: g.path.clone(),
-                reason: format!("unsupported architecture {arch:?}"),
+                reason: format!(
+                    "unsupported architecture {arch:?} (supported: {})",
+                    ARCHITECTURES.join(", ")
+                ),
             });
         }
         let k = |s: &str| format!("{arch}.{s}");
@@ -133,6 +141,9 @@ pub struct LlamaBlock {
     /// gemma3's QK and post norms.
     #[module(skip)]
     pub gemma3: Option<Gemma3Norms>,
+    /// Q/K/V and output-projection biases (qwen2; optional in llama files).
+    #[module(skip)]
+    pub biases: BlockBiases,
 }
 
 #[derive(Module, Debug)]
@@ -146,6 +157,9 @@ pub struct Llama {
     /// `[vocab, hidden]`; the same matrix as `embed` when tied.
     #[module(skip)]
     pub lm_head: Arc<QMatrix>,
+    /// `[vocab]` `output.bias` (some qwen2 files).
+    #[module(skip)]
+    pub lm_head_bias: Option<Vec<f32>>,
     #[module(skip)]
     pub config: LlamaConfig,
     #[module(skip)]
@@ -303,6 +317,7 @@ impl Llama {
             };
             blocks.push(LlamaBlock {
                 gemma3,
+                biases: BlockBiases::load(g, i, qd, kvd, h)?,
                 attn_norm: vec1(load_norm(g, &p("attn_norm"), h)?, device),
                 ffn_norm: vec1(load_norm(g, &p("ffn_norm"), h)?, device),
                 q: BlockWeights {
@@ -330,11 +345,15 @@ impl Llama {
                 1.0,
             )));
         }
+        if config.arch == "qwen2" {
+            rope = rope.with_layout(true, None, 1.0 / (hd as f32).sqrt());
+        }
         let rope = Arc::new(rope);
         tracing::info!(path = %g.path.display(), arch = %config.arch, layers = config.n_layers, hidden = config.hidden, "loaded model");
         Ok(Self {
             blocks,
             output_norm: vec1(load_norm(g, "output_norm.weight", config.hidden)?, device),
+            lm_head_bias: output_bias(g, config.vocab)?,
             embed,
             lm_head,
             config,
@@ -498,12 +517,18 @@ impl Llama {
             let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
             let mut qkv = vec![0f32; total * width];
             blk.q.wqkv.matmul(&h, total, &mut qkv);
+            if let Some(b) = &blk.biases.qkv {
+                add_rows(&mut qkv, b);
+            }
             if let (Some(gn), Some(gc)) = (&blk.gemma3, &c.gemma3) {
                 gemma3_qk(&mut qkv, width, qd, gn, gc.attn_scale, c.rms_eps);
             }
             attend_layer(li, &mut qkv, &mut attn);
             let mut o = vec![0f32; total * c.hidden];
             blk.q.wo.matmul(&attn, total, &mut o);
+            if let Some(b) = &blk.biases.attn_out {
+                add_rows(&mut o, b);
+            }
             if let Some(gn) = &blk.gemma3 {
                 rms_norm_rows(&mut o, &gn.post_attn, c.rms_eps);
             }
@@ -539,6 +564,9 @@ impl Llama {
         let h = rms_norm(x, &self.output_norm, c.rms_eps);
         let mut logits = vec![0f32; n * self.lm_head.rows];
         self.lm_head.matmul(&h, n, &mut logits);
+        if let Some(b) = &self.lm_head_bias {
+            add_rows(&mut logits, b);
+        }
         if let Some(cap) = c.gemma3.as_ref().and_then(|gc| gc.final_softcap) {
             // ggml_scale(1/cap), tanh, ggml_scale(cap).
             let inv = 1.0 / cap;
