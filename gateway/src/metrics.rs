@@ -31,17 +31,26 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// One series of a histogram family, its labels (`part="claim"`, or
+    /// empty) on every line; the caller writes the family's HELP and TYPE
+    /// once before its series.
+    pub fn render_series(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
         for (i, b) in BUCKETS.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
+                "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {}",
                 self.counts[i].load(Ordering::Relaxed)
             );
         }
         let n = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {n}");
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
+        let braced = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braced} {sum}\n{name}_count{braced} {n}");
     }
 }
 

@@ -397,7 +397,8 @@ impl Sim {
                         self.at(d, Ev::AtWorker { w, job, input });
                     }
                 }
-                Effect::Forward(_) | Effect::Strike(_) => {}
+                // No continuation is offered here (see `Continue`).
+                Effect::Forward(_) | Effect::Strike(_) | Effect::Revoke { .. } | Effect::Seam(_) => {}
             }
         }
     }

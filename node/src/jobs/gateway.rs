@@ -699,6 +699,21 @@ impl GatewayState {
                         });
                     }
                 }
+                Effect::Revoke { holder, cancellation } => {
+                    // The lost holder, not the current one: it may be
+                    // paused or cut off, so the request may fail (the
+                    // tracker sends it once more on its next late chunk).
+                    if let (Some(peer), Ok(bytes)) = (peer_of(&holder), gcs_protocol::encode(&cancellation)) {
+                        let net = ctx.network.clone();
+                        tokio::spawn(async move {
+                            let _ = net.request(peer, JobRequest::Envelope(bytes)).await;
+                        });
+                    }
+                }
+                Effect::Seam(s) => {
+                    super::continuations::seam(&s);
+                    tracing::info!(job_id, detect_ms = s.detect_ms, claim_ms = s.claim_ms, resume_ms = s.resume_ms, "continuation seam");
+                }
                 Effect::Complete(r) => {
                     let _ = ctx.keyspace.put(
                         &keys::result(job_id),

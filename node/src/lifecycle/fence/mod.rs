@@ -155,6 +155,18 @@ impl StreamFence {
         self.buffer.clear();
     }
 
+    /// The lease is revoked (its holder was lost and the stream waits for
+    /// a continuation): from now on its chunks are refused, before any
+    /// other lease is granted, so nothing the lost holder sends late moves
+    /// the continuation point the new holder resumes from. Its buffered
+    /// (never forwarded) chunks are dropped.
+    pub fn revoke(&mut self) {
+        if let Some((old, _)) = self.lease.take() {
+            self.old_leases.push(old);
+        }
+        self.buffer.clear();
+    }
+
     /// A (new) lease was granted: chunks under any earlier lease are
     /// rejected from now on, and sequence numbers restart at 0.
     pub fn grant(&mut self, lease_id: &str, holder: NodeId) {

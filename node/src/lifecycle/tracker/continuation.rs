@@ -5,9 +5,9 @@
 //! instead of the stream ending with `gnus_worker_lost`.
 
 use gcs_protocol::{
-    sign, Continuation, ContinuationOffer, HolderTokens, MessageType, NodeId, NodeKey,
-    NodeRegistration, Requeue, RequeueReason, CONTINUATION_VERSION, MAX_CONTINUATIONS,
-    PROTOCOL_VERSION,
+    sign, Cancellation, CancellationReason, Continuation, ContinuationOffer, HolderTokens,
+    MessageType, NodeId, NodeKey, NodeRegistration, PartialUsage, Requeue, RequeueReason,
+    CONTINUATION_VERSION, MAX_CONTINUATIONS, PROTOCOL_VERSION,
 };
 
 use super::{Effect, JobTracker};
@@ -31,6 +31,37 @@ pub(super) struct State {
     seed: u64,
     /// Tokens each earlier holder delivered, in order.
     shares: Vec<HolderTokens>,
+    /// The seam being timed: when the last chunk before the loss was
+    /// forwarded, when the loss was detected, when the continuation was
+    /// leased (gateway clock, ms).
+    seam: Option<(u64, u64, Option<u64>)>,
+    /// Leases a continuation revoked (at most `MAX_CONTINUATIONS`): lease
+    /// id, holder, and whether its cancel was sent again on a late message.
+    revoked: Vec<(String, NodeId, bool)>,
+}
+
+/// Where the client's wait at one continuation seam went (ms, gateway
+/// clock); the gap the client sees is their sum plus transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seam {
+    /// The last chunk forwarded before the loss → the loss detected
+    /// (disconnect, failed result, or lease expiry: for a paused or cut-off
+    /// holder this is most of a lease term).
+    pub detect_ms: u64,
+    /// The loss detected (the continuation is announced at once) → the
+    /// continuation lease granted: the claim round.
+    pub claim_ms: u64,
+    /// The lease granted → the first continued chunk forwarded: payload
+    /// fetch, the new holder's prefill of prompt + delivered tokens, its
+    /// first token.
+    pub resume_ms: u64,
+}
+
+impl Seam {
+    /// The whole gap, last chunk before to first chunk after.
+    pub fn total_ms(&self) -> u64 {
+        self.detect_ms + self.claim_ms + self.resume_ms
+    }
 }
 
 impl JobTracker {
@@ -137,6 +168,12 @@ impl JobTracker {
         let wall_left =
             (self.job.created_at_ms + self.job.limits.wall_timeout_ms).saturating_sub(now);
         let lost = self.lease.take()?;
+        // Its chunks are refused from now on, not only once the next lease
+        // is granted: a late one must not move the continuation point.
+        self.fence.revoke();
+        self.cont.seam = Some((self.last_chunk_ms, now, None));
+        let revoke = self.revoke_cancel(&lost.lease_id, &lost.node_id, now, key);
+        self.cont.revoked.push((lost.lease_id.clone(), lost.node_id.clone(), false));
         let before: u64 = self.cont.shares.iter().map(|s| s.output_tokens).sum();
         self.cont.shares.push(HolderTokens {
             node_id: lost.node_id.clone(),
@@ -167,7 +204,74 @@ impl JobTracker {
         sign(&mut rq, key).ok()?;
         let publish = self.announcement(key)?;
         tracing::info!(job = %self.job.job_id, continuation = number, %reason, "stream continues on another worker");
-        Some(vec![Effect::Continue { requeue: rq, continuation: number }, publish])
+        let mut out = vec![Effect::Continue { requeue: rq, continuation: number }, publish];
+        out.extend(revoke);
+        Some(out)
+    }
+
+    /// A cancellation of a revoked lease, to its (lost) holder: a paused or
+    /// cut-off holder stops generating for nobody as soon as it hears it,
+    /// not at its own lease's end. `timeout`: its lease is over. Not the
+    /// job's cancellation (the usage record names none for it).
+    fn revoke_cancel(
+        &self,
+        lease_id: &str,
+        holder: &NodeId,
+        now: u64,
+        key: &NodeKey,
+    ) -> Option<Effect> {
+        let mut c = Cancellation {
+            message_type: MessageType::Cancellation,
+            version: PROTOCOL_VERSION,
+            job_id: self.job.job_id.clone(),
+            issued_by: key.node_id(),
+            lease_id: Some(lease_id.into()),
+            reason: CancellationReason::Timeout,
+            last_sequence_sent: self.fence.next_seq().checked_sub(1),
+            partial_usage: PartialUsage { output_tokens_sent: self.delivered_tokens() },
+            created_at_ms: now,
+            signature: None,
+        };
+        sign(&mut c, key).ok()?;
+        Some(Effect::Revoke { holder: holder.clone(), cancellation: c })
+    }
+
+    /// Whether `lease_id` of `node` was revoked by a continuation and its
+    /// cancel not yet sent again.
+    pub(super) fn revoked_unanswered(&self, lease_id: &str, node: &NodeId) -> bool {
+        self.cont.revoked.iter().any(|(l, n, again)| l == lease_id && n == node && !again)
+    }
+
+    /// A chunk or renewal arrived under `lease_id` from `node` and was
+    /// refused: if it is a lease a continuation revoked, its holder did not
+    /// hear the cancel (it was cut off, the request failed): sent once more
+    /// now that it is reachable again.
+    pub(super) fn late_from_revoked(
+        &mut self,
+        lease_id: &str,
+        node: &NodeId,
+        now: u64,
+        key: &NodeKey,
+    ) -> Vec<Effect> {
+        let Some(i) =
+            self.cont.revoked.iter().position(|(l, n, again)| l == lease_id && n == node && !again)
+        else {
+            return vec![];
+        };
+        self.cont.revoked[i].2 = true;
+        self.revoke_cancel(lease_id, node, now, key).into_iter().collect()
+    }
+
+    /// A chunk was forwarded: the first one after a continuation's grant
+    /// closes its seam.
+    pub(super) fn seam_closed(&mut self, now: u64) -> Option<Effect> {
+        let (last, lost, Some(leased)) = self.cont.seam? else { return None };
+        self.cont.seam = None;
+        Some(Effect::Seam(Seam {
+            detect_ms: lost.saturating_sub(last),
+            claim_ms: leased.saturating_sub(lost),
+            resume_ms: now.saturating_sub(leased),
+        }))
     }
 
     /// A continuation lease was granted (see `on_claim`): numbering goes on
@@ -176,6 +280,9 @@ impl JobTracker {
     pub(super) fn grant_continuation(&mut self, lease_id: &str, holder: NodeId, now: u64) {
         self.fence.continue_with(lease_id, holder);
         self.cont.pending = false;
+        if let Some((_, _, leased)) = &mut self.cont.seam {
+            *leased = Some(now);
+        }
         self.last_chunk_ms = now;
     }
 }

@@ -444,3 +444,91 @@ fn the_idle_timer_restarts_at_the_continuation_grant() {
     }
     assert_eq!(forwarded(&w.chunk(1, 2, false)), vec![2]);
 }
+
+fn revokes(e: &[Effect]) -> Vec<(&NodeId, &gcs_protocol::Cancellation)> {
+    e.iter()
+        .filter_map(|e| match e {
+            Effect::Revoke { holder, cancellation } => Some((holder, cancellation)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Between the loss and the continuation's grant the lost lease is
+/// already revoked: a late chunk of the old holder (a paused worker waking
+/// up, a cut-off one healed) is refused and does not move the point the
+/// new holder resumes from, so the client sees nothing twice.
+#[test]
+fn a_late_chunk_between_the_loss_and_the_grant_is_refused() {
+    let mut w = World::new();
+    w.streaming(0, 2);
+    let old = w.lease_id();
+    assert!(continued(&w.tick(TrackerConfig::default().lease_term_ms + 1)).is_some());
+    assert!(forwarded(&w.chunk_under(0, &old, 2, false)).is_empty(), "refused before the grant");
+    assert_eq!(leases(&w.claim(1, BUILD, &hash_a())), 1);
+    let c = w.tracker.continuation().expect("a continuation").clone();
+    assert_eq!((c.from_sequence, c.delivered_tokens), (2, vec![100, 101]));
+    assert_eq!(forwarded(&w.chunk(1, 2, false)), vec![2], "chunk 2 is the new holder's");
+}
+
+/// The lost holder is told to stop under its old lease as soon as the
+/// lease is revoked (it may be paused or cut off, not dead); its first late
+/// chunk or renewal after that gets the cancel once more (the first may not
+/// have reached it), and no more after that.
+#[test]
+fn the_lost_holder_is_cancelled_under_its_revoked_lease() {
+    let mut w = World::new();
+    w.streaming(0, 3);
+    let old = w.lease_id();
+    let out = w.tick(TrackerConfig::default().lease_term_ms + 1);
+    assert!(continued(&out).is_some());
+    let r = revokes(&out);
+    assert_eq!(r.len(), 1, "{out:?}");
+    let (holder, c) = r[0];
+    assert_eq!(holder, &w.node(0));
+    assert_eq!(c.lease_id.as_deref(), Some(old.as_str()), "names the revoked lease only");
+    assert_eq!((c.last_sequence_sent, c.partial_usage.output_tokens_sent), (Some(2), 3));
+    assert_eq!(c.issued_by, w.gw.node_id());
+    gcs_protocol::verify(c).expect("signed by the gateway");
+    assert!(!out.iter().any(|e| matches!(e, Effect::Cancel(_))), "not the job's cancellation");
+
+    assert_eq!(leases(&w.claim(1, BUILD, &hash_a())), 1);
+    let out = w.chunk_under(0, &old, 3, false);
+    assert!(forwarded(&out).is_empty());
+    assert_eq!(revokes(&out).len(), 1, "sent again on its first late chunk");
+    assert!(revokes(&w.chunk_under(0, &old, 4, false)).is_empty(), "once");
+    let mut rn = samples::renewal(&w.workers[0], &Params { now_ms: w.now, ..Params::default() });
+    rn.job_id = w.tracker.job.job_id.clone();
+    rn.lease_id = old.clone();
+    sign(&mut rn, &w.workers[0]).unwrap();
+    assert!(w.feed(Input::Renewal(rn)).is_empty(), "its renewal is not honoured");
+    // Someone else's chunk under that lease id is no reason to send one.
+    let mut w2 = World::new();
+    w2.streaming(0, 1);
+    let old = w2.lease_id();
+    w2.feed(Input::WorkerDisconnected(w2.node(0)));
+    assert!(revokes(&w2.chunk_under(3, &old, 1, false)).is_empty());
+    // ...and the new holder's cancel at the job's end is the usual one.
+    assert!(revokes(&w.result(1, 3)).is_empty());
+}
+
+/// The seam is timed in its parts: last chunk before the loss → loss
+/// detected (here the lease expiry), → continuation leased, → the first
+/// continued chunk forwarded; once per continuation.
+#[test]
+fn the_seam_is_timed_in_its_parts() {
+    let mut w = World::new();
+    w.streaming(0, 3);
+    let term = TrackerConfig::default().lease_term_ms;
+    assert!(continued(&w.tick(term + 1)).is_some());
+    w.now += 30;
+    assert_eq!(leases(&w.claim(1, BUILD, &hash_a())), 1);
+    w.now += 200;
+    let out = w.chunk(1, 3, false);
+    let seam = out.iter().find_map(|e| if let Effect::Seam(s) = e { Some(*s) } else { None });
+    let seam = seam.expect("the first continued chunk closes the seam");
+    assert_eq!(seam, Seam { detect_ms: term + 1, claim_ms: 30, resume_ms: 200 });
+    assert_eq!(seam.total_ms(), term + 231);
+    w.now += 10;
+    assert!(!w.chunk(1, 4, false).iter().any(|e| matches!(e, Effect::Seam(_))), "once");
+}

@@ -15,6 +15,7 @@ use super::fence::{FenceConfig, StreamFence, Verdict};
 
 mod continuation;
 mod metering;
+pub use continuation::Seam;
 pub use metering::{bounded_metering, within_bounds};
 #[cfg(test)]
 use metering::TEMPLATE_TOKENS;
@@ -92,6 +93,16 @@ pub enum Effect {
     },
     /// Tell the worker to stop.
     Cancel(Cancellation),
+    /// Tell a lost holder whose lease a continuation revoked to stop (it
+    /// is no longer the lease holder, so it is named).
+    Revoke {
+        /// The revoked lease's holder.
+        holder: NodeId,
+        /// The signed cancellation naming its lease.
+        cancellation: Cancellation,
+    },
+    /// A continuation's first chunk was forwarded: how long the seam took.
+    Seam(Seam),
     /// The job finished: answer the client.
     Complete(Box<FinalResult>),
     /// The job failed; `after_partial_output` decides JSON error vs SSE error event.
@@ -361,6 +372,9 @@ impl JobTracker {
         key: &NodeKey,
     ) -> Result<Vec<Effect>, ProtocolError> {
         if !self.holder_matches(&r.node_id, &r.lease_id) || gcs_protocol::verify(r).is_err() {
+            if self.revoked_unanswered(&r.lease_id, &r.node_id) && gcs_protocol::verify(r).is_ok() {
+                return Ok(self.late_from_revoked(&r.lease_id, &r.node_id, now, key));
+            }
             return Ok(vec![]);
         }
         let Some(mut lease) = self.lease.clone() else { return Ok(vec![]) };
@@ -373,6 +387,10 @@ impl JobTracker {
     }
 
     fn on_chunk(&mut self, c: StreamChunk, now: u64, key: &NodeKey) -> Vec<Effect> {
+        // A revoked holder's chunk (signed by it) gets its cancel again.
+        let late = self.revoked_unanswered(&c.lease_id, &c.node_id)
+            && gcs_protocol::verify(&c).is_ok();
+        let from = (c.lease_id.clone(), c.node_id.clone());
         match self.fence.on_chunk(c, now) {
             Verdict::Deliver(cs) => {
                 self.first_token_ms.get_or_insert(now);
@@ -380,8 +398,11 @@ impl JobTracker {
                 self.generated_tokens = self.generated_tokens.max(self.fence.delivered_tokens());
                 self.set(JobState::Executing);
                 self.set(JobState::Streaming);
-                vec![Effect::Forward(cs)]
+                let mut out = vec![Effect::Forward(cs)];
+                out.extend(self.seam_closed(now));
+                out
             }
+            Verdict::Rejected(_) if late => self.late_from_revoked(&from.0, &from.1, now, key),
             Verdict::Failed(f) => {
                 let msg = format!("the worker's stream broke ({f:?})");
                 self.fail(err("server_error", "gnus_stream_broken", &msg), now, key)
