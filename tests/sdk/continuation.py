@@ -68,13 +68,14 @@ def usage_record(job_id, deadline_s=10):
 
 def stream(kill):
     """One streamed answer: text, token count, finish reason, usage, the
-    largest gap between two deltas (and after which token), the killed pid."""
+    largest gap between two deltas (and after which token), the holder at
+    token KILL_AT and whether it was killed."""
     s = client.chat.completions.create(
         model="smollm2-135m-instruct", messages=MSG, max_tokens=MAX_TOKENS,
         temperature=TEMPERATURE, seed=1234, logit_bias=NO_EOS, stream=True,
         stream_options={"include_usage": True})
     out = {"text": "", "tokens": 0, "finish": [], "usage": None, "gap": 0.0, "gap_at": 0,
-           "killed": None, "seam": None, "job": s.response.headers["x-request-id"]}
+           "holder": None, "killed": None, "seam": None, "job": s.response.headers["x-request-id"]}
     last, before = None, None
     for ch in s:
         assert ch.object == "chat.completion.chunk", ch
@@ -95,14 +96,16 @@ def stream(kill):
         last = now
         out["text"] += d.delta.content
         out["tokens"] += 1
-        if kill and out["tokens"] == SAMPLE_AT:
+        if out["tokens"] == SAMPLE_AT:
             before = [cpu_ticks(p) for p in PIDS]
-        if kill and out["tokens"] == KILL_AT:
+        if out["tokens"] == KILL_AT:
             busy = [cpu_ticks(p) - b for p, b in zip(PIDS, before)]
             i = max(range(len(PIDS)), key=lambda i: busy[i])
             assert sum(b * 3 > busy[i] for b in busy) == 1, f"one busy worker: {busy}"
-            os.kill(PIDS[i], signal.SIGKILL)
-            out["killed"] = PIDS[i]
+            out["holder"] = PIDS[i]
+            if kill:
+                os.kill(PIDS[i], signal.SIGKILL)
+                out["killed"] = PIDS[i]
     return out
 
 
@@ -137,7 +140,10 @@ def main():
           f"(largest gap {ref['gap'] * 1000:.0f} ms); killed holder at token {KILL_AT}, "
           f"{seen['tokens']} tokens in {seen_s:.1f}s, byte-equal; seam gap (token "
           f"{KILL_AT} to {KILL_AT + 1}) {seen['seam'] * 1000:.0f} ms, largest gap "
-          f"{seen['gap'] * 1000:.0f} ms after token {seen['gap_at']}", flush=True)
+          f"{seen['gap'] * 1000:.0f} ms after token {seen['gap_at']}; the survivor "
+          f"{'ran' if ref['holder'] != seen['killed'] else 'did not run'} the reference "
+          f"(its prefix cache {'may hold' if ref['holder'] != seen['killed'] else 'lacks'} "
+          f"the delivered tokens)", flush=True)
     print(f"KILLED {seen['killed']}", flush=True)
 
 
