@@ -102,6 +102,8 @@ namespaces! {
     ProcessingSubtasks => ("/gcs/processing/subtasks/", "processing.subtasks", Register, Global, Some(DAY)),
     ProcessingLocks => ("/gcs/processing/locks/", "processing.locks", Register, Global, Some(DAY)),
     ProcessingResults => ("/gcs/processing/results/", "processing.results", Register, Global, Some(DAY)),
+    ProcessingChunks => ("/gcs/processing/chunks/", "processing.chunks", Register, JobParticipants, Some(DAY)),
+    ProcessingOutputs => ("/gcs/processing/outputs/", "processing.outputs", Register, JobParticipants, Some(DAY)),
     LocalIdempotency => ("/gcs/local/idempotency/", "local.idempotency", Register, Local, Some(DAY)),
     LocalJobs => ("/gcs/local/jobs/", "local.jobs", Register, Local, Some(DAY)),
     LocalOpenJobs => ("/gcs/local/open_jobs/", "local.open_jobs", Register, Local, Some(DAY)),
@@ -192,6 +194,23 @@ pub mod keys {
     /// Every result of a task.
     pub fn processing_results(task_id: &str) -> String {
         key(N::ProcessingResults, format_args!("{task_id}/"))
+    }
+    /// One input chunk of a task (a tenant's private request: the task's
+    /// gateway serves it only to a subtask's lock holder).
+    pub fn processing_chunk(task_id: &str, chunk_id: &str) -> String {
+        key(N::ProcessingChunks, format_args!("{task_id}/{chunk_id}"))
+    }
+    /// Every input chunk of a task.
+    pub fn processing_chunks(task_id: &str) -> String {
+        key(N::ProcessingChunks, format_args!("{task_id}/"))
+    }
+    /// A worker's output for one chunk, under the lock it ran under.
+    pub fn processing_output(task_id: &str, chunk_id: &str, lock_id: &str) -> String {
+        key(N::ProcessingOutputs, format_args!("{task_id}/{chunk_id}/{lock_id}"))
+    }
+    /// Every output of a task.
+    pub fn processing_outputs(task_id: &str) -> String {
+        key(N::ProcessingOutputs, format_args!("{task_id}/"))
     }
     /// A node's latest registration.
     pub fn registration(node_id: &str) -> String {
@@ -297,6 +316,8 @@ mod tests {
             (keys::usage("j"), Namespace::ApiUsage),
             (keys::requeue("j", 2), Namespace::ApiRequeue),
             (keys::registration("n"), Namespace::NodeRegistrations),
+            (keys::processing_chunk("t", "c"), Namespace::ProcessingChunks),
+            (keys::processing_output("t", "c", "l"), Namespace::ProcessingOutputs),
             (keys::idempotency("h"), Namespace::LocalIdempotency),
             (keys::confined_job("j"), Namespace::LocalJobs),
             (keys::open_job("j"), Namespace::LocalOpenJobs),

@@ -4,7 +4,11 @@
 //! the replay that rebuilds a task's state from them. Workers grabbing
 //! subtasks and the batch runner enqueueing tasks are not wired yet.
 
+pub mod chunks;
 pub mod queue;
+pub mod worker;
+#[cfg(test)]
+mod worker_tests;
 #[cfg(test)]
 mod queue_tests;
 pub mod records;

@@ -183,6 +183,11 @@ impl TaskQueue {
         self.tasks.get(task_id)?.subs.get(subtask_id)?.result.as_ref()
     }
 
+    /// Why a subtask was marked bad, if it was.
+    pub fn bad(&self, task_id: &str, subtask_id: &str) -> Option<&str> {
+        self.tasks.get(task_id)?.subs.get(subtask_id)?.bad.as_deref()
+    }
+
     /// The live holder of a subtask.
     pub fn holder(&self, task_id: &str, subtask_id: &str) -> Option<&TaskLock> {
         self.tasks.get(task_id)?.subs.get(subtask_id)?.lock.as_ref()

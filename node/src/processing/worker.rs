@@ -1,0 +1,241 @@
+//! A worker's processing loop (specs/batch.md, "Processing on workers"):
+//! with a free processing slot, take the oldest open subtask of a task
+//! whose model this node serves ([`records::grab`]: a signed lock, first
+//! valid lock wins), fetch its input chunks from the task's gateway (served
+//! only to the lock holder) and check them against the subtask's signed
+//! `datablock_hash`, run each through the executor exactly as the same
+//! request sent alone, renew the lock while it runs, deliver one signed
+//! output per request to the gateway and store the signed `TaskResult`
+//! naming their hashes ([`records::complete`]).
+//!
+//! Blocking (the executor is): the node's shell runs [`Processor::step`]
+//! on a blocking thread and publishes the deltas it hands out. A worker
+//! that dies leaves its lock to expire; the queue then frees the subtask
+//! for another (MoveExpiredTaskLock), and the gateway keeps only the
+//! outputs the accepted result names, so no request is answered twice.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gcs_keyspace::{keys, Delta, Keyspace};
+use gcs_protocol::{Hash32, MessageType, NodeId, NodeKey, SubTaskResult, TaskLock};
+use serde_json::json;
+
+use super::chunks::{self, OutputChunk, ProcessingError, TaskParams, CHUNK_VERSION};
+use super::records::{self, TaskRecord};
+use crate::jobs::executor::{ExecError, ExecRequest, Executor};
+use crate::tenants::TenantTrust;
+
+/// Default lease of a processing lock (renewed at half of it).
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+
+/// How a worker reaches a task's gateway (a direct stream in the node; the
+/// gateway's keyspace in tests).
+pub trait ChunkSource {
+    /// The encoded input chunk `chunk_id` of `task_id`, asked by `me`,
+    /// who presents its lock (the delta it stored: the gateway merges it
+    /// through the authority rows first, gossip may not have carried it yet).
+    fn fetch(
+        &self,
+        me: &NodeId,
+        gateway: &NodeId,
+        lock: &Delta,
+        task_id: &str,
+        chunk_id: &str,
+    ) -> Result<Vec<u8>, ProcessingError>;
+    /// Hands one encoded, signed output to the gateway, with the lock (its
+    /// latest renewal) it ran under.
+    fn deliver(&self, gateway: &NodeId, lock: &Delta, output: Vec<u8>) -> Result<(), ProcessingError>;
+}
+
+/// One finished subtask.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Done {
+    /// `<task>/<subtask>`.
+    pub task_key: String,
+    /// Requests it ran.
+    pub lines: usize,
+}
+
+/// What a worker needs to take subtasks.
+#[allow(missing_debug_implementations)]
+pub struct Processor<'a> {
+    /// This node's store (where the queue records replicate to).
+    pub ks: &'a Keyspace,
+    /// This node's key (signs locks, outputs, results).
+    pub key: &'a NodeKey,
+    /// Which gateways tenants admitted.
+    pub trust: &'a TenantTrust,
+    /// The engine.
+    pub executor: &'a dyn Executor,
+    /// Model ids and aliases this node serves.
+    pub models: &'a [String],
+    /// Lease of each lock.
+    pub lease_ms: u64,
+}
+
+/// The error envelope a request refused by the engine gets (what the same
+/// request sent alone answers: 400 `invalid_request_error`).
+fn invalid_body(message: &str) -> String {
+    json!({"error": {"message": message, "type": "invalid_request_error",
+                     "param": null, "code": "invalid_request"}})
+    .to_string()
+}
+
+impl Processor<'_> {
+    /// Tasks held here with a subtask still open whose model this node
+    /// serves, oldest first.
+    pub fn candidates(&self, now_ms: u64) -> Result<Vec<TaskRecord>, ProcessingError> {
+        let mut out: Vec<TaskRecord> = self
+            .ks
+            .scan_cbor::<TaskRecord>(&keys::processing_task(""))?
+            .into_iter()
+            .map(|(_, t)| t)
+            .filter(|t| TaskParams::of(t).is_some_and(|p| self.models.contains(&p.model)))
+            .collect();
+        out.sort_by_key(|t| t.created_at_ms);
+        let mut open = vec![];
+        for t in out {
+            let Some(id) = t.task().map(|x| x.task_id.clone()) else { continue };
+            if let Some(s) = records::stored(self.ks, &id)? {
+                let q = records::replay(&s, now_ms);
+                let free = s.task.subtasks.iter().any(|st| {
+                    q.result(&id, &st.subtask_id).is_none()
+                        && q.bad(&id, &st.subtask_id).is_none()
+                        && q.holder(&id, &st.subtask_id).is_none()
+                });
+                if free {
+                    open.push(t);
+                }
+            }
+        }
+        Ok(open)
+    }
+
+    /// Takes and runs one subtask, if any is free: `Ok(None)` when there
+    /// is none (or `cancel` was set before it finished: its lock expires).
+    /// `publish` gets every delta of a replicated record (the lock, its
+    /// renewals, the result) as soon as it is stored.
+    pub fn step(
+        &self,
+        src: &dyn ChunkSource,
+        cancel: &AtomicBool,
+        clock: &dyn Fn() -> u64,
+        publish: &mut dyn FnMut(Delta),
+    ) -> Result<Option<Done>, ProcessingError> {
+        let now = clock();
+        for t in self.candidates(now)? {
+            let Some(task_id) = t.task().map(|x| x.task_id.clone()) else { continue };
+            let got = records::grab(self.ks, &task_id, self.key, self.lease_ms, self.trust, now)?;
+            let Some((lock, delta)) = got else { continue };
+            publish(delta.clone());
+            return self.run(&t, (lock, delta), src, cancel, clock, publish);
+        }
+        Ok(None)
+    }
+
+    fn run(
+        &self,
+        t: &TaskRecord,
+        (mut lock, mut lock_delta): (TaskLock, Delta),
+        src: &dyn ChunkSource,
+        cancel: &AtomicBool,
+        clock: &dyn Fn() -> u64,
+        publish: &mut dyn FnMut(Delta),
+    ) -> Result<Option<Done>, ProcessingError> {
+        let (task_id, sub_id) =
+            lock.task_key.split_once('/').map(|(a, b)| (a.to_string(), b.to_string())).unwrap_or_default();
+        let sub = t
+            .subtasks
+            .iter()
+            .find(|s| s.subtask_id == sub_id)
+            .ok_or(ProcessingError::Unknown)?;
+        let me = self.key.node_id();
+        let mut inputs = vec![];
+        let mut hashes = vec![];
+        for c in &sub.chunk_ids {
+            let bytes = src.fetch(&me, &t.gateway_node_id, &lock_delta, &task_id, c)?;
+            hashes.push(Hash32::of(&bytes));
+            inputs.push((chunks::check_input(t, c, &bytes)?, Hash32::of(&bytes)));
+        }
+        if chunks::block_hash(&hashes) != sub.datablock_hash {
+            return Err(ProcessingError::Mismatch("inputs differ from the signed datablock hash"));
+        }
+        let mut out_hashes = vec![];
+        for (input, input_hash) in inputs {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            self.renew(&mut lock, &mut lock_delta, clock(), publish)?;
+            let req = ExecRequest {
+                api_type: input.api_type,
+                model: input.model.clone(),
+                body: input.body.clone(),
+                cache_salt: input.cache_salt.clone(),
+            };
+            let (status, body, itok, otok) =
+                match self.executor.run(&req, cancel, &mut |_, _, _| !cancel.load(Ordering::Relaxed)) {
+                    Ok(o) => (200, o.body.to_string(), o.input_tokens, o.output_tokens),
+                    Err(ExecError::Invalid(m)) => (400, invalid_body(&m), 0, 0),
+                    Err(ExecError::Engine(m)) => return Err(ProcessingError::Engine(m)),
+                };
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let mut o = OutputChunk {
+                message_type: MessageType::TaskResult,
+                version: CHUNK_VERSION,
+                task_id: task_id.clone(),
+                chunk_id: input.chunk_id.clone(),
+                index: input.index,
+                input_hash,
+                lock_id: lock.lock_id.clone(),
+                node_id: me.clone(),
+                status,
+                body,
+                input_tokens: itok,
+                output_tokens: otok,
+                created_at_ms: clock(),
+                signature: None,
+            };
+            gcs_protocol::sign(&mut o, self.key)?;
+            let bytes = gcs_protocol::encode(&o)?;
+            out_hashes.push(Hash32::of(&bytes));
+            src.deliver(&t.gateway_node_id, &lock_delta, bytes)?;
+        }
+        let result = SubTaskResult {
+            subtask_id: sub_id,
+            result_hash: chunks::block_hash(&out_hashes),
+            chunk_hashes: out_hashes,
+        };
+        let now = clock();
+        self.renew(&mut lock, &mut lock_delta, now, publish)?;
+        let d = records::complete(self.ks, &task_id, result, self.key, self.trust, now)?;
+        publish(d);
+        Ok(Some(Done { task_key: lock.task_key, lines: sub.chunk_ids.len() }))
+    }
+
+    /// Extends the lease once half of it has passed (a renewal is the same
+    /// lock id with a later expiry, stored and published like the lock).
+    fn renew(
+        &self,
+        lock: &mut TaskLock,
+        lock_delta: &mut Delta,
+        now_ms: u64,
+        publish: &mut dyn FnMut(Delta),
+    ) -> Result<(), ProcessingError> {
+        let lease = lock.expires_at_ms.saturating_sub(lock.created_at_ms);
+        if now_ms < lock.expires_at_ms.saturating_sub(lease / 2) {
+            return Ok(());
+        }
+        let mut next = lock.clone();
+        next.created_at_ms = now_ms;
+        next.expires_at_ms = now_ms + self.lease_ms.clamp(1, gcs_protocol::MAX_TASK_LOCK_MS);
+        next.signature = None;
+        let key = keys::processing_lock(&next.task_key);
+        let d = records::write(self.ks, &key, next.clone(), self.key, self.trust, now_ms)?;
+        publish(d.clone());
+        *lock = next;
+        *lock_delta = d;
+        Ok(())
+    }
+}
