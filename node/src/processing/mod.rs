@@ -1,8 +1,11 @@
 //! The processing queue of 26.2 and 26.22 (specs/batch.md, "Processing
 //! queue"): [`queue`] is its sans-IO core, [`records`] its signed records
 //! in the keyspace under `/gcs/processing/*` with their authority rows and
-//! the replay that rebuilds a task's state from them. Workers grabbing
-//! subtasks and the batch runner enqueueing tasks are not wired yet.
+//! the replay that rebuilds a task's state from them, [`chunks`] the
+//! requests and answers a task carries (held by its gateway, served only to
+//! lock holders), [`worker`] a worker's grab-run-result loop. The node's
+//! shell and the batch runner do not call them yet (specs/batch.md, "Not
+//! yet").
 
 pub mod chunks;
 pub mod queue;
