@@ -131,7 +131,12 @@ pub(crate) struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(t) = self.ticket.take() {
-            self.state.limiter.settle(t, self.used_tokens.unwrap_or(self.estimate));
+            let used = self.used_tokens.unwrap_or(self.estimate);
+            // As its usage records charge it: batch work at the batch price.
+            let pct = u64::from(self.state.config.batch_price_percent.clamp(1, 100));
+            let charged =
+                if self.batch_id.is_some() { used.saturating_mul(pct).div_ceil(100) } else { used };
+            self.state.limiter.settle(t, charged);
         }
         if self.open_jobs.is_empty() {
             return;
@@ -363,8 +368,10 @@ pub(crate) async fn admit(
     let spent = || spent_tokens(state, &flight.key.id);
     let ticket = if is_batch {
         // Batch work fills idle capacity: it never uses up the key's
-        // per-minute limits that interactive requests need.
-        state.limiter.admit_budget(&flight.key, estimate, spent)?
+        // per-minute limits that interactive requests need, and it reserves
+        // the share of its estimate it will be charged (the batch price).
+        let pct = u64::from(state.config.batch_price_percent.clamp(1, 100));
+        state.limiter.admit_budget(&flight.key, estimate.saturating_mul(pct).div_ceil(100), spent)?
     } else {
         state.limiter.admit(&flight.key, estimate, jobs as u32, now_ms(), spent)?
     };
@@ -413,9 +420,9 @@ fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -
 fn spent_tokens(state: &AppState, key_id: &str) -> u64 {
     match state.backend.usage(key_id, 0, u64::MAX) {
         // Saturating: a record's counts come from the network.
-        Ok(recs) => recs.iter().fold(0u64, |a, u| {
-            a.saturating_add(u.input_tokens).saturating_add(u.output_tokens_generated)
-        }),
+        // A parent's roll-up charges nothing (its children's records do);
+        // batch work is charged at the price its record names.
+        Ok(recs) => recs.iter().fold(0u64, |a, u| a.saturating_add(u.charged_tokens())),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read usage records for a budget");
             0
@@ -429,6 +436,20 @@ pub(crate) async fn submit(
     job: &JobRequest,
     stream: bool,
     idem: String,
+) -> Result<(String, mpsc::Receiver<JobEvent>), ApiError> {
+    let limits = f.limits.clone();
+    submit_as(f, job, stream, idem, None, limits).await
+}
+
+/// [`submit`] of a child job of the request (`parent`), under `limits`
+/// (the caller's: a child's wall timeout ends at the parent's deadline).
+pub(crate) async fn submit_as(
+    f: &mut InFlight,
+    job: &JobRequest,
+    stream: bool,
+    idem: String,
+    parent: Option<gcs_protocol::ChildJobReference>,
+    limits: JobLimits,
 ) -> Result<(String, mpsc::Receiver<JobEvent>), ApiError> {
     let body = job.encode().map_err(|e| ApiError::internal(e.to_string()))?;
     let max_output_tokens = match job {
@@ -445,7 +466,7 @@ pub(crate) async fn submit(
         project_id: f.key.project_id.clone(),
         api_key_id: f.key.id.clone(),
         idempotency_key: idem,
-        limits: f.limits.clone(),
+        limits,
         max_output_tokens,
         routing: Routing {
             network: c.network,
@@ -454,6 +475,9 @@ pub(crate) async fn submit(
             ..Routing::public()
         },
         batch_id: f.batch_id.clone(),
+        parent,
+        // Batch work is charged at the gateway's batch price.
+        price_percent: f.batch_id.as_ref().map(|_| f.state.config.batch_price_percent.clamp(1, 100)),
     };
     let r = f.state.backend.submit(spec).await;
     if r.is_err() && f.open_jobs.is_empty() {

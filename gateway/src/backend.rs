@@ -46,6 +46,53 @@ pub struct JobSpec {
     /// The OpenAI batch this job runs for, if any: its usage record names
     /// it (specs/batch.md, "Metering").
     pub batch_id: Option<String>,
+    /// The API job this one is a child of (26.14.2): announced with the job
+    /// (signed) and named by its usage record. The caller gives a child the
+    /// parent's routing and privacy, and limits whose wall timeout ends at
+    /// the parent's deadline.
+    pub parent: Option<gcs_protocol::ChildJobReference>,
+    /// The price of this job's tokens in percent of the API price (batch
+    /// work, specs/batch.md "Pricing"); its usage record says so and a
+    /// budget charges that share. `None` is the full price.
+    pub price_percent: Option<u8>,
+}
+
+/// The roll-up of a parent job whose children ran in the network: the
+/// parent's own usage record (26.21.1 `child_jobs`), signed by the gateway.
+/// Its token counts are the children's sums, which the children's records
+/// already charge ([`UsageRecord::charged_tokens`] is 0 for it).
+#[derive(Clone, Debug)]
+pub struct ParentUsage {
+    /// The parent's `gcsapi_` id.
+    pub job_id: String,
+    /// API surface.
+    pub api_type: ApiType,
+    /// Model as the client named it.
+    pub model: String,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Project.
+    pub project_id: String,
+    /// API key id.
+    pub api_key_id: String,
+    /// Routing mode of the request (its children's).
+    pub network: gcs_protocol::RoutingMode,
+    /// Children the parent spawned (≥ 1).
+    pub child_jobs: u32,
+    /// Sum of the children's input tokens.
+    pub input_tokens: u64,
+    /// Sum of the children's generated tokens.
+    pub output_tokens: u64,
+    /// Sum of the children's compute time.
+    pub compute_ms: u64,
+    /// From the parent's admission to its end.
+    pub wall_ms: u64,
+    /// Why the parent ended early (a failed child cancels the others).
+    pub cancellation_reason: Option<CancellationReason>,
+    /// The batch, if any.
+    pub batch_id: Option<String>,
+    /// As [`JobSpec::price_percent`].
+    pub price_percent: Option<u8>,
 }
 
 /// What the network tells the client, in order.
@@ -148,6 +195,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     fn node_metrics(&self) -> String {
         String::new()
     }
+
+    /// Signs and stores a parent job's roll-up usage record (after its
+    /// children ended); an error means it is not known to be stored.
+    fn record_parent(&self, parent: ParentUsage) -> BoxFuture<'_, Result<(), BackendError>>;
 
     /// The usage records of one API key created in `[since_ms, until_ms)`.
     fn usage(

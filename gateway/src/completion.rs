@@ -213,9 +213,9 @@ fn answer(state: &AppState, endpoint: &str, r: Result<Response, ApiError>) -> Re
     finish(state, endpoint, r)
 }
 
-/// `POST /v1/embeddings`: arrays are split into jobs of `embed_batch`
-/// inputs, run in parallel (on as many workers as claim them), and
-/// reassembled in order.
+/// `POST /v1/embeddings`: arrays larger than `embed_batch` inputs become
+/// child jobs of one parent (26.14, [`crate::children`]), run in parallel
+/// on as many workers as claim them, and reassembled in order.
 pub(crate) async fn embeddings(State(state): State<Arc<AppState>>, req: Request<Body>) -> Response {
     let r = serve_api(state.clone(), ApiType::Embedding, req).await;
     answer(&state, "embeddings", r)
@@ -229,54 +229,28 @@ async fn embed(
 ) -> Result<Response, ApiError> {
     let batch = crate::admit::embed_batch(&state.config, e.job.inputs.len())?;
     let inputs = e.job.inputs;
-    let mut jobs = vec![];
-    for (i, part) in inputs.chunks(batch).enumerate() {
-        let job = JobRequest::Embedding(Embedding { inputs: part.to_vec() });
-        jobs.push(submit(&mut f, &job, false, format!("{idem}#{i}")).await?);
-    }
-    let first_job = jobs.first().map(|j| j.0.clone()).unwrap_or_default();
-    let mut waits = vec![];
-    for (job_id, mut rx) in jobs {
+    let parts: Vec<JobRequest> = inputs
+        .chunks(batch)
+        .map(|part| JobRequest::Embedding(Embedding { inputs: part.to_vec() }))
+        .collect();
+    // One job when the request fits one; otherwise child jobs of one
+    // parent (crate::children), spread over the workers that claim them.
+    let (first_job, results) = if parts.len() == 1 {
+        let (job_id, rx) = submit(&mut f, &parts[0], false, idem).await?;
         let wall = f.started + Duration::from_millis(f.limits.wall_timeout_ms) + EDGE_GRACE;
-        waits.push(async move {
-            loop {
-                match tokio::time::timeout_at(wall.into(), rx.recv()).await {
-                    Ok(Some(JobEvent::Completed(r))) => return (job_id, Ok(r)),
-                    Ok(Some(JobEvent::Failed { error, .. })) => {
-                        return (job_id, Err(Some(ApiError::from_info(&error))))
-                    }
-                    Ok(Some(JobEvent::Cancelled)) | Ok(None) => return (job_id, Err(None)),
-                    Ok(Some(_)) => continue,
-                    Err(_) => {
-                        let e = ApiError::timeout("gnus_wall_timeout", "the request timed out");
-                        return (job_id, Err(Some(e)));
-                    }
-                }
-            }
-        });
-    }
-    let results = futures::future::join_all(waits).await;
+        let r = crate::children::wait(rx, wall).await;
+        f.ended(&job_id);
+        (job_id.clone(), vec![(job_id, r?)])
+    } else {
+        let done = crate::children::run(&mut f, "embeddings", parts, &idem).await?;
+        (done.parent_id, done.results)
+    };
     let mut data = Vec::with_capacity(inputs.len());
     let (mut tokens, mut workers) = (0u64, vec![]);
-    let mut failure = None;
-    for (job_id, r) in results {
-        f.ended(&job_id);
-        match r {
-            Ok(r) => {
-                tokens += r.metering.as_ref().map_or(0, |m| m.input_tokens);
-                workers.push(r.node_id.to_string());
-                data.extend(codec::result_embeddings(&r));
-            }
-            Err(e) => {
-                failure.get_or_insert(e.unwrap_or_else(|| {
-                    ApiError::unavailable("the request was cancelled in the network")
-                }));
-            }
-        }
-    }
-    if let Some(e) = failure {
-        // Any other part still running is cancelled when `f` drops.
-        return Err(e);
+    for (_, r) in results {
+        tokens += r.metering.as_ref().map_or(0, |m| m.input_tokens);
+        workers.push(r.node_id.to_string());
+        data.extend(codec::result_embeddings(&r));
     }
     if data.len() != inputs.len() || data.iter().any(|v| !v.is_array()) {
         return Err(ApiError::internal("a worker returned a malformed embedding answer"));

@@ -225,6 +225,12 @@ mod tests {
         fn registrations(&self) -> Vec<gcs_protocol::NodeRegistration> {
             vec![]
         }
+        fn record_parent(
+            &self,
+            _: crate::ParentUsage,
+        ) -> crate::BoxFuture<'_, Result<(), crate::BackendError>> {
+            Box::pin(async { Ok(()) })
+        }
         fn usage(
             &self,
             _: &str,

@@ -183,7 +183,10 @@ pub(crate) async fn usage(
                        "requeue_count": u.requeue_count,
                        "cancellation_reason": u.cancellation_reason.map(|c| c.as_str()),
                        "failed_after_partial_output": u.failed_after_partial_output,
-                       "batch_id": u.batch_id})
+                       "batch_id": u.batch_id, "child_jobs": u.child_jobs,
+                       "parent_job_id": u.parent_job_id,
+                       "price_percent": u.price_percent.unwrap_or(100),
+                       "charged_tokens": u.charged_tokens()})
             })
             .collect();
         Ok::<_, ApiError>(json_body(&json!({"object": "list", "data": data, "has_more": has_more})))

@@ -18,6 +18,7 @@ mod admit;
 pub mod backend;
 pub mod batch;
 pub mod catalog;
+mod children;
 pub mod codec;
 pub mod completion;
 pub mod durable;
@@ -43,7 +44,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-pub use backend::{Backend, BackendError, BoxFuture, JobEvent, JobSpec};
+pub use backend::{Backend, BackendError, BoxFuture, JobEvent, JobSpec, ParentUsage};
 pub use error::ApiError;
 pub use keys::{KeyRecord, KeyStore, NewKey};
 pub use serve::{serve, TlsFiles};
@@ -90,6 +91,10 @@ pub struct GatewayConfig {
     pub files: files::FileLimits,
     /// Bounds of batch work (specs/batch.md).
     pub batch: batch::BatchLimits,
+    /// The price of batch work in percent of the API price, 1–100
+    /// (specs/batch.md "Pricing"): a budget is charged that share of a
+    /// batch job's real tokens.
+    pub batch_price_percent: u8,
 }
 
 impl Default for GatewayConfig {
@@ -111,6 +116,7 @@ impl Default for GatewayConfig {
             models: catalog::ModelPolicy::default(),
             files: files::FileLimits::default(),
             batch: batch::BatchLimits::default(),
+            batch_price_percent: 50,
         }
     }
 }

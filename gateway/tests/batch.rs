@@ -435,7 +435,9 @@ async fn a_batchs_jobs_are_metered_under_its_id_and_spend_the_key_budget() {
         ..Default::default()
     };
     let key = keys.create(new, gcs_protocol::now_ms()).unwrap().0;
-    let gw = serve(net.clone(), GatewayConfig::default(), keys).await.with_keys(key, String::new());
+    // At the full price (the pricing test below takes the default).
+    let config = GatewayConfig { batch_price_percent: 100, ..Default::default() };
+    let gw = serve(net.clone(), config, keys).await.with_keys(key, String::new());
     let b = gw.batch("/v1/chat/completions", &chat_lines(12)).await;
     let id = b["id"].as_str().unwrap();
     let b = gw.until(id, status_is("completed")).await;
@@ -469,4 +471,48 @@ async fn a_batchs_jobs_are_metered_under_its_id_and_spend_the_key_budget() {
     let a = gw.post("/v1/chat/completions", &gw.key, &body).await;
     assert_eq!(a.status, 429, "{}", a.body);
     assert_eq!(a.json()["error"]["code"], "insufficient_quota");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_work_is_charged_at_the_batch_price_with_its_real_tokens_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let net =
+        Net::new(Script::Stream { first_after: Duration::ZERO, gap: Duration::ZERO, tokens: 3 });
+    let keys = Arc::new(KeyStore::new(dir.path()));
+    // Each scripted answer meters 100 + 3 tokens (its usage record 1 + 3):
+    // 12 requests are 1236 at the full price, past a budget of 400; at 25 %
+    // they are charged 12 × 26, so all of them fit.
+    let new = NewKey {
+        tenant_id: "t".into(),
+        project_id: "p".into(),
+        budget_tokens: Some(400),
+        ..Default::default()
+    };
+    let key = keys.create(new, gcs_protocol::now_ms()).unwrap().0;
+    let config = GatewayConfig { batch_price_percent: 25, ..Default::default() };
+    let gw = serve(net.clone(), config, keys).await.with_keys(key, String::new());
+    let b = gw.batch("/v1/chat/completions", &chat_lines(12)).await;
+    let id = b["id"].as_str().unwrap();
+    let b = gw.until(id, status_is("completed")).await;
+    assert_eq!(b["request_counts"]["completed"], 12, "all fit at the batch price: {b}");
+    assert!(net.jobs.lock().unwrap().iter().all(|j| j.price_percent == Some(25)));
+    let u = gw.get(&format!("/v1/usage?batch_id={id}"), &gw.key).await.json();
+    let data = u["data"].as_array().unwrap();
+    assert_eq!(data.len(), 12, "{u}");
+    for r in data {
+        assert_eq!(r["price_percent"], 25, "{r}");
+        let real = r["input_tokens"].as_u64().unwrap() + r["output_tokens_generated"].as_u64().unwrap();
+        assert_eq!(real, 4, "the record keeps the real tokens: {r}");
+        assert_eq!(r["charged_tokens"], 1, "25 % of 4: {r}");
+    }
+    // Interactive work of the same key pays the full price (its record: 4).
+    let body = json!({"model": "gnus-auto", "max_tokens": 3,
+                      "messages": [{"role": "user", "content": "q"}]});
+    let a = gw.post("/v1/chat/completions", &gw.key, &body).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let u = gw.get("/v1/usage", &gw.key).await.json();
+    let api: Vec<&Value> =
+        u["data"].as_array().unwrap().iter().filter(|r| r["batch_id"].is_null()).collect();
+    assert_eq!(api.len(), 1, "{u}");
+    assert_eq!((api[0]["price_percent"].as_u64(), api[0]["charged_tokens"].as_u64()), (Some(100), Some(4)));
 }

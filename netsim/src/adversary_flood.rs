@@ -135,6 +135,8 @@ impl Flooder {
             max_output_tokens: 16,
             routing: Routing::public(),
             batch_id: None,
+            parent: None,
+            price_percent: None,
         };
         let bytes = gcs_node::jobs::announce::build_job(&spec, &self.key, &body, now_ms())
             .ok()

@@ -215,6 +215,8 @@ impl Rogue {
             failed_after_partial_output: false,
             batch_id: None,
             holders: vec![],
+            parent_job_id: None,
+            price_percent: None,
             created_at_ms: now,
             signature: None,
         };
@@ -277,6 +279,8 @@ impl Rogue {
                 max_output_tokens: 24,
                 routing: Routing::public(),
                 batch_id: None,
+                parent: None,
+                price_percent: None,
             };
             let Ok(job) = gcs_node::jobs::announce::build_job(&spec, &self.key, &body, now) else {
                 continue;

@@ -93,6 +93,8 @@ async fn run(workers: usize, jobs: usize) {
             max_output_tokens: 1,
             routing: gcs_protocol::Routing::public(),
             batch_id: None,
+            parent: None,
+            price_percent: None,
         };
         let t0 = Instant::now();
         let (_, mut rx) = gw.submit(spec).await.unwrap();

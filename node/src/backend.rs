@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use gcs_gateway::{Backend, BackendError, BoxFuture, JobEvent, JobSpec};
+use gcs_gateway::{Backend, BackendError, BoxFuture, JobEvent, JobSpec, ParentUsage};
 use gcs_keyspace::Keyspace;
 use gcs_protocol::{now_ms, CancellationReason, NodeRegistration, UsageRecord};
 use tokio::sync::{mpsc, oneshot};
@@ -16,6 +16,8 @@ use crate::registry::Registry;
 pub(crate) enum RuntimeCommand {
     Submit(Box<JobSpec>, oneshot::Sender<Result<(String, mpsc::Receiver<JobEvent>), NodeError>>),
     Cancel(String, CancellationReason),
+    /// A parent job's roll-up usage record (jobs::parent).
+    RecordParent(Box<ParentUsage>, oneshot::Sender<Result<(), NodeError>>),
 }
 
 /// A cloneable handle to a running node's gateway side.
@@ -94,6 +96,21 @@ impl Backend for NodeClient {
             if let Err(e) = NodeClient::cancel(self, &job_id, reason).await {
                 tracing::debug!(job_id, error = %e, "cancel not delivered");
             }
+        })
+    }
+
+    fn record_parent(&self, parent: ParentUsage) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            let (tx, rx) = oneshot::channel();
+            let stopped = |_| BackendError::Stopping;
+            self.commands
+                .send(RuntimeCommand::RecordParent(Box::new(parent), tx))
+                .await
+                .map_err(stopped)?;
+            rx.await.map_err(|_| BackendError::Stopping)?.map_err(|e| match e {
+                e @ NodeError::Keyspace(_) => BackendError::Storage(e.to_string()),
+                other => BackendError::Internal(other.to_string()),
+            })
         })
     }
 

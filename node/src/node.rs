@@ -389,6 +389,12 @@ impl Runtime {
             }
             (RuntimeCommand::Cancel(job, reason), Some(g)) => g.cancel(&job, reason, &ctx).await,
             (RuntimeCommand::Cancel(..), None) => {}
+            (RuntimeCommand::RecordParent(p, reply), Some(_)) => {
+                let _ = reply.send(crate::jobs::parent::store(&p, &ctx).await);
+            }
+            (RuntimeCommand::RecordParent(_, reply), None) => {
+                let _ = reply.send(Err(NodeError::NotAGateway));
+            }
         }
     }
 

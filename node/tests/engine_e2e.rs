@@ -102,6 +102,8 @@ async fn smollm2_answers_through_gateway_and_worker() {
             max_output_tokens: 12,
             routing: gcs_protocol::Routing::public(),
             batch_id: None,
+            parent: None,
+            price_percent: None,
         })
         .await
         .unwrap();

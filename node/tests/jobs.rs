@@ -91,6 +91,8 @@ fn spec() -> JobSpec {
         max_output_tokens: 64,
         routing: gcs_protocol::Routing::public(),
         batch_id: None,
+        parent: None,
+        price_percent: None,
     }
 }
 

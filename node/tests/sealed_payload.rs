@@ -79,6 +79,8 @@ fn spec(privacy: PrivacyLevel) -> JobSpec {
         max_output_tokens: 64,
         routing,
         batch_id: None,
+        parent: None,
+        price_percent: None,
     }
 }
 

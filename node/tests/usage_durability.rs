@@ -97,6 +97,8 @@ fn spec(idem: &str) -> JobSpec {
         max_output_tokens: 64,
         routing: gcs_protocol::Routing::public(),
         batch_id: None,
+        parent: None,
+        price_percent: None,
     }
 }
 

@@ -184,6 +184,7 @@ pub fn api_job(gateway: &NodeKey, p: &Params) -> ApiRequestJob {
         created_at_ms: p.now_ms,
         expires_at_ms: p.now_ms + 120_000,
         announcement: 0,
+        parent: None,
         signature: None,
     }
 }
@@ -378,6 +379,8 @@ pub fn usage(worker: &NodeKey, gateway: &NodeKey, p: &Params) -> UsageRecord {
         failed_after_partial_output: false,
         batch_id: None,
         holders: vec![],
+        parent_job_id: None,
+        price_percent: None,
         created_at_ms: p.now_ms + 7_100,
         signature: None,
     }

@@ -37,6 +37,10 @@ pub enum Script {
     Silent,
     /// Completes an embeddings job: one 3-float vector per input.
     Embed,
+    /// As `Embed`, except that the `nth` job submitted (0-based) fails
+    /// with `error` after `after`; the others complete after 20 × `after`
+    /// (unless cancelled first).
+    EmbedFailing { nth: usize, after: Duration, error: ErrorInfo },
 }
 
 /// The scripted network.
@@ -48,6 +52,10 @@ pub struct Net {
     /// One usage record per `Stream` job (1 prompt token + its tokens),
     /// naming the job's batch as the node's tracker does.
     pub usage: Mutex<Vec<UsageRecord>>,
+    /// The parents' roll-ups the gateway recorded.
+    pub parents: Mutex<Vec<gcs_gateway::ParentUsage>>,
+    /// The ids of the jobs cancelled, in order.
+    pub cancelled_ids: Mutex<Vec<String>>,
     next: AtomicUsize,
 }
 
@@ -58,6 +66,8 @@ impl Net {
             jobs: Mutex::default(),
             cancelled: AtomicUsize::new(0),
             usage: Mutex::default(),
+            parents: Mutex::default(),
+            cancelled_ids: Mutex::default(),
             next: AtomicUsize::new(0),
         })
     }
@@ -116,7 +126,8 @@ impl Backend for Net {
         &self,
         spec: JobSpec,
     ) -> BoxFuture<'_, Result<(String, mpsc::Receiver<JobEvent>), BackendError>> {
-        let id = format!("job_{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let nth = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!("job_{nth}");
         let inputs = match gcs_gateway::payload::JobRequest::decode(&spec.body) {
             Ok(gcs_gateway::payload::JobRequest::Embedding(e)) => Some(e.inputs.len()),
             _ => None,
@@ -130,6 +141,7 @@ impl Backend for Net {
             (u.input_tokens, u.cached_tokens) = (1, 0);
             (u.output_tokens_generated, u.output_tokens_sent_to_client) = (*tokens, *tokens);
             (u.batch_id, u.created_at_ms) = (spec.batch_id.clone(), gcs_protocol::now_ms());
+            u.price_percent = spec.price_percent;
             self.usage.lock().unwrap().push(u);
         }
         self.jobs.lock().unwrap().push(spec);
@@ -189,18 +201,38 @@ impl Backend for Net {
                     let _ = tx.send(JobEvent::Leased { node_id }).await;
                     let _ = tx.send(completed(&job, 0, inputs)).await;
                 }
+                Script::EmbedFailing { nth: bad, after, error } => {
+                    let _ = tx.send(JobEvent::Leased { node_id }).await;
+                    let wait = if nth == bad { after } else { after * 20 };
+                    tokio::time::sleep(wait).await;
+                    let ev = if nth == bad {
+                        JobEvent::Failed { error, after_partial_output: false }
+                    } else {
+                        completed(&job, 0, inputs)
+                    };
+                    let _ = tx.send(ev).await;
+                }
             }
         });
         Box::pin(async move { Ok((id, rx)) })
     }
 
-    fn cancel(&self, _job_id: String, _reason: CancellationReason) -> BoxFuture<'_, ()> {
+    fn cancel(&self, job_id: String, _reason: CancellationReason) -> BoxFuture<'_, ()> {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
+        self.cancelled_ids.lock().unwrap().push(job_id);
         Box::pin(async {})
     }
 
     fn registrations(&self) -> Vec<NodeRegistration> {
         vec![registration()]
+    }
+
+    fn record_parent(
+        &self,
+        parent: gcs_gateway::ParentUsage,
+    ) -> BoxFuture<'_, Result<(), BackendError>> {
+        self.parents.lock().unwrap().push(parent);
+        Box::pin(async { Ok(()) })
     }
 
     fn usage(&self, key: &str, since: u64, until: u64) -> Result<Vec<UsageRecord>, BackendError> {

@@ -49,6 +49,11 @@ pub struct RunArgs {
     /// batches (up to 64 inputs a job), beyond that a 400.
     #[arg(long, env = "GCS_MAX_JOBS_PER_REQUEST", default_value_t = 32)]
     pub max_jobs_per_request: usize,
+    /// The price of batch work (/v1/batches) in percent of the API price:
+    /// a key's budget is charged that share of a batch job's tokens.
+    #[arg(long, env = "GCS_BATCH_PRICE_PERCENT", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub batch_price_percent: u8,
     /// How long a stream's HTTP status waits for its first chunk, in ms (at
     /// most one keepalive interval): a job failing before it is answered
     /// with its own status as JSON.

@@ -149,6 +149,7 @@ fn gateway_config(cli: &RunArgs) -> gcs_gateway::GatewayConfig {
         wall_timeout_ms: cli.wall_timeout_ms,
         max_in_flight: cli.max_in_flight.max(1),
         max_jobs_per_request: cli.max_jobs_per_request.max(1),
+        batch_price_percent: cli.batch_price_percent.clamp(1, 100),
         stream_hold: Duration::from_millis(cli.stream_hold_ms),
         swarm_id: cli.swarm.clone(),
         edge: gcs_gateway::serve::EdgeLimits {

@@ -65,6 +65,10 @@ pub struct GatewayRecord {
     /// after a restart still names it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
+    /// The price its usage record applies (batch work), kept for the same
+    /// reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_percent: Option<u8>,
 }
 
 impl GatewayRecord {
@@ -80,6 +84,7 @@ impl GatewayRecord {
             body: spec.body.clone(),
             sealed: false,
             batch_id: spec.batch_id.clone(),
+            price_percent: spec.price_percent,
         }
     }
 
@@ -153,6 +158,7 @@ pub fn build_job(
         limits,
         job_id,
         announcement: 0,
+        parent: spec.parent.clone(),
         signature: None,
     };
     sign(&mut job, key)?;

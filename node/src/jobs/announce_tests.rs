@@ -18,6 +18,8 @@ fn spec(privacy: PrivacyLevel) -> JobSpec {
         max_output_tokens: 16,
         routing,
         batch_id: None,
+        parent: None,
+        price_percent: None,
     }
 }
 

@@ -108,7 +108,7 @@ async fn late_metering(
 /// other gateways (tenant-gateway scope): a tenant's budget and `/v1/usage`
 /// then hold on every gateway that serves it. An error means the record is
 /// not known to be stored: the caller must not answer the job as served.
-async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) -> Result<(), NodeError> {
+pub(super) async fn store_usage(u: &gcs_protocol::UsageRecord, ctx: &Ctx<'_>) -> Result<(), NodeError> {
     let delta = crate::replication::record_usage(ctx.keyspace, u, now_ms()).inspect_err(|e| {
         tracing::error!(job_id = %u.job_id, error = %e, "usage record not stored");
     })?;
@@ -274,6 +274,7 @@ impl GatewayState {
             if let Some(r) = record.as_deref().and_then(GatewayRecord::decode) {
                 tracker.bill_to(r.billing);
                 tracker.for_batch(r.batch_id);
+                tracker.priced(r.price_percent);
             }
             tracker.restore_lease(lease);
             tracker.restore_delivered(recorded_tokens(ctx.keyspace, id)?);
@@ -385,6 +386,7 @@ impl GatewayState {
         let (mut tracker, effects) = JobTracker::new(job, ctx.tracker, now);
         tracker.bill_to(billing);
         tracker.for_batch(record.batch_id.clone());
+        tracker.priced(record.price_percent);
         tracker.set_seed(payload_seed(&spec.body));
         let salt = cache_salt(ctx.key, &spec.tenant_id);
         let body = if record.sealed { record.body } else { spec.body };

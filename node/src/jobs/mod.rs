@@ -9,6 +9,7 @@ pub mod continuations;
 pub mod engine_exec;
 pub mod executor;
 pub(crate) mod gateway;
+pub(crate) mod parent;
 pub mod sealed;
 pub mod wire;
 pub(crate) mod worker;

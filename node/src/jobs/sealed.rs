@@ -176,6 +176,8 @@ mod tests {
             max_output_tokens: 1,
             routing: gcs_protocol::Routing::public(),
             batch_id: None,
+            parent: None,
+            price_percent: None,
         };
         assert_eq!(idempotency_digest(&key, &spec), Hash32::of(b"prompt"));
         spec.routing.privacy_mode = gcs_protocol::PrivacyLevel::EncryptedPayload;

@@ -237,6 +237,11 @@ pub struct ApiRequestJob {
     /// swallow it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub announcement: u32,
+    /// The API job this one is a child of (26.14.2; extension): its
+    /// deadline and policy are the parent's. Absent, and so outside the
+    /// signed bytes, for a job without a parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<crate::ChildJobReference>,
     /// Signature by `gateway_node_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
@@ -352,6 +357,12 @@ impl SignedMessage for ApiRequestJob {
             v::short(f, c, 256)?;
         }
         v::lifetime("expires_at_ms", self.created_at_ms, self.expires_at_ms, MAX_JOB_LIFETIME_MS)?;
+        if let Some(p) = &self.parent {
+            p.check("parent")?;
+            if p.parent_job.job_id == self.job_id {
+                return Err(ProtocolError::field("parent", "a job cannot be its own parent"));
+            }
+        }
         let _ = limits;
         Ok(())
     }

@@ -35,10 +35,46 @@ pub struct ProcessingTaskRef {
 
 /// 26.14.2 child job reference.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[allow(missing_docs)]
 pub struct ChildJobReference {
+    /// The API job this one is a child of.
     pub parent_job: ParentJob,
-    pub processing_task: ProcessingTaskRef,
+    /// The processing task it runs; absent for an API child job (an
+    /// embeddings request split over workers), so older encodings, which
+    /// always carried it, still decode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processing_task: Option<ProcessingTaskRef>,
+}
+
+/// Longest `parent_job.phase`.
+pub const MAX_PHASE: usize = 64;
+
+impl ChildJobReference {
+    /// An API child of `parent_job_id` in `phase`.
+    pub fn api(parent_job_id: &str, phase: &str) -> Self {
+        Self {
+            parent_job: ParentJob {
+                job_type: MessageType::ApiRequestJob,
+                job_id: parent_job_id.to_string(),
+                phase: phase.to_string(),
+            },
+            processing_task: None,
+        }
+    }
+
+    /// Field rules: the parent is an API request job with a valid id, the
+    /// phase a short name, the task ref (if any) bounded.
+    pub fn check(&self, field: &'static str) -> Result<(), ProtocolError> {
+        if self.parent_job.job_type != MessageType::ApiRequestJob {
+            return Err(ProtocolError::field(field, "the parent must be a GCS_API_REQUEST_JOB"));
+        }
+        ids::check_id(field, &self.parent_job.job_id, ids::JOB)?;
+        v::short(field, &self.parent_job.phase, MAX_PHASE)?;
+        if let Some(t) = &self.processing_task {
+            v::short(field, &t.task_id, MAX_SHORT)?;
+            v::short(field, &t.subtask_id, MAX_SHORT)?;
+        }
+        Ok(())
+    }
 }
 
 /// `SGProcessing::Task`: a unit of enqueued work (stored under

@@ -179,6 +179,23 @@ pub struct HolderTokens {
     pub output_tokens: u64,
 }
 
+/// Most child jobs one parent may count.
+pub const MAX_CHILD_JOBS: u32 = 4096;
+
+impl UsageRecord {
+    /// The tokens this record charges against a budget: none for a
+    /// parent's roll-up (its children's records carry them), else input +
+    /// generated output at `price_percent` (rounded up).
+    pub fn charged_tokens(&self) -> u64 {
+        if self.child_jobs > 0 {
+            return 0;
+        }
+        let t = self.input_tokens.saturating_add(self.output_tokens_generated);
+        let p = u64::from(self.price_percent.unwrap_or(100));
+        t.saturating_mul(p).div_ceil(100)
+    }
+}
+
 /// `GCS_API_USAGE_RECORD` (26.21.1), one per job, signed by the gateway that
 /// saw both what the worker generated and what the client received.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -228,6 +245,17 @@ pub struct UsageRecord {
     /// the signed bytes, for a job that never continued).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<HolderTokens>,
+    /// A child job's parent (extension; absent, and so outside the signed
+    /// bytes, for a job without one). The child's record meters its tokens;
+    /// the parent's record (`child_jobs` > 0) sums them for the reader and
+    /// is not charged again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_job_id: Option<String>,
+    /// The price applied to this job's tokens, in percent of the API price
+    /// (extension; batch work, specs/batch.md "Pricing"; absent means 100,
+    /// and is outside the signed bytes). The token counts stay real.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_percent: Option<u8>,
     pub created_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
@@ -253,6 +281,16 @@ impl SignedMessage for UsageRecord {
         if let Some(b) = &self.batch_id {
             v::short("batch_id", b, MAX_SHORT)?;
         }
+        if let Some(p) = &self.parent_job_id {
+            ids::check_id("parent_job_id", p, ids::JOB)?;
+            if self.child_jobs > 0 {
+                return Err(ProtocolError::field("parent_job_id", "a child job has no children"));
+            }
+        }
+        if let Some(p) = self.price_percent {
+            v::range("price_percent", p, 1, 100)?;
+        }
+        v::range("child_jobs", self.child_jobs, 0, MAX_CHILD_JOBS)?;
         if self.output_tokens_sent_to_client > self.output_tokens_generated {
             return Err(ProtocolError::field(
                 "output_tokens_sent_to_client",

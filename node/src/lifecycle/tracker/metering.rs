@@ -71,6 +71,9 @@ impl JobTracker {
             failed_after_partial_output: self.state == JobState::Failed && self.fence.started(),
             batch_id: self.batch_id.clone(),
             holders: self.holder_shares(),
+            // A child job's record names its parent (26.14.2).
+            parent_job_id: j.parent.as_ref().map(|p| p.parent_job.job_id.clone()),
+            price_percent: self.price_percent,
             created_at_ms: now,
             signature: None,
         };

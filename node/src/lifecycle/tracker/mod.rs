@@ -152,6 +152,8 @@ pub struct JobTracker {
     cont: continuation::State,
     /// The OpenAI batch the job runs for; its usage record names it.
     batch_id: Option<String>,
+    /// The price applied to its tokens (batch work); its record says so.
+    price_percent: Option<u8>,
 }
 
 fn err(kind: &str, code: &str, message: &str) -> ErrorInfo {
@@ -184,6 +186,7 @@ impl JobTracker {
             billing: job.tenant.clone(),
             cont: continuation::State::default(),
             batch_id: None,
+            price_percent: None,
             job,
         };
         let publish = Effect::Publish(Box::new(t.job.clone()));
@@ -217,6 +220,11 @@ impl JobTracker {
     /// Names the batch the job runs for in its usage record.
     pub fn for_batch(&mut self, batch_id: Option<String>) {
         self.batch_id = batch_id;
+    }
+
+    /// The price its usage record applies to its tokens (`None`: full).
+    pub fn priced(&mut self, percent: Option<u8>) {
+        self.price_percent = percent;
     }
 
     /// The signed job it tracks.
