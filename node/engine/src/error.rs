@@ -53,6 +53,9 @@ pub enum EngineError {
     /// The batch engine has shut down.
     #[error("engine stopped")]
     Stopped,
+    /// The compute backend failed (a GPU runtime error, with its message).
+    #[error("compute backend: {0}")]
+    Backend(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

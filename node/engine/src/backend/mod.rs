@@ -12,6 +12,8 @@
 
 #[allow(unsafe_code)] // dlopen + the driver's C API
 pub mod driver;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod gpu;
 
 use crate::attn::KvPool;
 use crate::error::Result;
@@ -39,6 +41,9 @@ impl ComputeDevice {
 pub enum BackendKind {
     Cpu,
     Cuda,
+    /// The CubeCL decoder on wgpu (`--features wgpu`: the kernel tests on
+    /// a machine without a GPU, through Mesa's lavapipe).
+    Wgpu,
 }
 
 /// Why a backend cannot be used; every message says what to do.

@@ -15,6 +15,7 @@
 use half::f16;
 use rayon::prelude::*;
 
+pub mod blocks;
 mod kernels;
 mod k_common;
 pub mod rows;

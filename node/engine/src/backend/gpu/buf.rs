@@ -1,0 +1,71 @@
+//! Typed device buffers: a handle with its element count, so a kernel
+//! argument's length always matches what was allocated.
+
+use std::marker::PhantomData;
+
+use cubecl::client::Client;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::GpuError;
+
+/// `len` elements of `T` on the device.
+#[derive(Debug, Clone)]
+pub struct DeviceBuf<T> {
+    handle: Handle,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: CubeElement> DeviceBuf<T> {
+    /// A copy of `data` on the device.
+    pub fn upload(client: &Client, data: &[T]) -> Self {
+        // An empty buffer still gets one element: backends refuse
+        // zero-sized bindings, and `len` keeps kernels from reading it.
+        if data.is_empty() {
+            let mut b = Self::zeros(client, 1);
+            b.len = 0;
+            return b;
+        }
+        Self { handle: client.create_from_slice(T::as_bytes(data)), len: data.len(), _t: PhantomData }
+    }
+
+    /// `len` elements, zeroed (zero bits are 0.0 for the float types).
+    pub fn zeros(client: &Client, len: usize) -> Self {
+        let zero = vec![0u8; len.max(1) * std::mem::size_of::<T>()];
+        Self { handle: client.create_from_slice(&zero), len, _t: PhantomData }
+    }
+
+    /// `len` elements of unspecified content (a kernel's output).
+    pub fn uninit(client: &Client, len: usize) -> Self {
+        Self {
+            handle: client.empty(len.max(1) * std::mem::size_of::<T>()),
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The buffer as a kernel argument.
+    #[allow(unsafe_code)]
+    pub fn arg(&self) -> BufferArg {
+        // SAFETY: `len` is at most the number of `T`s the handle was
+        // allocated with (set together in the constructors above).
+        unsafe { BufferArg::from_raw_parts(self.handle.clone(), self.len) }
+    }
+
+    /// Copy the buffer back to the host (waits for the kernels writing it).
+    pub fn read(&self, client: &Client) -> Result<Vec<T>, GpuError> {
+        let bytes = client.read_one(self.handle.clone()).map_err(GpuError::server)?;
+        let mut v = T::from_bytes(&bytes).to_vec();
+        v.truncate(self.len);
+        Ok(v)
+    }
+}

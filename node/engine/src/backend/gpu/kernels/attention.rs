@@ -1,0 +1,217 @@
+//! RoPE with the paged K/V write, and paged attention over block tables.
+//!
+//! The K/V pool is one buffer per kind for all layers:
+//! `[layer][block][kv_head][16 positions][head_dim]` (V is not transposed
+//! as on the CPU: a unit per output dimension reads V rows coalesced).
+//! Per batch row the host passes its position and its `slot`
+//! (`block · 16 + pos % 16`) for the write, and for attention the offset of
+//! its sequence's block table in one flat `tables` buffer.
+
+use cubecl::prelude::*;
+
+/// Positions per K/V block (the block manager's `BLOCK_SIZE`).
+pub const BLOCK: usize = 16;
+
+/// Shapes of one attention layer, fixed for a model (`#[comptime]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeadShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// NEOX rotation `(x[i], x[i + d/2])`; else adjacent pairs (llama).
+    pub neox: bool,
+}
+
+impl HeadShape {
+    pub const fn width(&self) -> usize {
+        (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+    }
+    /// Elements of one block of one layer (all KV heads).
+    pub const fn block_len(&self) -> usize {
+        self.n_kv_heads * BLOCK * self.head_dim
+    }
+}
+
+/// Row `cube_x` of `qkv = [q | k | v]`: rotate Q in place, rotate K and
+/// write it and V to the row's slot in layer `layer_off`'s pool.
+/// `cos`/`sin` are `[context, head_dim / 2]`. Launch with
+/// `CubeCount (rows)`, `CubeDim (128)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_store<KV: Float>(
+    qkv: &mut [f32],
+    k_pool: &mut [KV],
+    v_pool: &mut [KV],
+    cos: &[f32],
+    sin: &[f32],
+    row_pos: &[u32],
+    row_slot: &[u32],
+    layer_off: usize,
+    #[comptime] sh: HeadShape,
+) {
+    let row = CUBE_POS_X as usize;
+    let tid = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    let hd = comptime!(sh.head_dim);
+    let half = comptime!(sh.head_dim / 2);
+    let (nh, nkv) = comptime!((sh.n_heads, sh.n_kv_heads));
+    let qd = nh * hd;
+    let base = row * comptime!(sh.width());
+    let pos = row_pos[row] as usize;
+    let slot = row_slot[row] as usize;
+    let (blk, off) = (slot / BLOCK, slot % BLOCK);
+    let pool_base = layer_off + blk * comptime!(sh.block_len());
+    let mut p = tid;
+    while p < (nh + nkv) * half {
+        let (head, i) = (p / half, p % half);
+        let (a, b) = if comptime!(sh.neox) { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let o = base + head * hd;
+        let (x0, x1) = (qkv[o + a], qkv[o + b]);
+        let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
+        let y0 = x0 * c - x1 * s;
+        let y1 = x0 * s + x1 * c;
+        if head < nh {
+            qkv[o + a] = y0;
+            qkv[o + b] = y1;
+        } else {
+            let kv = pool_base + ((head - nh) * BLOCK + off) * hd;
+            k_pool[kv + a] = KV::cast_from(y0);
+            k_pool[kv + b] = KV::cast_from(y1);
+        }
+        p += threads;
+    }
+    let mut e = tid;
+    while e < nkv * hd {
+        let (h, d) = (e / hd, e % hd);
+        let kv = pool_base + (h * BLOCK + off) * hd + d;
+        v_pool[kv] = KV::cast_from(qkv[base + qd + nkv * hd + e]);
+        e += threads;
+    }
+}
+
+/// Causal attention of batch row `cube_x`, query head `cube_y`, over the
+/// `row_pos + 1` positions of its sequence (keys before `pos + 1 − window`
+/// masked when `window > 0`). One pass over the keys in chunks of `T`
+/// (the cube's units, `T ≥ head_dim`, a power of two) with an online
+/// softmax: each unit scores one key of a chunk, the chunk's max and sum
+/// meet in shared memory, and unit `d < head_dim` accumulates output
+/// dimension `d`. Decode rows and prefill rows are the same kernel.
+/// Launch with `CubeCount (rows, n_heads)`, `CubeDim (T)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention<KV: Float>(
+    qkv: &[f32],
+    k_pool: &[KV],
+    v_pool: &[KV],
+    out: &mut [f32],
+    row_pos: &[u32],
+    row_table: &[u32],
+    tables: &[u32],
+    layer_off: usize,
+    scale: f32,
+    window: usize,
+    #[comptime] sh: HeadShape,
+    #[comptime] t: usize,
+) {
+    let row = CUBE_POS_X as usize;
+    let h = CUBE_POS_Y as usize;
+    let tid = UNIT_POS_X as usize;
+    let hd = comptime!(sh.head_dim);
+    let (nh, nkv) = comptime!((sh.n_heads, sh.n_kv_heads));
+    let kvh = h / (nh / nkv);
+    let bl = comptime!(sh.block_len());
+    let n = row_pos[row] as usize + 1;
+    let toff = row_table[row] as usize;
+    let lo = select(window > 0 && n > window, n - window, 0usize);
+
+    let mut q = Shared::new_slice(hd);
+    if tid < hd {
+        q[tid] = qkv[row * comptime!(sh.width()) + h * hd + tid];
+    }
+    let mut p = Shared::new_slice(t);
+    let mut red = Shared::new_slice(t);
+    sync_cube();
+
+    // Finite stand-in for −∞, so exp(m − m') never sees ∞ − ∞.
+    let mut m = (-3.0e38f32).runtime();
+    let mut l = 0.0f32.runtime();
+    let mut acc = 0.0f32.runtime();
+    let mut c0 = lo;
+    while c0 < n {
+        let j = c0 + tid;
+        let mut score = (-3.0e38f32).runtime();
+        if j < n {
+            let kb = layer_off + tables[toff + j / BLOCK] as usize * bl
+                + (kvh * BLOCK + j % BLOCK) * hd;
+            let mut s = 0.0f32;
+            for d in 0..hd {
+                s += q[d] * f32::cast_from(k_pool[kb + d]);
+            }
+            score = s * scale;
+        }
+        red[tid] = score;
+        sync_cube();
+        let mut stride = (t / 2).runtime();
+        while stride > 0 {
+            if tid < stride {
+                red[tid] = f32::max(red[tid], red[tid + stride]);
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        let m_new = f32::max(m, red[0]);
+        sync_cube();
+        let pj = select(j < n, f32::exp(score - m_new), 0.0f32);
+        p[tid] = pj;
+        red[tid] = pj;
+        sync_cube();
+        let mut stride = (t / 2).runtime();
+        while stride > 0 {
+            if tid < stride {
+                red[tid] = red[tid] + red[tid + stride];
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        let alpha = f32::exp(m - m_new);
+        l = l * alpha + red[0];
+        if tid < hd {
+            let mut a = acc * alpha;
+            let cn = select(n - c0 < t, n - c0, t);
+            for k in 0..cn {
+                let jj = c0 + k;
+                let vb = layer_off + tables[toff + jj / BLOCK] as usize * bl
+                    + (kvh * BLOCK + jj % BLOCK) * hd;
+                a += p[k] * f32::cast_from(v_pool[vb + tid]);
+            }
+            acc = a;
+        }
+        m = m_new;
+        sync_cube();
+        c0 += t;
+    }
+    if tid < hd {
+        out[row * nh * hd + h * hd + tid] = acc / l;
+    }
+}
+
+/// Copy block `src` to `dst` in every layer of both pools (copy-on-write).
+/// Launch over `n_layers · block_len` units.
+#[cube(launch)]
+pub fn copy_block<KV: Float>(
+    k_pool: &mut [KV],
+    v_pool: &mut [KV],
+    src: usize,
+    dst: usize,
+    block_len: usize,
+    layer_len: usize,
+    n_layers: usize,
+) {
+    let p = ABSOLUTE_POS;
+    if p < n_layers * block_len {
+        let (li, e) = (p / block_len, p % block_len);
+        let (s, d) = (li * layer_len + src * block_len + e, li * layer_len + dst * block_len + e);
+        k_pool[d] = k_pool[s];
+        v_pool[d] = v_pool[s];
+    }
+}

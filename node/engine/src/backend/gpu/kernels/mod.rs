@@ -1,0 +1,6 @@
+//! CubeCL kernels of the decoder step, one file per kind of op.
+
+pub mod attention;
+pub mod basic;
+pub mod ops;
+pub mod quant;

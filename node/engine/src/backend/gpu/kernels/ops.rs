@@ -1,0 +1,72 @@
+//! Element-wise and per-row kernels of a decoder layer: residual add fused
+//! with RMSNorm, and SwiGLU.
+
+use cubecl::prelude::*;
+
+/// Units per cube of the row kernels.
+pub const ROW_THREADS: usize = 128;
+
+/// For cube `c` (row `r = idx[c]`): `x[r] += delta[r]` when `add`, then
+/// `h[c] = x[r] / sqrt(mean(x[r]²) + eps) · w` (llama.cpp's RMSNorm; the
+/// CPU path sums the squares in f64, here a tree of f32 partial sums).
+/// With `idx` the identity this is every row of a layer; with each
+/// sequence's last row it is the output norm before the LM head.
+/// Launch with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    x: &mut [f32],
+    delta: &[f32],
+    w: &[f32],
+    h: &mut [f32],
+    idx: &[u32],
+    hidden: usize,
+    eps: f32,
+    #[comptime] add: bool,
+) {
+    let c = CUBE_POS_X as usize;
+    let r = idx[c] as usize;
+    let tid = UNIT_POS_X as usize;
+    let mut ss = 0.0f32;
+    let mut i = tid;
+    while i < hidden {
+        let mut v = x[r * hidden + i];
+        if comptime!(add) {
+            v += delta[r * hidden + i];
+            x[r * hidden + i] = v;
+        }
+        ss += v * v;
+        i += ROW_THREADS;
+    }
+    let mut sh = Shared::new_slice(ROW_THREADS);
+    sh[tid] = ss;
+    sync_cube();
+    let mut stride = (ROW_THREADS / 2).runtime();
+    while stride > 0 {
+        if tid < stride {
+            sh[tid] = sh[tid] + sh[tid + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    let scale = 1.0f32 / f32::sqrt(sh[0] / f32::cast_from(hidden as u32) + eps);
+    let mut i = tid;
+    while i < hidden {
+        // Each unit reads back only what it wrote itself above.
+        h[c * hidden + i] = (x[r * hidden + i] * scale) * w[i];
+        i += ROW_THREADS;
+    }
+}
+
+/// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`.
+/// Launch over `n · inter` units.
+#[cube(launch)]
+pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
+    let p = ABSOLUTE_POS;
+    if p < act.len() {
+        let (j, i) = (p / inter, p % inter);
+        let g = gu[j * 2 * inter + i];
+        let u = gu[j * 2 * inter + inter + i];
+        act[p] = g / (1.0f32 + f32::exp(-g)) * u;
+    }
+}

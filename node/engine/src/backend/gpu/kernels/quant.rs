@@ -1,0 +1,185 @@
+//! Matmul over quantized weights, dequantized inside the kernel.
+//!
+//! The weights stay in their GGUF blocks, uploaded as little-endian `u32`
+//! words, one block in a whole number of words ([`WeightKind`]): Q4_1's
+//! 20-byte block is 5 words as stored; Q4_0 (18 bytes) and Q8_0 (34 bytes)
+//! get two zero bytes after their f16 scale, so their quants start on a
+//! word. `out[j, off + r] = Σ_c x[j, c] · W[r, c]` for batch rows `j < n`.
+//!
+//! Work split: a cube is `LANES × ROWS` units; unit `(lane, ry)` owns weight
+//! row `cube_x · ROWS + ry` and walks its blocks `lane, lane + LANES, …`,
+//! dequantizing each block once into registers and using it for `NB` batch
+//! rows (`cube_y` picks which `NB`); the lanes' partial sums meet in a
+//! shared-memory tree. Weights are read once per `NB` batch rows.
+
+use cubecl::prelude::*;
+
+/// Units along a weight row (over its blocks).
+pub const LANES: usize = 32;
+/// Weight rows per cube.
+pub const ROWS: usize = 4;
+/// Batch rows per cube (accumulators per unit).
+pub const NB: usize = 8;
+
+/// The block formats the kernel reads (`#[comptime]`: one compiled kernel
+/// per format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightKind {
+    /// `w = d · (q − 8)`, 5 words: `d | pad`, 16 nibble bytes.
+    Q4_0,
+    /// `w = d · q + m`, 5 words: `d | m << 16`, 16 nibble bytes.
+    Q4_1,
+    /// `w = d · q`, 9 words: `d | pad`, 32 signed bytes.
+    Q8_0,
+}
+
+impl WeightKind {
+    /// `u32` words per 32-element block on the device.
+    pub const fn words(self) -> usize {
+        match self {
+            WeightKind::Q4_0 | WeightKind::Q4_1 => 5,
+            WeightKind::Q8_0 => 9,
+        }
+    }
+}
+
+/// An f16 (the low 16 bits of `h`) as f32, exactly; inf/NaN are not
+/// expected in scales and come out as large finite values.
+#[cube]
+pub fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h >> 15) & 1;
+    let exp = (h >> 10) & 31;
+    let mant = h & 1023;
+    let normal = f32::reinterpret((sign << 31) | ((exp + 112) << 23) | (mant << 13));
+    // Subnormal: mant · 2^-24.
+    let sub = f32::cast_from(mant) * 5.9604645e-8f32;
+    let sub = select(sign == 1, -sub, sub);
+    select(exp == 0, sub, normal)
+}
+
+/// The 32 weights of the block at word `base`, into `wv`.
+#[cube]
+pub fn dequant_block(w: &[u32], base: usize, wv: &mut Array<f32>, #[comptime] kind: WeightKind) {
+    let w0 = w[base];
+    let d = f16_to_f32(w0 & 0xffff);
+    match comptime!(kind) {
+        WeightKind::Q8_0 => {
+            #[unroll]
+            for wi in 0..8usize {
+                let word = w[base + 1 + wi];
+                #[unroll]
+                for k in 0..4usize {
+                    let byte = (word >> (8 * k as u32)) & 0xff;
+                    let q = i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32);
+                    wv[wi * 4 + k] = f32::cast_from(q) * d;
+                }
+            }
+        }
+        _ => {
+            // Q4_1: d · q + m; Q4_0: d · (q − 8).
+            let q4_1 = comptime!(kind == WeightKind::Q4_1);
+            let m = select(q4_1, f16_to_f32(w0 >> 16), 0.0f32.runtime());
+            let off = select(q4_1, 0.0f32.runtime(), (-8.0f32).runtime());
+            #[unroll]
+            for wi in 0..4usize {
+                let word = w[base + 1 + wi];
+                #[unroll]
+                for k in 0..4usize {
+                    let byte = (word >> (8 * k as u32)) & 0xff;
+                    let e = wi * 4 + k;
+                    wv[e] = (f32::cast_from(byte & 15) + off) * d + m;
+                    wv[e + 16] = (f32::cast_from(byte >> 4) + off) * d + m;
+                }
+            }
+        }
+    }
+}
+
+/// See the module docs. Launch with `CubeDim (LANES, ROWS)` and
+/// `CubeCount (rows.div_ceil(ROWS), n.div_ceil(NB))`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_q(
+    w: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    rows: usize,
+    cols: usize,
+    n: usize,
+    out_stride: usize,
+    out_off: usize,
+    #[comptime] kind: WeightKind,
+) {
+    let lane = UNIT_POS_X as usize;
+    let ry = UNIT_POS_Y as usize;
+    let r = CUBE_POS_X as usize * ROWS + ry;
+    let j0 = CUBE_POS_Y as usize * NB;
+    let nb = cols / 32;
+    let words = comptime!(kind.words());
+    let mut acc = Array::<f32>::new(NB);
+    #[unroll]
+    for j in 0..NB {
+        acc[j] = 0.0;
+    }
+    let mut wv = Array::<f32>::new(32usize);
+    if r < rows {
+        let mut b = lane;
+        while b < nb {
+            dequant_block(w, (r * nb + b) * words, &mut wv, kind);
+            #[unroll]
+            for j in 0..NB {
+                if j0 + j < n {
+                    let xo = (j0 + j) * cols + b * 32;
+                    let mut s = 0.0f32;
+                    #[unroll]
+                    for e in 0..32usize {
+                        s += wv[e] * x[xo + e];
+                    }
+                    acc[j] += s;
+                }
+            }
+            b += LANES;
+        }
+    }
+    let mut sh = Shared::new_slice(ROWS * NB * LANES);
+    #[unroll]
+    for j in 0..NB {
+        sh[(ry * NB + j) * LANES + lane] = acc[j];
+    }
+    sync_cube();
+    let mut stride = (LANES / 2).runtime();
+    while stride > 0 {
+        if lane < stride {
+            #[unroll]
+            for j in 0..NB {
+                let i = (ry * NB + j) * LANES + lane;
+                sh[i] = sh[i] + sh[i + stride];
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if lane < NB && r < rows && j0 + lane < n {
+        out[(j0 + lane) * out_stride + out_off + r] = sh[(ry * NB + lane) * LANES];
+    }
+}
+
+/// Embedding lookup: row `tokens[cube_x]` of the quantized table into
+/// `x[cube_x, ..]`. Launch with `CubeCount (n_tokens, cols / 32)`, one
+/// unit per block.
+#[cube(launch)]
+pub fn embed_q(w: &[u32], tokens: &[u32], x: &mut [f32], cols: usize, #[comptime] kind: WeightKind) {
+    let t = tokens[CUBE_POS_X as usize] as usize;
+    let b = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let nb = cols / 32;
+    if b < nb {
+        let words = comptime!(kind.words());
+        let mut wv = Array::<f32>::new(32usize);
+        dequant_block(w, (t * nb + b) * words, &mut wv, kind);
+        let o = CUBE_POS_X as usize * cols + b * 32;
+        #[unroll]
+        for e in 0..32usize {
+            x[o + e] = wv[e];
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Launch wrappers: each kernel with its cube counts and dimensions, over
+//! typed buffers (shared by the decoder and the tests).
+
+use cubecl::client::Client;
+use cubecl::prelude::*;
+
+use super::kernels::attention::{self, HeadShape};
+use super::kernels::{ops, quant};
+use super::weights::GpuMatrix;
+use super::DeviceBuf;
+
+fn groups(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).max(1) as u32
+}
+
+/// `out[n, m.rows] = x[n, m.cols] · mᵀ`.
+pub fn matmul(c: &Client, m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
+    debug_assert!(x.len() >= n * m.cols && out.len() >= n * m.rows);
+    let mut off = 0;
+    for p in &m.parts {
+        quant::matmul_q::launch(
+            c,
+            CubeCount::Static(groups(p.rows, quant::ROWS), groups(n, quant::NB), 1),
+            CubeDim::new_2d(quant::LANES as u32, quant::ROWS as u32),
+            p.words.arg(),
+            x.arg(),
+            out.arg(),
+            p.rows,
+            m.cols,
+            n,
+            m.rows,
+            off,
+            p.kind,
+        );
+        off += p.rows;
+    }
+}
+
+/// `x[i] = m[tokens[i]]`; `m` must be one part (embedding tables are).
+pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f32>) {
+    let Some(p) = m.parts.first() else { return };
+    let nb = m.cols / 32;
+    quant::embed_q::launch(
+        c,
+        CubeCount::Static(tokens.len() as u32, groups(nb, 64), 1),
+        CubeDim::new_1d(64),
+        p.words.arg(),
+        tokens.arg(),
+        x.arg(),
+        m.cols,
+        p.kind,
+    );
+}
+
+/// [`ops::add_rms_norm`] over the rows `idx` (`delta`: the residual to
+/// add first, if any).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    c: &Client,
+    x: &DeviceBuf<f32>,
+    delta: Option<&DeviceBuf<f32>>,
+    w: &DeviceBuf<f32>,
+    h: &DeviceBuf<f32>,
+    idx: &DeviceBuf<u32>,
+    eps: f32,
+) {
+    // Without a delta the kernel never reads it; `w` stands in (read-only,
+    // so no buffer is bound twice as writable).
+    let d = delta.unwrap_or(w);
+    ops::add_rms_norm::launch(
+        c,
+        CubeCount::Static(idx.len() as u32, 1, 1),
+        CubeDim::new_1d(ops::ROW_THREADS as u32),
+        x.arg(),
+        d.arg(),
+        w.arg(),
+        h.arg(),
+        idx.arg(),
+        w.len(),
+        eps,
+        delta.is_some(),
+    );
+}
+
+/// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]`.
+pub fn swiglu(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f32>, inter: usize) {
+    ops::swiglu::launch(
+        c,
+        CubeCount::Static(groups(act.len(), 256), 1, 1),
+        CubeDim::new_1d(256),
+        gu.arg(),
+        act.arg(),
+        inter,
+    );
+}
+
+/// Per batch row: its position, its K/V slot (`block · 16 + pos % 16`)
+/// and the offset of its block table in `tables`.
+#[derive(Debug, Clone)]
+pub struct RowMeta {
+    pub pos: DeviceBuf<u32>,
+    pub slot: DeviceBuf<u32>,
+    pub table: DeviceBuf<u32>,
+    pub tables: DeviceBuf<u32>,
+}
+
+impl RowMeta {
+    pub fn rows(&self) -> usize {
+        self.pos.len()
+    }
+}
+
+/// A layer's K and V pools (views into the all-layer buffers).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerPool<'a> {
+    pub k: &'a DeviceBuf<f32>,
+    pub v: &'a DeviceBuf<f32>,
+    /// Element offset of the layer in both.
+    pub off: usize,
+}
+
+/// [`attention::rope_kv_store`] for every batch row.
+pub fn rope_kv_store(
+    c: &Client,
+    sh: HeadShape,
+    qkv: &DeviceBuf<f32>,
+    pool: LayerPool<'_>,
+    cos: &DeviceBuf<f32>,
+    sin: &DeviceBuf<f32>,
+    meta: &RowMeta,
+) {
+    attention::rope_kv_store::launch::<f32>(
+        c,
+        CubeCount::Static(meta.rows() as u32, 1, 1),
+        CubeDim::new_1d(128),
+        qkv.arg(),
+        pool.k.arg(),
+        pool.v.arg(),
+        cos.arg(),
+        sin.arg(),
+        meta.pos.arg(),
+        meta.slot.arg(),
+        pool.off,
+        sh,
+    );
+}
+
+/// Units per attention cube: keys scored per chunk, at least `head_dim`.
+pub fn attention_threads(sh: HeadShape) -> usize {
+    sh.head_dim.next_power_of_two().max(128)
+}
+
+/// [`attention::paged_attention`] for every batch row and query head.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    c: &Client,
+    sh: HeadShape,
+    qkv: &DeviceBuf<f32>,
+    pool: LayerPool<'_>,
+    out: &DeviceBuf<f32>,
+    meta: &RowMeta,
+    scale: f32,
+    window: usize,
+) {
+    let t = attention_threads(sh);
+    attention::paged_attention::launch::<f32>(
+        c,
+        CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1),
+        CubeDim::new_1d(t as u32),
+        qkv.arg(),
+        pool.k.arg(),
+        pool.v.arg(),
+        out.arg(),
+        meta.pos.arg(),
+        meta.table.arg(),
+        meta.tables.arg(),
+        pool.off,
+        scale,
+        window,
+        sh,
+        t,
+    );
+}
+
+/// Copy block `src` to `dst` in all `n_layers` layers of both pools.
+pub fn copy_block(
+    c: &Client,
+    sh: HeadShape,
+    k: &DeviceBuf<f32>,
+    v: &DeviceBuf<f32>,
+    src: u32,
+    dst: u32,
+    n_layers: usize,
+) {
+    let bl = sh.block_len();
+    let layer_len = k.len() / n_layers.max(1);
+    attention::copy_block::launch::<f32>(
+        c,
+        CubeCount::Static(groups(n_layers * bl, 256), 1, 1),
+        CubeDim::new_1d(256),
+        k.arg(),
+        v.arg(),
+        src as usize,
+        dst as usize,
+        bl,
+        layer_len,
+        n_layers,
+    );
+}

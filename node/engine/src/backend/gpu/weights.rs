@@ -1,0 +1,96 @@
+//! Host-side preparation of what the GPU decoder uploads: quantized
+//! matrices as device words ([`kernels::quant::WeightKind`]) and the RoPE
+//! tables.
+
+use cubecl::client::Client;
+
+use super::kernels::quant::WeightKind;
+use super::{DeviceBuf, GpuError};
+use crate::quant::blocks::GgufPart;
+use crate::quant::{GgmlType, QMatrix};
+
+/// GGUF blocks of `ty` as the kernel's words: Q4_1 as stored (20 bytes);
+/// Q4_0 and Q8_0 with two zero bytes after the f16 scale so the quants
+/// start on a word. Other types are not supported by the kernels yet.
+pub fn device_words(ty: GgmlType, bytes: &[u8]) -> Result<(WeightKind, Vec<u32>), GpuError> {
+    let (kind, bsz) = match ty {
+        GgmlType::Q4_0 => (WeightKind::Q4_0, 18),
+        GgmlType::Q4_1 => (WeightKind::Q4_1, 20),
+        GgmlType::Q8_0 => (WeightKind::Q8_0, 34),
+        other => {
+            return Err(GpuError::Unsupported(format!("no GPU kernel for {other:?} weights yet")))
+        }
+    };
+    if bytes.len() % bsz != 0 {
+        return Err(GpuError::Unsupported(format!("{ty:?} payload of {} bytes", bytes.len())));
+    }
+    let mut words = Vec::with_capacity(bytes.len() / bsz * kind.words());
+    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for blk in bytes.chunks_exact(bsz) {
+        match kind {
+            WeightKind::Q4_1 => words.extend(blk.chunks_exact(4).map(word)),
+            WeightKind::Q4_0 | WeightKind::Q8_0 => {
+                words.push(u16::from_le_bytes([blk[0], blk[1]]) as u32);
+                words.extend(blk[2..].chunks_exact(4).map(word));
+            }
+        }
+    }
+    Ok((kind, words))
+}
+
+/// One row-stacked part of a matrix on the device.
+#[derive(Debug, Clone)]
+pub struct GpuPart {
+    pub kind: WeightKind,
+    pub rows: usize,
+    pub words: DeviceBuf<u32>,
+}
+
+/// A `[rows, cols]` weight matrix on the device, in row-stacked parts
+/// (one unless the CPU matrix is a [`crate::quant::QData::Stack`]).
+#[derive(Debug, Clone)]
+pub struct GpuMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub parts: Vec<GpuPart>,
+}
+
+impl GpuMatrix {
+    /// Upload `m`'s GGUF blocks once.
+    pub fn upload(client: &Client, m: &QMatrix) -> Result<Self, GpuError> {
+        if m.cols % 32 != 0 {
+            return Err(GpuError::Unsupported(format!("matrix width {} is not blocks of 32", m.cols)));
+        }
+        let parts = m
+            .gguf_parts()
+            .into_iter()
+            .map(|GgufPart { ty, rows, bytes }| {
+                let (kind, words) = device_words(ty, &bytes)?;
+                Ok(GpuPart { kind, rows, words: DeviceBuf::upload(client, &words) })
+            })
+            .collect::<Result<Vec<_>, GpuError>>()?;
+        Ok(Self { rows: m.rows, cols: m.cols, parts })
+    }
+
+    /// Bytes held on the device.
+    pub fn nbytes(&self) -> usize {
+        self.parts.iter().map(|p| p.words.len() * 4).sum()
+    }
+}
+
+/// RoPE cos/sin `[context, head_dim / 2]`, by the same recurrence and f32
+/// operations as [`crate::attn::Rope::new`], so the angles are its bits.
+pub fn rope_tables(head_dim: usize, base: f32, context: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let theta_scale = base.powf(-2.0 / head_dim as f32);
+    let (mut cos, mut sin) = (Vec::with_capacity(context * half), Vec::with_capacity(context * half));
+    for p in 0..context {
+        let mut theta = p as f32;
+        for _ in 0..half {
+            cos.push(theta.cos());
+            sin.push(theta.sin());
+            theta *= theta_scale;
+        }
+    }
+    (cos, sin)
+}

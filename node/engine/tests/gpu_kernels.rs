@@ -1,0 +1,344 @@
+//! The CubeCL kernels on wgpu (Mesa's lavapipe on a machine without a GPU),
+//! each against the CPU engine's own op. `cargo test -p gcs-engine
+//! --features wgpu --test gpu_kernels -- --nocapture` prints the measured
+//! errors. Tolerances (relative to the scale of the values compared):
+//! - quantized matmul: ≤ 1e-5 of Σ|w·x| against an f64 product of the
+//!   engine's `quant::dequantize` (the CPU matmul itself is further off: it
+//!   quantizes activations to 8 bits);
+//! - embedding rows: ≤ 2.5e-7 relative of the CPU's; RoPE: ≤ 1e-6 of the
+//!   row's largest value (the CPU's FMA contraction differs);
+//! - RMSNorm (+ residual), SwiGLU: ≤ 1e-5 relative;
+//! - paged attention: ≤ 1e-5 of an f64 reference, ≤ 2e-2 of the CPU pool's
+//!   (which rounds Q, K, V and the probabilities to f16).
+#![cfg(feature = "wgpu")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use cubecl::client::Client;
+use cubecl::prelude::*;
+use gcs_engine::attn::{AttnShape, KvPool, PagedSeqRef, Rope};
+use gcs_engine::backend::gpu::kernels::attention::HeadShape;
+use gcs_engine::backend::gpu::kernels::basic;
+use gcs_engine::backend::gpu::launch::{self, LayerPool, RowMeta};
+use gcs_engine::backend::gpu::weights::{rope_tables, GpuMatrix};
+use gcs_engine::backend::gpu::DeviceBuf;
+use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
+use gcs_engine::quant::{dequantize, GgmlType, QMatrix};
+
+fn client() -> Client {
+    cubecl::Device::Wgpu(Default::default()).client()
+}
+
+/// A small deterministic generator (xorshift), values in [-1, 1).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+/// GGUF blocks of `ty` with random quants and small random scales.
+fn gguf_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let (per, bsz) = ty.block_layout();
+    let mut out = Vec::new();
+    for _ in 0..rows * cols / per {
+        let mut b: Vec<u8> = (0..bsz).map(|_| rng.next() as u8).collect();
+        b[..2].copy_from_slice(&half::f16::from_f32(0.02 * rng.f()).to_le_bytes());
+        if ty == GgmlType::Q4_1 {
+            b[2..4].copy_from_slice(&half::f16::from_f32(0.05 * rng.f()).to_le_bytes());
+        }
+        out.extend(b);
+    }
+    out
+}
+
+fn max_rel(a: &[f32], b: &[f32], scale: &[f64]) -> f64 {
+    a.iter().zip(b).zip(scale).map(|((x, y), s)| (*x as f64 - *y as f64).abs() / s.max(1e-30)).fold(0.0, f64::max)
+}
+
+#[test]
+fn add_and_sum_run() {
+    let c = client();
+    let n = 1000usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+    let (ha, hb) = (DeviceBuf::upload(&c, &a), DeviceBuf::upload(&c, &b));
+    let ho = DeviceBuf::<f32>::uninit(&c, n);
+    let count = CubeCount::Static(n.div_ceil(256) as u32, 1, 1);
+    basic::add_f32::launch(&c, count, CubeDim::new_1d(256), ha.arg(), hb.arg(), ho.arg());
+    assert_eq!(ho.read(&c).unwrap()[999], 2997.0);
+    let hs = DeviceBuf::<f32>::uninit(&c, 1);
+    let one = CubeCount::Static(1, 1, 1);
+    basic::sum_f32::launch(&c, one, CubeDim::new_1d(128), ha.arg(), hs.arg(), 128);
+    assert_eq!(hs.read(&c).unwrap()[0], 499500.0);
+}
+
+/// GPU product, f64 reference from the dequantized weights, and Σ|w·x|.
+fn check_matmul(c: &Client, m: &QMatrix, w: &[f32], n: usize, rng: &mut Rng) -> (f64, f64) {
+    let x = rng.vec(n * m.cols);
+    let g = GpuMatrix::upload(c, m).unwrap();
+    let (hx, ho) = (DeviceBuf::upload(c, &x), DeviceBuf::<f32>::uninit(c, n * m.rows));
+    launch::matmul(c, &g, &hx, n, &ho);
+    let got = ho.read(c).unwrap();
+    let mut cpu = vec![0f32; n * m.rows];
+    m.matmul(&x, n, &mut cpu);
+    let (mut want, mut scale) = (vec![0f32; n * m.rows], vec![0f64; n * m.rows]);
+    for j in 0..n {
+        for r in 0..m.rows {
+            let (mut s, mut a) = (0f64, 0f64);
+            for k in 0..m.cols {
+                let p = w[r * m.cols + k] as f64 * x[j * m.cols + k] as f64;
+                s += p;
+                a += p.abs();
+            }
+            want[j * m.rows + r] = s as f32;
+            scale[j * m.rows + r] = a;
+        }
+    }
+    (max_rel(&got, &want, &scale), max_rel(&cpu, &want, &scale))
+}
+
+#[test]
+fn quantized_matmul_matches_the_dequantized_weights() {
+    let c = client();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (rows, cols) in [(37, 96), (64, 576)] {
+            let bytes = gguf_blocks(&mut rng, ty, rows, cols);
+            let m = QMatrix::from_gguf(ty, rows, cols, &bytes);
+            let w = dequantize(ty, &bytes);
+            for n in [1, 5, 8, 17, 64] {
+                let (gpu, cpu) = check_matmul(&c, &m, &w, n, &mut rng);
+                eprintln!("{ty:?} [{rows}x{cols}] n={n}: gpu {gpu:.2e}, cpu {cpu:.2e} of Σ|w·x|");
+                assert!(gpu <= 1e-5, "{ty:?} {rows}x{cols} n={n}: {gpu:e}");
+            }
+        }
+    }
+    // A stack of two types writes each part at its row offset.
+    let (a, b) = (gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64), gguf_blocks(&mut rng, GgmlType::Q8_0, 16, 64));
+    let m = QMatrix::stack(vec![
+        QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &a),
+        QMatrix::from_gguf(GgmlType::Q8_0, 16, 64, &b),
+    ])
+    .unwrap();
+    let mut w = dequantize(GgmlType::Q4_1, &a);
+    w.extend(dequantize(GgmlType::Q8_0, &b));
+    let (gpu, _) = check_matmul(&c, &m, &w, 3, &mut rng);
+    assert!(gpu <= 1e-5, "stack: {gpu:e}");
+}
+
+#[test]
+fn embedding_rows_match_the_cpu_rows() {
+    let c = client();
+    let mut rng = Rng(7);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let (rows, cols) = (50, 576);
+        let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
+        let tokens = [3u32, 49, 0, 3, 17];
+        let g = GpuMatrix::upload(&c, &m).unwrap();
+        let (ht, hx) = (DeviceBuf::upload(&c, &tokens), DeviceBuf::<f32>::uninit(&c, 5 * cols));
+        launch::embed(&c, &g, &ht, &hx);
+        let got = hx.read(&c).unwrap();
+        let mut want = vec![0f32; 5 * cols];
+        for (i, &t) in tokens.iter().enumerate() {
+            m.row_f32(t as usize, &mut want[i * cols..(i + 1) * cols]);
+        }
+        let scale: Vec<f64> = want.iter().map(|v| (v.abs() as f64).max(1e-3)).collect();
+        let e = max_rel(&got, &want, &scale);
+        eprintln!("embed {ty:?}: {e:.2e}");
+        assert!(e <= 2.5e-7, "{ty:?}: {e:e}");
+    }
+}
+
+#[test]
+fn rms_norm_with_residual_and_swiglu_match_the_cpu() {
+    let c = client();
+    let mut rng = Rng(11);
+    let (n, hid, inter) = (6, 576, 1536);
+    let (x, d, w) = (rng.vec(n * hid), rng.vec(n * hid), rng.vec(hid));
+    let (hx, hd, hw) = (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
+    let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
+    let idx: Vec<u32> = (0..n as u32).collect();
+    launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5);
+    let mut sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
+    assert_eq!(hx.read(&c).unwrap(), sum, "x += delta is one f32 add");
+    rms_norm_rows(&mut sum, &w, 1e-5);
+    let got = hh.read(&c).unwrap();
+    let scale: Vec<f64> = sum.iter().map(|v| (v.abs() as f64).max(1e-2)).collect();
+    let e = max_rel(&got, &sum, &scale);
+    eprintln!("add + rms_norm: {e:.2e}");
+    assert!(e <= 1e-5, "rms_norm {e:e}");
+    // Only the listed rows, without a residual (the output norm).
+    let hl = DeviceBuf::<f32>::uninit(&c, hid);
+    launch::add_rms_norm(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[4u32]), 1e-5);
+    let e = max_rel(&hl.read(&c).unwrap(), &sum[4 * hid..5 * hid], &scale[4 * hid..5 * hid]);
+    assert!(e <= 1e-5, "row 4: {e:e}");
+
+    let gu: Vec<f32> = rng.vec(n * 2 * inter).iter().map(|v| v * 8.0).collect();
+    let (hg, ha) = (DeviceBuf::upload(&c, &gu), DeviceBuf::<f32>::uninit(&c, n * inter));
+    launch::swiglu(&c, &hg, &ha, inter);
+    let mut want = vec![0f32; n * inter];
+    swiglu_rows(&gu, &mut want, inter);
+    let scale: Vec<f64> = want.iter().map(|v| (v.abs() as f64).max(1e-3)).collect();
+    let e = max_rel(&ha.read(&c).unwrap(), &want, &scale);
+    eprintln!("swiglu: {e:.2e}");
+    assert!(e <= 1e-5, "swiglu {e:e}");
+}
+
+/// One batch row of the attention test: sequence, position.
+struct Seq {
+    table: Vec<u32>,
+    /// Raw q/k/v rows by position (before RoPE).
+    hist: Vec<Vec<f32>>,
+}
+
+/// Exact attention of `q` (already rotated) over `hist[..=pos]`, in f64.
+fn reference(sh: AttnShape, rope: &Rope, hist: &[Vec<f32>], q: &[f32], pos: usize) -> Vec<f32> {
+    let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
+    let qd = nh * hd;
+    let keys: Vec<Vec<f32>> = hist[..=pos]
+        .iter()
+        .enumerate()
+        .map(|(j, r)| {
+            let mut k = r[qd..qd + nkv * hd].to_vec();
+            rope.apply(&mut k, j);
+            k
+        })
+        .collect();
+    let mut out = vec![0f32; qd];
+    for h in 0..nh {
+        let kvh = h / (nh / nkv);
+        let s: Vec<f64> = keys
+            .iter()
+            .map(|k| {
+                let dot: f64 = (0..hd).map(|d| q[h * hd + d] as f64 * k[kvh * hd + d] as f64).sum();
+                dot / (hd as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        for d in 0..hd {
+            let v: f64 = (0..=pos).map(|j| e[j] * hist[j][qd + nkv * hd + kvh * hd + d] as f64).sum();
+            out[h * hd + d] = (v / z) as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn paged_attention_matches_the_cpu_pool() {
+    let c = client();
+    let mut rng = Rng(5);
+    let ash = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let sh = HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, neox: false };
+    let (ctx, n_blocks, n_layers, layer) = (256, 12, 2, 1);
+    let rope = Rope::new(64, 100000.0, ctx);
+    let (cos, sin) = rope_tables(64, 100000.0, ctx);
+    let (cos, sin) = (DeviceBuf::upload(&c, &cos), DeviceBuf::upload(&c, &sin));
+    let mut cpu = KvPool::new(n_layers, ash, n_blocks);
+    let pool_len = n_layers * n_blocks * sh.block_len();
+    let (kp, vp) = (DeviceBuf::<f32>::zeros(&c, pool_len), DeviceBuf::<f32>::zeros(&c, pool_len));
+    let pool = LayerPool { k: &kp, v: &vp, off: layer * n_blocks * sh.block_len() };
+    let width = sh.width();
+    let qd = 9 * 64;
+    let mut seqs = vec![
+        Seq { table: vec![5, 2], hist: vec![] },
+        Seq { table: vec![7, 0, 3, 9], hist: vec![] },
+    ];
+    // Step 1 prefills 20 and 37 rows; steps 2 and 3 decode one row each.
+    for step in [vec![20usize, 37], vec![1, 1], vec![1, 1]] {
+        let mut qkv = Vec::new();
+        let (mut pos, mut slot, mut table, mut tables, mut refs_meta) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for (s, &t) in seqs.iter_mut().zip(&step) {
+            let past = s.hist.len();
+            let toff = tables.len() as u32;
+            tables.extend_from_slice(&s.table);
+            for i in 0..t {
+                let row: Vec<f32> = rng.vec(width).iter().map(|v| v * 3.0).collect();
+                qkv.extend_from_slice(&row);
+                s.hist.push(row);
+                let p = past + i;
+                pos.push(p as u32);
+                slot.push(s.table[p / 16] * 16 + (p % 16) as u32);
+                table.push(toff);
+            }
+            refs_meta.push((past, t));
+        }
+        let rows = pos.len();
+        let meta = RowMeta {
+            pos: DeviceBuf::upload(&c, &pos),
+            slot: DeviceBuf::upload(&c, &slot),
+            table: DeviceBuf::upload(&c, &table),
+            tables: DeviceBuf::upload(&c, &tables),
+        };
+        let hq = DeviceBuf::upload(&c, &qkv);
+        let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
+        launch::rope_kv_store(&c, sh, &hq, pool, &cos, &sin, &meta);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0);
+        let got = ho.read(&c).unwrap();
+        let rotated = hq.read(&c).unwrap();
+
+        let mut cq = qkv.clone();
+        let mut cout = vec![0f32; rows * qd];
+        let refs: Vec<PagedSeqRef<'_>> = seqs
+            .iter()
+            .zip(&refs_meta)
+            .map(|(s, &(past, t))| PagedSeqRef { past, t, table: &s.table, decode_from: past + t })
+            .collect();
+        cpu.attend(layer, &rope, &mut cq, &refs, &mut cout);
+
+        let (mut e_ref, mut e_cpu, mut e_rope) = (0f64, 0f64, 0f64);
+        let mut r = 0;
+        for (s, &(past, t)) in seqs.iter().zip(&refs_meta) {
+            for i in 0..t {
+                let mut q = s.hist[past + i][..qd].to_vec();
+                rope.apply(&mut q, past + i);
+                let gq = &rotated[r * width..r * width + qd];
+                // Relative to the row's largest value: x0·c − x1·s cancels,
+                // and the CPU contracts it into an FMA the GPU may not.
+                let qs = vec![q.iter().fold(0f32, |a, v| a.max(v.abs())) as f64; qd];
+                e_rope = e_rope.max(max_rel(gq, &q, &qs));
+                let want = reference(ash, &rope, &s.hist, &q, past + i);
+                let g = &got[r * qd..(r + 1) * qd];
+                let scale = vec![want.iter().fold(0f32, |a, v| a.max(v.abs())) as f64; qd];
+                e_ref = e_ref.max(max_rel(g, &want, &scale));
+                e_cpu = e_cpu.max(max_rel(g, &cout[r * qd..(r + 1) * qd], &scale));
+                r += 1;
+            }
+        }
+        eprintln!("attention step {step:?}: rope {e_rope:.2e}, vs f64 {e_ref:.2e}, vs CPU pool {e_cpu:.2e}");
+        assert!(e_rope <= 1e-6, "rope {e_rope:e}");
+        assert!(e_ref <= 1e-5, "attention vs f64 {e_ref:e}");
+        assert!(e_cpu <= 2e-2, "attention vs CPU {e_cpu:e}");
+    }
+
+    // Copy-on-write: sequence 1's third block copied to block 11 gives the
+    // same attention through a table pointing at the copy.
+    launch::copy_block(&c, sh, &kp, &vp, 3, 11, n_layers);
+    let p = seqs[1].hist.len() - 1;
+    let run = |tbl: &[u32]| {
+        let meta = RowMeta {
+            pos: DeviceBuf::upload(&c, &[p as u32]),
+            slot: DeviceBuf::upload(&c, &[0u32]),
+            table: DeviceBuf::upload(&c, &[0u32]),
+            tables: DeviceBuf::upload(&c, tbl),
+        };
+        let hq = DeviceBuf::upload(&c, &vec![0.25f32; width]);
+        let ho = DeviceBuf::<f32>::uninit(&c, qd);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0);
+        ho.read(&c).unwrap()
+    };
+    let a = run(&[7, 0, 3, 9]);
+    assert_eq!(a, run(&[7, 0, 11, 9]), "copied block");
+    assert_ne!(a, run(&[7, 0, 10, 9]), "an unwritten block differs");
+}
