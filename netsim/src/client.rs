@@ -131,6 +131,12 @@ pub struct Record {
     pub violations: Vec<String>,
     /// Milliseconds to the first content frame.
     pub ttft_ms: Option<u64>,
+    /// The longest wait between two content frames, in ms (an exact
+    /// continuation's seam as the client sees it).
+    pub max_gap_ms: u64,
+    /// When the last content frame came, in ms from the start.
+    #[serde(skip)]
+    last_frame_ms: Option<u64>,
     /// Milliseconds to the end.
     pub total_ms: u64,
 }
@@ -149,6 +155,8 @@ impl Record {
             error: None,
             violations: vec![],
             ttft_ms: None,
+            max_gap_ms: 0,
+            last_frame_ms: None,
             total_ms: 0,
         }
     }
@@ -475,6 +483,10 @@ impl Sse {
             rec.content.push_str(c);
             rec.content_frames += 1;
             rec.ttft_ms.get_or_insert_with(|| ms(start));
+            let at = ms(start);
+            if let Some(prev) = rec.last_frame_ms.replace(at) {
+                rec.max_gap_ms = rec.max_gap_ms.max(at.saturating_sub(prev));
+            }
             progress(shared).content_frames = rec.content_frames;
         }
         if choice["finish_reason"].is_string() {
