@@ -15,8 +15,8 @@
 
 use gcs_keyspace::{keys, Delta, Keyspace, KeyspaceError};
 use gcs_protocol::{
-    ids, ApiType, Hash32, Limits, MessageType, NodeId, NodeKey, ProcessingSubTask,
-    ProcessingTask, ProtocolError, Signature, SignedMessage,
+    ids, ApiType, Hash32, Limits, MessageType, NodeId, NodeKey, ProcessingSubTask, ProcessingTask,
+    ProtocolError, Signature, SignedMessage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -370,7 +370,12 @@ pub fn enqueue(
 /// delivery: merged through the same authority rows as gossip (a lock
 /// only from its signer, under the queue rules); the same lock again is a
 /// no-op.
-pub fn present_lock(ks: &Keyspace, d: Delta, trust: &TenantTrust, now_ms: u64) -> Result<(), ProcessingError> {
+pub fn present_lock(
+    ks: &Keyspace,
+    d: Delta,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<(), ProcessingError> {
     if gcs_keyspace::Namespace::of_key(&d.key).map_err(RefusedDelta::from)?
         != gcs_keyspace::Namespace::ProcessingLocks
     {
@@ -408,7 +413,11 @@ pub fn serve_chunk(
 
 /// The worker's check of a served chunk: signed by the task's gateway,
 /// of this task and chunk.
-pub fn check_input(t: &TaskRecord, chunk_id: &str, bytes: &[u8]) -> Result<InputChunk, ProcessingError> {
+pub fn check_input(
+    t: &TaskRecord,
+    chunk_id: &str,
+    bytes: &[u8],
+) -> Result<InputChunk, ProcessingError> {
     let c: InputChunk = decode(bytes, MAX_INPUT_BYTES)?;
     let task_id = t.task().map(|t| t.task_id.as_str()).unwrap_or_default();
     if c.gateway_node_id != t.gateway_node_id || c.task_id != task_id || c.chunk_id != chunk_id {
@@ -423,13 +432,19 @@ pub fn check_input(t: &TaskRecord, chunk_id: &str, bytes: &[u8]) -> Result<Input
 /// The gateway's side of a delivery: an output from the holder of the lock
 /// it names (the subtask's stored lock), made before that lock expired,
 /// answering the stored input; kept once per chunk and lock.
-pub fn accept_output(ks: &Keyspace, bytes: &[u8], now_ms: u64) -> Result<OutputChunk, ProcessingError> {
+pub fn accept_output(
+    ks: &Keyspace,
+    bytes: &[u8],
+    now_ms: u64,
+) -> Result<OutputChunk, ProcessingError> {
     let o: OutputChunk = decode(bytes, MAX_OUTPUT_BYTES + 4096)?;
     let s = records::stored(ks, &o.task_id)?.ok_or(ProcessingError::Unknown)?;
     let sub = subtask_of(&s, &o.chunk_id).ok_or(ProcessingError::Unknown)?;
     let task_key = format!("{}/{}", o.task_id, sub.subtask_id);
     let lock = s.locks.iter().find(|l| l.task_key == task_key).ok_or(ProcessingError::NotHolder)?;
-    if lock.lock_id != o.lock_id || lock.node_id != o.node_id || o.created_at_ms >= lock.expires_at_ms
+    if lock.lock_id != o.lock_id
+        || lock.node_id != o.node_id
+        || o.created_at_ms >= lock.expires_at_ms
     {
         return Err(ProcessingError::NotHolder);
     }
@@ -486,7 +501,9 @@ pub fn collect(ks: &Keyspace, task_id: &str, now_ms: u64) -> Result<Collected, P
                 }
             }
         } else if let Some(reason) = q.bad(task_id, &sub.subtask_id) {
-            out.bad.extend(sub.chunk_ids.iter().filter_map(|c| index(c)).map(|i| (i, reason.to_string())));
+            out.bad.extend(
+                sub.chunk_ids.iter().filter_map(|c| index(c)).map(|i| (i, reason.to_string())),
+            );
         } else {
             out.open += sub.chunk_ids.len();
         }

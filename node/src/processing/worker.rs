@@ -44,7 +44,12 @@ pub trait ChunkSource {
     ) -> Result<Vec<u8>, ProcessingError>;
     /// Hands one encoded, signed output to the gateway, with the lock (its
     /// latest renewal) it ran under.
-    fn deliver(&self, gateway: &NodeId, lock: &Delta, output: Vec<u8>) -> Result<(), ProcessingError>;
+    fn deliver(
+        &self,
+        gateway: &NodeId,
+        lock: &Delta,
+        output: Vec<u8>,
+    ) -> Result<(), ProcessingError>;
 }
 
 /// One finished subtask.
@@ -142,13 +147,13 @@ impl Processor<'_> {
         clock: &dyn Fn() -> u64,
         publish: &mut dyn FnMut(Delta),
     ) -> Result<Option<Done>, ProcessingError> {
-        let (task_id, sub_id) =
-            lock.task_key.split_once('/').map(|(a, b)| (a.to_string(), b.to_string())).unwrap_or_default();
-        let sub = t
-            .subtasks
-            .iter()
-            .find(|s| s.subtask_id == sub_id)
-            .ok_or(ProcessingError::Unknown)?;
+        let (task_id, sub_id) = lock
+            .task_key
+            .split_once('/')
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .unwrap_or_default();
+        let sub =
+            t.subtasks.iter().find(|s| s.subtask_id == sub_id).ok_or(ProcessingError::Unknown)?;
         let me = self.key.node_id();
         let mut inputs = vec![];
         let mut hashes = vec![];
@@ -173,7 +178,10 @@ impl Processor<'_> {
                 cache_salt: input.cache_salt.clone(),
             };
             let (status, body, itok, otok) =
-                match self.executor.run(&req, cancel, &mut |_, _, _| !cancel.load(Ordering::Relaxed)) {
+                match self
+                    .executor
+                    .run(&req, cancel, &mut |_, _, _| !cancel.load(Ordering::Relaxed))
+                {
                     Ok(o) => (200, o.body.to_string(), o.input_tokens, o.output_tokens),
                     Err(ExecError::Invalid(m)) => (400, invalid_body(&m), 0, 0),
                     Err(ExecError::Engine(m)) => return Err(ProcessingError::Engine(m)),

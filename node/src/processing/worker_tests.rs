@@ -62,7 +62,14 @@ struct Gateway<'a> {
 }
 
 impl ChunkSource for Gateway<'_> {
-    fn fetch(&self, me: &NodeId, _: &NodeId, lock: &Delta, task: &str, chunk: &str) -> Result<Vec<u8>, ProcessingError> {
+    fn fetch(
+        &self,
+        me: &NodeId,
+        _: &NodeId,
+        lock: &Delta,
+        task: &str,
+        chunk: &str,
+    ) -> Result<Vec<u8>, ProcessingError> {
         let now = self.clock.load(Ordering::SeqCst);
         chunks::present_lock(self.ks, lock.clone(), self.trust, now)?;
         chunks::serve_chunk(self.ks, me, task, chunk, now)
@@ -117,10 +124,14 @@ impl Net {
             cache_salt: "salt".into(),
             per_subtask: per,
         };
-        let lines: Vec<Line> =
-            bodies.iter().enumerate().map(|(i, b)| Line { index: i as u64, body: b.to_vec() }).collect();
+        let lines: Vec<Line> = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Line { index: i as u64, body: b.to_vec() })
+            .collect();
         let (id, d) =
-            chunks::enqueue(&self.stores[0], &self.gateway, &self.trust, &spec, &lines, NOW).unwrap();
+            chunks::enqueue(&self.stores[0], &self.gateway, &self.trust, &spec, &lines, NOW)
+                .unwrap();
         self.spread(0, &d, NOW);
         id
     }
@@ -148,9 +159,13 @@ fn two_workers_drain_a_task_and_every_request_is_answered_once() {
     let refs: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
     let task = net.enqueue(&refs, 4);
     let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
-    let execs = [Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() }, Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() }];
+    let execs = [
+        Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() },
+        Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() },
+    ];
     let models = vec!["m".to_string()];
-    let gw = Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
     let cancel = AtomicBool::new(false);
     let mut done = 0;
     for round in 0..10 {
@@ -177,7 +192,10 @@ fn two_workers_drain_a_task_and_every_request_is_answered_once() {
     assert_eq!(c.outputs[3].status, 200);
     // Every store agrees the task is done.
     for ks in &net.stores {
-        assert!(records::all_results(&records::stored(ks, &task).unwrap().unwrap(), clock.load(Ordering::SeqCst)));
+        assert!(records::all_results(
+            &records::stored(ks, &task).unwrap().unwrap(),
+            clock.load(Ordering::SeqCst)
+        ));
     }
 }
 
@@ -189,7 +207,14 @@ struct Dies<'a> {
 }
 
 impl ChunkSource for Dies<'_> {
-    fn fetch(&self, me: &NodeId, g: &NodeId, l: &Delta, t: &str, c: &str) -> Result<Vec<u8>, ProcessingError> {
+    fn fetch(
+        &self,
+        me: &NodeId,
+        g: &NodeId,
+        l: &Delta,
+        t: &str,
+        c: &str,
+    ) -> Result<Vec<u8>, ProcessingError> {
         self.inner.fetch(me, g, l, t, c)
     }
     fn deliver(&self, g: &NodeId, l: &Delta, output: Vec<u8>) -> Result<(), ProcessingError> {
@@ -208,9 +233,13 @@ fn a_dead_workers_subtask_is_taken_over_after_its_lock_expires() {
     let refs: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
     let task = net.enqueue(&refs, 4);
     let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
-    let (ea, eb) = (Echo { clock: clock.clone(), ..Echo::default() }, Echo { clock: clock.clone(), ..Echo::default() });
+    let (ea, eb) = (
+        Echo { clock: clock.clone(), ..Echo::default() },
+        Echo { clock: clock.clone(), ..Echo::default() },
+    );
     let models = vec!["m".to_string()];
-    let gw = Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
     let now = || clock.load(Ordering::SeqCst);
     // Worker A takes the one subtask, delivers two outputs and dies.
     let dead = AtomicBool::new(false);
@@ -222,7 +251,10 @@ fn a_dead_workers_subtask_is_taken_over_after_its_lock_expires() {
     // While A's lock lives, B finds nothing to take.
     let live = AtomicBool::new(false);
     let mut out = vec![];
-    assert_eq!(net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap(), None);
+    assert_eq!(
+        net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap(),
+        None
+    );
     assert_eq!(eb.runs.load(Ordering::SeqCst), 0);
     // After the lease, B takes it over and runs all four.
     clock.fetch_add(LEASE + 1, Ordering::SeqCst);
@@ -233,14 +265,20 @@ fn a_dead_workers_subtask_is_taken_over_after_its_lock_expires() {
     let idx: Vec<u64> = c.outputs.iter().map(|o| o.index).collect();
     assert_eq!(idx, vec![0, 1, 2, 3], "each request once, A's two outputs not counted");
     assert!(c.outputs.iter().all(|o| o.node_id == net.workers[1].node_id()));
-    assert_eq!(*gw.delivered.lock().unwrap(), 6, "A's two stale outputs are held but not collected");
+    assert_eq!(
+        *gw.delivered.lock().unwrap(),
+        6,
+        "A's two stale outputs are held but not collected"
+    );
     // A, back, cannot store a result under its expired lock.
     let late = gcs_protocol::SubTaskResult {
         subtask_id: "s0".into(),
         result_hash: gcs_protocol::Hash32::of(b"x"),
         chunk_hashes: vec![gcs_protocol::Hash32::of(b"x"); 4],
     };
-    assert!(records::complete(&net.stores[1], &task, late, &net.workers[0], &net.trust, now()).is_err());
+    assert!(
+        records::complete(&net.stores[1], &task, late, &net.workers[0], &net.trust, now()).is_err()
+    );
 }
 
 #[test]
@@ -253,7 +291,8 @@ fn a_long_subtask_renews_its_lock_and_its_result_counts() {
     // Each request takes 40% of the lease: six outlive it three times over.
     let e = Echo { clock: clock.clone(), step_ms: LEASE * 2 / 5, ..Echo::default() };
     let models = vec!["m".to_string()];
-    let gw = Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
     let now = || clock.load(Ordering::SeqCst);
     let mut out = vec![];
     let cancel = AtomicBool::new(false);
@@ -274,7 +313,8 @@ fn a_refused_request_is_a_400_line_and_the_rest_run() {
     let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
     let e = Echo { clock: clock.clone(), ..Echo::default() };
     let models = vec!["m".to_string()];
-    let gw = Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
     let now = || clock.load(Ordering::SeqCst);
     let mut out = vec![];
     let cancel = AtomicBool::new(false);
@@ -293,7 +333,8 @@ fn a_worker_not_serving_the_model_takes_nothing() {
     let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
     let e = Echo { clock: clock.clone(), ..Echo::default() };
     let models = vec!["other".to_string()];
-    let gw = Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
     let now = || clock.load(Ordering::SeqCst);
     let cancel = AtomicBool::new(false);
     let r = net.processor(0, &e, &models).step(&gw, &cancel, &now, &mut |_| {}).unwrap();
@@ -310,7 +351,8 @@ fn the_gateway_serves_chunks_and_takes_outputs_only_from_the_lock_holder() {
     // Nobody holds it yet: no chunk for anyone.
     let err = chunks::serve_chunk(&net.stores[0], &a.node_id(), &task, "c0", now).unwrap_err();
     assert!(matches!(err, ProcessingError::NotHolder), "{err}");
-    let (lock, d) = records::grab(&net.stores[1], &task, a, LEASE, &net.trust, now).unwrap().unwrap();
+    let (lock, d) =
+        records::grab(&net.stores[1], &task, a, LEASE, &net.trust, now).unwrap().unwrap();
     net.spread(1, &d, now);
     let bytes = chunks::serve_chunk(&net.stores[0], &a.node_id(), &task, "c1", now).unwrap();
     let t = records::stored(&net.stores[1], &task).unwrap().unwrap().task;
@@ -344,13 +386,19 @@ fn the_gateway_serves_chunks_and_takes_outputs_only_from_the_lock_holder() {
     };
     gcs_protocol::sign(&mut o, b).unwrap();
     let enc = gcs_protocol::encode(&o).unwrap();
-    assert!(matches!(chunks::accept_output(&net.stores[0], &enc, now), Err(ProcessingError::NotHolder)));
+    assert!(matches!(
+        chunks::accept_output(&net.stores[0], &enc, now),
+        Err(ProcessingError::NotHolder)
+    ));
     // A's own, of another input, is refused; of this input, taken once.
     o.node_id = a.node_id();
     o.input_hash = gcs_protocol::Hash32::of(b"other");
     gcs_protocol::sign(&mut o, a).unwrap();
     let enc = gcs_protocol::encode(&o).unwrap();
-    assert!(matches!(chunks::accept_output(&net.stores[0], &enc, now), Err(ProcessingError::Mismatch(_))));
+    assert!(matches!(
+        chunks::accept_output(&net.stores[0], &enc, now),
+        Err(ProcessingError::Mismatch(_))
+    ));
     o.input_hash = gcs_protocol::Hash32::of(&bytes);
     gcs_protocol::sign(&mut o, a).unwrap();
     let enc = gcs_protocol::encode(&o).unwrap();
@@ -358,7 +406,10 @@ fn the_gateway_serves_chunks_and_takes_outputs_only_from_the_lock_holder() {
     o.body = "{\"x\":1}".into();
     gcs_protocol::sign(&mut o, a).unwrap();
     let enc = gcs_protocol::encode(&o).unwrap();
-    assert!(matches!(chunks::accept_output(&net.stores[0], &enc, now), Err(ProcessingError::Mismatch(_))));
+    assert!(matches!(
+        chunks::accept_output(&net.stores[0], &enc, now),
+        Err(ProcessingError::Mismatch(_))
+    ));
 }
 
 #[test]
@@ -370,5 +421,8 @@ fn input_chunks_never_leave_the_gateway_by_replication() {
     let ns = gcs_keyspace::Namespace::of_key(&key).unwrap();
     assert_ne!(ns.scope(), gcs_keyspace::Scope::Global);
     let d = net.stores[0].put(&key, b"x".to_vec(), NOW).unwrap();
-    assert!(merge_scoped(&net.stores[1], d, &[], &net.trust, NOW).is_err(), "a peer cannot push one");
+    assert!(
+        merge_scoped(&net.stores[1], d, &[], &net.trust, NOW).is_err(),
+        "a peer cannot push one"
+    );
 }
