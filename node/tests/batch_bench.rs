@@ -1,0 +1,200 @@
+//! Batch figures (issue 20 §4), over real processes: a `--role gateway`
+//! node and two `--role worker` nodes serving SmolLM2. In one run:
+//! (a) N chat requests as one batch (driven only through `/v1/files` and
+//! `/v1/batches`, so it measures whichever batch path is in place) against
+//! the same N requests sent interactively by 8 concurrent clients, in
+//! requests/s; (b) the time to first token of streamed interactive requests
+//! (p50/p99) with no batch running and with a batch running, side by side.
+//!
+//! A bench, not a test: it runs only with `GCS_BATCH_BENCH=1`
+//! (`GCS_BATCH_BENCH=1 cargo test --release -p gcs-node --test batch_bench
+//! -- --nocapture`; `GCS_BATCH_BENCH_N` requests, default 48).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/procs.rs"]
+mod procs;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use procs::{create_key, model_dir, tail, Node};
+use serde_json::{json, Value};
+
+fn raw(port: u16, head: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+fn upload(port: u16, key: &str, data: &str) -> String {
+    let b = "gcsbenchboundary";
+    let body = format!(
+        "--{b}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{b}\r\n\
+         Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{data}\r\n--{b}--\r\n"
+    );
+    let head = format!(
+        "POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: multipart/form-data; boundary={b}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    let (status, text) = raw(port, &head, body.as_bytes());
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str::<Value>(&text).unwrap()["id"].as_str().unwrap().to_string()
+}
+
+fn chat(i: usize, tag: &str) -> Value {
+    json!({"model": "gnus-auto", "max_tokens": 16, "temperature": 0,
+           "messages": [{"role": "user", "content": format!("{tag} question {i}: name a colour.")}]})
+}
+
+/// Runs a batch of `n` requests to its end; its wall time.
+fn run_batch(gw: &Node, key: &str, n: usize, tag: &str) -> Duration {
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": chat(i, tag)})
+            .to_string()
+        })
+        .collect();
+    let t0 = Instant::now();
+    let file = upload(gw.http, key, &lines.join("\n"));
+    let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
+                      "completion_window": "24h"})
+    .to_string();
+    let b = gw.json("POST", "/v1/batches", key, &body);
+    let id = b["id"].as_str().unwrap().to_string();
+    loop {
+        let b = gw.json("GET", &format!("/v1/batches/{id}"), key, "");
+        match b["status"].as_str() {
+            Some("completed") => {
+                assert_eq!(b["request_counts"]["completed"], n, "{b}");
+                return t0.elapsed();
+            }
+            Some("failed" | "expired" | "cancelled") => panic!("batch ended badly: {b}"),
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Time to the first content chunk of one streamed request.
+fn ttft(port: u16, key: &str, i: usize) -> Duration {
+    let mut body = chat(i, "ttft");
+    body["stream"] = json!(true);
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let t0 = Instant::now();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended before content: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&seen).contains("\"content\":\"") {
+            return t0.elapsed();
+        }
+    }
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i].as_secs_f64() * 1000.0
+}
+
+#[test]
+fn batch_throughput_and_interactive_ttft() {
+    if std::env::var("GCS_BATCH_BENCH").ok().as_deref() != Some("1") {
+        eprintln!("batch_bench: set GCS_BATCH_BENCH=1 to run it");
+        return;
+    }
+    assert!(model_dir().join("smollm2-135m-instruct").is_dir(), "run scripts/fetch-models.sh smollm2");
+    let n: usize = std::env::var("GCS_BATCH_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
+    let tmp = tempfile::tempdir().unwrap();
+    let key = create_key(&tmp.path().join("gw"));
+    let gw = Node::start(&tmp.path().join("gw"), 300, &["--role", "gateway"]);
+    let boot = gw.bootstrap();
+    let args = ["--role", "worker", "--bootstrap", &boot, "--model", "smollm2-135m-instruct"];
+    let w1 = Node::start(&tmp.path().join("w1"), 300, &args);
+    let w2 = Node::start(&tmp.path().join("w2"), 300, &args);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let (_, m) = gw.request("GET", "/metrics", &key, "");
+        let fresh = m
+            .lines()
+            .find_map(|l| l.strip_prefix("gcs_fresh_registrations "))
+            .and_then(|n| n.trim().parse::<u32>().ok());
+        if fresh >= Some(2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}\n{}", tail(&w1.log), tail(&w2.log));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Warm both workers.
+    for i in 0..4 {
+        gw.json("POST", "/v1/chat/completions", &key, &chat(i, "warm").to_string());
+    }
+
+    // (a) throughput: one batch, then the same requests from 8 clients.
+    let batch = run_batch(&gw, &key, n, "tp");
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for c in 0..8 {
+            let (gw, key) = (&gw, &key);
+            s.spawn(move || {
+                for i in (c..n).step_by(8) {
+                    gw.json("POST", "/v1/chat/completions", key, &chat(i, "tp").to_string());
+                }
+            });
+        }
+    });
+    let interactive = t0.elapsed();
+
+    // (b) TTFT: 20 sequential streamed requests alone, then 20 while a
+    // batch of n runs.
+    let mut alone: Vec<Duration> = (0..20).map(|i| ttft(gw.http, &key, i)).collect();
+    let mut during = vec![];
+    std::thread::scope(|s| {
+        let (gw_ref, key_ref) = (&gw, &key);
+        let h = s.spawn(move || run_batch(gw_ref, key_ref, n, "bg"));
+        std::thread::sleep(Duration::from_secs(2));
+        while !h.is_finished() && during.len() < 20 {
+            during.push(ttft(gw.http, &key, 100 + during.len()));
+        }
+        h.join().unwrap();
+    });
+    assert!(!during.is_empty(), "the batch ended before any interactive request");
+    let rps = |d: Duration| n as f64 / d.as_secs_f64();
+    println!(
+        "batch_bench n={n} max_tokens=16 workers=2: batch {:.1} s = {:.2} req/s; \
+         8 interactive clients {:.1} s = {:.2} req/s",
+        batch.as_secs_f64(),
+        rps(batch),
+        interactive.as_secs_f64(),
+        rps(interactive)
+    );
+    println!(
+        "batch_bench TTFT ms: alone p50 {:.0} p99 {:.0} (20); with a batch running p50 {:.0} p99 {:.0} ({})",
+        pct(&mut alone, 0.5),
+        pct(&mut alone, 0.99),
+        pct(&mut during, 0.5),
+        pct(&mut during, 0.99),
+        during.len()
+    );
+}
