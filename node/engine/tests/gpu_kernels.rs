@@ -61,7 +61,11 @@ fn gguf_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8>
 }
 
 fn max_rel(a: &[f32], b: &[f32], scale: &[f64]) -> f64 {
-    a.iter().zip(b).zip(scale).map(|((x, y), s)| (*x as f64 - *y as f64).abs() / s.max(1e-30)).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .zip(scale)
+        .map(|((x, y), s)| (*x as f64 - *y as f64).abs() / s.max(1e-30))
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -123,7 +127,10 @@ fn quantized_matmul_matches_the_dequantized_weights() {
         }
     }
     // A stack of two types writes each part at its row offset.
-    let (a, b) = (gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64), gguf_blocks(&mut rng, GgmlType::Q8_0, 16, 64));
+    let (a, b) = (
+        gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64),
+        gguf_blocks(&mut rng, GgmlType::Q8_0, 16, 64),
+    );
     let m = QMatrix::stack(vec![
         QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &a),
         QMatrix::from_gguf(GgmlType::Q8_0, 16, 64, &b),
@@ -164,7 +171,8 @@ fn rms_norm_with_residual_and_swiglu_match_the_cpu() {
     let mut rng = Rng(11);
     let (n, hid, inter) = (6, 576, 1536);
     let (x, d, w) = (rng.vec(n * hid), rng.vec(n * hid), rng.vec(hid));
-    let (hx, hd, hw) = (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
+    let (hx, hd, hw) =
+        (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
     let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
     let idx: Vec<u32> = (0..n as u32).collect();
     launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5);
@@ -227,7 +235,8 @@ fn reference(sh: AttnShape, rope: &Rope, hist: &[Vec<f32>], q: &[f32], pos: usiz
         let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
         let z: f64 = e.iter().sum();
         for d in 0..hd {
-            let v: f64 = (0..=pos).map(|j| e[j] * hist[j][qd + nkv * hd + kvh * hd + d] as f64).sum();
+            let v: f64 =
+                (0..=pos).map(|j| e[j] * hist[j][qd + nkv * hd + kvh * hd + d] as f64).sum();
             out[h * hd + d] = (v / z) as f32;
         }
     }

@@ -27,7 +27,11 @@ impl<T: CubeElement> DeviceBuf<T> {
             b.len = 0;
             return b;
         }
-        Self { handle: client.create_from_slice(T::as_bytes(data)), len: data.len(), _t: PhantomData }
+        Self {
+            handle: client.create_from_slice(T::as_bytes(data)),
+            len: data.len(),
+            _t: PhantomData,
+        }
     }
 
     /// `len` elements, zeroed (zero bits are 0.0 for the float types).
@@ -38,11 +42,7 @@ impl<T: CubeElement> DeviceBuf<T> {
 
     /// `len` elements of unspecified content (a kernel's output).
     pub fn uninit(client: &Client, len: usize) -> Self {
-        Self {
-            handle: client.empty(len.max(1) * std::mem::size_of::<T>()),
-            len,
-            _t: PhantomData,
-        }
+        Self { handle: client.empty(len.max(1) * std::mem::size_of::<T>()), len, _t: PhantomData }
     }
 
     pub fn len(&self) -> usize {

@@ -79,7 +79,9 @@ impl GpuDecoder {
         let biased = model.lm_head_bias.is_some()
             || model.blocks.iter().any(|b| b.biases.qkv.is_some() || b.biases.attn_out.is_some());
         if biased {
-            return Err(GpuError::Unsupported("projection biases (no GPU kernel adds them yet)".into()));
+            return Err(GpuError::Unsupported(
+                "projection biases (no GPU kernel adds them yet)".into(),
+            ));
         }
         let sh = HeadShape {
             n_heads: c.n_heads,
@@ -193,8 +195,13 @@ impl GpuDecoder {
         let tok = DeviceBuf::upload(cl, &tokens);
         let (hid, qd) = (c.hidden, c.n_heads * c.head_dim);
         let buf = |n| DeviceBuf::<f32>::uninit(cl, n);
-        let (x, h, qkv, attn, o) =
-            (buf(total * hid), buf(total * hid), buf(total * sh.width()), buf(total * qd), buf(total * hid));
+        let (x, h, qkv, attn, o) = (
+            buf(total * hid),
+            buf(total * hid),
+            buf(total * sh.width()),
+            buf(total * qd),
+            buf(total * hid),
+        );
         let (gu, act, d) =
             (buf(total * 2 * c.intermediate), buf(total * c.intermediate), buf(total * hid));
         launch::embed(cl, &self.embed, &tok, &x);

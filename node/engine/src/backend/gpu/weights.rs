@@ -59,7 +59,10 @@ impl GpuMatrix {
     /// Upload `m`'s GGUF blocks once.
     pub fn upload(client: &Client, m: &QMatrix) -> Result<Self, GpuError> {
         if m.cols % 32 != 0 {
-            return Err(GpuError::Unsupported(format!("matrix width {} is not blocks of 32", m.cols)));
+            return Err(GpuError::Unsupported(format!(
+                "matrix width {} is not blocks of 32",
+                m.cols
+            )));
         }
         let parts = m
             .gguf_parts()
@@ -83,7 +86,8 @@ impl GpuMatrix {
 pub fn rope_tables(head_dim: usize, base: f32, context: usize) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
     let theta_scale = base.powf(-2.0 / head_dim as f32);
-    let (mut cos, mut sin) = (Vec::with_capacity(context * half), Vec::with_capacity(context * half));
+    let (mut cos, mut sin) =
+        (Vec::with_capacity(context * half), Vec::with_capacity(context * half));
     for p in 0..context {
         let mut theta = p as f32;
         for _ in 0..half {

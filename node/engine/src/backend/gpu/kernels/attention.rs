@@ -141,8 +141,8 @@ pub fn paged_attention<KV: Float>(
         let j = c0 + tid;
         let mut score = (-3.0e38f32).runtime();
         if j < n {
-            let kb = layer_off + tables[toff + j / BLOCK] as usize * bl
-                + (kvh * BLOCK + j % BLOCK) * hd;
+            let kb =
+                layer_off + tables[toff + j / BLOCK] as usize * bl + (kvh * BLOCK + j % BLOCK) * hd;
             let mut s = 0.0f32;
             for d in 0..hd {
                 s += q[d] * f32::cast_from(k_pool[kb + d]);
@@ -180,7 +180,8 @@ pub fn paged_attention<KV: Float>(
             let cn = select(n - c0 < t, n - c0, t);
             for k in 0..cn {
                 let jj = c0 + k;
-                let vb = layer_off + tables[toff + jj / BLOCK] as usize * bl
+                let vb = layer_off
+                    + tables[toff + jj / BLOCK] as usize * bl
                     + (kvh * BLOCK + jj % BLOCK) * hd;
                 a += p[k] * f32::cast_from(v_pool[vb + tid]);
             }

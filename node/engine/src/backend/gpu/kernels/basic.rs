@@ -36,4 +36,3 @@ pub fn sum_f32(x: &[f32], out: &mut [f32], #[comptime] threads: usize) {
         out[0] = shared[0];
     }
 }
-

@@ -63,7 +63,8 @@ pub fn dequant_block(w: &[u32], base: usize, wv: &mut Array<f32>, #[comptime] ki
     let w0 = w[base];
     let d = f16_to_f32(w0 & 0xffff);
     match comptime!(kind) {
-        WeightKind::Q8_0 => {
+        WeightKind::Q8_0 =>
+        {
             #[unroll]
             for wi in 0..8usize {
                 let word = w[base + 1 + wi];
@@ -168,7 +169,13 @@ pub fn matmul_q(
 /// `x[cube_x, ..]`. Launch with `CubeCount (n_tokens, cols / 32)`, one
 /// unit per block.
 #[cube(launch)]
-pub fn embed_q(w: &[u32], tokens: &[u32], x: &mut [f32], cols: usize, #[comptime] kind: WeightKind) {
+pub fn embed_q(
+    w: &[u32],
+    tokens: &[u32],
+    x: &mut [f32],
+    cols: usize,
+    #[comptime] kind: WeightKind,
+) {
     let t = tokens[CUBE_POS_X as usize] as usize;
     let b = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     let nb = cols / 32;
