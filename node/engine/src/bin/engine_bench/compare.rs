@@ -36,7 +36,7 @@ struct Machine {
     /// The SIMD flags the kernels dispatch on that this CPU has.
     flags: Vec<String>,
     threads: usize,
-    /// /proc/loadavg before the first and after the last round.
+    /// /proc/loadavg before the first round and after the last model.
     loadavg_start: String,
     loadavg_end: String,
 }
@@ -175,11 +175,12 @@ pub fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let m = model_report(file, us, them, a.tokens);
         print_table(&m, a);
         report.models.push(m);
-    }
-    report.machine.loadavg_end = loadavg();
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
-        println!("wrote {path}");
+        // After every model, so a run cut short keeps what it measured.
+        report.machine.loadavg_end = loadavg();
+        if let Some(path) = &a.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+            println!("wrote {path}");
+        }
     }
     Ok(())
 }
