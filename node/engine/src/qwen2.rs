@@ -46,11 +46,8 @@ impl BlockBiases {
     /// The biases of block `i` (q: `qd` rows, k and v: `kvd` each).
     pub fn load(g: &GgufFile, i: usize, qd: usize, kvd: usize, hidden: usize) -> Result<Self> {
         let p = |s: &str| format!("blk.{i}.{s}.bias");
-        let parts = [
-            bias(g, &p("attn_q"), qd)?,
-            bias(g, &p("attn_k"), kvd)?,
-            bias(g, &p("attn_v"), kvd)?,
-        ];
+        let parts =
+            [bias(g, &p("attn_q"), qd)?, bias(g, &p("attn_k"), kvd)?, bias(g, &p("attn_v"), kvd)?];
         let qkv = parts.iter().any(Option::is_some).then(|| {
             let mut v = Vec::with_capacity(qd + 2 * kvd);
             for (part, n) in parts.iter().zip([qd, kvd, kvd]) {

@@ -124,7 +124,11 @@ fn check(arch: &str, ty: WType, dir: &std::path::Path) -> Option<Row> {
         }
         Some(t) => {
             let n = t.min(want_greedy.len());
-            assert_eq!(got.token_ids[..n], want_greedy[..n], "{name}: greedy tokens before the tie");
+            assert_eq!(
+                got.token_ids[..n],
+                want_greedy[..n],
+                "{name}: greedy tokens before the tie"
+            );
             format!("{n} identical up to a near-tie at step {t}")
         }
     };

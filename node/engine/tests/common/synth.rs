@@ -197,14 +197,46 @@ fn tensor_bytes(rng: &mut Rng, ty: u32, n: usize, std: f32) -> Vec<u8> {
 /// The tiny SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte
 /// tokens, the letters and `▁`, and pieces that merge into a few words.
 pub fn vocab() -> Vec<(String, f32, i32)> {
-    let mut v = vec![("<unk>".to_string(), 0.0, 2), ("<s>".into(), 0.0, 3), ("</s>".into(), 0.0, 3)];
+    let mut v =
+        vec![("<unk>".to_string(), 0.0, 2), ("<s>".into(), 0.0, 3), ("</s>".into(), 0.0, 3)];
     for b in 0..=255u8 {
         v.push((format!("<0x{b:02X}>"), 0.0, 6));
     }
     let pieces = [
-        "▁t", "he", "in", "er", "an", "on", "re", "at", "▁a", "▁th", "▁the", "▁m", "od", "el",
-        "▁mod", "▁model", "▁s", "ma", "tr", "ix", "▁ma", "▁mat", "▁matr", "▁matrix", "es", "st",
-        "▁te", "▁tes", "▁test", "or", "en", "▁o", "▁of", "▁is",
+        "▁t",
+        "he",
+        "in",
+        "er",
+        "an",
+        "on",
+        "re",
+        "at",
+        "▁a",
+        "▁th",
+        "▁the",
+        "▁m",
+        "od",
+        "el",
+        "▁mod",
+        "▁model",
+        "▁s",
+        "ma",
+        "tr",
+        "ix",
+        "▁ma",
+        "▁mat",
+        "▁matr",
+        "▁matrix",
+        "es",
+        "st",
+        "▁te",
+        "▁tes",
+        "▁test",
+        "or",
+        "en",
+        "▁o",
+        "▁of",
+        "▁is",
     ];
     for (i, p) in pieces.iter().enumerate() {
         v.push((p.to_string(), -(i as f32) - 1.0, 1));
