@@ -81,6 +81,8 @@ fn usage_records_charge_children_once_and_batch_work_at_its_price() {
     let real = u.input_tokens + u.output_tokens_generated;
     assert_eq!(u.charged_tokens(), real);
     u.price_percent = Some(50);
+    assert!(u.check_fields(&Limits::default()).is_err(), "a price on a record of no batch");
+    u.batch_id = Some("batch_0123456789abcdef01234567".into());
     assert_eq!(u.charged_tokens(), real.div_ceil(2), "half price, rounded up");
     let u = signed(u, &g);
     verify(&u).unwrap();
@@ -96,6 +98,7 @@ fn usage_records_charge_children_once_and_batch_work_at_its_price() {
     child.child_jobs = 1;
     assert!(child.check_fields(&lim).is_err(), "a child with children");
     let mut bad = samples::usage(&w, &g, &p);
+    bad.batch_id = Some("batch_0123456789abcdef01234567".into());
     bad.price_percent = Some(0);
     assert!(bad.check_fields(&lim).is_err(), "a price of 0 %");
     bad.price_percent = Some(101);

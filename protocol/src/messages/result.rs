@@ -288,6 +288,11 @@ impl SignedMessage for UsageRecord {
             }
         }
         if let Some(p) = self.price_percent {
+            // Only batch work is priced below API work: a price on a
+            // record of no batch would let its gateway discount any job.
+            if self.batch_id.is_none() {
+                return Err(ProtocolError::field("price_percent", "only batch work has a price"));
+            }
             v::range("price_percent", p, 1, 100)?;
         }
         v::range("child_jobs", self.child_jobs, 0, MAX_CHILD_JOBS)?;
