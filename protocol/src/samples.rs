@@ -81,6 +81,7 @@ pub fn registration(worker: &NodeKey, p: &Params) -> NodeRegistration {
             accepts_local_only_jobs: false,
             free_kv_tokens: p.n * 1024,
             decode_tokens_per_s: 95.5,
+            accelerator: None,
         },
         trust: Trust::default(),
         heartbeat: Heartbeat {

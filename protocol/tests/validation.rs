@@ -485,3 +485,31 @@ fn a_usage_record_names_its_batch_only_when_it_has_one() {
     b.batch_id = Some("b".repeat(10_000));
     assert!(b.check_fields(&lim()).is_err(), "an oversized batch id is refused");
 }
+
+#[test]
+fn registration_accelerator_is_optional_and_bounded() {
+    let (w, _) = samples::keys();
+    let r = samples::registration(&w, &Params::default());
+    // A CPU worker's registration carries no accelerator field, so its
+    // bytes (and older signatures) are what they were.
+    let plain = encode(&signed(r.clone(), &w)).unwrap();
+    assert!(!plain.windows(11).any(|b| b == b"accelerator"));
+    let mut gpu = r;
+    gpu.queue.accelerator = Some(Accelerator {
+        backend: "cubecl-cuda".into(),
+        name: "NVIDIA H200".into(),
+        memory_bytes: 150_000_000_000,
+        kv_tokens: 700_000,
+    });
+    let bytes = encode(&signed(gpu.clone(), &w)).unwrap();
+    let Message::NodeRegistration(back) = open(&bytes, NOW, &lim()).unwrap() else {
+        panic!("not a registration")
+    };
+    assert_eq!(back.queue.accelerator, gpu.queue.accelerator);
+    let mut long = gpu;
+    long.queue.accelerator.as_mut().unwrap().name = "x".repeat(129);
+    assert!(matches!(
+        long.check_fields(&lim()),
+        Err(ProtocolError::Field { field: "queue.accelerator.name", .. })
+    ));
+}

@@ -94,6 +94,23 @@ pub struct QueueInfo {
     /// Measured single-stream decode throughput, tokens/s (extension).
     #[serde(default)]
     pub decode_tokens_per_s: f64,
+    /// The GPU the worker's engine runs on (extension; omitted on a CPU
+    /// worker, so its signatures are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<Accelerator>,
+}
+
+/// A worker's GPU (`gcs-node --gpu N`), as its registration advertises it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accelerator {
+    /// The engine backend on it, e.g. `cubecl-cuda` (`cubecl-wgpu` in tests).
+    pub backend: String,
+    /// The device as its driver names it, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Device memory in bytes; 0 where the runtime reports none.
+    pub memory_bytes: u64,
+    /// K/V capacity on it, in tokens, all chat models together.
+    pub kv_tokens: u64,
 }
 
 /// Trust fields.
@@ -221,6 +238,10 @@ impl SignedMessage for NodeRegistration {
             }
         }
         v::finite("queue.decode_tokens_per_s", self.queue.decode_tokens_per_s, 0.0, 1e9)?;
+        if let Some(a) = &self.queue.accelerator {
+            v::text("queue.accelerator.backend", &a.backend, MAX_SHORT)?;
+            v::text("queue.accelerator.name", &a.name, MAX_SHORT)?;
+        }
         v::finite("trust.reputation_score", self.trust.reputation_score, 0.0, 1.0)?;
         v::short("trust.trust_tier", &self.trust.trust_tier, 16)?;
         v::list("trust.attestation_modes", &self.trust.attestation_modes, 16)?;
