@@ -133,7 +133,7 @@ impl Drop for InFlight {
         if let Some(t) = self.ticket.take() {
             let used = self.used_tokens.unwrap_or(self.estimate);
             // As its usage records charge it: batch work at the batch price.
-            let pct = u64::from(self.state.config.batch_price_percent.clamp(1, 100));
+            let pct = u64::from(self.state.config.batch_price());
             let charged =
                 if self.batch_id.is_some() { used.saturating_mul(pct).div_ceil(100) } else { used };
             self.state.limiter.settle(t, charged);
@@ -370,7 +370,7 @@ pub(crate) async fn admit(
         // Batch work fills idle capacity: it never uses up the key's
         // per-minute limits that interactive requests need, and it reserves
         // the share of its estimate it will be charged (the batch price).
-        let pct = u64::from(state.config.batch_price_percent.clamp(1, 100));
+        let pct = u64::from(state.config.batch_price());
         state.limiter.admit_budget(&flight.key, estimate.saturating_mul(pct).div_ceil(100), spent)?
     } else {
         state.limiter.admit(&flight.key, estimate, jobs as u32, now_ms(), spent)?
@@ -477,7 +477,7 @@ pub(crate) async fn submit_as(
         batch_id: f.batch_id.clone(),
         parent,
         // Batch work is charged at the gateway's batch price.
-        price_percent: f.batch_id.as_ref().map(|_| f.state.config.batch_price_percent.clamp(1, 100)),
+        price_percent: f.batch_id.as_ref().map(|_| f.state.config.batch_price()),
     };
     let r = f.state.backend.submit(spec).await;
     if r.is_err() && f.open_jobs.is_empty() {

@@ -162,10 +162,7 @@ fn roll_up(
         wall_ms: u64::try_from(f.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         cancellation_reason: None,
         batch_id: f.batch_id.clone(),
-        price_percent: f
-            .batch_id
-            .as_ref()
-            .map(|_| f.state.config.batch_price_percent.clamp(1, 100)),
+        price_percent: f.batch_id.as_ref().map(|_| f.state.config.batch_price()),
     }
 }
 

@@ -121,6 +121,15 @@ impl Default for GatewayConfig {
     }
 }
 
+impl GatewayConfig {
+    /// The batch price in percent, [`Self::batch_price_percent`] held to
+    /// 1–100 (a config built in code may hold anything): the one value
+    /// metering, reservations and job specs use.
+    pub fn batch_price(&self) -> u8 {
+        self.batch_price_percent.clamp(1, 100)
+    }
+}
+
 /// Shared state of every handler.
 #[derive(Debug)]
 pub struct AppState {
