@@ -207,6 +207,84 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         since_ms: u64,
         until_ms: u64,
     ) -> Result<Vec<UsageRecord>, BackendError>;
+
+    /// Whether some fresh worker advertises processing slots for `model`
+    /// (specs/batch.md, "Processing on the network"); a backend without a
+    /// processing queue has none, and batches run through the handlers.
+    fn processing_capacity(&self, model: &str) -> bool {
+        let _ = model;
+        false
+    }
+
+    /// Enqueues one processing task of a batch's requests (one model);
+    /// returns its task id.
+    fn enqueue(&self, task: ProcessingBatch) -> BoxFuture<'_, Result<String, BackendError>> {
+        drop(task);
+        Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
+    }
+
+    /// What a task's workers answered so far. Each answer's usage record
+    /// (`batch_id`, the batch price) is stored, once, before it is returned.
+    fn collect(
+        &self,
+        task_id: String,
+        meter: ProcessingMeter,
+    ) -> BoxFuture<'_, Result<TaskProgress, BackendError>> {
+        let _ = (task_id, meter);
+        Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
+    }
+}
+
+/// Who a processing task's answers are metered to.
+#[derive(Clone, Debug)]
+pub struct ProcessingMeter {
+    /// The batch.
+    pub batch_id: String,
+    /// Tenant.
+    pub tenant_id: String,
+    /// Project.
+    pub project_id: String,
+    /// The key that created the batch.
+    pub api_key_id: String,
+    /// API surface of every request.
+    pub api_type: ApiType,
+    /// The model every request names.
+    pub model: String,
+    /// As [`JobSpec::price_percent`].
+    pub price_percent: Option<u8>,
+}
+
+/// A batch's requests of one model, rendered for the processing queue.
+#[derive(Clone, Debug)]
+pub struct ProcessingBatch {
+    /// Metering and the model.
+    pub meter: ProcessingMeter,
+    /// `(place in the batch, the job payload the request sent alone carries)`.
+    pub lines: Vec<(u64, Vec<u8>)>,
+}
+
+/// One request a worker answered.
+#[derive(Clone, Debug)]
+pub struct ProcessedLine {
+    /// Its place in the batch.
+    pub index: u64,
+    /// The HTTP status the request sent alone would have had.
+    pub status: u16,
+    /// The response body (or error envelope).
+    pub body: serde_json::Value,
+    /// The id its usage record is filed under.
+    pub request_id: String,
+}
+
+/// A task's answers so far.
+#[derive(Clone, Debug, Default)]
+pub struct TaskProgress {
+    /// Answered requests, in batch order.
+    pub answered: Vec<ProcessedLine>,
+    /// Requests of subtasks marked bad, with the reason.
+    pub bad: Vec<(u64, String)>,
+    /// Requests not answered yet.
+    pub open: usize,
 }
 
 #[cfg(test)]

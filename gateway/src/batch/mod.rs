@@ -3,6 +3,7 @@
 //! A batch's requests run on this gateway as ordinary requests of the key
 //! that created it ([`run`]), below interactive traffic.
 
+pub mod queue;
 pub mod run;
 pub mod store;
 pub mod validate;
@@ -99,6 +100,10 @@ pub struct Batches {
     pub(crate) slots: Arc<Semaphore>,
     /// Bounds.
     pub limits: BatchLimits,
+    /// Batch runs on the processing queue and through the handlers
+    /// (`gcs_batch_runs_total`).
+    pub(crate) via_queue: std::sync::atomic::AtomicU64,
+    pub(crate) via_handlers: std::sync::atomic::AtomicU64,
 }
 
 impl Batches {
@@ -111,6 +116,8 @@ impl Batches {
             active: Mutex::default(),
             slots: Arc::new(Semaphore::new(slots)),
             limits,
+            via_queue: Default::default(),
+            via_handlers: Default::default(),
         }
     }
 
@@ -294,6 +301,7 @@ async fn create_inner(state: &Arc<AppState>, req: Request) -> Result<Response, A
         output_file_id: None,
         error_file_id: None,
         errors: vec![],
+        processing: None,
     };
     let (store, saved, keep) =
         (state.batches.store.clone(), rec.clone(), limits.max_records_per_tenant);

@@ -112,10 +112,15 @@ async fn execute(state: &Arc<AppState>, a: &Arc<Active>, lines: &[Line]) -> Resu
         (r.completed, r.failed, r.input_tokens, r.output_tokens) = (0, 0, 0, 0);
         done.iter().for_each(|e| r.count(e));
     });
-    let done: HashSet<u64> = done.iter().map(|e| e.i).collect();
+    let mut done: HashSet<u64> = done.iter().map(|e| e.i).collect();
     let Some(api) = validate::endpoint_api(&rec.endpoint) else {
         return Err(ApiError::internal("a batch record names an unknown endpoint"));
     };
+    // On the swarm's processing queue when every request can run there.
+    if super::queue::run(state, a, api, lines, &mut done).await? {
+        return save(state, a).await;
+    }
+    state.batches.via_handlers.fetch_add(1, Ordering::Relaxed);
     // Owned indices: a stream of borrowed lines is not provably Send.
     let pending: Vec<usize> = (0..lines.len()).filter(|i| !done.contains(&(*i as u64))).collect();
     let per_batch = state.batches.limits.per_batch.max(1);
@@ -140,7 +145,7 @@ async fn execute(state: &Arc<AppState>, a: &Arc<Active>, lines: &[Line]) -> Resu
 }
 
 /// Waits until `a` is cancelled.
-async fn cancelled(a: &Active) {
+pub(super) async fn cancelled(a: &Active) {
     loop {
         let n = a.cancelled.notified();
         if a.cancel.load(Ordering::Relaxed) {
@@ -150,11 +155,20 @@ async fn cancelled(a: &Active) {
     }
 }
 
-fn entry(i: u64, line: &Line, status: u16, request_id: Option<String>, body: Value) -> Entry {
+pub(super) fn entry(i: u64, line: &Line, status: u16, request_id: Option<String>, body: Value) -> Entry {
     let out = json!({"id": crate::files::store::fresh_id("batch_req_"), "custom_id": line.custom_id,
         "response": {"status_code": status, "request_id": request_id, "body": body},
         "error": null});
     Entry { i, ok: status == 200, out }
+}
+
+/// The error line of a request the window closed on.
+pub(super) fn expired(i: u64, line: &Line) -> Entry {
+    let out = json!({"id": crate::files::store::fresh_id("batch_req_"),
+        "custom_id": line.custom_id, "response": null,
+        "error": {"code": "batch_expired",
+                  "message": "This request could not be executed before the completion window expired."}});
+    Entry { i, ok: false, out }
 }
 
 /// One request of the batch: `None` if the batch was cancelled first.
@@ -170,11 +184,7 @@ async fn request(
     }
     let rec = a.snapshot();
     if now_ms() / 1000 >= rec.expires_at {
-        let out = json!({"id": crate::files::store::fresh_id("batch_req_"),
-            "custom_id": line.custom_id, "response": null,
-            "error": {"code": "batch_expired",
-                      "message": "This request could not be executed before the completion window expired."}});
-        return Some(Entry { i, ok: false, out });
+        return Some(expired(i, line));
     }
     tokio::select! {
         _ = cancelled(a) => None,
@@ -183,7 +193,7 @@ async fn request(
 }
 
 /// The creating key, if it is still live.
-fn live_key(state: &AppState, key_id: &str) -> Option<crate::keys::KeyRecord> {
+pub(super) fn live_key(state: &AppState, key_id: &str) -> Option<crate::keys::KeyRecord> {
     match state.keys.list() {
         Ok(keys) => keys.into_iter().find(|k| k.id == key_id && k.is_live(now_ms())),
         Err(e) => {

@@ -108,6 +108,10 @@ pub struct BatchRecord {
     pub error_file_id: Option<String>,
     /// Validation errors (status `failed`).
     pub errors: Vec<LineError>,
+    /// The processing tasks its requests run as, once enqueued (one per
+    /// model); absent while it runs through the gateway's handlers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processing: Option<Vec<super::queue::TaskRef>>,
 }
 
 impl Entry {
@@ -349,6 +353,7 @@ mod tests {
             output_file_id: None,
             error_file_id: None,
             errors: vec![],
+            processing: None,
         }
     }
 
