@@ -7,9 +7,9 @@
 //! f16 dot products, f32 accumulation) so that greedy decoding agrees with it.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use crate::attn_paged;
 use crate::numerics::{
     dot16, ggml_expf, reduce16, vec_dot_f16_order, vec_dot_f16_order_zero_padded,
 };
@@ -302,9 +302,10 @@ fn head(c: &HeadCtx<'_>, idx: usize, o: &mut [f32]) {
 
 /// Paged K/V storage: a pool of fixed-size f16 blocks per layer, shared by
 /// all sequences and addressed through each sequence's block table (see
-/// [`crate::paged`]). Per block and KV head, keys are `[16 pos, head_dim]`
-/// and values are transposed, `[head_dim, 16 pos]`, so both are one
-/// contiguous run of `16 * head_dim` halves.
+/// [`crate::paged`]). Per block and KV head, keys and values are both
+/// transposed, `[head_dim, 16 pos]` (one contiguous run of `16 * head_dim`
+/// halves), so the kernel ([`crate::attn_paged`]) puts a block's 16
+/// positions in 16 SIMD lanes.
 #[derive(Debug, Clone)]
 pub struct KvPool {
     k: Vec<Vec<f16>>,
@@ -387,13 +388,10 @@ impl KvPool {
         let width = qd + 2 * kvd;
         let bl = self.block_len();
         let (kl, vl) = (&mut self.k[li], &mut self.v[li]);
-        // (sequence, row within it) of every batch row.
-        let mut rows = Vec::with_capacity(qkv.len() / width);
         let mut chunks = qkv.chunks_exact_mut(width);
-        for (si, s) in seqs.iter().enumerate() {
+        for s in seqs {
             for i in 0..s.t {
                 let Some(row) = chunks.next() else { break };
-                rows.push((si, i));
                 let pos = s.past + i;
                 let (q, rest) = row.split_at_mut(qd);
                 let (k, v) = rest.split_at_mut(kvd);
@@ -404,129 +402,31 @@ impl KvPool {
                 for h in 0..nkv {
                     let base = b * bl + h * BS * hd;
                     for d in 0..hd {
-                        kl[base + off * hd + d] = f16::from_f32(k[h * hd + d]);
+                        kl[base + d * BS + off] = f16::from_f32(k[h * hd + d]);
                         vl[base + d * BS + off] = f16::from_f32(v[h * hd + d]);
                     }
                 }
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        let fma = std::is_x86_feature_detected!("fma");
-        let ctx = PagedCtx {
+        let kseqs: Vec<attn_paged::Seq<'_>> = seqs
+            .iter()
+            .map(|s| attn_paged::Seq {
+                past: s.past,
+                t: s.t,
+                table: s.table,
+                decode_from: s.decode_from,
+            })
+            .collect();
+        let batch = attn_paged::Batch {
             qkv: &*qkv,
             k: kl,
             v: vl,
-            sh: self.sh,
-            seqs,
-            rows: &rows,
-            bl,
+            sh: attn_paged::Shape { n_heads: nh, n_kv_heads: nkv, head_dim: hd },
+            seqs: &kseqs,
             scale: rope.scale(),
             window: rope.window,
         };
-        let work = |(idx, o): (usize, &mut [f32])| {
-            #[cfg(target_arch = "x86_64")]
-            if fma {
-                // SAFETY: FMA support was detected above.
-                return unsafe { paged_group_fma(&ctx, idx, o) };
-            }
-            paged_group(&ctx, idx, o)
-        };
-        let cost: usize = rows.iter().map(|&(si, i)| seqs[si].past + i + 1).sum::<usize>() * nh;
-        // One task per (row, KV head): its query heads share the converted K/V.
-        let group = (nh / nkv) * hd;
-        if cost >= 2048 {
-            out.par_chunks_mut(group).enumerate().for_each(work);
-        } else {
-            out.chunks_mut(group).enumerate().for_each(work);
-        }
-    }
-}
-
-struct PagedCtx<'a> {
-    qkv: &'a [f32],
-    k: &'a [f16],
-    v: &'a [f16],
-    sh: AttnShape,
-    seqs: &'a [PagedSeqRef<'a>],
-    rows: &'a [(usize, usize)],
-    bl: usize,
-    scale: f32,
-    window: usize,
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma,avx2")]
-unsafe fn paged_group_fma(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
-    paged_group(c, idx, o)
-}
-
-/// Attention output of the query heads of one (row, KV head) pair.
-#[inline(always)]
-#[allow(clippy::expect_used)] // the expect guards an invariant of the code right here
-fn paged_group(c: &PagedCtx<'_>, idx: usize, o: &mut [f32]) {
-    let (nh, nkv, hd) = (c.sh.n_heads, c.sh.n_kv_heads, c.sh.head_dim);
-    let g = nh / nkv;
-    let width = (nh + 2 * nkv) * hd;
-    let (r, kvh) = (idx / nkv, idx % nkv);
-    let (si, i) = c.rows[r];
-    let s = &c.seqs[si];
-    let n = s.past + i + 1;
-    let nb = n.div_ceil(BS);
-    let padded = nb * BS;
-    // Convert this head's K and V blocks once for all its query heads.
-    let mut kbuf = vec![0f32; padded * hd];
-    let mut vbuf = vec![0f32; padded * hd];
-    for (bi, &b) in s.table[..nb].iter().enumerate() {
-        let src = b as usize * c.bl + kvh * BS * hd;
-        c.k[src..src + BS * hd].convert_to_f32_slice(&mut kbuf[bi * BS * hd..][..BS * hd]);
-        c.v[src..src + BS * hd].convert_to_f32_slice(&mut vbuf[bi * BS * hd..][..BS * hd]);
-    }
-    // Positions past `n` in the last block may hold stale values from an
-    // earlier owner; zero them so `0 * v` is exactly 0, as in [`attend`].
-    let last = (nb - 1) * BS * hd;
-    for d in 0..hd {
-        for lane in (n - (nb - 1) * BS)..BS {
-            vbuf[last + d * BS + lane] = 0.0;
-        }
-    }
-    let lo = n.saturating_sub(c.window); // sliding window: earlier keys masked
-    let single = s.past + i >= s.decode_from;
-    let mut p = vec![0f32; padded];
-    for (gh, og) in o.chunks_exact_mut(hd).enumerate() {
-        let h = kvh * g + gh;
-        let q = &c.qkv[r * width + h * hd..][..hd];
-        p.iter_mut().for_each(|x| *x = 0.0);
-        p[..lo].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
-        let mut max = f32::NEG_INFINITY;
-        for (j, pj) in p[..n].iter_mut().enumerate().skip(lo) {
-            let kj = &kbuf[j * hd..][..hd];
-            *pj = qk_dot(single, q, kj) * c.scale;
-            max = max.max(*pj);
-        }
-        softmax_f16(&mut p, n, max);
-        // Same accumulation over positions as [`pv_dot`] on a contiguous
-        // V row: block bi is 16-chunk bi (decode: accumulator bi % 4 of
-        // `vec_dot_f16_order`; prefill: `dot16`'s single accumulator).
-        for (d, od) in og.iter_mut().enumerate() {
-            let mut acc = [[0f32; 16]; 4];
-            for bi in 0..nb {
-                let vb = &vbuf[bi * BS * hd + d * BS..][..BS];
-                let pb = &p[bi * BS..][..BS];
-                let a = &mut acc[if single { bi % 4 } else { 0 }];
-                for l in 0..16 {
-                    a[l] = vb[l].mul_add(pb[l], a[l]);
-                }
-            }
-            if !single {
-                *od = reduce16(&acc[0]);
-                continue;
-            }
-            let mut x = [0f32; 16];
-            for l in 0..16 {
-                x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-            }
-            *od = reduce16(&x);
-        }
+        attn_paged::attend(&batch, out);
     }
 }
 

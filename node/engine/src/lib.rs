@@ -6,7 +6,8 @@
 //! - [`gguf`]: the GGUF parser (its tensors are of [`quant`]'s types).
 //! - [`tokenizer`]: tokenizer + chat template from GGUF metadata.
 //! - [`numerics`]: llama.cpp's float kernels (`expf`, dot-product orders, RMSNorm, SwiGLU).
-//! - [`attn`]: RoPE, the contiguous KV cache, the paged [`attn::KvPool`] and causal attention.
+//! - [`attn`]: RoPE, the contiguous KV cache, the paged [`attn::KvPool`] and causal attention;
+//!   [`attn_paged`]: the vectorised kernel over the paged pool.
 //! - [`llama`]: the decoder (burn module) over either KV store; [`qwen2`] and
 //!   [`gemma3`]: what those architectures add to it.
 //! - [`sampling`], [`stop`]: token sampling with logprobs, and stop strings.
@@ -24,10 +25,13 @@
 // `unsafe`; the workspace denies it by default.
 #[allow(unsafe_code)]
 pub mod attn;
+#[allow(unsafe_code)]
+pub mod attn_paged;
 pub mod backend;
 pub mod bert;
 pub mod card;
 pub mod constraint;
+pub mod devcheck;
 pub mod error;
 pub mod gemma3;
 pub mod generate;
@@ -50,7 +54,9 @@ pub use constraint::Grammar;
 pub use error::{EngineError, GgufError, Result};
 pub use generate::{Engine, FinishReason, GenerateRequest, GenerateResult};
 pub use sampling::{Logprobs, SamplingOptions, SamplingParams, TokenLogprob};
-pub use scheduler::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest, SeqResult, SeqStream};
+pub use scheduler::{
+    BatchConfig, BatchEngine, Priority, Prompt, SeqEvent, SeqRequest, SeqResult, SeqStream,
+};
 pub use tokenizer::ChatMessage;
 
 /// The default CPU device (burn's Flex backend).

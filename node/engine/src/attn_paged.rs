@@ -1,0 +1,663 @@
+//! Vectorised causal attention over the paged f16 K/V pool, in llama.cpp's
+//! float order (the kernel behind [`crate::attn::KvPool::attend`]).
+//!
+//! A pool block holds, per KV head, K and V both transposed to
+//! `[head_dim, 16 positions]`, so a block's 16 positions are the 16 SIMD
+//! lanes: one load gives the same dimension of 16 keys. Every score is still
+//! computed in exactly the order of llama.cpp's kernel for its row (see
+//! [`crate::attn`]): lane `p` of an accumulator holds what the scalar dot
+//! product's accumulator `i` holds for key `p`, and the 16-lane tree
+//! reduction is done across accumulators instead of across lanes. The
+//! results are therefore bit-identical to the contiguous [`crate::attn::attend`]
+//! (tested there) while running 16 keys per instruction.
+//!
+//! Work is split into tasks of (sequence, KV head, up to 16 rows): a task
+//! converts each f16 block it needs to f32 once and all its rows and query
+//! heads share it (a prefill of n rows used to convert Σ(1..n) blocks). A
+//! lone decode row streams its blocks through a small scratch buffer; when
+//! the batch is too small to keep every thread busy, its query heads become
+//! separate tasks.
+
+use std::cell::RefCell;
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::numerics::{dot16, ggml_expf, reduce16, vec_dot_f16_order};
+
+/// Positions per block = SIMD lanes.
+const L: usize = crate::paged::BLOCK_SIZE;
+/// Rows of one sequence per prefill task (they share converted blocks).
+const TILE: usize = 16;
+
+/// Head counts and size.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// One sequence's rows in the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Seq<'a> {
+    pub past: usize,
+    pub t: usize,
+    pub table: &'a [u32],
+    /// Rows at positions >= this use the decode (single-row) order.
+    pub decode_from: usize,
+}
+
+/// One layer's attention inputs. `qkv` rows have Q already rotated and
+/// rounded to f16 precision, and the new rows' K/V are in the pool.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    pub qkv: &'a [f32],
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub sh: Shape,
+    pub seqs: &'a [Seq<'a>],
+    pub scale: f32,
+    /// Sliding window (`usize::MAX`: none).
+    pub window: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    si: usize,
+    /// Batch row of the sequence's row 0.
+    row0: usize,
+    /// Rows `i0..i1` of the sequence.
+    i0: usize,
+    i1: usize,
+    kvh: usize,
+    /// Query heads `h0..h1` of the KV head's group.
+    h0: usize,
+    h1: usize,
+}
+
+/// f16 → f32 loads and f32 → f16 → f32 rounding of 16 lanes; the rest of
+/// the kernel is plain Rust that the target features vectorise.
+trait Isa {
+    fn load16(src: &[f16]) -> [f32; L];
+    fn round16(x: &[f32; L]) -> [f32; L];
+}
+
+struct Scalar;
+impl Isa for Scalar {
+    #[inline(always)]
+    fn load16(src: &[f16]) -> [f32; L] {
+        std::array::from_fn(|l| src[l].to_f32())
+    }
+    #[inline(always)]
+    fn round16(x: &[f32; L]) -> [f32; L] {
+        std::array::from_fn(|l| f16::from_f32(x[l]).to_f32())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Isa, L};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx2;
+    pub(super) struct Avx512;
+
+    // Rounding to nearest even, as `f16::from_f32` (F16C's immediate has
+    // 3 bits, AVX-512's 4: it also takes "no exceptions").
+    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
+    const RNE_SAE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn load16_f16c(src: &[f16]) -> [f32; L] {
+        assert!(src.len() >= L);
+        let p = src.as_ptr() as *const __m128i;
+        let mut out = [0f32; L];
+        // SAFETY: 16 halves are in bounds (asserted); unaligned loads/stores.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(p)));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))));
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn round16_f16c(x: &[f32; L]) -> [f32; L] {
+        let mut out = [0f32; L];
+        // SAFETY: 16 lanes in and out.
+        unsafe {
+            for h in 0..2 {
+                let v = _mm256_loadu_ps(x.as_ptr().add(8 * h));
+                let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(v));
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), r);
+            }
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load16_avx512(src: &[f16]) -> [f32; L] {
+        assert!(src.len() >= L);
+        let mut out = [0f32; L];
+        // SAFETY: 16 halves are in bounds (asserted).
+        unsafe {
+            let h = _mm256_loadu_si256(src.as_ptr() as *const __m256i);
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_cvtph_ps(h));
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn round16_avx512(x: &[f32; L]) -> [f32; L] {
+        let mut out = [0f32; L];
+        // SAFETY: 16 lanes in and out.
+        unsafe {
+            let v = _mm512_loadu_ps(x.as_ptr());
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE_SAE>(v)));
+        }
+        out
+    }
+
+    impl Isa for Avx2 {
+        #[inline(always)]
+        fn load16(src: &[f16]) -> [f32; L] {
+            // SAFETY: only instantiated behind the avx2+f16c+fma check.
+            unsafe { load16_f16c(src) }
+        }
+        #[inline(always)]
+        fn round16(x: &[f32; L]) -> [f32; L] {
+            // SAFETY: as above.
+            unsafe { round16_f16c(x) }
+        }
+    }
+
+    impl Isa for Avx512 {
+        #[inline(always)]
+        fn load16(src: &[f16]) -> [f32; L] {
+            // SAFETY: only instantiated behind the avx512f check.
+            unsafe { load16_avx512(src) }
+        }
+        #[inline(always)]
+        fn round16(x: &[f32; L]) -> [f32; L] {
+            // SAFETY: as above.
+            unsafe { round16_avx512(x) }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn task_avx512(b: &super::Batch<'_>, t: &super::Task, out: &mut [f32]) {
+        super::task::<Avx512>(b, t, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn task_avx2(b: &super::Batch<'_>, t: &super::Task, out: &mut [f32]) {
+        super::task::<Avx2>(b, t, out)
+    }
+}
+
+/// Which kernel this CPU runs (`ISA_*`); detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn kind() -> Kind {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let base = std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c");
+        if base && std::is_x86_feature_detected!("avx512f") {
+            return Kind::Avx512;
+        }
+        if base {
+            return Kind::Avx2;
+        }
+    }
+    Kind::Scalar
+}
+
+fn run_task(k: Kind, b: &Batch<'_>, t: &Task, out: &mut [f32]) {
+    match k {
+        Kind::Scalar => task::<Scalar>(b, t, out),
+        // SAFETY: the features were detected by `kind`.
+        #[cfg(target_arch = "x86_64")]
+        Kind::Avx2 => unsafe { x86::task_avx2(b, t, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Kind::Avx512 => unsafe { x86::task_avx512(b, t, out) },
+    }
+}
+
+/// Attention of every batch row into `out` (`[rows, n_heads * head_dim]`).
+pub fn attend(b: &Batch<'_>, out: &mut [f32]) {
+    attend_with(kind(), b, out)
+}
+
+fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
+    let (nh, nkv, hd) = (b.sh.n_heads, b.sh.n_kv_heads, b.sh.head_dim);
+    let g = nh / nkv;
+    let rows: usize = b.seqs.iter().map(|s| s.t).sum();
+    let threads = rayon::current_num_threads().max(1);
+    // Too few (row, KV head) pairs to keep the threads busy: one task per
+    // query head (each converts its blocks itself).
+    let split_heads = rows * nkv < 4 * threads && g > 1;
+    let mut tasks = Vec::new();
+    let mut row0 = 0;
+    for (si, s) in b.seqs.iter().enumerate() {
+        for i0 in (0..s.t).step_by(TILE) {
+            let i1 = (i0 + TILE).min(s.t);
+            for kvh in 0..nkv {
+                if split_heads && i1 - i0 == 1 {
+                    tasks.extend((0..g).map(|h| Task { si, row0, i0, i1, kvh, h0: h, h1: h + 1 }));
+                } else {
+                    tasks.push(Task { si, row0, i0, i1, kvh, h0: 0, h1: g });
+                }
+            }
+        }
+        row0 += s.t;
+    }
+    let size = |t: &Task| (t.i1 - t.i0) * (t.h1 - t.h0) * hd;
+    let cost: usize = b.seqs.iter().map(|s| (s.past + s.t) * s.t).sum::<usize>() * nh;
+    let results: Vec<Vec<f32>> = if cost >= 2048 && tasks.len() > 1 {
+        tasks
+            .par_iter()
+            .map(|t| {
+                let mut o = vec![0f32; size(t)];
+                run_task(k, b, t, &mut o);
+                o
+            })
+            .collect()
+    } else {
+        tasks
+            .iter()
+            .map(|t| {
+                let mut o = vec![0f32; size(t)];
+                run_task(k, b, t, &mut o);
+                o
+            })
+            .collect()
+    };
+    // Scatter `[row, head, hd]` of each task into `[row, nh * hd]`.
+    let qd = nh * hd;
+    for (t, o) in tasks.iter().zip(&results) {
+        let w = (t.h1 - t.h0) * hd;
+        for (r, src) in (t.i0..t.i1).zip(o.chunks_exact(w)) {
+            let at = (t.row0 + r) * qd + (t.kvh * g + t.h0) * hd;
+            out[at..at + w].copy_from_slice(src);
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch (probabilities, accumulators, converted blocks),
+    /// reused across layers and steps.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One task: rows `i0..i1` of a sequence, query heads `h0..h1` of KV head
+/// `kvh`. `out`: `[rows, heads, head_dim]`.
+#[inline(always)]
+fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32]) {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        task_in::<I>(b, t, out, &mut s)
+    })
+}
+
+#[inline(always)]
+fn task_in<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>) {
+    let (nh, nkv, hd) = (b.sh.n_heads, b.sh.n_kv_heads, b.sh.head_dim);
+    let g = nh / nkv;
+    let width = (nh + 2 * nkv) * hd;
+    let s = &b.seqs[t.si];
+    let nrows = t.i1 - t.i0;
+    let nheads = t.h1 - t.h0;
+    // Keys of row i: positions lo(i)..n(i), n(i) = past + i + 1.
+    let n_of = |i: usize| s.past + i + 1;
+    let lo_of = |i: usize| n_of(i).saturating_sub(b.window);
+    let nb_max = n_of(t.i1 - 1).div_ceil(L);
+    let b_min = lo_of(t.i0) / L;
+    let span = (nb_max - b_min) * L; // positions covered by the task
+    let bsz = hd * L; // one block of one KV head
+    let block_at = |bi: usize| {
+        let off = (s.table[bi] as usize * nkv + t.kvh) * bsz;
+        off..off + bsz
+    };
+    // Several rows: convert each block once up front for all of them; one
+    // row: stream blocks through a one-block buffer.
+    let buffered = nrows > 1;
+    let conv = if buffered { 2 * span * hd } else { bsz };
+    let npr = nrows * nheads;
+    let acc_len = 4 * bsz;
+    scratch.resize(npr * span + acc_len + conv, 0.0);
+    let (probs, rest) = scratch.split_at_mut(npr * span);
+    let (acc, cbuf) = rest.split_at_mut(acc_len);
+    if buffered {
+        let (kb, vb) = cbuf.split_at_mut(span * hd);
+        for bi in b_min..nb_max {
+            convert::<I>(&b.k[block_at(bi)], &mut kb[(bi - b_min) * bsz..][..bsz]);
+            convert::<I>(&b.v[block_at(bi)], &mut vb[(bi - b_min) * bsz..][..bsz]);
+        }
+    }
+    let q_of = |i: usize, h: usize| {
+        let row = t.row0 + i;
+        &b.qkv[row * width + (t.kvh * g + t.h0 + h) * hd..][..hd]
+    };
+    // Scores, block by block (probs[r * nheads + h] covers the task's span).
+    let mut maxes = [f32::NEG_INFINITY; 4 * TILE];
+    let mut maxes_vec;
+    let maxes: &mut [f32] = if npr <= maxes.len() {
+        &mut maxes[..npr]
+    } else {
+        maxes_vec = vec![f32::NEG_INFINITY; npr];
+        &mut maxes_vec
+    };
+    for bi in b_min..nb_max {
+        let kt: &[f32] = if buffered {
+            &cbuf[(bi - b_min) * bsz..][..bsz]
+        } else {
+            convert::<I>(&b.k[block_at(bi)], &mut cbuf[..bsz]);
+            &cbuf[..bsz]
+        };
+        for (r, i) in (t.i0..t.i1).enumerate() {
+            let (n, lo) = (n_of(i), lo_of(i));
+            if bi * L >= n || (bi + 1) * L <= lo {
+                continue;
+            }
+            let single = s.past + i >= s.decode_from;
+            for h in 0..nheads {
+                let mut sc = [0f32; L];
+                block_scores(single, q_of(i, h), kt, hd, &mut sc);
+                let pr = &mut probs[(r * nheads + h) * span + (bi - b_min) * L..][..L];
+                let m = &mut maxes[r * nheads + h];
+                for l in 0..L {
+                    let j = bi * L + l;
+                    // Outside lo..n: -inf, which the softmax maps to 0.
+                    pr[l] = if j >= lo && j < n { sc[l] * b.scale } else { f32::NEG_INFINITY };
+                    if j >= lo && j < n {
+                        *m = m.max(pr[l]);
+                    }
+                }
+            }
+        }
+    }
+    for (r, i) in (t.i0..t.i1).enumerate() {
+        let (n, lo) = (n_of(i), lo_of(i));
+        let (rb0, nb) = (lo / L, n.div_ceil(L));
+        for h in 0..nheads {
+            let pr = &mut probs[(r * nheads + h) * span..][(rb0 - b_min) * L..(nb - b_min) * L];
+            softmax::<I>(pr, maxes[r * nheads + h]);
+        }
+    }
+    // P·V, block by block, into the row's accumulators.
+    for (r, i) in (t.i0..t.i1).enumerate() {
+        let (n, lo) = (n_of(i), lo_of(i));
+        let (rb0, nb) = (lo / L, n.div_ceil(L));
+        let single = s.past + i >= s.decode_from;
+        for h in 0..nheads {
+            let sets = if single { 4 } else { 1 };
+            let acc = &mut acc[..sets * bsz];
+            acc.iter_mut().for_each(|x| *x = 0.0);
+            let pr = &probs[(r * nheads + h) * span..];
+            for bi in rb0..nb {
+                let vt: &[f32] = if buffered {
+                    &cbuf[span * hd + (bi - b_min) * bsz..][..bsz]
+                } else {
+                    convert::<I>(&b.v[block_at(bi)], &mut cbuf[..bsz]);
+                    &cbuf[..bsz]
+                };
+                let pb: &[f32; L] = lanes(&pr[(bi - b_min) * L..]);
+                let set = if single { bi % 4 } else { 0 };
+                let a = &mut acc[set * bsz..][..bsz];
+                // Lanes at or past n of the last block hold later rows'
+                // or stale values: zeroed, as llama.cpp's masked V is.
+                let valid = (n - bi * L).min(L);
+                block_pv(vt, pb, a, valid);
+            }
+            let o = &mut out[(r * nheads + h) * hd..][..hd];
+            for (d, od) in o.iter_mut().enumerate() {
+                if single {
+                    let x: [f32; L] = std::array::from_fn(|l| {
+                        (acc[d * L + l] + acc[2 * bsz + d * L + l])
+                            + (acc[bsz + d * L + l] + acc[3 * bsz + d * L + l])
+                    });
+                    *od = reduce16(&x);
+                } else {
+                    *od = reduce16(lanes(&acc[d * L..]));
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::expect_used)] // callers pass at least 16 lanes
+fn lanes(x: &[f32]) -> &[f32; L] {
+    x[..L].try_into().expect("16 lanes")
+}
+
+#[inline(always)]
+#[allow(clippy::expect_used)] // callers pass 16 lanes
+fn lanes_mut(x: &mut [f32]) -> &mut [f32; L] {
+    (&mut x[..L]).try_into().expect("16 lanes")
+}
+
+#[inline(always)]
+fn convert<I: Isa>(src: &[f16], dst: &mut [f32]) {
+    for (d, s) in dst.chunks_exact_mut(L).zip(src.chunks_exact(L)) {
+        d.copy_from_slice(&I::load16(s));
+    }
+}
+
+/// Scores of a block's 16 keys (`kt`: `[hd, 16]`) against `q`, unscaled,
+/// each in the order of [`vec_dot_f16_order`] (`single`) or [`dot16`].
+#[inline(always)]
+fn block_scores(single: bool, q: &[f32], kt: &[f32], hd: usize, out: &mut [f32; L]) {
+    // a[i][p]: scalar accumulator lane i of key p.
+    let mut a = [[0f32; L]; L];
+    if single && hd.is_multiple_of(64) {
+        // Four accumulators, chunk c of 16 dims to accumulator c % 4.
+        for (i, ai) in a.iter_mut().enumerate() {
+            let mut s = [[0f32; L]; 4];
+            for m in 0..hd / 64 {
+                for (j, sj) in s.iter_mut().enumerate() {
+                    let e = 64 * m + 16 * j + i;
+                    let (qe, ke) = (q[e], &kt[e * L..][..L]);
+                    for p in 0..L {
+                        sj[p] = qe.mul_add(ke[p], sj[p]);
+                    }
+                }
+            }
+            for p in 0..L {
+                ai[p] = (s[0][p] + s[2][p]) + (s[1][p] + s[3][p]);
+            }
+        }
+    } else if !single && hd.is_multiple_of(16) {
+        for (i, ai) in a.iter_mut().enumerate() {
+            for c in 0..hd / 16 {
+                let e = 16 * c + i;
+                let (qe, ke) = (q[e], &kt[e * L..][..L]);
+                for p in 0..L {
+                    ai[p] = qe.mul_add(ke[p], ai[p]);
+                }
+            }
+        }
+    } else {
+        // Other head sizes: the reference dot per key.
+        let mut k = vec![0f32; hd];
+        for (p, o) in out.iter_mut().enumerate() {
+            for (e, ke) in k.iter_mut().enumerate() {
+                *ke = kt[e * L + p];
+            }
+            *o = if single {
+                vec_dot_f16_order(q, &k)
+            } else if hd.is_multiple_of(16) {
+                dot16(q, &k)
+            } else {
+                q.iter().zip(&k).map(|(x, y)| x * y).sum()
+            };
+        }
+        return;
+    }
+    // reduce16's tree, for 16 keys at once.
+    let mut t8 = [[0f32; L]; 8];
+    for i in 0..8 {
+        for p in 0..L {
+            t8[i][p] = a[8 + i][p] + a[i][p];
+        }
+    }
+    for p in 0..L {
+        let t4: [f32; 4] = std::array::from_fn(|i| t8[4 + i][p] + t8[i][p]);
+        out[p] = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+    }
+}
+
+/// `a[d][l] += v[d][l] * p[l]` for one block, lanes `>= valid` of `v` as 0.
+#[inline(always)]
+fn block_pv(vt: &[f32], p: &[f32; L], a: &mut [f32], valid: usize) {
+    if valid == L {
+        for (ad, vd) in a.chunks_exact_mut(L).zip(vt.chunks_exact(L)) {
+            for l in 0..L {
+                ad[l] = vd[l].mul_add(p[l], ad[l]);
+            }
+        }
+        return;
+    }
+    for (ad, vd) in a.chunks_exact_mut(L).zip(vt.chunks_exact(L)) {
+        for l in 0..L {
+            let v = if l < valid { vd[l] } else { 0.0 };
+            ad[l] = v.mul_add(p[l], ad[l]);
+        }
+    }
+}
+
+/// [`crate::attn`]'s softmax on whole blocks of scores (`-inf`: masked):
+/// ggml's `expf`, the f64 sum of each 16-chunk's tree sum, one reciprocal,
+/// probabilities rounded to f16. Leading fully masked blocks are left out
+/// by the caller: they add exact zeros.
+#[inline(always)]
+fn softmax<I: Isa>(p: &mut [f32], max: f32) {
+    let mut sum = 0f64;
+    for ch in p.chunks_exact_mut(L) {
+        let ch = lanes_mut(ch);
+        exp16(ch, max);
+        sum += reduce16(ch) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for ch in p.chunks_exact_mut(L) {
+        let x: [f32; L] = std::array::from_fn(|l| ch[l] * inv);
+        ch.copy_from_slice(&I::round16(&x));
+    }
+}
+
+/// `x[l] = ggml_expf(x[l] - max)`, lanes vectorised on the common range
+/// (the scalar routine's `scalef` fast branch), the rest by the routine.
+#[inline(always)]
+fn exp16(x: &mut [f32; L], max: f32) {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000);
+    let mut nn = [0f32; L];
+    let mut y = [0f32; L];
+    for l in 0..L {
+        let xv = x[l] - max;
+        let z = xv.mul_add(c(0x3fb8_aa3b), r);
+        let n = z - r;
+        let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), xv));
+        let u = b * b;
+        let j = c(0x3c07_2010)
+            .mul_add(b, c(0x3d2b_9f17))
+            .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+            .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+        let ni = n.clamp(-126.0, 127.0) as i32;
+        y[l] = j * f32::from_bits(((ni + 127) as u32) << 23);
+        nn[l] = n;
+    }
+    for l in 0..L {
+        let n = nn[l];
+        if !(-126.0..=127.0).contains(&n) {
+            y[l] = ggml_expf(x[l] - max);
+        }
+    }
+    *x = y;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp16_equals_scalar_expf() {
+        let xs: Vec<f32> = (-4000..200).map(|i| i as f32 * 0.05).chain([f32::NEG_INFINITY]).collect();
+        for ch in xs.chunks(16) {
+            let mut x = [0f32; L];
+            x[..ch.len()].copy_from_slice(ch);
+            let want: Vec<u32> = x.iter().map(|&v| ggml_expf(v - 0.5).to_bits()).collect();
+            exp16(&mut x, 0.5);
+            assert_eq!(x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+        }
+    }
+
+    /// Every ISA this CPU has gives the scalar path's bits, on shapes with
+    /// head dims 64 and 256 (vectorised orders), 8 and 80 (fallback), a
+    /// window, decode and prefill rows, and several sequences.
+    #[test]
+    fn isas_are_bit_identical() {
+        for (nh, nkv, hd, window) in
+            [(6, 2, 64, usize::MAX), (4, 1, 256, 40), (2, 1, 8, usize::MAX), (2, 2, 80, 30)]
+        {
+            let bsz = hd * L;
+            let n_blocks = 8;
+            let k: Vec<f16> = (0..n_blocks * nkv * bsz)
+                .map(|i| f16::from_f32(((i * 7919 % 2003) as f32 / 1000.0) - 1.0))
+                .collect();
+            let v: Vec<f16> = (0..n_blocks * nkv * bsz)
+                .map(|i| f16::from_f32(((i * 104_729 % 1999) as f32 / 999.0) - 1.0))
+                .collect();
+            let width = (nh + 2 * nkv) * hd;
+            let table_a = [3u32, 0, 6, 1];
+            let table_b = [2u32, 5, 7];
+            let seqs = [
+                Seq { past: 20, t: 21, table: &table_a, decode_from: 33 },
+                Seq { past: 40, t: 1, table: &table_b, decode_from: 0 },
+            ];
+            let rows = 22;
+            let qkv: Vec<f32> = (0..rows * width)
+                .map(|i| f16::from_f32(((i * 31 % 97) as f32 / 48.0) - 1.0).to_f32())
+                .collect();
+            let b = Batch {
+                qkv: &qkv,
+                k: &k,
+                v: &v,
+                sh: Shape { n_heads: nh, n_kv_heads: nkv, head_dim: hd },
+                seqs: &seqs,
+                scale: 0.125,
+                window,
+            };
+            let mut want = vec![0f32; rows * nh * hd];
+            attend_with(Kind::Scalar, &b, &mut want);
+            assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            #[allow(unused_mut)]
+            let mut kinds = vec![kind()];
+            #[cfg(target_arch = "x86_64")]
+            if kind() == Kind::Avx512 {
+                kinds.push(Kind::Avx2);
+            }
+            for k in kinds {
+                let mut got = vec![0f32; rows * nh * hd];
+                attend_with(k, &b, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{k:?} hd {hd}");
+            }
+        }
+    }
+}
