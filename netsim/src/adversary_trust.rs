@@ -311,6 +311,8 @@ impl Rogue {
                     salt,
                 ))))
             }
+            // It enqueues no processing tasks.
+            JobRequest::FetchChunk(_) | JobRequest::DeliverOutput(_) => None,
             JobRequest::Envelope(b) => match open(b, now_ms(), &self.limits).ok()? {
                 Message::JobClaim(c) if lock(&self.jobs).contains_key(&c.job_id) => {
                     let now = now_ms();

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use gcs_gateway::backend::{ProcessingBatch, ProcessingMeter, TaskProgress};
 use gcs_gateway::{Backend, BackendError, BoxFuture, JobEvent, JobSpec, ParentUsage};
 use gcs_keyspace::Keyspace;
 use gcs_protocol::{now_ms, CancellationReason, NodeRegistration, UsageRecord};
@@ -29,8 +30,10 @@ pub struct NodeClient {
     /// This node's own worker (`--role all`), for its metrics.
     worker: Option<WorkerState>,
     network: crate::network::Network,
-    /// Usage refusals (`gcs_usage_refused_total`).
+    /// Usage refusals (`gcs_usage_refused_total`); which gateways tenants admitted.
     trust: crate::tenants::TrustHandle,
+    /// This node's key (signs processing tasks and their usage records).
+    key: Arc<gcs_protocol::NodeKey>,
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -47,8 +50,9 @@ impl NodeClient {
         worker: Option<WorkerState>,
         network: crate::network::Network,
         trust: crate::tenants::TrustHandle,
+        key: Arc<gcs_protocol::NodeKey>,
     ) -> Self {
-        Self { commands, registry, keyspace, worker, network, trust }
+        Self { commands, registry, keyspace, worker, network, trust, key }
     }
 
     /// Submits a job; see [`crate::NodeHandle::submit`].
@@ -193,6 +197,40 @@ impl Backend for NodeClient {
         // One key's time range of its index, not every usage record.
         crate::indexes::usage_of_key(&self.keyspace, api_key_id, since_ms, until_ms)
             .map_err(|e| BackendError::Storage(e.to_string()))
+    }
+
+    fn processing_capacity(&self, model: &str) -> bool {
+        crate::processing::batch::capacity(&self.registrations(), model)
+    }
+
+    fn enqueue(&self, task: ProcessingBatch) -> BoxFuture<'_, Result<String, BackendError>> {
+        Box::pin(async move {
+            let (ks, key, trust) = (self.keyspace.clone(), self.key.clone(), self.trust.clone());
+            crate::processing::batch::enqueue(ks, key, trust, &self.network, task)
+                .await
+                .map_err(processing_error)
+        })
+    }
+
+    fn collect(
+        &self,
+        task_id: String,
+        meter: ProcessingMeter,
+    ) -> BoxFuture<'_, Result<TaskProgress, BackendError>> {
+        Box::pin(async move {
+            let (ks, key) = (self.keyspace.clone(), self.key.clone());
+            crate::processing::batch::collect(ks, key, &self.network, task_id, meter)
+                .await
+                .map_err(processing_error)
+        })
+    }
+}
+
+fn processing_error(e: crate::processing::chunks::ProcessingError) -> BackendError {
+    use crate::processing::chunks::ProcessingError as P;
+    match e {
+        e @ (P::Keyspace(_) | P::Runtime(_)) => BackendError::Storage(e.to_string()),
+        other => BackendError::Internal(other.to_string()),
     }
 }
 

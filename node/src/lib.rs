@@ -42,4 +42,4 @@ pub use error::NodeError;
 pub use gcs_protocol::now_ms;
 pub use identity::Identity;
 pub use network::{NetEvent, Network, NetworkConfig};
-pub use node::{start, NodeConfig, NodeHandle, Role};
+pub use node::{start, NodeConfig, NodeHandle, Role, DEFAULT_PROCESSING_JOBS};

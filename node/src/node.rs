@@ -54,6 +54,11 @@ pub struct NodeConfig {
     pub executor: Option<Arc<dyn Executor>>,
     /// Jobs a worker runs at once.
     pub max_concurrent_jobs: usize,
+    /// Processing subtasks a worker runs at once, beside its API jobs
+    /// (specs/batch.md, "Processing on the network"); 0: none.
+    pub max_processing_jobs: usize,
+    /// Lease of a processing lock (renewed at half of it).
+    pub processing_lease_ms: u64,
     /// Gateway lease timing.
     pub tracker: TrackerConfig,
     /// Role.
@@ -137,10 +142,15 @@ impl NodeConfig {
             gateway_local: Default::default(),
             executor: None,
             max_concurrent_jobs: 4,
+            max_processing_jobs: DEFAULT_PROCESSING_JOBS,
+            processing_lease_ms: crate::processing::worker::DEFAULT_LEASE_MS,
             tracker: TrackerConfig::default(),
         }
     }
 }
+
+/// Processing slots of a worker by default.
+pub const DEFAULT_PROCESSING_JOBS: usize = 1;
 
 /// A running node.
 #[derive(Debug)]
@@ -267,6 +277,8 @@ struct Env {
     keyspace: Arc<Keyspace>,
     registration_id: Arc<Mutex<String>>,
     jobs_heard: Arc<std::sync::atomic::AtomicU64>,
+    /// A worker's processing slots (None: it takes no subtasks).
+    processing: Option<crate::processing::shell::Shell>,
 }
 
 /// Starts a node.
@@ -321,6 +333,23 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         )),
         _ => None,
     };
+    let processing = match (&worker, config.max_processing_jobs) {
+        (Some(w), n) if n > 0 => Some(crate::processing::shell::start(crate::processing::shell::Parts {
+            slots: n,
+            lease_ms: config.processing_lease_ms,
+            ks: keyspace.clone(),
+            key: w.key.clone(),
+            trust: trust.clone(),
+            executor: w.executor.clone(),
+            models: config
+                .models
+                .iter()
+                .flat_map(|m| std::iter::once(m.model_id.clone()).chain(m.aliases.iter().cloned()))
+                .collect(),
+            network: network.clone(),
+        })),
+        _ => None,
+    };
     let jobs_heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let client = NodeClient::new(
         cmd_tx,
@@ -329,11 +358,13 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         worker.clone(),
         network.clone(),
         trust.clone(),
+        Arc::new(gcs_protocol::NodeKey::from_seed(identity.key.seed())),
     );
     let rt = Runtime {
         gateway: (config.role != Role::Worker).then(GatewayState::default),
         worker,
         env: Env {
+            processing,
             jobs_heard: jobs_heard.clone(),
             registration_id,
             identity,
@@ -482,6 +513,9 @@ impl Runtime {
                 }
             }
         }
+        if let Some(p) = &self.env.processing {
+            p.stop();
+        }
         if is_worker {
             self.env.publish_registration(NodeStatus::Offline, self.worker.as_ref()).await;
             // Give the swarm a moment to flush the offline registration
@@ -513,9 +547,10 @@ impl Runtime {
                 Message::MembershipCertificate(_) | Message::MembershipRevocation(_) => {
                     tracing::debug!(%topic, "membership message on gossip ignored")
                 }
-                // The processing queue (26.22) is not served yet.
+                // Processing records travel as keyspace deltas
+                // (processing/records.rs), never as gossip messages.
                 Message::TaskLock(_) | Message::TaskResult(_) => {
-                    tracing::debug!(%topic, "processing message ignored")
+                    tracing::debug!(%topic, "processing message on gossip ignored")
                 }
                 // Refused by topic validation before they get here.
                 Message::JobClaim(_)
@@ -582,6 +617,7 @@ impl Env {
                 completion: serves(gcs_protocol::ApiType::Completion),
                 embedding: serves(gcs_protocol::ApiType::Embedding),
                 streaming: true,
+                processing_chunk_job: worker.is_some() && self.processing.is_some(),
                 ..Default::default()
             },
             models: models.clone(),
@@ -594,6 +630,8 @@ impl Env {
                 current_api_jobs: worker.map_or(0, |w| w.load()) as u32,
                 free_kv_tokens: worker.map_or(0, |w| w.executor.free_kv_tokens()),
                 decode_tokens_per_s: worker.map_or(0.0, |w| w.executor.decode_tokens_per_s()),
+                max_concurrent_processing_jobs: self.processing.as_ref().map_or(0, |p| p.slots.max()) as u32,
+                current_processing_jobs: self.processing.as_ref().map_or(0, |p| p.slots.running()) as u32,
                 ..Default::default()
             },
             trust: Trust::default(),

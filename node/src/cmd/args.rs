@@ -54,6 +54,20 @@ pub struct RunArgs {
     #[arg(long, env = "GCS_BATCH_PRICE_PERCENT", default_value_t = 50,
           value_parser = clap::value_parser!(u8).range(1..=100))]
     pub batch_price_percent: u8,
+    /// Processing subtasks (batch work from the swarm's processing queue)
+    /// a worker runs at once, beside its API jobs; 0 takes none.
+    #[arg(long, env = "GCS_MAX_PROCESSING_JOBS", default_value_t = gcs_node::DEFAULT_PROCESSING_JOBS)]
+    pub max_processing_jobs: usize,
+    /// Lease of a processing lock in ms (renewed at half of it): how long a
+    /// dead worker's subtask waits before another worker takes it.
+    #[arg(long, env = "GCS_PROCESSING_LEASE_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=600_000))]
+    pub processing_lease_ms: u64,
+    /// A tenant whose gateways' processing tasks this worker takes:
+    /// `TENANT=ISSUER`, the id of the tenant's membership key (repeatable).
+    /// A task is taken only from a gateway that key admitted.
+    #[arg(long, env = "GCS_TRUST_TENANT", value_delimiter = ',')]
+    pub trust_tenant: Vec<String>,
     /// How long a stream's HTTP status waits for its first chunk, in ms (at
     /// most one keepalive interval): a job failing before it is answered
     /// with its own status as JSON.

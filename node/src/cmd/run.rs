@@ -28,6 +28,9 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     }
     let mut config = NodeConfig::new(cli.role, data_dir.to_path_buf());
     config.max_concurrent_jobs = cli.max_jobs.max(1);
+    config.max_processing_jobs = cli.max_processing_jobs;
+    config.processing_lease_ms = cli.processing_lease_ms;
+    config.network.tenant_trust = gcs_node::tenants::TenantTrust::new(trusted_tenants(&cli.trust_tenant)?);
     config.network.listen = if cli.listen.is_empty() {
         let port = if cli.role == Role::Worker { 0 } else { 4001 };
         vec![
@@ -170,6 +173,22 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+/// `--trust-tenant TENANT=ISSUER` pairs: the tenants whose gateways'
+/// processing tasks a worker takes (a gateway loads its own tenant store).
+fn trusted_tenants(pairs: &[String]) -> anyhow::Result<gcs_node::tenants::Trust> {
+    let mut t = gcs_node::tenants::Trust::default();
+    for p in pairs {
+        let Some((tenant, issuer)) = p.split_once('=') else {
+            bail!("--trust-tenant {p:?}: use TENANT=ISSUER");
+        };
+        let issuer: gcs_protocol::NodeId = issuer
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--trust-tenant {p:?}: {e}"))?;
+        t.tenants.insert(tenant.to_string(), issuer);
+    }
+    Ok(t)
 }
 
 /// Runs the node until SIGINT or SIGTERM, then shuts it down.

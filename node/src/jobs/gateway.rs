@@ -534,6 +534,10 @@ impl GatewayState {
                     _ => JobResponse::Refused("only the lease holder may fetch the payload".into()),
                 }
             }
+            // A processing lock holder's chunk fetch or delivery (processing/serve.rs).
+            JobRequest::FetchChunk(_) | JobRequest::DeliverOutput(_) => {
+                crate::processing::serve::answer(ctx.keyspace, ctx.trust, peer, &req)
+            }
             JobRequest::Envelope(bytes) => {
                 let msg = match open(&bytes, now_ms(), ctx.limits) {
                     Ok(m) => m,

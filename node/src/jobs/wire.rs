@@ -96,6 +96,45 @@ pub enum JobRequest {
         /// The lease the fetcher holds.
         lease_id: String,
     },
+    /// A processing lock holder fetches one input chunk of its subtask
+    /// (specs/batch.md, "Processing on the network").
+    FetchChunk(Box<ChunkFetch>),
+    /// A processing lock holder hands in one signed output.
+    DeliverOutput(Box<OutputDelivery>),
+}
+
+/// Version of [`ChunkFetch`] and [`OutputDelivery`].
+pub const PROCESSING_WIRE_VERSION: u16 = 1;
+/// Largest lock delta a processing request may carry (a lock record is at
+/// most 64 KiB, plus the delta's own fields).
+pub const MAX_LOCK_DELTA_BYTES: usize = 80 << 10;
+
+/// A fetch of one input chunk, with the lock it is asked under: the
+/// gateway merges the lock first (gossip may not have carried it yet).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChunkFetch {
+    /// [`PROCESSING_WIRE_VERSION`].
+    pub version: u16,
+    /// The lock's delta (`gcs_keyspace::Delta::encode`), its latest renewal.
+    #[serde(with = "serde_bytes")]
+    pub lock: Vec<u8>,
+    /// Task.
+    pub task_id: String,
+    /// `c<index>`.
+    pub chunk_id: String,
+}
+
+/// One signed output, with the lock it ran under.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OutputDelivery {
+    /// [`PROCESSING_WIRE_VERSION`].
+    pub version: u16,
+    /// The lock's delta, its latest renewal.
+    #[serde(with = "serde_bytes")]
+    pub lock: Vec<u8>,
+    /// The encoded, signed output chunk.
+    #[serde(with = "serde_bytes")]
+    pub output: Vec<u8>,
 }
 
 /// The answer.
@@ -107,6 +146,8 @@ pub enum JobResponse {
     Envelope(#[serde(with = "serde_bytes")] Vec<u8>),
     /// The payload, to the lease holder.
     Payload(Box<LeasedPayload>),
+    /// An encoded, signed input chunk, to a processing lock holder.
+    Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Refused, with the reason.
     Refused(String),
 }

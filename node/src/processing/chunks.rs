@@ -62,6 +62,12 @@ pub enum ProcessingError {
     /// The engine failed (the subtask is left to expire and be retried).
     #[error("engine: {0}")]
     Engine(String),
+    /// The task's gateway refused a request or could not be reached.
+    #[error("gateway: {0}")]
+    Gateway(String),
+    /// A usage record was not stored, or a blocking task failed.
+    #[error("{0}")]
+    Runtime(String),
 }
 
 /// The task's parameters (`ProcessingTask.json_data`): what a worker must

@@ -3,12 +3,18 @@
 //! in the keyspace under `/gcs/processing/*` with their authority rows and
 //! the replay that rebuilds a task's state from them, [`chunks`] the
 //! requests and answers a task carries (held by its gateway, served only to
-//! lock holders), [`worker`] a worker's grab-run-result loop. The node's
-//! shell and the batch runner do not call them yet (specs/batch.md, "Not
-//! yet").
+//! lock holders), [`worker`] a worker's grab-run-result loop, [`serve`]
+//! the job-protocol requests between a lock holder and the task's gateway,
+//! [`shell`] the worker's processing slots in the running node, [`batch`]
+//! the gateway's side of a batch (enqueue, collect, usage records).
 
+pub mod batch;
 pub mod chunks;
 pub mod queue;
+pub mod serve;
+#[cfg(test)]
+mod serve_tests;
+pub mod shell;
 pub mod worker;
 #[cfg(test)]
 mod worker_tests;
