@@ -51,6 +51,9 @@ enum Command {
         #[command(subcommand)]
         action: gcs_node::tenants::cli::TenantsCommand,
     },
+    /// Check a model on the GPU against the CPU decoder and measure its
+    /// speed (scripts/gpu-check.sh runs it on a GPU machine).
+    GpuCheck(cmd::gpu_check::GpuCheckArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
             Ok(gcs_node::tenants::cli::run(&dir, action, gcs_node::now_ms())?)
         }
         Some(Command::Models { action }) => cmd::models::models_cmd(action),
+        Some(Command::GpuCheck(args)) => cmd::gpu_check::gpu_check(args),
         None => {
             let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             rt.block_on(cmd::run::run(dir, cli.run))

@@ -112,6 +112,15 @@ pub enum CatalogError {
         /// The engine's reason (it names the file itself).
         reason: gcs_engine::EngineError,
     },
+    /// The engine cannot serve the model on the chosen device (`--gpu`: a
+    /// weight type without a GPU kernel, an architecture, the device).
+    #[error("cannot serve {model} on this device: {reason}")]
+    Device {
+        /// The model id.
+        model: String,
+        /// The backend's reason (names the type or part it lacks).
+        reason: gcs_engine::backend::BackendError,
+    },
     /// The command line names models inconsistently.
     #[error("{0}")]
     Usage(String),

@@ -630,6 +630,7 @@ impl Env {
                 current_api_jobs: worker.map_or(0, |w| w.load()) as u32,
                 free_kv_tokens: worker.map_or(0, |w| w.executor.free_kv_tokens()),
                 decode_tokens_per_s: worker.map_or(0.0, |w| w.executor.decode_tokens_per_s()),
+                accelerator: worker.and_then(|w| w.executor.accelerator()),
                 max_concurrent_processing_jobs: self.processing.as_ref().map_or(0, |p| p.slots.max()) as u32,
                 current_processing_jobs: self.processing.as_ref().map_or(0, |p| p.slots.running()) as u32,
                 ..Default::default()

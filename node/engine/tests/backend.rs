@@ -1,7 +1,7 @@
 //! The compute-backend boundary: the CPU decoder behind `PagedDecoder` is
 //! the host path bit for bit, and a GPU device is refused with a typed
 //! error on a build or machine that cannot use it (needs the model; skips
-//! otherwise).
+//! otherwise). The GPU decoder itself: `tests/gpu_decoder.rs` (wgpu).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -86,14 +86,52 @@ fn cpu_decoder_is_the_host_path_bit_for_bit() {
 fn a_gpu_device_is_refused_with_a_typed_error_here() {
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
-    let err = paged_decoder(ComputeDevice::Cuda(0), engine.model, 4).expect_err("no CUDA decoder");
-    if cfg!(feature = "cuda") {
-        assert!(!matches!(err, BackendError::NoCudaSupport { .. }), "{err}");
-    } else {
-        assert!(matches!(err, BackendError::NoCudaSupport { index: 0 }), "{err:?}");
+    match paged_decoder(ComputeDevice::Cuda(0), engine.model, 4) {
+        // A cuda build on a machine with a GPU serves on it.
+        Ok(dec) => assert!(cfg!(feature = "cuda") && dec.kind() == BackendKind::Cuda),
+        Err(err) if cfg!(feature = "cuda") => {
+            assert!(!matches!(err, BackendError::NoCudaSupport { .. }), "{err}")
+        }
+        Err(err) => assert!(matches!(err, BackendError::NoCudaSupport { index: 0 }), "{err:?}"),
     }
     // CpuDecoder is also constructible directly.
     let engine = Engine::load(&path, &cpu_device()).unwrap();
     let dec = CpuDecoder::new(engine.model, 2);
     assert_eq!(dec.kv_blocks(), 2);
+}
+
+/// The device check (`gcs-node gpu-check`) on the CPU against itself: the
+/// same decoder twice agrees exactly, and its speed figures are real.
+#[test]
+fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
+    use gcs_engine::devcheck::{run, CheckConfig};
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let prompts: Vec<Vec<u32>> = ["What is 2 + 2?", "Name a colour."]
+        .iter()
+        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
+        .collect();
+    let cfg = CheckConfig {
+        model: path,
+        device: ComputeDevice::Cpu,
+        prompts,
+        greedy_tokens: 4,
+        logit_prompts: 1,
+        batches: vec![1, 3],
+        decode_tokens: 6,
+        prefill_tokens: 40,
+    };
+    let r = run(&cfg).unwrap();
+    assert_eq!((r.greedy_identical, r.prompts), (2, 2), "{r:?}");
+    assert_eq!((r.top1_agree, r.top1_total), (8, 8), "{r:?}");
+    assert_eq!(r.max_abs_logit_delta, 0.0, "{r:?}");
+    assert_eq!(r.backend, "burn-flex");
+    assert_eq!(r.decode.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
+    for d in &r.decode {
+        // Every stream's tokens after the first are counted once steady.
+        assert!(d.tokens > 0 && d.tokens <= d.batch * 6, "{d:?}");
+        assert!(d.tokens_per_s > 0.0, "{d:?}");
+    }
+    assert_eq!(r.prefill_tokens, 40);
+    assert!(r.ttft_ms > 0.0 && r.prefill_tokens_per_s > 0.0 && r.cpu_decode_tokens_per_s > 0.0);
 }

@@ -82,3 +82,57 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
     assert!(gpu.forward_paged(&[s(&[3, 99], &[42])]).is_err());
     assert!(gpu.forward_paged(&[s(&[3, 9], &[4_000_000])]).is_err());
 }
+
+/// The GPU decoder behind the batch scheduler (`BatchEngine::start_on`):
+/// the same scheduler, prefix cache and sampler as the CPU's, so a greedy
+/// request starts with the CPU's tokens.
+#[test]
+fn the_batch_scheduler_serves_from_the_gpu_decoder() {
+    use gcs_engine::backend::ComputeDevice;
+    use gcs_engine::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest};
+    let Some(path) = common::smollm_path() else { return };
+    let greedy = |engine: &BatchEngine, ids: &[u32]| {
+        let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
+        r.ignore_eos = true;
+        let s = engine.submit(r).unwrap();
+        let mut toks = vec![];
+        loop {
+            match s.recv().unwrap() {
+                SeqEvent::Delta { token_ids, .. } => toks.extend(token_ids),
+                SeqEvent::Done(d) => break (toks, d),
+                SeqEvent::Error(e) => panic!("{e}"),
+            }
+        }
+    };
+    let cfg = BatchConfig { max_running: 2, kv_blocks: 32, ..BatchConfig::default() };
+    let e = Engine::load(&path, &cpu_device()).unwrap();
+    let ids = e.prompt_tokens(&[ChatMessage::new("user", "What is 2 + 2?")]).unwrap();
+    let gpu = BatchEngine::start_on(e, cfg.clone(), ComputeDevice::Wgpu(0)).unwrap();
+    let cpu = BatchEngine::start(Engine::load(&path, &cpu_device()).unwrap(), cfg);
+    let (g, gd) = greedy(&gpu, &ids);
+    let (c, _) = greedy(&cpu, &ids);
+    eprintln!("GPU {g:?}\nCPU {c:?}");
+    assert_eq!(g.len(), 6, "{gd:?}");
+    assert_eq!(g[..2], c[..2], "the first greedy tokens agree");
+    // The second identical prompt reuses the first's cached blocks on the
+    // device, and decodes the same tokens from them.
+    let (again, ad) = greedy(&gpu, &ids);
+    assert!(ad.cached_tokens > 0, "{ad:?}");
+    assert_eq!(again, g);
+    assert!(gpu.measure_decode(4).unwrap() > 0.0);
+}
+
+/// A K-quant file (Gemma 3 270M Q4_K_M) is refused before upload, with
+/// the type named.
+#[test]
+fn a_k_quant_model_is_refused_naming_the_type() {
+    use gcs_engine::backend::{paged_decoder, BackendError, ComputeDevice};
+    let Some(path) = common::gemma_path() else { return };
+    let model = Engine::load(&path, &cpu_device()).unwrap().model;
+    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4).expect_err("no K-quant kernels");
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    assert!(matches!(err, BackendError::ModelUnsupported(_)), "{err:?}");
+    assert!(msg.contains("no GPU kernel for Q") && msg.contains("_K weights"), "{msg}");
+    assert!(msg.contains("without --gpu"), "{msg}");
+}

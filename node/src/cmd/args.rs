@@ -38,9 +38,11 @@ pub struct RunArgs {
     /// TLS private key (PEM).
     #[arg(long, env = "GCS_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Jobs a worker runs at once (sequences in one decode batch).
-    #[arg(long, env = "GCS_MAX_JOBS", default_value_t = 16)]
-    pub max_jobs: usize,
+    /// Jobs a worker runs at once (sequences in one decode batch). Default:
+    /// 16 on a CPU; on a GPU, the jobs of 2048 positions its K/V capacity
+    /// holds (at most 256).
+    #[arg(long, env = "GCS_MAX_JOBS")]
+    pub max_jobs: Option<usize>,
     /// Jobs the gateway holds in flight before it answers 429 (a request
     /// of n choices or many embedding batches holds that many).
     #[arg(long, env = "GCS_MAX_IN_FLIGHT", default_value_t = 256)]
@@ -98,10 +100,12 @@ pub struct RunArgs {
     /// Default wall-clock timeout in ms.
     #[arg(long, env = "GCS_WALL_TIMEOUT_MS", default_value_t = 120_000)]
     pub wall_timeout_ms: u64,
-    /// CUDA device for the worker's engine (gateways ignore it). Needs a
-    /// `--features cuda` build and the NVIDIA driver; the CUDA decoder is not
-    /// implemented yet, so a worker given `--gpu` exits at start saying
-    /// which of these is missing. Without it workers run on CPU.
+    /// GPU for the worker's chat models (gateways ignore it): CUDA device N
+    /// on a `--features cuda` build (needs the NVIDIA driver), the default
+    /// wgpu adapter (N = 0) on a `--features wgpu` build. A build or machine
+    /// without one, or a model the GPU kernels do not cover (K-quants such
+    /// as Gemma's Q4_K_M), stops the worker at start saying which. Without
+    /// it workers run on CPU.
     #[arg(long, env = "GCS_GPU")]
     pub gpu: Option<u32>,
     /// Model to serve: a catalogue id or alias from the model cache
@@ -122,10 +126,11 @@ pub struct RunArgs {
     pub ctx: Option<u32>,
     /// KV-cache memory of the worker's chat models together, in MiB,
     /// shared in equal parts between them (default: 360, 1024 blocks of
-    /// SmolLM2-135M).
-    #[arg(long, env = "GCS_KV_CACHE_MB", default_value_t = 360,
+    /// SmolLM2-135M; on a GPU that reports its memory, 90% of it less the
+    /// weights and 2 GiB, at most 16 GiB a model).
+    #[arg(long, env = "GCS_KV_CACHE_MB",
           value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
-    pub kv_cache_mb: u64,
+    pub kv_cache_mb: Option<u64>,
     /// Swarm this node belongs to; a worker outside `public` also takes the
     /// swarm's `local_only` jobs.
     #[arg(long, env = "GCS_SWARM", default_value = "public")]

@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod batches;
+pub mod gpu_check;
 pub mod keys;
 pub mod models;
 pub mod run;

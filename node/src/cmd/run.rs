@@ -13,12 +13,6 @@ use super::models::model_dir;
 
 /// The node's settings from the command line.
 fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
-    if let (Some(gpu), true) = (cli.gpu, cli.role.is_worker()) {
-        // Before any model loads: burn-cuda panics without a driver, so the
-        // engine probes it first and says what is missing.
-        gcs_engine::backend::ensure_servable(gcs_engine::backend::ComputeDevice::Cuda(gpu))
-            .with_context(|| format!("--gpu {gpu}"))?;
-    }
     for (flag, v) in
         [("--swarm", Some(&cli.swarm)), ("--private-tenant", cli.private_tenant.as_ref())]
     {
@@ -27,7 +21,8 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
         }
     }
     let mut config = NodeConfig::new(cli.role, data_dir.to_path_buf());
-    config.max_concurrent_jobs = cli.max_jobs.max(1);
+    config.max_concurrent_jobs =
+        cli.max_jobs.unwrap_or(gcs_node::jobs::engine_exec::DEFAULT_MAX_JOBS).max(1);
     config.max_processing_jobs = cli.max_processing_jobs;
     config.processing_lease_ms = cli.processing_lease_ms;
     config.network.tenant_trust = gcs_node::tenants::TenantTrust::new(trusted_tenants(&cli.trust_tenant)?);
@@ -75,18 +70,34 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
 /// from the cache, files by path; a file the engine cannot serve (its
 /// architecture, a tensor type) stops the worker with the engine's reason.
 async fn load_engine(config: &mut NodeConfig, cli: &RunArgs) -> anyhow::Result<()> {
+    use gcs_engine::backend::{ensure_servable, ComputeDevice};
+    let device = ComputeDevice::from_gpu_flag(cli.gpu);
+    // Before any model loads: burn-cuda panics without a driver, so the
+    // engine probes it first and says what is missing.
+    let gpu = ensure_servable(device).with_context(|| format!("--gpu {}", cli.gpu.unwrap_or(0)))?;
+    if let Some(g) = &gpu {
+        tracing::info!(gpu = %g.name, backend = g.kind.name(), memory_mib = g.memory_bytes >> 20, "serving on a GPU");
+    }
     let dir = model_dir();
     let wanted = gcs_node::models::wanted(&dir, &cli.models, &cli.model_ids)?;
     if wanted.is_empty() {
         tracing::warn!(dir = %dir.display(), "no models in the cache (run scripts/fetch-models.sh); this worker will claim nothing");
         return Ok(());
     }
-    let (ctx, kv_bytes, max_jobs) = (cli.ctx, cli.kv_cache_mb << 20, config.max_concurrent_jobs);
+    let serving = gcs_node::jobs::engine_exec::Serving {
+        max_context: cli.ctx,
+        kv_bytes: cli.kv_cache_mb.map(|mb| mb << 20),
+        max_running: cli.max_jobs,
+        device,
+        gpu,
+    };
     let (models, exec) = tokio::task::spawn_blocking(move || {
-        gcs_node::jobs::engine_exec::EngineExecutor::serve(&dir, &wanted, ctx, kv_bytes, max_jobs)
+        gcs_node::jobs::engine_exec::EngineExecutor::serve(&dir, &wanted, &serving)
     })
     .await?
     .context("cannot load the worker's models")?;
+    // On a GPU without --max-jobs: what its K/V capacity holds.
+    config.max_concurrent_jobs = exec.max_running();
     tracing::info!(models = ?models.iter().map(|m| &m.model_id).collect::<Vec<_>>(), "worker models loaded");
     config.models = models;
     config.executor = Some(std::sync::Arc::new(exec));

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
+use gcs_engine::backend::{self as compute, ComputeDevice, GpuInfo};
 use gcs_engine::bert::Embedder;
 use gcs_engine::{
     BatchConfig, BatchEngine, ChatMessage, Engine, Grammar, Prompt as EnginePrompt,
@@ -34,6 +35,45 @@ const MAX_TOKENS: usize = gcs_gateway::request::MAX_COMPLETION_TOKENS as usize;
 pub struct EngineExecutor {
     chat: Vec<ChatModel>,
     embed: Option<(String, Embedder)>,
+    /// Sequences each chat engine batches (the worker's job slots).
+    max_running: usize,
+    /// The GPU the chat engines run on (`--gpu N`).
+    accelerator: Option<gcs_protocol::Accelerator>,
+}
+
+/// Jobs a CPU worker runs at once unless told (`--max-jobs`).
+pub const DEFAULT_MAX_JOBS: usize = 16;
+
+/// How a worker serves its chat models (`gcs-node` flags).
+#[derive(Debug, Clone)]
+pub struct Serving {
+    /// Most context positions a chat model is served with (`--ctx`).
+    pub max_context: Option<u32>,
+    /// K/V memory of the chat models together (`--kv-cache-mb`); None: 90%
+    /// of a GPU's memory less weights and headroom
+    /// (`gcs_engine::backend::gpu_kv_budget`), or `models::DEFAULT_KV_BYTES`.
+    pub kv_bytes: Option<u64>,
+    /// Sequences per batch (`--max-jobs`); None: [`DEFAULT_MAX_JOBS`] on a
+    /// CPU, from the K/V capacity on a GPU
+    /// (`gcs_engine::backend::gpu_max_running`).
+    pub max_running: Option<usize>,
+    /// Where the chat models compute (`--gpu N`).
+    pub device: ComputeDevice,
+    /// The probed GPU (`gcs_engine::backend::ensure_servable`).
+    pub gpu: Option<GpuInfo>,
+}
+
+impl Serving {
+    /// The CPU with these limits.
+    pub fn cpu(max_context: Option<u32>, kv_bytes: u64, max_running: usize) -> Self {
+        Serving {
+            max_context,
+            kv_bytes: Some(kv_bytes),
+            max_running: Some(max_running),
+            device: ComputeDevice::Cpu,
+            gpu: None,
+        }
+    }
 }
 
 /// One served chat model.
@@ -72,23 +112,23 @@ impl EngineExecutor {
                 .ok_or_else(|| format!("{}: not in the model catalogue", m.model_id))?;
             wanted.push(crate::models::Wanted::Catalog(e));
         }
-        let (_, exec) =
-            Self::serve(model_dir, &wanted, None, crate::models::DEFAULT_KV_BYTES, max_running)
-                .map_err(|e| e.to_string())?;
+        let serving = Serving::cpu(None, crate::models::DEFAULT_KV_BYTES, max_running);
+        let (_, exec) = Self::serve(model_dir, &wanted, &serving).map_err(|e| e.to_string())?;
         Ok(exec)
     }
 
     /// Loads every model of `wanted` (catalogue entries from `model_dir`,
-    /// files by path), each chat model with at most `max_context` positions
-    /// and its share of `kv_bytes`, measures each one's decode speed, and
-    /// returns what registrations advertise for them, in order.
+    /// files by path), each chat model on `serving.device` with at most
+    /// `max_context` positions and its share of the K/V budget, measures
+    /// each one's decode speed, and returns what registrations advertise
+    /// for them, in order. A model the device cannot run (a K-quant on a
+    /// GPU) is an error naming it.
     pub fn serve(
         model_dir: &Path,
         wanted: &[crate::models::Wanted],
-        max_context: Option<u32>,
-        kv_bytes: u64,
-        max_running: usize,
+        serving: &Serving,
     ) -> Result<(Vec<ModelInfo>, Self), crate::models::CatalogError> {
+        let max_context = serving.max_context;
         use crate::models::{kv_blocks, load_chat, CatalogError, Wanted};
         let mut loaded = vec![];
         let mut embed = None;
@@ -118,17 +158,49 @@ impl EngineExecutor {
                 }
             }
         }
-        let per_token: Vec<usize> =
-            loaded.iter().map(|(_, e)| e.model.config.kv_bytes_per_token()).collect();
+        let device = serving.device;
+        let per_token: Vec<usize> = loaded
+            .iter()
+            .map(|(_, e)| compute::kv_bytes_per_token(&e.model.config, device))
+            .collect();
+        let weights: u64 = loaded.iter().map(|(_, e)| compute::weight_bytes(&e.model)).sum();
+        let kv_bytes = serving
+            .kv_bytes
+            .or_else(|| compute::gpu_kv_budget(serving.gpu.as_ref()?, weights, loaded.len()))
+            .unwrap_or(crate::models::DEFAULT_KV_BYTES);
         let blocks = kv_blocks(kv_bytes, &per_token);
+        // On a GPU the batch follows the K/V capacity of the smallest pool.
+        let max_running = match (serving.max_running, &serving.gpu) {
+            (Some(n), _) => n,
+            (None, Some(_)) => loaded
+                .iter()
+                .zip(&blocks)
+                .map(|((_, e), b)| compute::gpu_max_running(b * 16, e.model.config.context_length))
+                .min()
+                .unwrap_or(DEFAULT_MAX_JOBS),
+            (None, None) => DEFAULT_MAX_JOBS,
+        }
+        .max(1);
+        let backend = match &serving.gpu {
+            Some(g) => g.kind,
+            None => compute::BackendKind::Cpu,
+        };
         let mut chat = vec![];
-        for ((info, engine), kv_blocks) in loaded.into_iter().zip(blocks) {
-            let cfg = BatchConfig {
-                max_running: max_running.max(1),
-                kv_blocks,
-                ..BatchConfig::default()
-            };
-            let engine = BatchEngine::start(engine, cfg);
+        for ((mut info, engine), kv_blocks) in loaded.into_iter().zip(blocks.iter().copied()) {
+            let cfg = BatchConfig { max_running, kv_blocks, ..BatchConfig::default() };
+            let engine = BatchEngine::start_on(engine, cfg, device).map_err(|reason| {
+                CatalogError::Device { model: info.model_id.clone(), reason }
+            })?;
+            if backend != compute::BackendKind::Cpu {
+                // A GPU computes other logits than the CPU: a stream is
+                // continued only on a worker of the same backend.
+                info.backend = backend.name().into();
+                info.engine_build = format!("{} {}", info.engine_build, backend.name());
+                if let Some(i) = infos.iter_mut().find(|i| i.model_id == info.model_id) {
+                    i.backend = info.backend.clone();
+                    i.engine_build = info.engine_build.clone();
+                }
+            }
             let decode_tokens_per_s = engine.measure_decode(MEASURE_TOKENS).unwrap_or_else(|e| {
                 tracing::warn!(model = %info.model_id, error = %e, "decode measurement failed");
                 0.0
@@ -140,7 +212,23 @@ impl EngineExecutor {
             }
             chat.push(ChatModel { info, engine, decode_tokens_per_s });
         }
-        Ok((infos, Self { chat, embed }))
+        let accelerator = serving.gpu.as_ref().map(|g| gcs_protocol::Accelerator {
+            backend: g.kind.name().into(),
+            name: g.name.clone(),
+            memory_bytes: g.memory_bytes,
+            kv_tokens: blocks.iter().map(|b| (b * 16) as u64).sum(),
+        });
+        if let Some(a) = &accelerator {
+            // What registrations advertise, as JSON (tests/gpu_serve.rs).
+            let json = serde_json::to_string(a).unwrap_or_default();
+            tracing::info!(max_jobs = max_running, accelerator = %json, "worker accelerator");
+        }
+        Ok((infos, Self { chat, embed, max_running, accelerator }))
+    }
+
+    /// Sequences each chat engine batches: the worker's job slots.
+    pub fn max_running(&self) -> usize {
+        self.max_running
     }
 
     /// The chat model a job asked for (its id or an alias); a worker with
@@ -205,6 +293,10 @@ impl Executor for EngineExecutor {
     fn decode_tokens_per_s(&self) -> f64 {
         // The slowest chat model: what any chat job here gets at least.
         self.chat.iter().map(|c| c.decode_tokens_per_s).reduce(f64::min).unwrap_or(0.0)
+    }
+
+    fn accelerator(&self) -> Option<gcs_protocol::Accelerator> {
+        self.accelerator.clone()
     }
 
     fn run(

@@ -115,4 +115,10 @@ pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
     fn decode_tokens_per_s(&self) -> f64 {
         0.0
     }
+
+    /// The GPU the engine runs on, advertised in registrations
+    /// (`queue.accelerator`); None on a CPU.
+    fn accelerator(&self) -> Option<gcs_protocol::Accelerator> {
+        None
+    }
 }

@@ -5,34 +5,54 @@
 //! the weights' compute form and its K/V storage, and takes the block tables
 //! the shared [`crate::paged::BlockManager`] hands out. The batch scheduler,
 //! prefix cache, preemption and sampling stay above it, one copy for every
-//! backend. [`CpuDecoder`] is today's host path, unchanged (bit-parity with
-//! llama.cpp); a CUDA decoder is not written yet, so [`paged_decoder`] on a
-//! GPU probes the driver and then refuses with
-//! [`BackendError::CudaDecoderMissing`].
+//! backend. [`CpuDecoder`] is the host path, unchanged (bit-parity with
+//! llama.cpp); [`gpu::GpuDecoder`] (CubeCL) runs on CUDA (`--features cuda`)
+//! or wgpu (`--features wgpu`, the tests on lavapipe). [`select`] chooses.
 
 #[allow(unsafe_code)] // dlopen + the driver's C API
 pub mod driver;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod gpu;
+pub mod select;
 
 use crate::attn::KvPool;
 use crate::error::Result;
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 
 pub use driver::{probe_cuda, CudaDeviceInfo};
+pub use select::{
+    check_device, ensure_servable, gpu_kv_budget, gpu_max_running, kv_bytes_per_token,
+    paged_decoder, weight_bytes, GpuInfo,
+};
 
 /// The device a decoder computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ComputeDevice {
     Cpu,
-    /// CUDA device by index (`gcs-node --gpu N`).
+    /// CUDA device by index (`gcs-node --gpu N` on a cuda build).
     Cuda(u32),
+    /// A wgpu adapter (`--gpu 0` on a build with `wgpu` and not `cuda`:
+    /// the default adapter, lavapipe on a machine without a GPU).
+    Wgpu(u32),
 }
 
 impl ComputeDevice {
-    /// `--gpu N` or none.
+    /// `--gpu N` or none: CUDA where the build has it, else wgpu where it
+    /// has that, else CUDA (refused with [`BackendError::NoCudaSupport`]).
     pub fn from_gpu_flag(gpu: Option<u32>) -> Self {
-        gpu.map_or(ComputeDevice::Cpu, ComputeDevice::Cuda)
+        match gpu {
+            None => ComputeDevice::Cpu,
+            Some(i) if cfg!(feature = "wgpu") && !cfg!(feature = "cuda") => ComputeDevice::Wgpu(i),
+            Some(i) => ComputeDevice::Cuda(i),
+        }
+    }
+
+    /// The `--gpu` index, if a GPU.
+    pub fn gpu_index(self) -> Option<u32> {
+        match self {
+            ComputeDevice::Cpu => None,
+            ComputeDevice::Cuda(i) | ComputeDevice::Wgpu(i) => Some(i),
+        }
     }
 }
 
@@ -44,6 +64,18 @@ pub enum BackendKind {
     /// The CubeCL decoder on wgpu (`--features wgpu`: the kernel tests on
     /// a machine without a GPU, through Mesa's lavapipe).
     Wgpu,
+}
+
+impl BackendKind {
+    /// The name registrations advertise (`ModelInfo::backend`, and the
+    /// suffix of a GPU engine's `engine_build`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "burn-flex",
+            BackendKind::Cuda => "cubecl-cuda",
+            BackendKind::Wgpu => "cubecl-wgpu",
+        }
+    }
 }
 
 /// Why a backend cannot be used; every message says what to do.
@@ -63,10 +95,18 @@ pub enum BackendError {
     #[error("no CUDA device {index}: the driver sees {count} device(s)")]
     NoSuchGpu { index: u32, count: u32 },
     #[error(
-        "CUDA device {index} is {name} ({mib} MiB), but the CUDA decoder is not implemented \
-         yet; run the worker without --gpu (CPU)"
+        "this build has no wgpu support (device {index}); rebuild with `--features wgpu`, \
+         or run the worker without --gpu (CPU)"
     )]
-    CudaDecoderMissing { index: u32, name: String, mib: u64 },
+    NoWgpuSupport { index: u32 },
+    #[error("no GPU {index}: {reason}")]
+    GpuUnavailable { index: u32, reason: String },
+    /// The model has something the GPU decoder has no kernel for (a weight
+    /// type such as Q4_K, an architecture); the message names it.
+    #[error("{0}; serve this model without --gpu (CPU)")]
+    ModelUnsupported(String),
+    #[error("GPU decoder failed to load: {0}")]
+    GpuLoad(String),
 }
 
 /// A decoder's paged forward step over the K/V storage it owns.
@@ -130,46 +170,6 @@ impl PagedDecoder for CpuDecoder {
     }
 }
 
-/// Check that `device` can be used by this build and machine, without
-/// loading a model: nothing on the CPU; on a GPU, the driver probe (so a
-/// worker fails at start with a clear message, not on its first job).
-pub fn check_device(device: ComputeDevice) -> Result<Option<CudaDeviceInfo>, BackendError> {
-    match device {
-        ComputeDevice::Cpu => Ok(None),
-        ComputeDevice::Cuda(index) if !cfg!(feature = "cuda") => {
-            Err(BackendError::NoCudaSupport { index })
-        }
-        ComputeDevice::Cuda(index) => probe_cuda(index).map(Some),
-    }
-}
-
-/// Whether this build and machine can serve on `device` now: on a GPU, the
-/// checks of [`check_device`] and then [`BackendError::CudaDecoderMissing`]
-/// (there is no CUDA decoder yet). `gcs-node --gpu N` calls this at start,
-/// before any model is loaded.
-pub fn ensure_servable(device: ComputeDevice) -> Result<(), BackendError> {
-    match check_device(device)? {
-        None => Ok(()),
-        Some(gpu) => Err(BackendError::CudaDecoderMissing {
-            index: gpu.index,
-            name: gpu.name,
-            mib: gpu.total_memory_bytes >> 20,
-        }),
-    }
-}
-
-/// The decoder for `model` on `device`, with `kv_blocks` K/V blocks.
-pub fn paged_decoder(
-    device: ComputeDevice,
-    model: Llama,
-    kv_blocks: usize,
-) -> Result<Box<dyn PagedDecoder>, BackendError> {
-    // Refuses every GPU until a CUDA decoder exists, so only the CPU one
-    // is reached here.
-    ensure_servable(device)?;
-    Ok(Box::new(CpuDecoder::new(model, kv_blocks)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,23 +177,26 @@ mod tests {
     #[test]
     fn gpu_flag_maps_to_device() {
         assert_eq!(ComputeDevice::from_gpu_flag(None), ComputeDevice::Cpu);
-        assert_eq!(ComputeDevice::from_gpu_flag(Some(2)), ComputeDevice::Cuda(2));
+        let d = ComputeDevice::from_gpu_flag(Some(2));
+        assert_eq!(d.gpu_index(), Some(2));
+        if cfg!(feature = "wgpu") && !cfg!(feature = "cuda") {
+            assert_eq!(d, ComputeDevice::Wgpu(2));
+        } else {
+            assert_eq!(d, ComputeDevice::Cuda(2));
+        }
     }
 
     #[test]
     fn cpu_needs_no_probe() {
         assert!(matches!(check_device(ComputeDevice::Cpu), Ok(None)));
-        assert!(ensure_servable(ComputeDevice::Cpu).is_ok());
+        assert!(matches!(ensure_servable(ComputeDevice::Cpu), Ok(None)));
     }
 
     #[test]
     fn gpu_without_the_feature_or_a_driver_is_a_clear_error() {
-        // Nowhere servable yet: no CUDA decoder, whatever the machine.
-        assert!(ensure_servable(ComputeDevice::Cuda(0)).is_err());
         let res = check_device(ComputeDevice::Cuda(0));
         if cfg!(feature = "cuda") {
-            // On a machine with a driver and a GPU the probe succeeds and
-            // there is nothing to refuse.
+            // On a machine with a driver and a GPU the probe succeeds.
             if let Err(err) = res {
                 assert!(!matches!(err, BackendError::NoCudaSupport { .. }), "{err}");
             }
@@ -202,5 +205,16 @@ mod tests {
             assert!(matches!(err, BackendError::NoCudaSupport { index: 0 }), "{err:?}");
             assert!(err.to_string().contains("--features cuda"), "{err}");
         }
+        if !cfg!(feature = "wgpu") {
+            let err = check_device(ComputeDevice::Wgpu(0)).expect_err("no wgpu in this build");
+            assert!(matches!(err, BackendError::NoWgpuSupport { index: 0 }), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn backend_names_differ() {
+        let names = [BackendKind::Cpu, BackendKind::Cuda, BackendKind::Wgpu].map(BackendKind::name);
+        assert_eq!(names[0], "burn-flex", "the CPU's name is what registrations carry today");
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
     }
 }

@@ -59,6 +59,19 @@ impl Default for BatchConfig {
     }
 }
 
+impl BatchConfig {
+    /// Every limit at least 1.
+    fn bounded(self) -> Self {
+        BatchConfig {
+            max_running: self.max_running.max(1),
+            prefill_chunk: self.prefill_chunk.max(1),
+            kv_blocks: self.kv_blocks.max(1),
+            stream_capacity: self.stream_capacity.max(1),
+            ..self
+        }
+    }
+}
+
 /// The prompt of a request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
@@ -280,24 +293,43 @@ pub struct BatchEngine {
 }
 
 impl BatchEngine {
-    /// Move `engine` onto its own thread and start scheduling.
+    /// Move `engine` onto its own thread and start scheduling, on the CPU.
     pub fn start(engine: Engine, cfg: BatchConfig) -> BatchEngine {
-        let cfg = BatchConfig {
-            max_running: cfg.max_running.max(1),
-            prefill_chunk: cfg.prefill_chunk.max(1),
-            kv_blocks: cfg.kv_blocks.max(1),
-            stream_capacity: cfg.stream_capacity.max(1),
-            ..cfg
-        };
+        let cfg = cfg.bounded();
         let Engine { model, tokenizer, .. } = engine;
+        let dec = Box::new(crate::backend::CpuDecoder::new(model, cfg.kv_blocks));
+        Self::launch(tokenizer, dec, cfg)
+    }
+
+    /// [`BatchEngine::start`] with the forward step on `device`
+    /// ([`crate::backend::paged_decoder`]: a GPU is probed and the model
+    /// checked and uploaded here, on the caller's thread, so a refusal is
+    /// an error and not a dead engine). The scheduler, prefix cache,
+    /// preemption and sampling are the same on every device.
+    pub fn start_on(
+        engine: Engine,
+        cfg: BatchConfig,
+        device: crate::backend::ComputeDevice,
+    ) -> std::result::Result<BatchEngine, crate::backend::BackendError> {
+        let cfg = cfg.bounded();
+        let Engine { model, tokenizer, .. } = engine;
+        let dec = crate::backend::paged_decoder(device, model, cfg.kv_blocks)?;
+        Ok(Self::launch(tokenizer, dec, cfg))
+    }
+
+    fn launch(
+        tokenizer: GgufTokenizer,
+        dec: Box<dyn crate::backend::PagedDecoder>,
+        cfg: BatchConfig,
+    ) -> BatchEngine {
         let grammars = GrammarCompiler::new(&tokenizer)
             .map_err(|e| tracing::warn!(error = %e, "no constrained decoding on this model"))
             .ok();
         let tokenizer = Arc::new(tokenizer);
         let shared = Arc::new(Shared::default());
         shared.free_kv_tokens.store(cfg.kv_blocks * BLOCK_SIZE, Ordering::Relaxed);
-        let (vocab, context) = (model.config.vocab, model.config.context_length);
-        let engine_loop = StepLoop::new(model, tokenizer.clone(), shared.clone(), cfg.clone());
+        let (vocab, context) = (dec.config().vocab, dec.config().context_length);
+        let engine_loop = StepLoop::new(dec, tokenizer.clone(), shared.clone(), cfg.clone());
         let guard = ExitGuard(shared.clone());
         let thread = std::thread::Builder::new().name("gcs-batch-engine".into()).spawn(move || {
             let _guard = guard;

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BatchConfig, Pending, SeqEvent, SeqRequest, SeqResult, Shared};
-use crate::backend::{CpuDecoder, PagedDecoder};
+use crate::backend::PagedDecoder;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
-use crate::llama::{Llama, PagedSeq};
+use crate::llama::PagedSeq;
 use crate::paged::{prompt_decode_from, tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
 use crate::sampling::{Logprobs, Sampler};
 use crate::stop::StopMatcher;
@@ -124,16 +124,16 @@ pub(super) struct StepLoop {
 }
 
 impl StepLoop {
+    /// `dec`: the model on its compute backend, with `cfg.kv_blocks` blocks
+    /// (`BatchEngine::start`, `start_on`).
     pub(super) fn new(
-        model: Llama,
+        dec: Box<dyn PagedDecoder>,
         tok: Arc<GgufTokenizer>,
         shared: Arc<Shared>,
         cfg: BatchConfig,
     ) -> Self {
-        // The host backend; a GPU one is chosen here once it exists
-        // (crate::backend::paged_decoder).
-        let dec: Box<dyn PagedDecoder> = Box::new(CpuDecoder::new(model, cfg.kv_blocks));
         tracing::info!(
+            backend = dec.kind().name(),
             blocks = cfg.kv_blocks,
             mib = (cfg.kv_blocks * BLOCK_SIZE * dec.kv_bytes_per_token()) >> 20,
             "paged KV pool"

@@ -9,7 +9,7 @@ use cubecl::client::Client;
 
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::launch::{self, LayerPool, RowMeta};
-use super::weights::{rope_tables, GpuMatrix};
+use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
 use crate::backend::{BackendKind, PagedDecoder};
 use crate::error::{EngineError, Result};
@@ -61,28 +61,17 @@ fn host1(t: Tensor<1>) -> std::result::Result<Vec<f32>, GpuError> {
 
 impl GpuDecoder {
     /// Upload `model` to `client`'s device with a pool of `kv_blocks`
-    /// K/V blocks. Refuses what the kernels do not cover yet (gemma3's
-    /// extra norms, biases, weight types other than Q4_0/Q4_1/Q8_0).
+    /// K/V blocks. Refuses what the kernels do not cover yet
+    /// ([`check_model`]: gemma3's extra norms, biases, weight types other
+    /// than Q4_0/Q4_1/Q8_0).
     pub fn new(
         client: Client,
         kind: BackendKind,
         model: &Llama,
         kv_blocks: usize,
     ) -> std::result::Result<Self, GpuError> {
+        check_model(model)?;
         let c = &model.config;
-        if c.arch != "llama" || c.gemma3.is_some() {
-            return Err(GpuError::Unsupported(format!(
-                "architecture {:?} (the GPU decoder runs llama only)",
-                c.arch
-            )));
-        }
-        let biased = model.lm_head_bias.is_some()
-            || model.blocks.iter().any(|b| b.biases.qkv.is_some() || b.biases.attn_out.is_some());
-        if biased {
-            return Err(GpuError::Unsupported(
-                "projection biases (no GPU kernel adds them yet)".into(),
-            ));
-        }
         let sh = HeadShape {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -112,12 +101,20 @@ impl GpuDecoder {
         };
         let (cos, sin) = rope_tables(c.head_dim, c.rope_base, c.context_length);
         let pool_len = c.n_layers * kv_blocks * sh.block_len();
+        if pool_len > i32::MAX as usize {
+            return Err(GpuError::Unsupported(format!(
+                "{kv_blocks} K/V blocks ({pool_len} elements a pool; the kernels' offsets are 32-bit)"
+            )));
+        }
         Ok(Self {
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
             cos: DeviceBuf::upload(&client, &cos),
             sin: DeviceBuf::upload(&client, &sin),
-            k_pool: DeviceBuf::zeros(&client, pool_len),
-            v_pool: DeviceBuf::zeros(&client, pool_len),
+            // Uninitialised: attention reads only positions already written
+            // (keys below the row's own), and a zeroed pool would cost a
+            // host buffer of its size.
+            k_pool: DeviceBuf::uninit(&client, pool_len),
+            v_pool: DeviceBuf::uninit(&client, pool_len),
             n_blocks: kv_blocks,
             config: c.clone(),
             layers,

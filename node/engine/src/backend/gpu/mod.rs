@@ -11,6 +11,7 @@ pub mod weights;
 
 pub use buf::DeviceBuf;
 pub use decoder::GpuDecoder;
+pub use weights::check_model;
 
 /// A GPU runtime failure, with the runtime's own message.
 #[derive(Debug, thiserror::Error)]

@@ -6,8 +6,69 @@ use cubecl::client::Client;
 
 use super::kernels::quant::WeightKind;
 use super::{DeviceBuf, GpuError};
+use crate::llama::Llama;
 use crate::quant::blocks::GgufPart;
-use crate::quant::{GgmlType, QMatrix};
+use crate::quant::{GgmlType, QData, QKind, QMatrix};
+
+/// The weight types the GPU matmul and embedding kernels dequantize.
+pub const GPU_WEIGHT_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+/// Every GGUF type `m` is stored in (its parts' types when stacked).
+fn types(m: &QMatrix, out: &mut Vec<GgmlType>) {
+    match &m.data {
+        QData::Stack(parts) => parts.iter().for_each(|p| types(p, out)),
+        QData::Rows { ty, .. } => out.push(*ty),
+        QData::F32(_) => out.push(GgmlType::F32),
+        QData::Quant { kind, .. } => out.push(match kind {
+            QKind::Q4_0 => GgmlType::Q4_0,
+            QKind::Q4_1 => GgmlType::Q4_1,
+            QKind::Q8_0 => GgmlType::Q8_0,
+        }),
+    }
+}
+
+/// Whether the GPU decoder covers `model`, checked on the host before
+/// anything is uploaded: weights in [`GPU_WEIGHT_TYPES`] (checked first,
+/// so the error names the first tensor and type without a kernel: a
+/// Q4_K_M file says `Q4_K`), then llama only (no gemma3 norms, no
+/// projection biases).
+pub fn check_model(model: &Llama) -> Result<(), GpuError> {
+    let mut named: Vec<(String, &QMatrix)> =
+        vec![("token_embd".into(), &*model.embed), ("output".into(), &*model.lm_head)];
+    for (i, b) in model.blocks.iter().enumerate() {
+        for (what, m) in [
+            ("attn_qkv", &b.q.wqkv),
+            ("attn_output", &b.q.wo),
+            ("ffn_gate_up", &b.q.w_gate_up),
+            ("ffn_down", &b.q.w_down),
+        ] {
+            named.push((format!("blk.{i}.{what}"), m));
+        }
+    }
+    for (name, m) in named {
+        let mut ts = vec![];
+        types(m, &mut ts);
+        if let Some(t) = ts.into_iter().find(|t| !GPU_WEIGHT_TYPES.contains(t)) {
+            return Err(GpuError::Unsupported(format!(
+                "no GPU kernel for {t:?} weights yet ({name}; the GPU decoder dequantizes \
+                 Q4_0, Q4_1 and Q8_0)"
+            )));
+        }
+    }
+    let c = &model.config;
+    if c.arch != "llama" || c.gemma3.is_some() {
+        return Err(GpuError::Unsupported(format!(
+            "architecture {:?} (the GPU decoder runs llama only)",
+            c.arch
+        )));
+    }
+    let biased = model.lm_head_bias.is_some()
+        || model.blocks.iter().any(|b| b.biases.qkv.is_some() || b.biases.attn_out.is_some());
+    if biased {
+        return Err(GpuError::Unsupported("projection biases (no GPU kernel adds them yet)".into()));
+    }
+    Ok(())
+}
 
 /// GGUF blocks of `ty` as the kernel's words: Q4_1 as stored (20 bytes);
 /// Q4_0 and Q8_0 with two zero bytes after the f16 scale so the quants

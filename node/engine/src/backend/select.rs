@@ -1,0 +1,232 @@
+//! Choosing a decoder for a device: the probe a worker runs at start
+//! ([`ensure_servable`]), the decoder itself ([`paged_decoder`]) and the
+//! K/V budget a GPU's memory allows ([`gpu_kv_budget`]).
+
+use super::{BackendError, BackendKind, ComputeDevice, CpuDecoder, PagedDecoder};
+use crate::llama::{Llama, LlamaConfig};
+use crate::quant::{QData, QMatrix};
+
+/// A GPU as a worker advertises it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub kind: BackendKind,
+    /// The `--gpu` index.
+    pub index: u32,
+    /// As the driver names it (`NVIDIA H200`, `llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub name: String,
+    /// Device memory in bytes; 0 where the runtime reports none.
+    pub memory_bytes: u64,
+}
+
+/// Check that `device` can be used by this build and machine, without
+/// loading a model: nothing on the CPU; on CUDA the driver probe
+/// (`driver.rs`: burn-cuda/cudarc panic without a driver, so nothing of
+/// theirs runs before it); on wgpu the adapter. A worker calls this at
+/// start so it fails with a clear message, not on its first job.
+pub fn check_device(device: ComputeDevice) -> Result<Option<GpuInfo>, BackendError> {
+    match device {
+        ComputeDevice::Cpu => Ok(None),
+        ComputeDevice::Cuda(index) if !cfg!(feature = "cuda") => {
+            Err(BackendError::NoCudaSupport { index })
+        }
+        ComputeDevice::Cuda(index) => {
+            let d = super::probe_cuda(index)?;
+            Ok(Some(GpuInfo {
+                kind: BackendKind::Cuda,
+                index,
+                name: d.name,
+                memory_bytes: d.total_memory_bytes,
+            }))
+        }
+        ComputeDevice::Wgpu(index) => wgpu_info(index).map(Some),
+    }
+}
+
+/// Whether this build and machine can serve on `device` now, and the GPU
+/// if it is one: what `gcs-node --gpu N` calls before any model loads.
+pub fn ensure_servable(device: ComputeDevice) -> Result<Option<GpuInfo>, BackendError> {
+    check_device(device)
+}
+
+/// Most K/V bytes one model's pools may take on a GPU: the kernels index a
+/// pool with 32-bit element offsets, and K and V are two f32 pools.
+pub const GPU_KV_CAP_BYTES: u64 = 2 * 4 * (i32::MAX as u64);
+
+/// Memory left on the GPU for activations, the kernels and the runtime's
+/// pools, beyond weights and K/V.
+pub const GPU_HEADROOM_BYTES: u64 = 2 << 30;
+
+/// The K/V budget on `gpu` for models of `weight_bytes` together: 90% of
+/// its memory less the weights and [`GPU_HEADROOM_BYTES`], at most
+/// [`GPU_KV_CAP_BYTES`] per model. `None` when the runtime reports no
+/// memory size (then the operator's `--kv-cache-mb` applies) or nothing is
+/// left.
+pub fn gpu_kv_budget(gpu: &GpuInfo, weight_bytes: u64, models: usize) -> Option<u64> {
+    if gpu.memory_bytes == 0 {
+        return None;
+    }
+    let usable = gpu.memory_bytes / 10 * 9;
+    let left = usable.checked_sub(weight_bytes)?.checked_sub(GPU_HEADROOM_BYTES)?;
+    let cap = GPU_KV_CAP_BYTES.saturating_mul(models.max(1) as u64);
+    (left > 0).then_some(left.min(cap))
+}
+
+/// Bytes of K/V per cached position of a model on `device`: f16 K and V on
+/// the CPU, f32 on a GPU (`GpuDecoder`'s pools).
+pub fn kv_bytes_per_token(config: &LlamaConfig, device: ComputeDevice) -> usize {
+    match device {
+        ComputeDevice::Cpu => config.kv_bytes_per_token(),
+        _ => 2 * 4 * config.n_layers * config.n_kv_heads * config.head_dim,
+    }
+}
+
+/// Bytes of `model`'s projection and embedding weights (what a GPU holds
+/// of it, within a few norm vectors).
+pub fn weight_bytes(model: &Llama) -> u64 {
+    fn bytes(m: &QMatrix) -> u64 {
+        match &m.data {
+            QData::Stack(parts) => parts.iter().map(bytes).sum(),
+            QData::Rows { bytes, .. } => bytes.len() as u64,
+            QData::F32(w) => 4 * w.len() as u64,
+            QData::Quant { d, m, qs, .. } => (2 * (d.len() + m.len()) + qs.len()) as u64,
+        }
+    }
+    let tied = std::sync::Arc::ptr_eq(&model.embed, &model.lm_head);
+    let head = if tied { 0 } else { bytes(&model.lm_head) };
+    let blocks: u64 = model
+        .blocks
+        .iter()
+        .map(|b| bytes(&b.q.wqkv) + bytes(&b.q.wo) + bytes(&b.q.w_gate_up) + bytes(&b.q.w_down))
+        .sum();
+    bytes(&model.embed) + head + blocks
+}
+
+/// Positions a job is assumed to hold when sizing a GPU batch from its
+/// K/V capacity: most jobs are far shorter than a model's context, and
+/// the scheduler preempts (and resumes exactly) when the pool runs out.
+pub const GPU_JOB_TOKENS: usize = 2048;
+
+/// Most sequences a GPU engine batches by default.
+pub const GPU_MAX_RUNNING: usize = 256;
+
+/// `--max-jobs` on a GPU when the operator gives none: the jobs of
+/// [`GPU_JOB_TOKENS`] (or the context, if shorter) the K/V capacity holds
+/// at once, 1 to [`GPU_MAX_RUNNING`].
+pub fn gpu_max_running(kv_tokens: usize, context: usize) -> usize {
+    (kv_tokens / GPU_JOB_TOKENS.min(context).max(1)).clamp(1, GPU_MAX_RUNNING)
+}
+
+/// The decoder for `model` on `device`, with `kv_blocks` K/V blocks. A GPU
+/// is probed first; a model the GPU kernels do not cover (a K-quant weight
+/// type, gemma3, biases) is refused before anything is uploaded, with an
+/// error naming what is missing.
+pub fn paged_decoder(
+    device: ComputeDevice,
+    model: Llama,
+    kv_blocks: usize,
+) -> Result<Box<dyn PagedDecoder>, BackendError> {
+    match device {
+        ComputeDevice::Cpu => Ok(Box::new(CpuDecoder::new(model, kv_blocks))),
+        gpu => gpu_decoder(gpu, &model, kv_blocks),
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn gpu_decoder(
+    device: ComputeDevice,
+    model: &Llama,
+    kv_blocks: usize,
+) -> Result<Box<dyn PagedDecoder>, BackendError> {
+    use super::gpu::{check_model, GpuDecoder, GpuError};
+    let info = check_device(device)?.ok_or(BackendError::GpuLoad("not a GPU".into()))?;
+    check_model(model).map_err(|e| BackendError::ModelUnsupported(e.to_string()))?;
+    let client = client(device)?;
+    let dec = GpuDecoder::new(client, info.kind, model, kv_blocks).map_err(|e| match e {
+        GpuError::Unsupported(_) => BackendError::ModelUnsupported(e.to_string()),
+        GpuError::Server(m) => BackendError::GpuLoad(m),
+    })?;
+    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, "GPU decoder loaded");
+    Ok(Box::new(dec))
+}
+
+#[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+fn gpu_decoder(
+    device: ComputeDevice,
+    _model: &Llama,
+    _kv_blocks: usize,
+) -> Result<Box<dyn PagedDecoder>, BackendError> {
+    // Refuses every GPU in a build without a GPU runtime.
+    check_device(device)?;
+    Err(BackendError::GpuLoad("this build has no GPU runtime".into()))
+}
+
+/// The CubeCL client of a probed device.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub fn client(device: ComputeDevice) -> Result<cubecl::client::Client, BackendError> {
+    let (index, d) = match device {
+        ComputeDevice::Cuda(i) => (i, cubecl::Device::cuda(i as usize)),
+        ComputeDevice::Wgpu(0) => {
+            (0, cubecl::Device::wgpu(cubecl::device::WgpuDeviceKind::DefaultDevice))
+        }
+        ComputeDevice::Wgpu(index) => {
+            return Err(BackendError::GpuUnavailable {
+                index,
+                reason: "a wgpu build serves on the default adapter only: use --gpu 0".into(),
+            })
+        }
+        ComputeDevice::Cpu => return Err(BackendError::GpuLoad("not a GPU".into())),
+    };
+    let d = d.map_err(|e| BackendError::GpuUnavailable { index, reason: e.to_string() })?;
+    Ok(d.client())
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_info(index: u32) -> Result<GpuInfo, BackendError> {
+    let client = client(ComputeDevice::Wgpu(index))?;
+    let p = client.properties();
+    Ok(GpuInfo {
+        kind: BackendKind::Wgpu,
+        index,
+        name: p.identity.name.clone(),
+        memory_bytes: p.memory.max_memory().unwrap_or(0),
+    })
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_info(index: u32) -> Result<GpuInfo, BackendError> {
+    Err(BackendError::NoWgpuSupport { index })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(memory_bytes: u64) -> GpuInfo {
+        GpuInfo { kind: BackendKind::Cuda, index: 0, name: "test".into(), memory_bytes }
+    }
+
+    #[test]
+    fn kv_budget_is_what_the_weights_and_headroom_leave() {
+        let gib = 1u64 << 30;
+        // 10 GiB: 9 usable, less 1 of weights and 2 of headroom.
+        assert_eq!(gpu_kv_budget(&gpu(10 * gib), gib, 1), Some(9 * gib - gib - GPU_HEADROOM_BYTES));
+        // A large GPU: capped per model (32-bit pool offsets).
+        assert_eq!(gpu_kv_budget(&gpu(140 * gib), gib, 1), Some(GPU_KV_CAP_BYTES));
+        assert_eq!(gpu_kv_budget(&gpu(140 * gib), gib, 2), Some(2 * GPU_KV_CAP_BYTES));
+        // Nothing left, or no figure: the operator's budget applies.
+        assert_eq!(gpu_kv_budget(&gpu(2 * gib), gib, 1), None);
+        assert_eq!(gpu_kv_budget(&gpu(0), 0, 1), None);
+    }
+
+    #[test]
+    fn gpu_batch_follows_the_kv_capacity() {
+        // SmolLM2 on an H200: 16 GiB of f32 K/V, ~370k positions.
+        assert_eq!(gpu_max_running(372_000, 8192), 181);
+        assert_eq!(gpu_max_running(10_000_000, 8192), GPU_MAX_RUNNING);
+        // A short context counts jobs of that length.
+        assert_eq!(gpu_max_running(4096, 512), 8);
+        // Never 0, whatever is left.
+        assert_eq!(gpu_max_running(100, 8192), 1);
+        assert_eq!(gpu_max_running(0, 0), 1);
+    }
+}

@@ -1,0 +1,220 @@
+//! The device check (`gcs-node gpu-check`, `scripts/gpu-check.sh`): one
+//! model on a device against the CPU decoder, and its speed through the
+//! batch scheduler the worker serves with. Written for a GPU but generic
+//! over [`ComputeDevice`], so CPU against CPU is its own unit test (exact
+//! agreement).
+
+use std::path::PathBuf;
+use std::sync::mpsc::TryRecvError;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::backend::{self, paged_decoder, ComputeDevice, CpuDecoder, PagedDecoder};
+use crate::error::{EngineError, Result};
+use crate::llama::PagedSeq;
+use crate::paged::BLOCK_SIZE;
+use crate::sampling::argmax;
+use crate::scheduler::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest};
+use crate::{cpu_device, Engine};
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct CheckConfig {
+    pub model: PathBuf,
+    pub device: ComputeDevice,
+    /// Prompt token ids (the fixture's chat prompts).
+    pub prompts: Vec<Vec<u32>>,
+    /// Greedy tokens compared per prompt.
+    pub greedy_tokens: usize,
+    /// Prompts whose logits are compared in full (max |Δ logit|).
+    pub logit_prompts: usize,
+    /// Concurrent streams of each decode measurement.
+    pub batches: Vec<usize>,
+    /// Tokens each stream decodes in a measurement (after its first).
+    pub decode_tokens: usize,
+    /// Length of the prompt the prefill figure times.
+    pub prefill_tokens: usize,
+}
+
+/// One decode measurement: `batch` streams at once, steady state (from
+/// the moment every stream has its first token).
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeFigure {
+    pub batch: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+}
+
+/// The check's findings (`gpu-check.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub device: String,
+    pub backend: String,
+    pub memory_bytes: u64,
+    pub load_s: f64,
+    /// Prompts whose greedy continuation equals the CPU's for
+    /// `greedy_tokens` tokens (a free-running greedy decode diverges at
+    /// the first step where the teacher-forced top-1 differs).
+    pub greedy_identical: usize,
+    pub prompts: usize,
+    /// Teacher-forced (by the CPU's tokens) top-1 agreement.
+    pub top1_agree: usize,
+    pub top1_total: usize,
+    pub max_abs_logit_delta: f32,
+    pub decode: Vec<DecodeFigure>,
+    /// The CPU engine's single-stream decode, in the same run.
+    pub cpu_decode_tokens_per_s: f64,
+    pub prefill_tokens: usize,
+    pub ttft_ms: f64,
+    pub prefill_tokens_per_s: f64,
+}
+
+fn blocks(n: usize) -> usize {
+    n.div_ceil(BLOCK_SIZE)
+}
+
+/// Run the check. Errors are the engine's or the backend's, as text.
+pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
+    let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
+    let gpu = backend::check_device(cfg.device).map_err(backend_err)?;
+    let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
+    let table: Vec<u32> = (0..blocks(longest) as u32).collect();
+    let t = Instant::now();
+    let mut dev: Box<dyn PagedDecoder> =
+        paged_decoder(cfg.device, Engine::load(&cfg.model, &cpu_device())?.model, table.len())
+            .map_err(backend_err)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
+    let (mut agree, mut total, mut identical, mut max_d) = (0, 0, 0, 0f32);
+    for (i, prompt) in cfg.prompts.iter().enumerate() {
+        let p = prompt.len();
+        let mut feed = prompt.clone();
+        let mut past = 0;
+        let mut all = true;
+        for _ in 0..cfg.greedy_tokens {
+            let s = [PagedSeq { tokens: &feed, past, table: &table, decode_from: p }];
+            let (a, b) = (cpu.forward_paged(&s)?, dev.forward_paged(&s)?);
+            if i < cfg.logit_prompts {
+                let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                max_d = max_d.max(d);
+            }
+            let want = argmax(&a);
+            let same = argmax(&b) == want;
+            agree += usize::from(same);
+            all &= same;
+            total += 1;
+            past += feed.len();
+            feed = vec![want]; // teacher-forced by the CPU
+        }
+        identical += usize::from(all);
+    }
+    drop((cpu, dev));
+
+    let cpu_engine = BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
+    let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
+    drop(cpu_engine);
+
+    let most = cfg.batches.iter().copied().max().unwrap_or(1).max(1);
+    let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
+    let per_seq = blocks(short.len() + cfg.decode_tokens + 2) + 1;
+    let kv_blocks = (most * per_seq).max(blocks(cfg.prefill_tokens + 2) + 1);
+    let bcfg = BatchConfig { max_running: most, max_waiting: most, kv_blocks, ..Default::default() };
+    let engine = BatchEngine::start_on(Engine::load(&cfg.model, &cpu_device())?, bcfg, cfg.device)
+        .map_err(backend_err)?;
+    // Warm-up: every kernel compiled before anything is timed.
+    engine.measure_decode(4)?;
+    let mut decode = vec![];
+    for &b in &cfg.batches {
+        decode.push(measure(&engine, &short, b.max(1), cfg.decode_tokens)?);
+    }
+    let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
+    let ttft = first_token(&engine, &long)?;
+    let (name, backend, memory_bytes) = match &gpu {
+        Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
+        None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
+    };
+    Ok(CheckReport {
+        device: name,
+        backend,
+        memory_bytes,
+        load_s,
+        greedy_identical: identical,
+        prompts: cfg.prompts.len(),
+        top1_agree: agree,
+        top1_total: total,
+        max_abs_logit_delta: max_d,
+        decode,
+        cpu_decode_tokens_per_s,
+        prefill_tokens: long.len(),
+        ttft_ms: ttft.as_secs_f64() * 1e3,
+        prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
+    })
+}
+
+fn request(prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {
+    let mut r = SeqRequest::new(Prompt::Tokens(prompt.to_vec()), max_tokens);
+    r.ignore_eos = true;
+    // A salt of its own per stream: no stream reuses another's prefix.
+    r.tenant = format!("gcs-engine/check/{salt}");
+    r
+}
+
+/// `batch` greedy streams of `tokens` tokens after the first, at once.
+fn measure(engine: &BatchEngine, prompt: &[u32], batch: usize, tokens: usize) -> Result<DecodeFigure> {
+    let streams = (0..batch)
+        .map(|i| engine.submit(request(prompt, tokens + 1, i)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut got = vec![0usize; batch];
+    let mut done = vec![false; batch];
+    let (mut start, mut counted) = (None::<Instant>, 0usize);
+    while done.iter().any(|d| !d) {
+        let mut idle = true;
+        for (i, s) in streams.iter().enumerate() {
+            if done[i] {
+                continue;
+            }
+            let ev = match s.try_recv() {
+                Ok(ev) => ev,
+                Err(TryRecvError::Empty) => continue,
+                Err(TryRecvError::Disconnected) => return Err(EngineError::Stopped),
+            };
+            idle = false;
+            match ev {
+                SeqEvent::Delta { token_ids, .. } => {
+                    got[i] += token_ids.len();
+                    if start.is_some() {
+                        counted += token_ids.len();
+                    } else if got.iter().all(|&g| g > 0) {
+                        // Every stream has its first token: steady state.
+                        start = Some(Instant::now());
+                    }
+                }
+                SeqEvent::Done(_) => done[i] = true,
+                SeqEvent::Error(e) => return Err(EngineError::InvalidRequest(e)),
+            }
+        }
+        if idle {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let tokens_per_s = if seconds > 0.0 { counted as f64 / seconds } else { 0.0 };
+    Ok(DecodeFigure { batch, tokens: counted, seconds, tokens_per_s })
+}
+
+/// Time from submitting `prompt` to its first token.
+fn first_token(engine: &BatchEngine, prompt: &[u32]) -> Result<Duration> {
+    let t = Instant::now();
+    let s = engine.submit(request(prompt, 1, usize::MAX))?;
+    loop {
+        match s.recv() {
+            Some(SeqEvent::Delta { token_ids, .. }) if !token_ids.is_empty() => return Ok(t.elapsed()),
+            Some(SeqEvent::Delta { .. }) => {}
+            Some(SeqEvent::Done(_)) => return Ok(t.elapsed()),
+            Some(SeqEvent::Error(e)) => return Err(EngineError::InvalidRequest(e)),
+            None => return Err(EngineError::Stopped),
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! `gcs-node --role worker --gpu 0` on the GPU decoder, end to end (issue
+//! 17): built with `--features wgpu`, the worker serves SmolLM2 on the
+//! CubeCL kernels through wgpu (Mesa's lavapipe on a machine without a
+//! GPU) behind a `--role gateway` node, real processes over TCP and
+//! libp2p. A chat completion returns text, and what the worker's
+//! registrations advertise names the GPU, the K/V capacity on it, the
+//! batch size that capacity gives, and the decode speed measured on it.
+//! A Q4_K_M file (Gemma) is refused at start, naming the type.
+//!
+//! Not in the default test run (a cold wgpu build is ~30 min on 2 cores):
+//! `cargo test -p gcs-node --features wgpu --test gpu_serve -- --nocapture`
+
+#![cfg(feature = "wgpu")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../tests/support/prereq.rs"]
+mod prereq;
+#[path = "support/procs.rs"]
+mod procs;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use procs::{create_key, model_dir, tail, Node, BIN};
+use serde_json::Value;
+
+/// The worker's log line carrying what its registrations advertise.
+fn accelerator(log: &str) -> Option<Value> {
+    let line = log.lines().find(|l| l.contains("worker accelerator"))?;
+    let json = line.split("accelerator=").nth(1)?;
+    // The field is the last one logged before the message's end.
+    let json = &json[..json.rfind('}')? + 1];
+    serde_json::from_str(json).ok()
+}
+
+#[test]
+fn a_gpu_worker_serves_chat_through_the_gateway() {
+    let smol = model_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !smol.is_file() {
+        prereq::missing(&smol.display().to_string(), "run scripts/fetch-models.sh smollm2");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let key = create_key(&tmp.path().join("gw"));
+    // lavapipe compiles every kernel on first use and runs them on the
+    // CPU: generous timeouts.
+    let gw = Node::start(
+        &tmp.path().join("gw"),
+        500,
+        &["--role", "gateway", "--first-token-timeout-ms", "300000", "--wall-timeout-ms", "600000"],
+    );
+    let bootstrap = gw.bootstrap();
+    let t0 = Instant::now();
+    // 64 MiB of f32 K/V at 46,080 bytes a position: 91 blocks, 1,456
+    // positions; no --max-jobs, so the batch follows them (1,456 / 512).
+    let worker = Node::start(
+        &tmp.path().join("worker"),
+        500,
+        &[
+            "--role",
+            "worker",
+            "--bootstrap",
+            &bootstrap,
+            "--gpu",
+            "0",
+            "--model",
+            "smollm2-135m-instruct",
+            "--ctx",
+            "512",
+            "--kv-cache-mb",
+            "64",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let (status, text) = gw.request("GET", "/v1/models", &key, "");
+        if status == 200 && text.contains("smollm2-135m-instruct") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never listed: {status} {text}\nworker: {}\ngateway: {}",
+            tail(&worker.log),
+            tail(&gw.log)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("listed {:.1}s after the worker started", t0.elapsed().as_secs_f64());
+
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(log.contains("GPU decoder loaded"), "{}", tail(&worker.log));
+    let acc = accelerator(&log).unwrap_or_else(|| panic!("no accelerator logged:\n{}", tail(&worker.log)));
+    eprintln!("advertised accelerator: {acc}");
+    assert_eq!(acc["backend"], "cubecl-wgpu", "{acc}");
+    assert!(!acc["name"].as_str().unwrap().is_empty(), "{acc}");
+    assert_eq!(acc["kv_tokens"], 91 * 16, "{acc}");
+    let line = log.lines().find(|l| l.contains("worker accelerator")).unwrap();
+    assert!(line.contains("max_jobs=2"), "the batch from the K/V capacity: {line}");
+    let rate: f64 = log
+        .lines()
+        .filter(|l| l.contains("chat model ready"))
+        .filter_map(|l| l.split("decode_tokens_per_s=").nth(1))
+        .find_map(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(rate > 0.0, "decode speed measured on the GPU: {rate}");
+
+    let m = gw.json("GET", "/v1/models/smollm2-135m-instruct", &key, "");
+    assert_eq!(m["gnus"]["decode_tokens_per_s"].as_f64(), Some(rate), "{m}");
+
+    let body = r#"{"model":"smollm2-135m-instruct","max_tokens":8,"temperature":0,
+                   "messages":[{"role":"user","content":"Name a colour."}]}"#;
+    let t = Instant::now();
+    let r = gw.json("POST", "/v1/chat/completions", &key, body);
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    eprintln!("GPU chat in {:.1}s: {text:?} ({rate:.1} tok/s measured)", t.elapsed().as_secs_f64());
+    assert!(!text.trim().is_empty(), "answered nothing: {r}");
+    assert!(r["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{r}");
+}
+
+#[test]
+fn a_k_quant_model_is_refused_on_the_gpu_naming_the_type() {
+    let gemma = model_dir().join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
+    if !gemma.is_file() {
+        prereq::missing(&gemma.display().to_string(), "run scripts/fetch-models.sh gemma3-270m");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["--role", "worker", "--gpu", "0", "--no-mdns", "--model"])
+        .arg(&gemma)
+        .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", dir.path().to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "an error exit: {err}");
+    // Its embedding is Q6_K or Q8_0, its projections Q4_K/Q6_K: a K-quant
+    // is named, whichever tensor comes first.
+    assert!(err.contains("no GPU kernel for Q") && err.contains("_K weights"), "{err}");
+    assert!(err.contains("without --gpu"), "says what to do: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The GPU check of issue 17, in two halves (README "Serving on a GPU").
+#
+#   bash scripts/gpu-check.sh build    # here (Rust, the LLVM SDK): ~30+ min cold
+#   bash scripts/gpu-check.sh device   # on the GPU machine: < ~8 min, results in $OUT
+#
+# build: the release `--features cuda` gcs-node, stripped and xz'd, and
+#   SmolLM2's GGUF header (metadata, tokenizer, tensor table; its 98 MB of
+#   weights do not fit the 64 MiB a device call carries) into .gpu-check/,
+#   which .git/info/exclude ignores. Carry that folder to the device:
+#     run(command="bash scripts/gpu-check.sh device", carry=[".gpu-check"], timeout_s=540)
+# device: needs only bash, xz, python3 and the NVIDIA driver (no toolchain,
+#   no network). Rebuilds a SmolLM2-shaped GGUF with synthetic weights
+#   (scripts/gguf-synth.py; or uses .gpu-check/model.gguf / $GCS_CHECK_MODEL
+#   if there), then
+#   1. `gcs-node gpu-check`: CUDA decoder vs the CPU decoder on the 20
+#      fixture prompts (greedy 32 tokens, teacher-forced top-1, max |Δ logit|
+#      on 3), decode tok/s at batch 1, 8, 64, 256 through the batch
+#      scheduler, TTFT and prefill tok/s of a 512-token prompt;
+#   2. a served request: `gcs-node --role all --gpu 0` and one chat
+#      completion through its OpenAI API.
+#   Everything goes to $OUT (gpu-check.json, served.json, log.txt); each
+#   step has its own timeout, and a failing step does not stop the next.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dir=.gpu-check
+model_src="${GCS_CHECK_SOURCE:-${GCS_MODEL_DIR:-$HOME/.cache/gcs/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}"
+
+build() {
+  set -e
+  bash scripts/setup-cuda.sh
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gcs/target}"
+  cargo build --release --locked -p gcs-node --features cuda --bin gcs-node
+  mkdir -p "$dir"
+  exclude="$(git rev-parse --git-common-dir)/info/exclude"
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >>"$exclude"
+  strip -o "$dir/gcs-node" "$CARGO_TARGET_DIR/release/gcs-node"
+  xz -T2 -6 -f "$dir/gcs-node"
+  python3 scripts/gguf-synth.py header "$model_src" "$dir/smollm2.header"
+  xz -6 -f "$dir/smollm2.header"
+  (cd "$dir" && sha256sum gcs-node.xz smollm2.header.xz >SHA256SUMS)
+  du -b "$dir"/* | sed 's/^/  /'
+  echo "ready: carry $dir (the device run unpacks it)" >&2
+}
+
+device() {
+  out="${OUT:-$PWD/gpu-check-out}"
+  mkdir -p "$out"
+  exec > >(tee "$out/log.txt") 2>&1
+  t0=$(date +%s)
+  work=/tmp/gcs-gpu-check
+  rm -rf "$work" && mkdir -p "$work"
+  (cd "$dir" && sha256sum -c SHA256SUMS) || { echo "FAIL: $dir is incomplete (run the build half)"; exit 1; }
+  xz -dc "$dir/gcs-node.xz" >"$work/gcs-node" && chmod +x "$work/gcs-node"
+  # burn-cuda finds the driver by name; NVRTC may live in the CUDA
+  # toolkit or in Python's nvidia-* wheels.
+  libs=$(find /usr/local/nvidia /usr/local/cuda* /usr/lib /opt -name 'libnvrtc.so*' -o -name 'libcuda.so*' 2>/dev/null \
+    | xargs -r -n1 dirname | sort -u | paste -sd: -)
+  export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3
+  model="${GCS_CHECK_MODEL:-}"
+  if [ -z "$model" ] && [ -f "$dir/model.gguf" ]; then model="$dir/model.gguf"; fi
+  weights=real
+  if [ -z "$model" ]; then
+    weights=synthetic
+    model="$work/smollm2-synth.gguf"
+    xz -dc "$dir/smollm2.header.xz" >"$work/smollm2.header"
+    python3 scripts/gguf-synth.py synth "$work/smollm2.header" "$model" || echo "FAIL: synthesis"
+  fi
+  echo "== model: $model ($weights weights), $(( $(date +%s) - t0 )) s"
+
+  echo "== 1. gpu-check (decoder vs CPU, speed)"
+  timeout 300 "$work/gcs-node" gpu-check --model "$model" --gpu 0 \
+    --prompts node/engine/tests/fixtures/smollm2_llamacpp.json --out "$out/gpu-check.json"
+  echo "gpu-check exit $?, $(( $(date +%s) - t0 )) s"
+
+  echo "== 2. served request (gcs-node --role all --gpu 0)"
+  data="$work/node"
+  key=$("$work/gcs-node" keys create --data-dir "$data" --tenant check --project gpu 2>>"$out/node.log")
+  port=18089
+  timeout 200 "$work/gcs-node" --role all --gpu 0 --data-dir "$data" --no-mdns \
+    --http "127.0.0.1:$port" --listen /ip4/127.0.0.1/tcp/0 --model "$model" --model-id smollm2-check \
+    --heartbeat-ms 500 --first-token-timeout-ms 60000 >>"$out/node.log" 2>&1 &
+  node=$!
+  GCS_KEY="$key" GCS_PORT="$port" timeout 180 python3 - "$out/served.json" <<'PY'
+import json, os, sys, time, urllib.request
+base, key = f"http://127.0.0.1:{os.environ['GCS_PORT']}/v1", os.environ["GCS_KEY"]
+def call(path, body=None):
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+t = time.time()
+while True:
+    try:
+        if any(m["id"] == "smollm2-check" for m in call("/models")["data"]):
+            break
+    except Exception as e:
+        err = e
+    if time.time() - t > 150:
+        sys.exit(f"FAIL: model never listed ({err!r})")
+    time.sleep(1)
+listed = time.time() - t
+t = time.time()
+r = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "temperature": 0,
+                               "messages": [{"role": "user", "content": "Name a colour."}]})
+r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
+json.dump(r, open(sys.argv[1], "w"), indent=1)
+print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], r["check"])
+PY
+  echo "served exit $?, $(( $(date +%s) - t0 )) s"
+  kill "$node" 2>/dev/null; wait "$node" 2>/dev/null
+  grep -E "GPU decoder loaded|worker accelerator|chat model ready|error" "$out/node.log" | head -20
+  echo "== done in $(( $(date +%s) - t0 )) s; results in $out"
+}
+
+case "${1:-}" in
+  build) build ;;
+  device) device ;;
+  *) echo "usage: $0 build|device" >&2; exit 2 ;;
+esac
