@@ -4,11 +4,14 @@
 //!
 //! 1. the text is split on special tokens (control and unknown tokens only
 //!    with `parse_special`; user-defined tokens always), longest first;
-//! 2. in every remaining fragment spaces become `▁` (U+2581), the fragment
+//! 2. a text fragment at the start or right after a special token gets a
+//!    leading space when `tokenizer.ggml.add_space_prefix` is true (llama.cpp's
+//!    default for SPM files that lack the key; Gemma's files set it false);
+//! 3. in every remaining fragment spaces become `▁` (U+2581), the fragment
 //!    is split into UTF-8 characters, and adjacent symbols are merged
 //!    repeatedly, always the pair whose concatenation is the vocabulary
 //!    token of the highest score (ties: the leftmost pair);
-//! 3. a final symbol that is not a token is re-split along the merges that
+//! 4. a final symbol that is not a token is re-split along the merges that
 //!    built it, and what still is no token becomes `<0xXX>` byte tokens.
 
 use std::cmp::Ordering;
@@ -30,6 +33,8 @@ pub struct Spm {
     byte_tokens: Vec<Option<u32>>,
     /// Control, user-defined and unknown tokens, longest text first.
     specials: Vec<u32>,
+    /// Prefix a space to text at the start and after a special token.
+    add_space_prefix: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -79,7 +84,14 @@ impl Spm {
             .filter(|&i| !tokens[i as usize].is_empty())
             .collect();
         specials.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].len()));
-        Self { tokens, scores, types, index, byte_tokens, specials }
+        Self { tokens, scores, types, index, byte_tokens, specials, add_space_prefix: true }
+    }
+
+    /// Set `tokenizer.ggml.add_space_prefix` (default true, as in llama.cpp's
+    /// `llama_vocab::impl::load` for SPM vocabularies).
+    pub fn with_space_prefix(mut self, on: bool) -> Self {
+        self.add_space_prefix = on;
+        self
     }
 
     pub fn token_to_id(&self, t: &str) -> Option<u32> {
@@ -108,13 +120,26 @@ impl Spm {
         }
     }
 
-    /// Tokenize `text` (no BOS).
+    /// Tokenize `text` (no BOS; a BOS before it is a special token, so
+    /// the space prefix is the same with or without one).
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
+        // llama.cpp's `is_prev_special`: true at the start.
+        let mut prev_special = true;
         for frag in self.partition(text, parse_special) {
             match frag {
-                Frag::Token(id) => out.push(id),
-                Frag::Text(s) => self.tokenize_fragment(&s.replace(' ', "\u{2581}"), &mut out),
+                Frag::Token(id) => {
+                    out.push(id);
+                    prev_special = true;
+                }
+                // llama.cpp tokenizes no fragment for empty text.
+                Frag::Text("") => {}
+                Frag::Text(s) => {
+                    let pre = if self.add_space_prefix && prev_special { "\u{2581}" } else { "" };
+                    let text = format!("{pre}{}", s.replace(' ', "\u{2581}"));
+                    self.tokenize_fragment(&text, &mut out);
+                    prev_special = false;
+                }
             }
         }
         out
@@ -270,6 +295,7 @@ mod tests {
             toks.iter().map(|t| t.1).collect(),
             toks.iter().map(|t| t.2).collect(),
         )
+        .with_space_prefix(false)
     }
 
     #[test]
@@ -287,6 +313,25 @@ mod tests {
         let text: String =
             v.encode(" hello\n", false).iter().flat_map(|&i| v.piece(i)).map(char::from).collect();
         assert_eq!(text, " hello\n");
+    }
+
+    #[test]
+    fn space_prefix_at_start_and_after_specials() {
+        let v = vocab().with_space_prefix(true);
+        let id = |s: &str| v.token_to_id(s).unwrap();
+        assert_eq!(v.encode("hello", false), [id("\u{2581}hello")]);
+        // After a special token the next text gets the prefix again; after
+        // text (the user-defined "\n" is special) likewise.
+        assert_eq!(
+            v.encode("<start_of_turn>hello\nhello", true),
+            [id("<start_of_turn>"), id("\u{2581}hello"), id("\n"), id("\u{2581}hello")]
+        );
+        // A leading space is one more `▁`: "▁" + "▁hello".
+        assert_eq!(v.encode(" hello", false), [id("\u{2581}"), id("\u{2581}hello")]);
+        assert!(v.encode("", false).is_empty());
+        // Text that follows a control token not parsed as special is plain text.
+        let plain = v.encode("<bos>hello", false);
+        assert_eq!(plain[0], id("\u{2581}"));
     }
 
     #[test]

@@ -204,7 +204,12 @@ impl GgufTokenizer {
         }
         let n = tokens.len();
         let is_control: Vec<bool> = types.iter().map(|&t| t == 3).collect();
-        let spm = crate::spm::Spm::new(tokens, scores, types);
+        // llama.cpp: SPM vocabularies prefix a space unless the file says not to.
+        let space_prefix = !matches!(
+            g.get("tokenizer.ggml.add_space_prefix"),
+            Some(crate::gguf::Value::Bool(false))
+        );
+        let spm = crate::spm::Spm::new(tokens, scores, types).with_space_prefix(space_prefix);
         let token_bytes = (0..n as u32).map(|i| spm.piece(i)).collect();
         Self::finish(g, Model::Spm(spm), token_bytes, is_control, n, "spm")
     }
