@@ -24,6 +24,7 @@ use crate::error::{EngineError, Result};
 use crate::gemma3::{geglu_rows, Gemma3Config, Gemma3Norms};
 use crate::gguf::GgufFile;
 use crate::numerics::{rms_norm_rows, swiglu_rows};
+use crate::quant::profile::{self as prof, Op};
 use crate::quant::QMatrix;
 use crate::qwen2::{add_rows, output_bias, BlockBiases};
 
@@ -500,6 +501,7 @@ impl Llama {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             return Err(EngineError::InvalidRequest(format!("token id {t} out of range")));
         }
+        let t = prof::start();
         // Embedding lookup straight from the quantized table.
         let mut emb = vec![0f32; total * c.hidden];
         for (i, &t) in tokens.iter().enumerate() {
@@ -510,47 +512,67 @@ impl Llama {
             emb.iter_mut().for_each(|v| *v *= s);
         }
         let mut x: Tensor<2> = Tensor::from_data(TensorData::new(emb, [total, c.hidden]), &device);
+        prof::stop(t, Op::Embed);
         let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
         let mut attn = vec![0f32; total * qd];
         for (li, blk) in self.blocks.iter().enumerate() {
             // Attention: x += Wo · attn(rope(Wqkv · norm(x)))
+            let t = prof::start();
             let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);
+            prof::stop(t, Op::Norm);
             let mut qkv = vec![0f32; total * width];
             blk.q.wqkv.matmul(&h, total, &mut qkv);
+            let t = prof::start();
             if let Some(b) = &blk.biases.qkv {
                 add_rows(&mut qkv, b);
             }
             if let (Some(gn), Some(gc)) = (&blk.gemma3, &c.gemma3) {
                 gemma3_qk(&mut qkv, width, qd, gn, gc.attn_scale, c.rms_eps);
             }
+            prof::stop(t, Op::QkNorm);
+            let t = prof::start();
             attend_layer(li, &mut qkv, &mut attn);
+            prof::stop(t, Op::Attention);
             let mut o = vec![0f32; total * c.hidden];
             blk.q.wo.matmul(&attn, total, &mut o);
+            let t = prof::start();
             if let Some(b) = &blk.biases.attn_out {
                 add_rows(&mut o, b);
             }
             if let Some(gn) = &blk.gemma3 {
                 rms_norm_rows(&mut o, &gn.post_attn, c.rms_eps);
             }
+            prof::stop(t, Op::Norm);
+            let t = prof::start();
             x = x + Tensor::from_data(TensorData::new(o, [total, c.hidden]), &device);
+            prof::stop(t, Op::Residual);
 
             // Feed-forward: x += W_down · (silu(W_gate · h) * (W_up · h))
+            let t = prof::start();
             let h = rms_norm(x.clone(), &blk.ffn_norm, c.rms_eps);
+            prof::stop(t, Op::Norm);
             let mut gu = vec![0f32; total * 2 * c.intermediate];
             blk.q.w_gate_up.matmul(&h, total, &mut gu);
+            let t = prof::start();
             let mut act = vec![0f32; total * c.intermediate];
             if c.gemma3.is_some() {
                 geglu_rows(&gu, &mut act, c.intermediate);
             } else {
                 swiglu_rows(&gu, &mut act, c.intermediate);
             }
+            prof::stop(t, Op::Act);
             let mut d = vec![0f32; total * c.hidden];
             blk.q.w_down.matmul(&act, total, &mut d);
+            let t = prof::start();
             if let Some(gn) = &blk.gemma3 {
                 rms_norm_rows(&mut d, &gn.post_ffn, c.rms_eps);
             }
+            prof::stop(t, Op::Norm);
+            let t = prof::start();
             x = x + Tensor::from_data(TensorData::new(d, [total, c.hidden]), &device);
+            prof::stop(t, Op::Residual);
         }
+        let t = prof::start();
         // Only the last row of each sequence needs logits.
         let mut last = Vec::with_capacity(lens.len());
         let mut off = 0i64;
@@ -562,8 +584,10 @@ impl Llama {
         let idx = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(last, [n]), &device);
         let x = x.select(0, idx);
         let h = rms_norm(x, &self.output_norm, c.rms_eps);
+        prof::stop(t, Op::OutputNorm);
         let mut logits = vec![0f32; n * self.lm_head.rows];
-        self.lm_head.matmul(&h, n, &mut logits);
+        prof::lm_head(|| self.lm_head.matmul(&h, n, &mut logits));
+        let t = prof::start();
         if let Some(b) = &self.lm_head_bias {
             add_rows(&mut logits, b);
         }
@@ -572,6 +596,7 @@ impl Llama {
             let inv = 1.0 / cap;
             logits.iter_mut().for_each(|l| *l = (*l * inv).tanh() * cap);
         }
+        prof::stop(t, Op::Logits);
         Ok(logits)
     }
 }

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 pub mod blocks;
 mod kernels;
 mod k_common;
+pub mod profile;
 pub mod rows;
 #[cfg(target_arch = "x86_64")]
 mod rows_avx2;
@@ -203,6 +204,14 @@ impl QKind {
             GgmlType::Q4_1 => Some(QKind::Q4_1),
             GgmlType::Q8_0 => Some(QKind::Q8_0),
             _ => None,
+        }
+    }
+
+    fn ggml_type(self) -> GgmlType {
+        match self {
+            QKind::Q4_0 => GgmlType::Q4_0,
+            QKind::Q4_1 => GgmlType::Q4_1,
+            QKind::Q8_0 => GgmlType::Q8_0,
         }
     }
 
@@ -415,7 +424,11 @@ impl QMatrix {
         assert_eq!(x.len(), n * self.cols, "matmul input shape");
         assert_eq!(out.len(), n * self.rows, "matmul output shape");
         let (kind, d, m, qs) = match &self.data {
-            QData::F32(w) => return matmul_f32(w, self.rows, self.cols, x, n, out),
+            QData::F32(w) => {
+                let region = profile::Region::begin(GgmlType::F32);
+                profile::Region::task(&region, || matmul_f32(w, self.rows, self.cols, x, n, out));
+                return profile::Region::finish(region, 0);
+            }
             QData::Rows { ty, bytes } => {
                 return rows::matmul_rows(*ty, bytes, self.rows, self.cols, x, n, out)
             }
@@ -434,7 +447,10 @@ impl QMatrix {
             }
             QData::Quant { kind, d, m, qs } => (*kind, d, m, qs),
         };
+        let region = profile::Region::begin(kind.ggml_type());
+        let tq = profile::start();
         let acts = QActs::quantize(x, n, self.cols);
+        let quant_ns = tq.map_or(0, |t| t.elapsed().as_nanos() as u64);
         let nb = self.cols / QK;
         let groups = self.rows.div_ceil(GROUP);
         let qb = kind.qbytes();
@@ -453,7 +469,7 @@ impl QMatrix {
                 qs: &acts.qs[t * self.cols..][..self.cols],
             })
             .collect();
-        tmp.par_chunks_mut(per_task * n * GROUP).enumerate().for_each(|(ti, o)| {
+        let group_task = |ti: usize, o: &mut [f32]| {
             for (gi, og) in o.chunks_mut(n * GROUP).enumerate() {
                 let g = ti * per_task + gi;
                 let k0 = g * nb * GROUP;
@@ -466,7 +482,10 @@ impl QMatrix {
                     kernels::dot_group_multi(kind, gd, gm, gq, &rows, og);
                 }
             }
-        });
+        };
+        tmp.par_chunks_mut(per_task * n * GROUP)
+            .enumerate()
+            .for_each(|(ti, o)| profile::Region::task(&region, || group_task(ti, o)));
         for g in 0..groups {
             for t in 0..n {
                 for i in 0..GROUP {
@@ -477,6 +496,7 @@ impl QMatrix {
                 }
             }
         }
+        profile::Region::finish(region, quant_ns);
     }
 }
 

@@ -240,6 +240,8 @@ pub fn matmul_rows(
     let (per, bsz) = ty.block_layout();
     let nb = cols / per;
     let row_bytes = nb * bsz;
+    let region = super::profile::Region::begin(ty);
+    let mut quant_ns = 0;
     // tmp: [rows, n] so each task writes a contiguous slice.
     let mut tmp = vec![0f32; rows * n];
     let threads = rayon::current_num_threads().max(1);
@@ -253,9 +255,11 @@ pub fn matmul_rows(
     if avx2 && !force_scalar() {
         #[cfg(target_arch = "x86_64")]
         {
+            let tq = super::profile::start();
             let q5 = (ty == GgmlType::Q5_0).then(|| QActs::quantize(x, n, cols));
             let q8k = (ty != GgmlType::Q5_0).then(|| Q8K::quantize(x));
-            tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
+            quant_ns = tq.map_or(0, |t| t.elapsed().as_nanos() as u64);
+            let task = |ti: usize, o: &mut [f32]| {
                 let r0 = ti * per_task;
                 if let Some(a) = &q5 {
                     // Four rows at a time, then the rest one by one.
@@ -284,7 +288,10 @@ pub fn matmul_rows(
                     // SAFETY: the CPU features were detected above.
                     unsafe { super::rows_avx2::k_row(ty, w, nb, a, orow) }
                 }
-            });
+            };
+            tmp.par_chunks_mut(per_task * n)
+                .enumerate()
+                .for_each(|(ti, o)| super::profile::Region::task(&region, || task(ti, o)));
         }
     } else if ty == GgmlType::Q5_0 {
         let acts = QActs::quantize(x, n, cols);
@@ -333,6 +340,7 @@ pub fn matmul_rows(
             out[t * rows + r] = tmp[r * n + t];
         }
     }
+    super::profile::Region::finish(region, quant_ns);
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::k_common::{scale_min_k4, Q8K, QK_K};
+use super::k_common::{Q8K, QK_K};
 use super::{GgmlType, QK};
 
 /// An f16 at `p` as f32 with F16C (exact, like any conversion).
@@ -94,8 +94,80 @@ unsafe fn dpbusd(a: __m256i, b: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
 }
 
+/// Activation rows per tile of the prefill kernel: each unpacked weight
+/// block serves this many rows before the next is unpacked.
+const TILE: usize = 8;
+
 #[inline(always)]
 unsafe fn q5_0_impl<const VNNI: bool, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    d: &[f32],
+    qs: &[i8],
+    out: &mut [f32],
+) {
+    if out.len() > R {
+        return q5_0_tiled::<VNNI, R>(w, row_bytes, nb, d, qs, out);
+    }
+    q5_0_one::<VNNI, R>(w, row_bytes, nb, d, qs, out)
+}
+
+/// Several activation rows (prefill): the same float steps per (weight row,
+/// activation row) as [`q5_0_one`], but each weight block is unpacked once
+/// per tile of [`TILE`] activation rows instead of once per row.
+#[inline(always)]
+unsafe fn q5_0_tiled<const VNNI: bool, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    d: &[f32],
+    qs: &[i8],
+    out: &mut [f32],
+) {
+    let cols = nb * QK;
+    let n = out.len() / R;
+    debug_assert!(w.len() >= R * row_bytes && row_bytes >= nb * 22 && qs.len() >= n * cols);
+    for t0 in (0..n).step_by(TILE) {
+        let tn = TILE.min(n - t0);
+        let mut acc = [[_mm256_setzero_ps(); TILE]; R];
+        for b in 0..nb {
+            let mut qx = [_mm256_setzero_si256(); R];
+            let mut ax = [_mm256_setzero_si256(); R];
+            let mut dw = [0f32; R];
+            for k in 0..R {
+                let blk = w.as_ptr().add(k * row_bytes + b * 22);
+                qx[k] = q5_0_block(blk);
+                ax[k] = _mm256_sign_epi8(qx[k], qx[k]);
+                dw[k] = h16(blk);
+            }
+            for tt in 0..tn {
+                let t = t0 + tt;
+                let y = _mm256_loadu_si256(qs.as_ptr().add(t * cols + b * QK) as *const __m256i);
+                let dx = d[t * nb + b];
+                for k in 0..R {
+                    let sy = _mm256_sign_epi8(y, qx[k]);
+                    let dot = if VNNI {
+                        dpbusd(ax[k], sy)
+                    } else {
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(ax[k], sy), _mm256_set1_epi16(1))
+                    };
+                    let dd = _mm256_set1_ps(dw[k] * dx);
+                    acc[k][tt] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc[k][tt]);
+                }
+            }
+        }
+        for (k, ak) in acc.iter().enumerate() {
+            for (tt, a) in ak[..tn].iter().enumerate() {
+                out[k * n + t0 + tt] = hsum_ps(*a);
+            }
+        }
+    }
+}
+
+/// One activation row (decode).
+#[inline(always)]
+unsafe fn q5_0_one<const VNNI: bool, const R: usize>(
     w: &[u8],
     row_bytes: usize,
     nb: usize,
@@ -131,12 +203,16 @@ unsafe fn q5_0_impl<const VNNI: bool, const R: usize>(
 }
 
 /// A K-quant super-block unpacked to unsigned bytes (8 vectors of 32
-/// elements) with a scale per 16 elements; the quant is `q - off`.
+/// elements); the quant is `q - off`. `sc[v]`: the i16 scales of vector
+/// `v`'s two 16-element halves; `sc16`/`mins16`: the 16 sub-block scales
+/// (Q6_K) or each sub-block's min twice (Q4_K/Q5_K), for one `madd` against
+/// the activations' 16 sums.
 struct Unpacked {
     q: [__m256i; 8],
-    sc16: [i16; 16],
+    sc: [__m256i; 8],
+    sc16: __m256i,
+    mins16: __m256i,
     off: i32,
-    mins: [i32; 8],
     d: f32,
     dmin: f32,
 }
@@ -148,15 +224,38 @@ unsafe fn hi2(qh: __m256i, shift: i32, m2: __m256i) -> __m256i {
     _mm256_slli_epi16(v, 4)
 }
 
+/// ggml's 12 packed bytes of Q4_K/Q5_K 6-bit scales and mins as 8 scales
+/// then 8 mins (bytes), the `utmp` shuffle of its AVX2 kernels (the same
+/// values as `k_common::scale_min_k4`, tested through the matmul).
+#[inline(always)]
+pub(super) fn scales_mins_k4(x: &[u8]) -> [u8; 16] {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let u3 = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let s_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let mut out = [0u8; 16];
+    out[0..4].copy_from_slice(&(u0 & K1).to_le_bytes());
+    out[4..8].copy_from_slice(&s_hi.to_le_bytes());
+    out[8..12].copy_from_slice(&m_lo.to_le_bytes());
+    out[12..16].copy_from_slice(&u3.to_le_bytes());
+    out
+}
+
 #[inline(always)]
 unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
     let p = x.as_ptr();
     let m4 = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
     let mut u = Unpacked {
-        q: [_mm256_setzero_si256(); 8],
-        sc16: [0; 16],
+        q: [zero; 8],
+        sc: [zero; 8],
+        sc16: zero,
+        mins16: zero,
         off: 0,
-        mins: [0; 8],
         d: 0.0,
         dmin: 0.0,
     };
@@ -164,12 +263,13 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
         GgmlType::Q4_K | GgmlType::Q5_K => {
             u.d = h16(p);
             u.dmin = h16(p.add(2));
+            let sm = scales_mins_k4(&x[4..16]);
             for j in 0..8 {
-                let (s, m) = scale_min_k4(j, &x[4..16]);
-                u.sc16[2 * j] = s as i16;
-                u.sc16[2 * j + 1] = s as i16;
-                u.mins[j] = m as i32;
+                u.sc[j] = _mm256_set1_epi16(sm[j] as i16);
             }
+            // Each min twice: sub-block j covers the 16-sums 2j and 2j + 1.
+            let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(sm.as_ptr().add(8) as *const __m128i));
+            u.mins16 = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
             let five = ty == GgmlType::Q5_K;
             let ql = p.add(if five { 48 } else { 16 });
             for k in 0..4 {
@@ -190,8 +290,15 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
         GgmlType::Q6_K => {
             u.d = h16(p.add(208));
             u.off = 32;
-            for s in 0..16 {
-                u.sc16[s] = x[192 + s] as i8 as i16;
+            let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+            u.sc16 = _mm256_cvtepi8_epi16(sc);
+            let mut s16 = [0i16; 16];
+            _mm256_storeu_si256(s16.as_mut_ptr() as *mut __m256i, u.sc16);
+            for v in 0..8 {
+                u.sc[v] = _mm256_set_m128i(
+                    _mm_set1_epi16(s16[2 * v + 1]),
+                    _mm_set1_epi16(s16[2 * v]),
+                );
             }
             let m2 = _mm256_set1_epi8(3);
             for n in 0..2 {
@@ -211,8 +318,19 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
     u
 }
 
+/// The 16 sums of 16 of an activation block as i16 (exact: |sum| ≤ 16·127).
+#[inline(always)]
+unsafe fn bsums16(bs: *const i32) -> __m256i {
+    let lo = _mm256_loadu_si256(bs as *const __m256i);
+    let hi = _mm256_loadu_si256(bs.add(8) as *const __m256i);
+    // packs works per 128-bit lane: [lo0-3 hi0-3 lo4-7 hi4-7] → reorder.
+    _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8)
+}
+
 /// `out[t] = Σ` over one K-quant row (`nb` super-blocks) · activation row
-/// `t`, in llama.cpp's AMX order (see [`super::rows`]).
+/// `t`, in llama.cpp's AMX order (see [`super::rows`]): per super-block the
+/// exact integer `isum` (offset and min corrections as integer dot products
+/// with the activations' 16-sums), then the two `fma`s.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn k_row(ty: GgmlType, w: &[u8], nb: usize, a: &Q8K, out: &mut [f32]) {
     let bsz = ty.block_layout().1;
@@ -226,22 +344,20 @@ pub unsafe fn k_row(ty: GgmlType, w: &[u8], nb: usize, a: &Q8K, out: &mut [f32])
             for v in 0..8 {
                 let x = _mm256_loadu_si256(xb.add(32 * v) as *const __m256i);
                 let p = _mm256_maddubs_epi16(u.q[v], x);
-                let s = _mm256_set_m128i(
-                    _mm_set1_epi16(u.sc16[2 * v + 1]),
-                    _mm_set1_epi16(u.sc16[2 * v]),
-                );
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u.sc[v]));
             }
-            let bs = &a.bsums[tb * 16..][..16];
-            let mut isum = hsum_epi32(acc);
+            let bs = bsums16(a.bsums.as_ptr().add(tb * 16));
             if u.off != 0 {
-                let corr: i32 = (0..16).map(|s| u.sc16[s] as i32 * bs[s]).sum();
-                isum -= u.off * corr;
+                // Σ scale·(q − off)·x = Σ scale·q·x − off·Σ scale·bsum.
+                let corr = _mm256_madd_epi16(u.sc16, bs);
+                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));
+                debug_assert_eq!(u.off, 32);
             }
+            let isum = hsum_epi32(acc);
             let dx = a.d[tb];
             *o = (isum as f32).mul_add(u.d * dx, *o);
             if ty != GgmlType::Q6_K {
-                let msum: i32 = (0..8).map(|j| u.mins[j] * (bs[2 * j] + bs[2 * j + 1])).sum();
+                let msum = hsum_epi32(_mm256_madd_epi16(u.mins16, bs));
                 *o = (-(msum as f32)).mul_add(u.dmin * dx, *o);
             }
         }

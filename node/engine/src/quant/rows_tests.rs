@@ -185,9 +185,13 @@ fn ggml_order(ty: GgmlType, w: &[u8], x: &[f32]) -> f32 {
 #[test]
 fn matmul_follows_ggml_order_and_approximates_f32() {
     let mut seed = 5;
-    for ty in [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+    // n = 11 covers a full and a partial tile of the prefill kernels.
+    let cases = [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+        .into_iter()
+        .flat_map(|ty| [(ty, 1), (ty, 3), (ty, 11)]);
+    for (ty, n) in cases {
         let (per, bsz) = ty.block_layout();
-        let (rows, cols, n) = (13, 512, 3);
+        let (rows, cols) = (13, 512);
         let bytes = random_blocks(ty, rows * cols / per, &mut seed);
         let m = QMatrix::from_gguf(ty, rows, cols, &bytes);
         let x: Vec<f32> =
@@ -254,4 +258,17 @@ fn q8k_matches_ggml_reference_quantizer() {
     assert_eq!(b.d[0], -1.0 / 64.0);
     assert_eq!(b.bsums[0], -127 - 4);
     assert!(Q8K::quantize(&[0.0; QK_K]).qs.iter().all(|&q| q == 0));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn packed_scale_shuffle_equals_get_scale_min_k4() {
+    let mut seed = 11;
+    for _ in 0..2000 {
+        let x: Vec<u8> = (0..12).map(|_| lcg(&mut seed) as u8).collect();
+        let sm = super::super::rows_avx2::scales_mins_k4(&x);
+        for j in 0..8 {
+            assert_eq!((sm[j], sm[8 + j]), scale_min_k4(j, &x), "sub-block {j} of {x:?}");
+        }
+    }
 }
