@@ -82,6 +82,7 @@ fn direct(exec: &EngineExecutor) -> (f64, f64) {
         model: "smollm2-135m-instruct".into(),
         body: payload(),
         cache_salt: "bench".into(),
+        priority: Default::default(),
     };
     let t0 = Instant::now();
     let (mut first, mut last, mut n) = (None, t0, 0usize);

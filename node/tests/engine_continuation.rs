@@ -32,6 +32,7 @@ fn request(g: &Generation) -> ExecRequest {
         model: "smollm2-135m-instruct".into(),
         body: JobRequest::Generation(g.clone()).encode().unwrap(),
         cache_salt: "tenant-salt".into(),
+        priority: Default::default(),
     }
 }
 

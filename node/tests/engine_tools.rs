@@ -84,6 +84,7 @@ fn run(exec: &EngineExecutor, g: Generation) -> (String, ExecOutcome) {
         model: "smollm2-135m-instruct".into(),
         body: JobRequest::Generation(g).encode().unwrap(),
         cache_salt: "t".into(),
+        priority: Default::default(),
     };
     let mut streamed = String::new();
     let out = exec

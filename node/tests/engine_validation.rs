@@ -44,6 +44,7 @@ fn run(exec: &EngineExecutor, g: Generation) -> Result<u64, ExecError> {
         model: "smollm2-135m-instruct".into(),
         body: JobRequest::Generation(g).encode().unwrap(),
         cache_salt: "t".into(),
+        priority: Default::default(),
     };
     let mut emitted = 0u64;
     let out = exec.run(&req, &AtomicBool::new(false), &mut |_, n, _| {

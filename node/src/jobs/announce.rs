@@ -120,7 +120,12 @@ pub fn build_job(
         idempotency_key: idempotency_token(key, &spec.tenant_id, &spec.idempotency_key),
         gateway_node_id: key.node_id(),
         source: Source {
-            kind: "openai_compatible_api".into(),
+            // The worker's priority class (`executor::Priority::of_job`).
+            kind: if spec.batch_id.is_some() {
+                super::executor::SOURCE_KIND_BATCH.into()
+            } else {
+                "openai_compatible_api".into()
+            },
             endpoint: endpoint.into(),
             method: "POST".into(),
             client_request_id: String::new(),

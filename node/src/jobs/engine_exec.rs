@@ -24,7 +24,7 @@ use gcs_protocol::{
 };
 use serde_json::json;
 
-use super::executor::{EmitIds, ExecError, ExecOutcome, ExecRequest, Executor};
+use super::executor::{EmitIds, ExecError, ExecOutcome, ExecRequest, Executor, Priority};
 
 /// Longest completion the engine runs (the gateway refuses longer ones).
 const MAX_TOKENS: usize = gcs_gateway::request::MAX_COMPLETION_TOKENS as usize;
@@ -352,7 +352,7 @@ impl EngineExecutor {
                 Err(ExecError::Invalid("an embedding is not a stream to continue".into()))
             }
             (JobRequest::Generation(g), from) => {
-                self.generate(&g, &req.model, &req.cache_salt, from, cancel, emit)
+                self.generate(&g, req, from, cancel, emit)
             }
         }
     }
@@ -381,12 +381,12 @@ impl EngineExecutor {
     fn generate(
         &self,
         g: &Generation,
-        model: &str,
-        cache_salt: &str,
+        req: &ExecRequest,
         from: Option<&Continuation>,
         cancel: &AtomicBool,
         emit: &mut EmitIds<'_>,
     ) -> Result<ExecOutcome, ExecError> {
+        let (model, cache_salt, priority) = (&req.model, &req.cache_salt, req.priority);
         let c = self.chat_model(model)?;
         let (id, engine) = (&c.info.model_id, &c.engine);
         let (api, prompt) = match &g.prompt {
@@ -430,6 +430,10 @@ impl EngineExecutor {
         sreq.sampling = sampling(&g.sampling);
         sreq.stop = g.stop.clone();
         sreq.tenant = cache_salt.to_string();
+        sreq.priority = match priority {
+            Priority::Interactive => gcs_engine::Priority::Interactive,
+            Priority::Batch => gcs_engine::Priority::Batch,
+        };
         sreq.logprobs = g.logprobs.map(|top| usize::from(top.min(20)));
         // Compiled by `submit`, on this thread, within llguidance's fuel
         // limits; a schema this engine cannot compile is the client's error.

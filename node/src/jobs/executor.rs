@@ -3,7 +3,35 @@
 
 use std::sync::atomic::AtomicBool;
 
-use gcs_protocol::{ApiType, FinishReason, TokenLogprob};
+use gcs_protocol::{ApiRequestJob, ApiType, FinishReason, TokenLogprob};
+
+/// `source.kind` of a job a gateway runs for an OpenAI batch (the API's is
+/// `openai_compatible_api`, 26.11.1). Signed with the job, so neither a
+/// client nor a relay can move work between the classes.
+pub const SOURCE_KIND_BATCH: &str = "openai_batch";
+
+/// Which work an engine serves first (specs/batch.md, "Priority on the
+/// worker"): interactive sequences are admitted before batch ones and
+/// preempt them for step slots and KV blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Priority {
+    /// An API request a client waits on.
+    #[default]
+    Interactive,
+    /// Work for an OpenAI batch or a processing subtask: fills idle capacity.
+    Batch,
+}
+
+impl Priority {
+    /// The class of a signed job, as its gateway announced it.
+    pub fn of_job(job: &ApiRequestJob) -> Self {
+        if job.source.kind == SOURCE_KIND_BATCH {
+            Priority::Batch
+        } else {
+            Priority::Interactive
+        }
+    }
+}
 
 /// One request for the engine.
 #[derive(Clone, Debug)]
@@ -19,6 +47,9 @@ pub struct ExecRequest {
     /// tenant and sends only to the lease holder. Requests share cached
     /// prefixes only when their salts are equal.
     pub cache_salt: String,
+    /// Derived by the worker from what the gateway signed
+    /// ([`Priority::of_job`]; processing subtasks are always batch).
+    pub priority: Priority,
 }
 
 /// How a run ended.

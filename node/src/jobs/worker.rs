@@ -15,7 +15,7 @@ use gcs_protocol::{
 use libp2p::PeerId;
 use tokio::sync::mpsc;
 
-use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor};
+use super::executor::{ExecError, ExecOutcome, ExecRequest, Executor, Priority};
 use super::peer_of;
 use super::wire::{JobRequest, JobResponse, LeasedPayload};
 use crate::lifecycle::worker_job::{
@@ -322,6 +322,7 @@ impl WorkerState {
             model: model.model_id.clone(),
             body: p.body,
             cache_salt,
+            priority: Priority::of_job(job),
         };
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();

@@ -176,6 +176,7 @@ impl Processor<'_> {
                 model: input.model.clone(),
                 body: input.body.clone(),
                 cache_salt: input.cache_salt.clone(),
+                priority: crate::jobs::executor::Priority::Batch,
             };
             let (status, body, itok, otok) =
                 match self

@@ -59,6 +59,19 @@ impl Default for BatchConfig {
     }
 }
 
+/// Which sequences the scheduler serves first. Interactive sequences are
+/// admitted before batch ones and take step slots and KV blocks from them
+/// (a batch sequence is parked or preempted, then resumed exactly); batch
+/// sequences run in whatever capacity interactive work leaves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Priority {
+    /// A client waits on it.
+    #[default]
+    Interactive,
+    /// Throughput work (an OpenAI batch, a processing subtask).
+    Batch,
+}
+
 impl BatchConfig {
     /// Every limit at least 1.
     fn bounded(self) -> Self {
@@ -102,6 +115,8 @@ pub struct SeqRequest {
     /// Constrained decoding: the output must match this grammar (compiled
     /// at submission, on the caller's thread; each sample has its own state).
     pub grammar: Option<Grammar>,
+    /// Scheduling class.
+    pub priority: Priority,
 }
 
 impl SeqRequest {
@@ -117,6 +132,7 @@ impl SeqRequest {
             tenant: String::new(),
             logprobs: None,
             grammar: None,
+            priority: Priority::Interactive,
         }
     }
 }
@@ -135,6 +151,12 @@ pub struct SeqResult {
     /// Of `completion_tokens`, those given to [`BatchEngine::resume`]
     /// (generated elsewhere, not streamed again); 0 for a fresh request.
     pub resumed_tokens: usize,
+    /// Engine steps that completed between the request's arrival and its
+    /// first admission (0 on an idle engine; at most 1 for an interactive
+    /// request, whatever batch work runs).
+    pub wait_steps: u64,
+    /// Times the sequence gave up its step slot or KV blocks to another.
+    pub preemptions: u32,
 }
 
 /// What a [`SeqStream`] yields.
@@ -220,6 +242,8 @@ struct Pending {
     /// A resumed request's state after its given tokens (`tokens` is then
     /// still the prompt alone).
     resumed: Option<resume::Resumed>,
+    /// [`Shared::steps`] when it was queued.
+    arrived: u64,
 }
 
 /// State shared by the handles and the engine thread.
@@ -230,6 +254,8 @@ struct Shared {
     shutdown: AtomicBool,
     free_kv_tokens: AtomicUsize,
     running: AtomicUsize,
+    /// Forward steps completed.
+    steps: AtomicU64,
 }
 
 impl Shared {
@@ -399,6 +425,11 @@ impl BatchEngine {
         self.inner.shared.running.load(Ordering::Relaxed)
     }
 
+    /// Forward steps completed since start.
+    pub fn steps(&self) -> u64 {
+        self.inner.shared.steps.load(Ordering::Relaxed)
+    }
+
     /// Validate and queue a request. Fails at once with
     /// [`EngineError::Busy`] when the waiting queue is full, and with
     /// `InvalidRequest` for requests that could never run.
@@ -490,7 +521,9 @@ impl BatchEngine {
             if q.len() >= inner.cfg.max_waiting {
                 return Err(EngineError::Busy { waiting: q.len() });
             }
-            q.push_back(Pending { id, tokens, req, tx, cancel, grammar, samples: ends, resumed });
+            let arrived = inner.shared.steps.load(Ordering::Relaxed);
+            let samples = ends;
+            q.push_back(Pending { id, tokens, req, tx, cancel, grammar, samples, resumed, arrived });
         }
         inner.shared.wake.notify_all();
         Ok(streams)

@@ -7,15 +7,17 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{BatchConfig, Pending, SeqEvent, SeqRequest, SeqResult, Shared};
+use super::{BatchConfig, Pending, Priority, SeqEvent, SeqRequest, SeqResult, Shared};
 use crate::backend::PagedDecoder;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::llama::PagedSeq;
-use crate::paged::{prompt_decode_from, tenant_salt, BlockManager, PagedError, BLOCK_SIZE};
+use crate::paged::{prompt_decode_from, tenant_salt, BlockManager, BLOCK_SIZE};
 use crate::sampling::{Logprobs, Sampler};
 use crate::stop::StopMatcher;
 use crate::tokenizer::GgufTokenizer;
+
+mod admission;
 
 /// A sequence owned by the engine thread.
 #[derive(Debug)]
@@ -31,8 +33,15 @@ struct Seq {
     decode_from: usize,
     /// Generated tokens given to a resumed request, not streamed here.
     resumed: usize,
-    /// Positions whose K/V are in the pool (0 while preempted).
+    /// Positions whose K/V are in the pool (0 while preempted; kept while
+    /// parked: out of the step batch but holding its blocks).
     computed: usize,
+    priority: Priority,
+    /// [`Shared::steps`] when the request was queued.
+    arrived: u64,
+    /// Steps it waited before its first admission.
+    wait_steps: Option<u64>,
+    preemptions: u32,
     /// Prompt tokens reused from the prefix cache at first admission.
     cached_tokens: Option<usize>,
     max_tokens: usize,
@@ -117,7 +126,8 @@ pub(super) struct StepLoop {
     cfg: BatchConfig,
     blocks: BlockManager,
     running: Vec<Seq>,
-    /// Preempted sequences, re-admitted before new requests.
+    /// Preempted sequences (K/V freed) and parked ones (K/V kept),
+    /// re-admitted before new requests of their class.
     preempted: VecDeque<Seq>,
     /// Finished sequences whose last events are still being delivered.
     closing: Vec<Seq>,
@@ -173,7 +183,7 @@ impl StepLoop {
     }
 
     fn new_seq(&self, p: Pending) -> Seq {
-        let Pending { id, mut tokens, req, tx, cancel, grammar, samples, resumed } = p;
+        let Pending { id, mut tokens, req, tx, cancel, grammar, samples, resumed, arrived } = p;
         let children: Vec<Seq> = samples
             .into_iter()
             .enumerate()
@@ -190,6 +200,7 @@ impl StepLoop {
                     samples: vec![],
                     // `resume` takes one sample only.
                     resumed: None,
+                    arrived,
                 };
                 self.new_seq(p)
             })
@@ -202,6 +213,7 @@ impl StepLoop {
             ignore_eos,
             tenant,
             logprobs,
+            priority,
             ..
         } = req;
         if !ignore_eos {
@@ -225,6 +237,10 @@ impl StepLoop {
             max_tokens: max_tokens.min(context.saturating_sub(prompt_len)).max(1),
             tokens,
             computed: 0,
+            priority,
+            arrived,
+            wait_steps: None,
+            preemptions: 0,
             cached_tokens: None,
             sampler,
             stop,
@@ -237,42 +253,6 @@ impl StepLoop {
             outbox: VecDeque::new(),
             samples: children,
         }
-    }
-
-    /// Move sequences from the preempted list, then the waiting queue, into
-    /// the running batch while there is room and KV blocks.
-    fn admit(&mut self) {
-        while self.running.len() < self.cfg.max_running {
-            let (mut seq, from_preempted) = match self.preempted.pop_front() {
-                Some(s) => (s, true),
-                None => match self.shared.queue().pop_front() {
-                    Some(p) => (self.new_seq(p), false),
-                    None => break,
-                },
-            };
-            if seq.cancel.load(Ordering::Relaxed) {
-                self.finish(seq, FinishReason::Cancelled);
-                continue;
-            }
-            match self.blocks.admit_at(seq.id, seq.salt, &seq.tokens, seq.decode_from) {
-                Ok(cached) => {
-                    seq.computed = cached;
-                    seq.cached_tokens.get_or_insert(cached.min(seq.prompt_len));
-                    self.running.push(seq);
-                }
-                Err(PagedError::OutOfBlocks { .. }) if !self.running.is_empty() => {
-                    // Wait for running sequences to free blocks.
-                    if from_preempted {
-                        self.preempted.push_front(seq);
-                    } else {
-                        self.preempted.push_back(seq);
-                    }
-                    break;
-                }
-                Err(e) => self.fail(seq, &format!("cannot admit: {e}")),
-            }
-        }
-        self.publish();
     }
 
     fn reap_cancelled(&mut self) {
@@ -336,6 +316,8 @@ impl StepLoop {
             cached_tokens: seq.cached_tokens.unwrap_or(0),
             text: seq.text.clone(),
             resumed_tokens: seq.resumed,
+            wait_steps: seq.wait_steps.unwrap_or(0),
+            preemptions: seq.preemptions,
         };
         seq.outbox.push_back(SeqEvent::Done(result));
         self.closing.push(seq);
@@ -358,12 +340,16 @@ impl StepLoop {
                 work.push(Work { idx, start: s.computed, n: 1 });
             }
         }
-        for (idx, s) in self.running.iter().enumerate() {
-            let need = s.tokens.len() - s.computed;
-            if need > 1 && budget > 0 {
-                let n = need.min(budget);
-                budget -= n;
-                work.push(Work { idx, start: s.computed, n });
+        // Prompt chunks: interactive sequences' first (their first token
+        // waits on them), then batch ones with what is left.
+        for class in [Priority::Interactive, Priority::Batch] {
+            for (idx, s) in self.running.iter().enumerate() {
+                let need = s.tokens.len() - s.computed;
+                if s.priority == class && need > 1 && budget > 0 {
+                    let n = need.min(budget);
+                    budget -= n;
+                    work.push(Work { idx, start: s.computed, n });
+                }
             }
         }
         let logits = {
@@ -395,6 +381,7 @@ impl StepLoop {
                 return;
             }
         };
+        self.shared.steps.fetch_add(1, Ordering::Relaxed);
         let vocab = self.dec.vocab();
         let mut done: Vec<(usize, End)> = Vec::new();
         let mut need_slot: Vec<u64> = Vec::new();
@@ -417,6 +404,7 @@ impl StepLoop {
                 }
                 child.computed = parent.computed;
                 child.cached_tokens = parent.cached_tokens;
+                child.wait_steps = parent.wait_steps;
                 self.running.push(child);
                 let idx = self.running.len() - 1;
                 self.sample_into(idx, row, &mut done, &mut need_slot);
@@ -505,8 +493,10 @@ impl StepLoop {
         }
     }
 
-    /// Give the newest token of `id` a KV slot, preempting the newest
-    /// sequences (possibly `id` itself) while blocks are short.
+    /// Give the newest token of `id` a KV slot while blocks are short:
+    /// freeing parked K/V first, then preempting the newest batch sequence,
+    /// then the newest interactive one (possibly `id` itself; a batch
+    /// sequence never takes an interactive one's blocks).
     fn reserve_slot(&mut self, id: u64) {
         loop {
             let Some(pos) = self.running.iter().position(|s| s.id == id) else { return };
@@ -519,8 +509,11 @@ impl StepLoop {
                 }
                 Ok(None) => return,
                 Err(_) => {
+                    if self.release_parked() {
+                        continue;
+                    }
                     let Some(victim) =
-                        self.running.iter().enumerate().max_by_key(|(_, s)| s.id).map(|(i, _)| i)
+                        self.newest(Priority::Batch).or_else(|| self.newest(Priority::Interactive))
                     else {
                         return;
                     };
@@ -536,6 +529,7 @@ impl StepLoop {
         let mut seq = self.running.remove(idx);
         let _ = self.blocks.free(seq.id);
         seq.computed = 0;
+        seq.preemptions += 1;
         tracing::debug!(id = seq.id, tokens = seq.tokens.len(), "preempted");
         self.preempted.push_front(seq);
     }
