@@ -94,6 +94,21 @@ pub struct RunArgs {
     /// Default first-token timeout in ms (per key and per request overridable).
     #[arg(long, env = "GCS_FIRST_TOKEN_TIMEOUT_MS", default_value_t = 10_000)]
     pub first_token_timeout_ms: u64,
+    /// Gateway: the lease term granted to the worker running a job, in ms
+    /// (1000..=120000). The holder renews five times a term; one silent
+    /// for a whole term (paused, cut off) is replaced — before its first
+    /// token by a requeue, after it by an exact continuation — so this is
+    /// how long such a stream stalls.
+    #[arg(long, env = "GCS_LEASE_MS", default_value_t = gcs_node::lifecycle::tracker::DEFAULT_LEASE_TERM_MS,
+          value_parser = clap::value_parser!(u64).range(gcs_node::lifecycle::tracker::LEASE_TERM_RANGE_MS))]
+    pub lease_ms: u64,
+    /// Gateway: how long a worker that lost a job (its lease expired, it
+    /// disconnected, it failed) is left out of new jobs at first, in ms;
+    /// each repeat doubles it, up to 5 min. 0: never left out (a test
+    /// network that fails its workers on purpose).
+    #[arg(long, env = "GCS_SIT_OUT_MS", default_value_t = gcs_node::lifecycle::penalty::BASE_MS,
+          value_parser = clap::value_parser!(u64).range(0..=gcs_node::lifecycle::penalty::MAX_MS))]
+    pub sit_out_ms: u64,
     /// Default idle-stream timeout in ms.
     #[arg(long, env = "GCS_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     pub idle_timeout_ms: u64,

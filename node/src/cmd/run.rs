@@ -23,6 +23,10 @@ fn node_config(data_dir: &Path, cli: &RunArgs) -> anyhow::Result<NodeConfig> {
     let mut config = NodeConfig::new(cli.role, data_dir.to_path_buf());
     config.max_concurrent_jobs =
         cli.max_jobs.unwrap_or(gcs_node::jobs::engine_exec::DEFAULT_MAX_JOBS).max(1);
+    config.tracker = gcs_node::lifecycle::tracker::TrackerConfig {
+        sit_out_ms: cli.sit_out_ms,
+        ..gcs_node::lifecycle::tracker::TrackerConfig::with_lease_term(cli.lease_ms)
+    };
     config.max_processing_jobs = cli.max_processing_jobs;
     config.processing_lease_ms = cli.processing_lease_ms;
     config.network.tenant_trust = gcs_node::tenants::TenantTrust::new(trusted_tenants(&cli.trust_tenant)?);

@@ -84,7 +84,7 @@ async fn late_metering(
     let m =
         &crate::lifecycle::tracker::bounded_metering(&record, m, u.output_tokens_sent_to_client);
     if !crate::lifecycle::tracker::within_bounds(reported, m) {
-        let until = penalties.strike(&r.node_id, now_ms());
+        let until = penalties.strike(&r.node_id, now_ms(), ctx.tracker.sit_out_ms);
         tracing::info!(node = %r.node_id, until, "late metering outside its bounds");
     }
     let generated = u.output_tokens_generated.max(m.output_tokens);
@@ -676,7 +676,7 @@ impl GatewayState {
                         Q::NoValidClaim | Q::ChildJobsFailed | Q::PayloadUnreadable
                     );
                     if let Some(node) = r.excluded_nodes.last().filter(|_| lost) {
-                        let until = self.penalties.strike(node, now);
+                        let until = self.penalties.strike(node, now, ctx.tracker.sit_out_ms);
                         tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
                     }
                     let key = keys::requeue(job_id, r.requeue_count);
@@ -687,7 +687,7 @@ impl GatewayState {
                 Effect::Continue { requeue: r, continuation } => {
                     // The lost holder sits out, as after any lost job.
                     if let Some(node) = r.excluded_nodes.last() {
-                        let until = self.penalties.strike(node, now);
+                        let until = self.penalties.strike(node, now, ctx.tracker.sit_out_ms);
                         tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
                     }
                     let key = keys::requeue(job_id, r.requeue_count);
@@ -733,7 +733,7 @@ impl GatewayState {
                 }
                 Effect::Fail { error, after_partial_output } => {
                     if let (true, Some(l)) = (error.code == "gnus_worker_lost", a.tracker.lease()) {
-                        let until = self.penalties.strike(&l.node_id, now);
+                        let until = self.penalties.strike(&l.node_id, now, ctx.tracker.sit_out_ms);
                         tracing::info!(node = %l.node_id, sits_out_ms = until - now, "worker lost a job");
                     }
                     if a.tracker.continuations() > 0 {
@@ -742,7 +742,7 @@ impl GatewayState {
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
                 }
                 Effect::Strike(node) => {
-                    let until = self.penalties.strike(&node, now);
+                    let until = self.penalties.strike(&node, now, ctx.tracker.sit_out_ms);
                     tracing::info!(%node, sits_out_ms = until - now, "worker broke a checked rule");
                 }
                 Effect::Usage(u) => {

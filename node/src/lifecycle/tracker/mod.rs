@@ -36,16 +36,38 @@ pub struct TrackerConfig {
     /// Hybrid routing: how long after a job's first announcement only the
     /// tenant's private nodes may win it (26.11.3: private first, then public).
     pub private_window_ms: u64,
+    /// A worker that lost a job sits out of this gateway's new jobs this
+    /// long at first, doubling with each repeat (`lifecycle::penalty`;
+    /// 0: never).
+    pub sit_out_ms: u64,
 }
 
 impl Default for TrackerConfig {
     fn default() -> Self {
+        Self::with_lease_term(DEFAULT_LEASE_TERM_MS)
+    }
+}
+
+/// The lease term a gateway grants unless told otherwise (`--lease-ms`).
+pub const DEFAULT_LEASE_TERM_MS: u64 = 10_000;
+/// The lease terms `--lease-ms` accepts: below 1 s a loaded worker misses
+/// renewals (spurious losses, each one a continuation); above 2 min a
+/// paused or cut-off holder stalls its stream that long before it is
+/// replaced.
+pub const LEASE_TERM_RANGE_MS: std::ops::RangeInclusive<u64> = 1_000..=120_000;
+
+impl TrackerConfig {
+    /// Defaults with a lease term of `lease_term_ms`: the holder renews
+    /// five times a term (2 s of the default 10 s), so four renewals in a
+    /// row may be lost or late before the lease ends.
+    pub fn with_lease_term(lease_term_ms: u64) -> Self {
         Self {
-            lease_term_ms: 10_000,
-            renew_interval_ms: 2_000,
+            lease_term_ms,
+            renew_interval_ms: (lease_term_ms / 5).max(100),
             fence: FenceConfig::default(),
             queue_timeout_ms: 30_000,
             private_window_ms: 250,
+            sit_out_ms: super::penalty::BASE_MS,
         }
     }
 }

@@ -16,10 +16,13 @@ struct World {
 
 impl World {
     fn new() -> Self {
+        Self::with(TrackerConfig::default())
+    }
+    fn with(config: TrackerConfig) -> Self {
         let gw = samples::keys().1;
         let mut job = samples::api_job(&gw, &Params::default());
         sign(&mut job, &gw).unwrap();
-        let config = TrackerConfig { queue_timeout_ms: 0, ..TrackerConfig::default() };
+        let config = TrackerConfig { queue_timeout_ms: 0, ..config };
         let (tracker, effects) = JobTracker::new(job, config, T0);
         let workers = (1..=3u8).map(|i| NodeKey::from_seed([i; 32])).collect();
         World { gw, workers, tracker, limits: Limits::default(), now: T0, effects }
@@ -273,6 +276,34 @@ fn an_unrenewed_lease_expires_and_a_renewed_one_does_not() {
     assert!(
         out.iter().any(|e| matches!(e, Effect::Fail { after_partial_output: true, .. })),
         "{out:?}"
+    );
+}
+
+/// `--lease-ms`: the grant, every renewal and the expiry all use the
+/// configured term, and the holder is told to renew five times a term.
+#[test]
+fn the_configured_lease_term_is_granted_renewed_and_enforced() {
+    let d = TrackerConfig::default();
+    assert_eq!((d.lease_term_ms, d.renew_interval_ms), (10_000, 2_000));
+    let mut w = World::with(TrackerConfig::with_lease_term(2_000));
+    w.claim(0);
+    let lease = w.tracker.lease().unwrap().clone();
+    assert_eq!(lease.expires_at_ms - lease.created_at_ms, 2_000);
+    assert_eq!(lease.renew_interval_ms, 400);
+    w.now += 1_500;
+    let mut r = samples::renewal(&w.workers[0], &Params { now_ms: w.now, ..Params::default() });
+    r.job_id = lease.job_id.clone();
+    r.lease_id = lease.lease_id.clone();
+    sign(&mut r, &w.workers[0]).unwrap();
+    let renewed = w.feed(Input::Renewal(r));
+    let Some(Effect::Lease(l)) = renewed.first() else { panic!("{renewed:?}") };
+    assert_eq!(l.expires_at_ms, w.now + 2_000);
+    w.chunk(0, 0, false);
+    assert!(w.tick(1_900).is_empty(), "renewed to now + 2 s");
+    let out = w.tick(200);
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Fail { after_partial_output: true, .. })),
+        "expired 2 s after the renewal, not 10: {out:?}"
     );
 }
 

@@ -19,6 +19,8 @@ mod payload;
 #[cfg(test)]
 mod payload_tests;
 mod policy;
+#[cfg(test)]
+mod priority_tests;
 mod result;
 #[cfg(test)]
 mod share_tests;
@@ -565,8 +567,12 @@ impl WorkerJob {
     }
 }
 
+/// The gateway's renewal period, but never more than a third of the term
+/// it granted: a grant whose period outlasts its term (a misconfigured or
+/// hostile gateway) would otherwise lose every lease it grants.
 fn renew_every(lease: &LeaseGrant) -> u64 {
-    lease.renew_interval_ms.max(100)
+    let term = lease.expires_at_ms.saturating_sub(lease.created_at_ms);
+    lease.renew_interval_ms.min(term / 3).max(100)
 }
 
 /// A signed first-valid claim of `job_id` for `model`, valid for

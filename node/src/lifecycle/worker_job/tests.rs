@@ -357,6 +357,20 @@ fn tick_renews_the_lease_on_time_until_the_result() {
     assert_eq!(w.m.poll_timeout(), None, "no renewals once the result is sent");
 }
 
+/// A grant whose renewal period outlasts its term (a gateway's
+/// `--lease-ms` below its period, or a hostile one) is renewed at a third
+/// of the term, so the lease never lapses between renewals.
+#[test]
+fn renewals_come_at_least_three_times_a_granted_term() {
+    let (mut w, _) = World::new();
+    let mut l = w.lease();
+    l.renew_interval_ms = 20_000;
+    l.expires_at_ms = l.created_at_ms + 3_000;
+    sign(&mut l, &w.gw).unwrap();
+    w.feed(Input::Answer(Request::Claim, Answer::Envelope(Box::new(Message::LeaseGrant(l)))));
+    assert_eq!(w.m.poll_timeout(), Some(T0 + 1_000));
+}
+
 #[test]
 fn renewal_and_stale_answers_change_nothing() {
     let mut w = World::running();
