@@ -125,6 +125,10 @@ pub struct Record {
     pub dones: u32,
     /// `completion_tokens` of the usage chunk (or of a JSON body).
     pub usage_tokens: Option<u64>,
+    /// The whole usage object of the usage chunk (or of a JSON body).
+    pub usage: Option<Value>,
+    /// The finish chunk's `finish_reason` (or the JSON body's).
+    pub finish_reason: Option<String>,
     /// The error object (event or JSON body).
     pub error: Option<Value>,
     /// Wire-order violations noticed while reading.
@@ -152,6 +156,8 @@ impl Record {
             finishes: 0,
             dones: 0,
             usage_tokens: None,
+            usage: None,
+            finish_reason: None,
             error: None,
             violations: vec![],
             ttft_ms: None,
@@ -390,7 +396,9 @@ pub fn chat(
             rec.content =
                 v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
             rec.usage_tokens = v["usage"]["completion_tokens"].as_u64();
+            rec.usage = v.get("usage").cloned();
             rec.finishes = u32::from(v["choices"][0]["finish_reason"].is_string());
+            rec.finish_reason = v["choices"][0]["finish_reason"].as_str().map(str::to_string);
         } else if !v.is_null() {
             rec.error = Some(v["error"].clone());
         }
@@ -474,6 +482,7 @@ impl Sse {
         }
         if let Some(u) = v["usage"]["completion_tokens"].as_u64() {
             rec.usage_tokens = Some(u);
+            rec.usage = Some(v["usage"].clone());
         }
         let Some(choice) = v["choices"].get(0) else { return };
         if let Some(c) = choice["delta"]["content"].as_str().filter(|c| !c.is_empty()) {
@@ -489,8 +498,9 @@ impl Sse {
             }
             progress(shared).content_frames = rec.content_frames;
         }
-        if choice["finish_reason"].is_string() {
+        if let Some(f) = choice["finish_reason"].as_str() {
             rec.finishes += 1;
+            rec.finish_reason = Some(f.to_string());
         }
     }
 }
@@ -534,6 +544,7 @@ mod tests {
         assert!(r.violations.is_empty(), "{:?}", r.violations);
         assert_eq!((r.content_frames, r.finishes, r.dones), (2, 1, 1));
         assert_eq!(r.content, "hi hi ");
+        assert_eq!(r.finish_reason.as_deref(), Some("length"));
     }
 
     #[test]

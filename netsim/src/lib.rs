@@ -17,6 +17,7 @@ pub mod report;
 pub mod runner;
 pub mod scale;
 pub mod scenario;
+pub mod series;
 pub mod soak;
 
 /// Why a run could not be carried out (as opposed to a failed check,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use netsim::{adversary, cluster, load, report, runner, scale, scenario::Scenario, soak};
+use netsim::{adversary, cluster, load, report, runner, scale, scenario::Scenario, series, soak};
 
 #[derive(Parser, Debug)]
 #[command(name = "netsim", about = "Fault injection, load and scale simulation for GCS")]
@@ -34,6 +34,30 @@ enum Command {
         /// A soak file's length in seconds instead of its `duration_s`.
         #[arg(long, env = "GCS_SOAK_SECS")]
         soak_secs: Option<u64>,
+    },
+    /// A scenario's `[series]`: many faulted streams in one topology, each
+    /// compared with its uninterrupted reference (exact continuation).
+    Series {
+        /// The scenario file (TOML) with a `[series]`.
+        scenario: PathBuf,
+        /// Greedy streams (default: the file's).
+        #[arg(long)]
+        greedy: Option<u32>,
+        /// Seeded T=0.8 streams (default: the file's).
+        #[arg(long)]
+        seeded: Option<u32>,
+        /// The base of every draw (fault index, seed); default: the clock.
+        #[arg(long, env = "GCS_SEED")]
+        seed: Option<u64>,
+        /// The gcs-node binary.
+        #[arg(long, env = "GCS_NODE_BIN")]
+        gcs_node: Option<PathBuf>,
+        /// Keep node data directories and logs here (default: a temporary directory).
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+        /// Where the JSON report goes.
+        #[arg(long, default_value = "netsim-series.json")]
+        report: PathBuf,
     },
     /// Discrete-event simulation of claims and failure detection at 10/100/1000 nodes.
     Scale {
@@ -182,6 +206,31 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             };
             println!("{verdict}{note} — report in {}", out.display());
             Ok(ok)
+        }
+        Command::Series { scenario, greedy, seeded, seed, gcs_node, workdir: wd, report: out } => {
+            let bin = cluster::locate_gcs_node(gcs_node.as_deref())?;
+            if !cluster::models_present() {
+                println!("SKIP: no models in {}", cluster::model_dir().display());
+                return Ok(true);
+            }
+            let s = Scenario::load(&scenario)?;
+            let spec = s.series.clone().context("the scenario has no [series]")?;
+            let seed = seed.unwrap_or_else(|| {
+                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                t.map(|d| d.as_nanos() as u64).unwrap_or_default()
+            });
+            let plan = series::Plan {
+                greedy: greedy.unwrap_or(spec.greedy),
+                seeded: seeded.unwrap_or(spec.seeded),
+                seed,
+            };
+            println!("series {}: {} greedy + {} seeded, GCS_SEED={seed}", s.name, plan.greedy, plan.seeded);
+            let (root, _tmp) = workdir(wd)?;
+            let o = series::run(&s, &plan, &bin, &root.join(&s.name))
+                .with_context(|| format!("series {}", s.name))?;
+            print!("{}", series::summary(&o));
+            std::fs::write(&out, serde_json::to_string_pretty(&o)?)?;
+            Ok(o.ok() && o.streams.len() == (plan.greedy + plan.seeded) as usize || o.skipped.is_some())
         }
         Command::Scale { seed, nodes, rate, duration_s, slots, service_ms, loss, kill, json } => {
             let spec = scale::ScaleSpec {

@@ -89,7 +89,7 @@ pub fn cannot_run(s: &Scenario) -> Option<String> {
     None
 }
 
-fn chat_request(s: &RequestSpec) -> ChatRequest {
+pub(crate) fn chat_request(s: &RequestSpec) -> ChatRequest {
     let filler = "word ".repeat(s.filler_words as usize);
     ChatRequest {
         prompt: format!("{filler}{}", s.prompt),
@@ -118,7 +118,7 @@ pub fn usage_of(addr: SocketAddr, key: &str, job: &str) -> Option<Value> {
 
 /// A gateway's address and the API key `keys` holds for it (the traffic's
 /// tenant or the reference tenant).
-fn endpoint(
+pub(crate) fn endpoint(
     cluster: &Cluster,
     keys: &BTreeMap<String, String>,
     gateway: &str,
@@ -135,7 +135,7 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     }
     tracing::info!(scenario = %s.name, "starting the topology");
     let opts = ClusterOpts { network: s.network, netsim_bin: None };
-    let mut cluster = Cluster::start_with(bin, workdir, &s.nodes, &opts)?;
+    let mut cluster = Cluster::start_with(bin, workdir, &s.node_specs(), &opts)?;
     let references = take_references(s, &cluster, workdir)?;
     settle(&cluster, !references.is_empty());
     start_adversaries(s, &mut cluster)?;
@@ -787,7 +787,7 @@ fn try_fire(
 /// frees the slot within milliseconds, the lease holder keeps it through
 /// prefill. Before the first token, busy twice 250 ms apart is the holder;
 /// once tokens flow the race is over.
-fn lease_holder(cluster: &Cluster, watched: Option<&Shared>) -> Option<String> {
+pub(crate) fn lease_holder(cluster: &Cluster, watched: Option<&Shared>) -> Option<String> {
     let first = cluster.busy_workers();
     if first.is_empty() {
         return None;

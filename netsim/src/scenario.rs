@@ -33,6 +33,34 @@ pub struct Scenario {
     /// Checks over the whole cluster after the traffic.
     #[serde(default)]
     pub checks: ClusterChecks,
+    /// The lease term every HTTP node grants (`--lease-ms`; default the
+    /// gateway's 10 s): a paused or cut-off holder is replaced after it.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+    /// Many faulted streams in this one topology (`series::run`) instead
+    /// of one run of the traffic as written.
+    #[serde(default)]
+    pub series: Option<SeriesSpec>,
+}
+
+/// The fewest tokens a series stream may ask for: its fault lands at a
+/// token index drawn in 1..=max_tokens-12, leaving time to freeze the
+/// holder before the stream could end.
+pub const SERIES_MIN_TOKENS: u32 = 16;
+
+/// The faulted streams of a series: each a copy of the scenario's
+/// reference request, compared with its own uninterrupted run, its first
+/// fault moved to a token index drawn per stream.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesSpec {
+    /// Greedy streams.
+    pub greedy: u32,
+    /// Seeded streams (temperature 0.8, a seed drawn per stream).
+    pub seeded: u32,
+    /// `max_tokens` of every stream (default: the request's).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
 }
 
 /// Where the nodes run.
@@ -421,9 +449,36 @@ impl Scenario {
         Ok(s)
     }
 
+    /// The nodes as started: every HTTP node also gets the scenario's
+    /// `--lease-ms`.
+    pub fn node_specs(&self) -> Vec<NodeSpec> {
+        let mut nodes = self.nodes.clone();
+        if let Some(ms) = self.lease_ms {
+            for n in nodes.iter_mut().filter(|n| n.role.serves_http()) {
+                n.args.extend(["--lease-ms".to_string(), ms.to_string()]);
+            }
+        }
+        nodes
+    }
+
     fn validate(&self) -> Result<(), Error> {
         let node = |n: &str| self.nodes.iter().any(|x| x.name == n);
         let bad = |m: String| Err(Error::Scenario(format!("{}: {m}", self.name)));
+        if let Some(ms) = self.lease_ms {
+            if !(1_000..=120_000).contains(&ms) {
+                return bad(format!("lease_ms {ms} is outside 1000..=120000 (--lease-ms)"));
+            }
+        }
+        if let Some(series) = &self.series {
+            let max = self.requests.iter().find(|r| r.reference).map(|r| r.max_tokens);
+            let max = series.max_tokens.or(max).unwrap_or(0);
+            if self.faults.is_empty() || max < SERIES_MIN_TOKENS {
+                return bad(format!(
+                    "a series needs a fault and a reference request of at least {} tokens",
+                    SERIES_MIN_TOKENS
+                ));
+            }
+        }
         for r in &self.requests {
             if !self.nodes.iter().any(|x| x.name == r.gateway && x.role.serves_http()) {
                 return bad(format!("request {} names no HTTP node {}", r.name, r.gateway));

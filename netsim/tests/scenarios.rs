@@ -16,7 +16,7 @@ mod prereq;
 use std::path::Path;
 use std::sync::Mutex;
 
-use netsim::{cluster, report, runner, scenario::Scenario};
+use netsim::{cluster, report, runner, scenario::Scenario, series};
 
 /// One scenario run at a time across the tests of this binary.
 static TURN: Mutex<()> = Mutex::new(());
@@ -83,14 +83,15 @@ fn fault_scenarios_keep_every_invariant() {
     ]);
 }
 
-/// Runs of each continuation scenario: `GCS_CONTINUATION_RUNS` (default
-/// 1, the file as written; CI time). Run 0 is always the file as written;
-/// run i > 0 moves each fault to another token index and draws new seeds
-/// from `GCS_SEED` (printed, so a failing run replays), alternating a
-/// one-request scenario between greedy and seeded T=0.8.
+/// Exact continuation, one of two shapes. By default (CI, for now) one
+/// whole topology per run, `GCS_CONTINUATION_RUNS` runs (default 1): run 0
+/// the file as written, run i > 0 its faults moved and its seeds redrawn
+/// (`varied`). With `GCS_CONTINUATION_STREAMS=N` instead the scenario's
+/// `[series]`: one topology, N greedy and N seeded T=0.8 faulted streams in
+/// turn (0: the file's counts, 20 + 20), every fault index and seed drawn
+/// from `GCS_SEED` (printed, so a failing run replays). The series is not
+/// the default until it passes (specs/lifecycle.md).
 fn continuation_runs(name: &str) {
-    let runs: u32 =
-        std::env::var("GCS_CONTINUATION_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let base: u64 =
         std::env::var("GCS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
@@ -98,18 +99,56 @@ fn continuation_runs(name: &str) {
                 .unwrap_or_default();
             t.as_nanos() as u64
         });
-    eprintln!("{name}: {runs} run(s), GCS_SEED={base} GCS_CONTINUATION_RUNS={runs}");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let s = Scenario::load(&dir.join(format!("{name}.toml"))).unwrap();
-    run_scenarios((0..runs).map(|i| varied(&s, i, base)).collect());
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let Some(n) = env("GCS_CONTINUATION_STREAMS") else {
+        let runs = env("GCS_CONTINUATION_RUNS").unwrap_or(1);
+        eprintln!("{name}: {runs} run(s), GCS_SEED={base} GCS_CONTINUATION_RUNS={runs}");
+        run_scenarios((0..runs).map(|i| varied(&s, i, base)).collect());
+        return;
+    };
+    let spec = s.series.clone().expect("a continuation scenario has a [series]");
+    let (greedy, seeded) = if n == 0 { (spec.greedy, spec.seeded) } else { (n, n) };
+    eprintln!("{name}: series of {greedy} greedy + {seeded} seeded streams, GCS_SEED={base}");
+    run_series(&s, &series::Plan { greedy, seeded, seed: base });
 }
 
-fn mix(mut x: u64) -> u64 {
-    // splitmix64: a well-spread draw from (base seed, run index).
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+fn run_series(s: &Scenario, plan: &series::Plan) {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    if !cluster::models_present() {
+        let what = format!("models in {}", cluster::model_dir().display());
+        prereq::missing(&what, "run scripts/fetch-models.sh");
+        return;
+    }
+    let bin = cluster::locate_gcs_node(None)
+        .expect("gcs-node binary: run `cargo build --workspace` (or set GCS_NODE_BIN)");
+    let tmp = tempfile::tempdir().unwrap();
+    let o = match series::run(s, plan, &bin, &tmp.path().join(&s.name)) {
+        Ok(o) => o,
+        Err(e) => {
+            let keep = tmp.keep();
+            panic!("series {} could not run: {e} (logs kept in {})", s.name, keep.display());
+        }
+    };
+    eprint!("{}", series::summary(&o));
+    if let Some(why) = &o.skipped {
+        let what = format!("series {}: {why}", s.name);
+        prereq::missing(&what, "scripts/test-deps.sh installs it; namespaces need root");
+        return;
+    }
+    let out = tmp.path().join("series.json");
+    std::fs::write(&out, serde_json::to_string_pretty(&o).unwrap()).unwrap();
+    let wanted = (plan.greedy + plan.seeded) as usize;
+    if !o.ok() || o.streams.len() != wanted {
+        let keep = tmp.keep();
+        panic!(
+            "series {} failed ({} of {wanted} streams ran); logs and series.json in {}",
+            s.name,
+            o.streams.len(),
+            keep.display()
+        );
+    }
 }
 
 fn varied(s: &Scenario, i: u32, base: u64) -> Scenario {
@@ -118,9 +157,9 @@ fn varied(s: &Scenario, i: u32, base: u64) -> Scenario {
     }
     let mut v = s.clone();
     v.name = format!("{}-run{i}", s.name);
-    let mut draw = mix(base ^ u64::from(i).wrapping_mul(0x1000_0001));
+    let mut draw = series::mix(base ^ u64::from(i).wrapping_mul(0x1000_0001));
     let mut next = || {
-        draw = mix(draw);
+        draw = series::mix(draw);
         draw
     };
     let single = v.requests.len() == 1;
@@ -164,22 +203,23 @@ fn print_gaps(outcomes: &[runner::Outcome]) {
 }
 
 /// Exact continuation (issue 16): holders killed mid-stream, greedy and
-/// seeded sampling; each stream equals its reference run (~35 s a run).
+/// seeded sampling; each stream equals its reference run.
 #[test]
 fn a_stream_continues_exactly_after_its_worker_is_killed() {
     continuation_runs("worker_crash_mid_stream_continues");
 }
 
-/// Exact continuation: a holder paused past its lease; its late chunks
-/// are fenced out and the stream equals its reference run (~30 s a run).
+/// Exact continuation: a holder paused past its (2 s) lease; its late
+/// chunks are fenced out, it stops on its cancel once running again, and
+/// the stream equals its reference run.
 #[test]
 fn a_stream_continues_exactly_after_its_worker_is_paused_past_the_lease() {
     continuation_runs("worker_pause_past_lease_continues");
 }
 
-/// Exact continuation: a holder cut off past its lease, seeded sampling;
-/// its chunks after the heal are refused and the stream equals its
-/// reference run (~25 s a run). Network namespaces, as below.
+/// Exact continuation: a holder cut off past its (2 s) lease; its chunks
+/// after the heal are refused, it stops, and the stream equals its
+/// reference run. Network namespaces, as below.
 #[test]
 fn a_stream_continues_exactly_after_its_worker_is_partitioned() {
     continuation_runs("partition_worker_mid_stream_continues");
