@@ -7,11 +7,15 @@
 //! every slot. Gateway ids cost nothing, so the gateways that have not yet
 //! had a job complete here (unproven) share one pool of that same share,
 //! all together: a thousand fake ids take no more than one (specs/network.md,
-//! "Worker shares"). Sans-IO: time is passed in.
+//! "Worker shares"). Batch jobs never take the last free slot, so an
+//! interactive job always finds one (specs/batch.md, "Priority on the
+//! worker"). Sans-IO: time is passed in.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gcs_protocol::{ApiRequestJob, NodeId};
+
+use crate::jobs::executor::Priority;
 
 /// Announced jobs a busy worker remembers; the oldest is forgotten first.
 pub const BACKLOG: usize = 256;
@@ -63,6 +67,8 @@ pub struct Slots {
     share: Share,
     /// Running job → its gateway.
     running: BTreeMap<String, NodeId>,
+    /// The running jobs of the batch class.
+    batch: BTreeSet<String>,
     backlog: VecDeque<ApiRequestJob>,
     /// Gateway → when it last announced a job.
     seen: BTreeMap<NodeId, u64>,
@@ -91,6 +97,7 @@ impl Slots {
             backlog_cap,
             share: Share::default(),
             running: BTreeMap::new(),
+            batch: BTreeSet::new(),
             backlog: VecDeque::new(),
             seen: BTreeMap::new(),
             peak_shared: 0,
@@ -141,6 +148,18 @@ impl Slots {
         self.held(gw) < cap && (self.is_proven(gw) || self.held_unproven() < cap)
     }
 
+    /// Whether one more batch job may start: only while another slot
+    /// stays free for interactive work (on a one-slot worker, only when it
+    /// is idle, or batch work could never run there).
+    fn batch_may_start(&self) -> bool {
+        self.running.len() + 1 < self.max || (self.max == 1 && self.running.is_empty())
+    }
+
+    /// Whether `job` may take a slot as far as its class goes.
+    fn class_may_start(&self, job: &ApiRequestJob) -> bool {
+        Priority::of_job(job) == Priority::Interactive || self.batch_may_start()
+    }
+
     fn is_proven(&self, gw: &NodeId) -> bool {
         self.proven.contains_key(gw)
     }
@@ -189,7 +208,8 @@ impl Slots {
         }
         let gw = job.gateway_node_id.clone();
         self.note_gateway(&gw, now);
-        if self.running.len() >= self.max || !self.may_start(&gw, now) {
+        if self.running.len() >= self.max || !self.class_may_start(&job) || !self.may_start(&gw, now)
+        {
             self.backlog_push(job, now);
             return Offer::Backlogged;
         }
@@ -199,6 +219,9 @@ impl Slots {
     fn start(&mut self, job: ApiRequestJob, now: u64) -> Offer {
         let gw = job.gateway_node_id.clone();
         self.running.insert(job.job_id.clone(), gw.clone());
+        if Priority::of_job(&job) == Priority::Batch {
+            self.batch.insert(job.job_id.clone());
+        }
         self.starts += 1;
         self.last_turn.insert(gw.clone(), self.starts);
         self.last_turn.retain(|g, _| self.seen.contains_key(g));
@@ -248,18 +271,22 @@ impl Slots {
     /// expired by `now_ms` leaves the backlog, to be offered again: of the
     /// gateways under their share, the one holding the fewest slots, then
     /// the one served least recently (gateways take turns: a flooder's
-    /// older entries do not starve another gateway), then the oldest entry.
+    /// older entries do not starve another gateway), then the oldest entry;
+    /// interactive jobs before batch ones, which take the slot only if
+    /// another stays free.
     pub fn finished(&mut self, job_id: &str, now_ms: u64) -> Option<ApiRequestJob> {
         self.running.remove(job_id)?;
+        self.batch.remove(job_id);
         self.backlog.retain(|j| j.expires_at_ms > now_ms);
         self.active_gateways(now_ms);
-        let mut best: Option<((usize, u64, usize), usize)> = None;
+        let mut best: Option<((bool, usize, u64, usize), usize)> = None;
         for (i, j) in self.backlog.iter().enumerate() {
             let gw = &j.gateway_node_id;
-            if !self.may_start_seen(gw) {
+            if !self.may_start_seen(gw) || !self.class_may_start(j) {
                 continue;
             }
-            let rank = (self.held(gw), self.last_turn.get(gw).copied().unwrap_or(0), i);
+            let batch = Priority::of_job(j) == Priority::Batch;
+            let rank = (batch, self.held(gw), self.last_turn.get(gw).copied().unwrap_or(0), i);
             if best.is_none_or(|(b, _)| rank < b) {
                 best = Some((rank, i));
             }
@@ -270,6 +297,11 @@ impl Slots {
     /// Jobs running now.
     pub fn running(&self) -> usize {
         self.running.len()
+    }
+
+    /// Of them, batch jobs.
+    pub fn running_batch(&self) -> usize {
+        self.batch.len()
     }
 
     /// Jobs waiting.
