@@ -190,13 +190,23 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn task_avx512(b: &super::Batch<'_>, t: &super::Task, out: &mut [f32]) {
-        super::task::<Avx512>(b, t, out)
+    pub(super) unsafe fn task_avx512(
+        b: &super::Batch<'_>,
+        t: &super::Task,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        super::task::<Avx512>(b, t, out, scratch)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn task_avx2(b: &super::Batch<'_>, t: &super::Task, out: &mut [f32]) {
-        super::task::<Avx2>(b, t, out)
+    pub(super) unsafe fn task_avx2(
+        b: &super::Batch<'_>,
+        t: &super::Task,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        super::task::<Avx2>(b, t, out, scratch)
     }
 }
 
@@ -227,15 +237,20 @@ fn kind() -> Kind {
 }
 
 fn run_task(k: Kind, b: &Batch<'_>, t: &Task, out: &mut [f32]) {
-    match k {
-        Kind::Scalar => task::<Scalar>(b, t, out),
-        // SAFETY: the features were detected by `kind`.
-        #[cfg(target_arch = "x86_64")]
-        Kind::Avx2 => unsafe { x86::task_avx2(b, t, out) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Kind::Avx512 => unsafe { x86::task_avx512(b, t, out) },
-    }
+    // The scratch is borrowed out here: code inside `with`'s closure would
+    // be compiled without the target features (`mul_add` as a libm call).
+    SCRATCH.with(|s| {
+        let s = &mut s.borrow_mut();
+        match k {
+            Kind::Scalar => task::<Scalar>(b, t, out, s),
+            // SAFETY: the features were detected by `kind`.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx2 => unsafe { x86::task_avx2(b, t, out, s) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => unsafe { x86::task_avx512(b, t, out, s) },
+        }
+    })
 }
 
 /// Attention of every batch row into `out` (`[rows, n_heads * head_dim]`).
@@ -307,15 +322,7 @@ thread_local! {
 /// One task: rows `i0..i1` of a sequence, query heads `h0..h1` of KV head
 /// `kvh`. `out`: `[rows, heads, head_dim]`.
 #[inline(always)]
-fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32]) {
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        task_in::<I>(b, t, out, &mut s)
-    })
-}
-
-#[inline(always)]
-fn task_in<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>) {
+fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>) {
     let (nh, nkv, hd) = (b.sh.n_heads, b.sh.n_kv_heads, b.sh.head_dim);
     let g = nh / nkv;
     let width = (nh + 2 * nkv) * hd;

@@ -5,7 +5,7 @@
 //! Usage: engine-bench [--gguf PATH] [--bert DIR] [--tokens N] [--prompt TEXT]
 //!                     [--batch-tokens N] [--no-batch] [--constrained]
 //!        engine-bench --model PATH [--model PATH ...] [--llama-bench PATH]
-//!                     [--rounds N] [--threads N] [--tokens N] [--json FILE]
+//!                     [--rounds N] [--threads N] [--tokens N] [--ctx N] [--json FILE]
 //!
 //! `--constrained` measures structured outputs instead: the grammar mask's
 //! cost per token, and decode tok/s of constrained (JSON Schema) against
@@ -15,7 +15,8 @@
 //! with llama.cpp when `--llama-bench PATH` is given
 //! (`scripts/build-llama-native.sh` builds it): prefill tok/s at 64 and 512
 //! tokens, TTFT of a 64-token prompt, steady-state decode tok/s at 1, 8 and
-//! 16 streams, peak RSS; `--rounds N` (default 3) alternating rounds,
+//! 16 streams, one stream after a `--ctx N`-token prompt (default 2000,
+//! 0: skip; llama.cpp's `-d N`), peak RSS; `--rounds N` (default 3) alternating rounds,
 //! medians; `--threads N` (default: rayon's); `--json FILE` writes them.
 
 use std::time::{Duration, Instant};
@@ -52,6 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         llama_bench: None,
         rounds: 3,
         tokens: 128,
+        ctx: 2000,
         threads: 0,
         json: None,
     };
@@ -73,6 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 compare.llama_bench = Some(args.next().ok_or("--llama-bench needs a path")?)
             }
             "--rounds" => compare.rounds = args.next().ok_or("--rounds needs N")?.parse()?,
+            "--ctx" => compare.ctx = args.next().ok_or("--ctx needs N")?.parse()?,
             "--threads" => compare.threads = args.next().ok_or("--threads needs N")?.parse()?,
             "--json" => compare.json = Some(args.next().ok_or("--json needs a file")?),
             // One round of --model in a child process (compare.rs).
@@ -81,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if let Some(path) = measure_one {
-        let r = ours::measure(&path, n_tokens)?;
+        let r = ours::measure(&path, n_tokens, compare.ctx)?;
         println!("{}{}", ours::MARK, serde_json::to_string(&r)?);
         return Ok(());
     }

@@ -17,6 +17,8 @@ pub struct Args {
     pub llama_bench: Option<String>,
     pub rounds: usize,
     pub tokens: usize,
+    /// Context of the long-context decode (0: not measured).
+    pub ctx: usize,
     pub threads: usize,
     pub json: Option<String>,
 }
@@ -101,6 +103,7 @@ fn machine(threads: usize) -> Machine {
 fn ours_round(file: &str, a: &Args) -> Result<ours::Round, Box<dyn std::error::Error>> {
     let out = Command::new(std::env::current_exe()?)
         .args(["--measure-one", file, "--tokens", &a.tokens.to_string()])
+        .args(["--ctx", &a.ctx.to_string()])
         .env("RAYON_NUM_THREADS", a.threads.to_string())
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -142,14 +145,16 @@ pub fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             for theirs_turn in [r % 2 == 1, r % 2 == 0] {
                 match (&a.llama_bench, theirs_turn) {
                     (Some(lb), true) => {
-                        let t = theirs::measure(lb, file, a.threads, a.tokens)?;
+                        let t = theirs::measure(lb, file, a.threads, a.tokens, a.ctx)?;
                         eprintln!(
-                            "  round {} llama.cpp: pp64 {:.1} pp512 {:.1} tg{} {:.1} tok/s (load {})",
+                            "  round {} llama.cpp: pp64 {:.1} pp512 {:.1} tg{} {:.1}, at depth {} {:.1} tok/s (load {})",
                             r + 1,
                             t.pp64,
                             t.pp512,
                             a.tokens,
                             t.tg,
+                            a.ctx,
+                            t.tg_ctx,
                             loadavg()
                         );
                         them.push(t);
@@ -157,13 +162,15 @@ pub fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     (_, false) => {
                         let o = ours_round(file, a)?;
                         eprintln!(
-                            "  round {} gcs-engine: pp64 {:.1} pp512 {:.1} decode {:.1} / {:.1} / {:.1} tok/s (load {})",
+                            "  round {} gcs-engine: pp64 {:.1} pp512 {:.1} decode {:.1} / {:.1} / {:.1}, at {} context {:.1} tok/s (load {})",
                             r + 1,
                             o.prefill_64,
                             o.prefill_512,
                             o.decode_1,
                             o.decode_8,
                             o.decode_16,
+                            o.ctx,
+                            o.decode_ctx,
                             loadavg()
                         );
                         us.push(o);
@@ -172,7 +179,7 @@ pub fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
-        let m = model_report(file, us, them, a.tokens);
+        let m = model_report(file, us, them, a.tokens, a.ctx);
         print_table(&m, a);
         report.models.push(m);
         // After every model, so a run cut short keeps what it measured.
@@ -190,6 +197,7 @@ fn model_report(
     us: Vec<ours::Round>,
     them: Vec<theirs::Round>,
     tokens: usize,
+    ctx: usize,
 ) -> ModelReport {
     let o = |f: fn(&ours::Round) -> f64| median(&us.iter().map(f).collect::<Vec<_>>());
     let t = |f: fn(&theirs::Round) -> f64| median(&them.iter().map(f).collect::<Vec<_>>());
@@ -202,6 +210,14 @@ fn model_report(
         (format!("decode 1 stream tok/s (tg{tokens})"), o(|x| x.decode_1), tg, true),
         ("decode 8 streams tok/s, vs 1 stream".into(), o(|x| x.decode_8), tg, true),
         ("decode 16 streams tok/s, vs 1 stream".into(), o(|x| x.decode_16), tg, true),
+        (format!("decode 1 stream at {ctx} context tok/s"), o(|x| x.decode_ctx), t(|x| x.tg_ctx), true),
+        // Ours at long context over ours at short context, and theirs.
+        (
+            format!("decode at {ctx} / short context"),
+            o(|x| x.decode_ctx / x.decode_1),
+            t(|x| x.tg_ctx / x.tg),
+            true,
+        ),
         ("peak RSS MiB".into(), o(|x| x.peak_rss_mib), t(|x| x.peak_rss_mib), false),
     ];
     let medians = rows
@@ -260,8 +276,18 @@ fn print_table(m: &ModelReport, a: &Args) {
 }
 
 fn ours_metric(r: &ours::Round, i: usize) -> f64 {
-    [r.prefill_64, r.prefill_512, r.ttft_64_ms, r.decode_1, r.decode_8, r.decode_16, r.peak_rss_mib]
-        .get(i)
+    [
+        r.prefill_64,
+        r.prefill_512,
+        r.ttft_64_ms,
+        r.decode_1,
+        r.decode_8,
+        r.decode_16,
+        r.decode_ctx,
+        r.decode_ctx / r.decode_1,
+        r.peak_rss_mib,
+    ]
+    .get(i)
         .copied()
         .unwrap_or(f64::NAN)
 }
@@ -288,7 +314,7 @@ mod tests {
             ..Default::default()
         };
         let them = theirs::Round { pp64: 320.0, tg: 120.0, ..Default::default() };
-        let m = model_report("f", vec![us], vec![them], 128);
+        let m = model_report("f", vec![us], vec![them], 128, 0);
         let get = |k: &str| m.medians.iter().find(|(n, _)| n.starts_with(k)).unwrap().1;
         assert_eq!(get("prefill 64"), [200.0, 320.0, 0.625]);
         assert_eq!(get("TTFT"), [400.0, 200.0, 0.5]);

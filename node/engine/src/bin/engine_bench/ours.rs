@@ -27,6 +27,11 @@ pub struct Round {
     pub decode_1: f64,
     pub decode_8: f64,
     pub decode_16: f64,
+    /// One stream decoding after a `ctx`-token prompt (0: not measured).
+    #[serde(default)]
+    pub ctx: usize,
+    #[serde(default)]
+    pub decode_ctx: f64,
     pub peak_rss_mib: f64,
     pub kv_blocks: usize,
 }
@@ -59,16 +64,18 @@ pub fn status_kib(status: &str, field: &str) -> Option<f64> {
         .and_then(|v| v.parse::<f64>().ok())
 }
 
-/// Measures one round of `path` with `tokens` decode tokens per stream.
-pub fn measure(path: &str, tokens: usize) -> Result<Round, Box<dyn std::error::Error>> {
+/// Measures one round of `path` with `tokens` decode tokens per stream,
+/// and (`ctx > 0`) one stream decoding after a `ctx`-token prompt.
+pub fn measure(path: &str, tokens: usize, ctx: usize) -> Result<Round, Box<dyn std::error::Error>> {
     let t = Instant::now();
     let engine = Engine::load(path, &cpu_device())?;
     let load_s = t.elapsed().as_secs_f64();
     let card = engine.card.clone();
     let weights_mb = engine.model.weight_bytes() as f64 / 1e6;
-    let corpus = engine.tokenizer.encode(&TEXT.repeat(40))?;
-    if corpus.len() < 512 {
-        return Err(format!("the bench text is {} tokens, fewer than 512", corpus.len()).into());
+    let want = ctx.max(512);
+    let corpus = engine.tokenizer.encode(&TEXT.repeat(40 * want.div_ceil(512)))?;
+    if corpus.len() < want {
+        return Err(format!("the bench text is {} tokens, fewer than {want}", corpus.len()).into());
     }
     let prompts: Vec<Vec<u32>> = (0..16)
         .map(|i| engine.tokenizer.encode(&format!("Story {i}: the history of the printing press")))
@@ -77,7 +84,7 @@ pub fn measure(path: &str, tokens: usize) -> Result<Round, Box<dyn std::error::E
     // Room for 16 streams of prompt + tokens (no preemption skews a
     // figure) and for the 512-token prompt.
     let per_stream = (longest + tokens + 1).div_ceil(16);
-    let kv_blocks = (16 * per_stream).max(512 / 16 + 1) + 8;
+    let kv_blocks = (16 * per_stream).max(512 / 16 + 1).max((ctx + tokens).div_ceil(16) + 1) + 8;
     let cfg = BatchConfig {
         max_running: 16,
         kv_blocks,
@@ -103,6 +110,12 @@ pub fn measure(path: &str, tokens: usize) -> Result<Round, Box<dyn std::error::E
         let last_first = r.iter().map(|x| x.0).fold(0.0, f64::max);
         *d = after_first as f64 / (wall - last_first).max(1e-9);
     }
+    let mut decode_ctx = 0.0;
+    if ctx > 0 {
+        let (r, wall) = run(&be, vec![(corpus[..ctx].to_vec(), tokens)], "ctx")?;
+        let (first, n) = r.first().map(|x| (x.0, x.2)).ok_or("no long-context stream")?;
+        decode_ctx = n.saturating_sub(1) as f64 / (wall - first).max(1e-9);
+    }
     be.shutdown();
     Ok(Round {
         name: card.name.unwrap_or_default(),
@@ -116,6 +129,8 @@ pub fn measure(path: &str, tokens: usize) -> Result<Round, Box<dyn std::error::E
         decode_1: decode[0],
         decode_8: decode[1],
         decode_16: decode[2],
+        ctx,
+        decode_ctx,
         peak_rss_mib: peak_rss_mib(),
         kv_blocks,
     })

@@ -16,6 +16,9 @@ pub struct Round {
     pub pp512: f64,
     /// tg at `-n` tokens (128 by default): one stream from an empty context.
     pub tg: f64,
+    /// tg at `-n` tokens after `-d ctx` tokens of context (0 when not run).
+    #[serde(default)]
+    pub tg_ctx: f64,
     pub peak_rss_mib: f64,
     pub build_commit: String,
     pub cpu_info: String,
@@ -23,16 +26,36 @@ pub struct Round {
     pub flash_attn: String,
 }
 
-/// Runs llama-bench once.
+/// Runs llama-bench once, and once more with `-p 0 -d ctx` when `ctx > 0`.
 pub fn measure(
     llama_bench: &str,
     file: &str,
     threads: usize,
     tokens: usize,
+    ctx: usize,
 ) -> Result<Round, Box<dyn std::error::Error>> {
+    let (out, peak) = bench(llama_bench, file, &["-t", &threads.to_string(), "-p", "64,512", "-n", &tokens.to_string()])?;
+    let mut r = parse(&out, tokens)?;
+    r.peak_rss_mib = peak;
+    if ctx > 0 {
+        let args = ["-t", &threads.to_string(), "-p", "0", "-n", &tokens.to_string(), "-d", &ctx.to_string()];
+        let (out, peak) = bench(llama_bench, file, &args)?;
+        r.tg_ctx = parse_tg(&out, tokens)?;
+        r.peak_rss_mib = r.peak_rss_mib.max(peak);
+    }
+    Ok(r)
+}
+
+/// One llama-bench process: its stdout and peak RSS in MiB.
+fn bench(
+    llama_bench: &str,
+    file: &str,
+    args: &[&str],
+) -> Result<(String, f64), Box<dyn std::error::Error>> {
     let mut child = Command::new(llama_bench)
-        .args(["-m", file, "-t", &threads.to_string(), "-p", "64,512"])
-        .args(["-n", &tokens.to_string(), "-r", "1", "-o", "jsonl"])
+        .args(["-m", file])
+        .args(args)
+        .args(["-r", "1", "-o", "jsonl"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -59,9 +82,19 @@ pub fn measure(
         let tail: Vec<&str> = err.lines().rev().take(8).collect();
         return Err(format!("llama-bench failed ({status}): {}", tail.join(" | ")).into());
     }
-    let mut r = parse(&String::from_utf8_lossy(&out.stdout), tokens)?;
-    r.peak_rss_mib = peak_kib / 1024.0;
-    Ok(r)
+    Ok((String::from_utf8_lossy(&out.stdout).into_owned(), peak_kib / 1024.0))
+}
+
+/// The tg`tokens` result of a `-p 0 -d N` run (llama-bench's `n_depth`).
+pub fn parse_tg(jsonl: &str, tokens: usize) -> Result<f64, String> {
+    for line in jsonl.lines().filter(|l| l.trim_start().starts_with('{')) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("llama-bench output: {e}: {line}"))?;
+        if v["n_prompt"].as_u64() == Some(0) && v["n_gen"].as_u64() == Some(tokens as u64) {
+            return v["avg_ts"].as_f64().ok_or_else(|| format!("no avg_ts in {line}"));
+        }
+    }
+    Err(format!("llama-bench printed no tg{tokens} result: {jsonl}"))
 }
 
 /// The pp64, pp512 and tg`tokens` results of llama-bench's jsonl output.
@@ -110,6 +143,13 @@ mod tests {
             (r.build_commit.as_str(), r.n_threads, r.flash_attn.as_str()),
             ("80fb11a", 2, "-1")
         );
+    }
+
+    #[test]
+    fn reads_a_depth_run() {
+        let line = r#"{"n_prompt": 0, "n_gen": 128, "n_depth": 2000, "avg_ts": 61.5}"#;
+        assert_eq!(parse_tg(line, 128), Ok(61.5));
+        assert!(parse_tg(line, 64).is_err());
     }
 
     #[test]
