@@ -5,8 +5,10 @@
 //! subtasks. A batch of 16 greedy chat lines runs as one processing task
 //! (`gcs_batch_runs_total{path="processing"}`), its answers equal the same
 //! requests sent one by one; one worker is killed mid-batch, its locked
-//! subtask is taken over after the lock expired, and every custom_id is
-//! answered exactly once, each with a usage record naming the batch.
+//! subtask is taken over after the lock expired, the gateway is restarted
+//! at the same moment and resumes collecting the task it enqueued, and
+//! every custom_id is answered exactly once, each with a usage record
+//! naming the batch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -94,7 +96,7 @@ fn a_batch_runs_on_the_processing_queue_and_survives_a_worker_kill() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let issuer = id_of(&gw_dir.join("tenants/tenant.acme.key"));
-    let gw = Node::start(&gw_dir, 300, &["--role", "gateway"]);
+    let mut gw = Node::start(&gw_dir, 300, &["--role", "gateway"]);
     let boot = gw.bootstrap();
     let trust = format!("acme={issuer}");
     let args = ["--role", "worker", "--bootstrap", &boot, "--model", MODEL, "--trust-tenant", &trust,
@@ -124,7 +126,8 @@ fn a_batch_runs_on_the_processing_queue_and_survives_a_worker_kill() {
     let b = gw.json("POST", "/v1/batches", &key, &body.to_string());
     let id = b["id"].as_str().unwrap_or_else(|| panic!("{b}")).to_string();
     // Kill w1 once it has finished a subtask (it holds the lock of its
-    // next one by then, or soon after; the lease is 6 s).
+    // next one by then, or soon after; the lease is 6 s), and restart the
+    // gateway.
     let mut w1 = Some(w1);
     let deadline = Instant::now() + Duration::from_secs(600);
     let done = loop {
@@ -132,7 +135,18 @@ fn a_batch_runs_on_the_processing_queue_and_survives_a_worker_kill() {
         if w1.as_ref().is_some_and(|w| std::fs::read_to_string(&w.log).unwrap_or_default().contains("processing subtask done")) {
             std::thread::sleep(Duration::from_millis(200));
             drop(w1.take());
-            eprintln!("w1 killed at {}", b["request_counts"]);
+            // The gateway too: the new process resumes collecting the
+            // task it enqueued (its id is in the batch record).
+            let _ = gw.child.kill();
+            let _ = gw.child.wait();
+            eprintln!("w1 and the gateway killed at {}", b["request_counts"]);
+            gw = Node::start(&gw_dir, 300, &["--role", "gateway", "--bootstrap", &w2.bootstrap()]);
+            let up = Instant::now() + Duration::from_secs(60);
+            while gw.request("GET", "/v1/models", &key, "").0 != 200 {
+                assert!(Instant::now() < up, "the gateway did not restart\n{}", tail(&gw.log));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            continue;
         }
         match b["status"].as_str() {
             Some("completed") => break b,
