@@ -127,7 +127,7 @@ pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        state.metrics.render() + &crate::batch::queue::metrics(&state) + &state.backend.node_metrics(),
+        state.metrics.render() + &state.backend.node_metrics(),
     )
         .into_response()
 }

@@ -103,6 +103,10 @@ pub struct Metrics {
     pub unauthenticated_limited: AtomicU64,
     /// Requests answered 408: the body did not arrive in time.
     pub body_timeouts: AtomicU64,
+    /// Batch runs (a resumption counts again) on the processing queue.
+    pub batch_runs_processing: AtomicU64,
+    /// Batch runs through the gateway's own handlers.
+    pub batch_runs_gateway: AtomicU64,
 }
 
 /// Every error code the gateway and the network's tracker answer with.
@@ -198,6 +202,15 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed) as i64;
+        out.push_str(
+            "# HELP gcs_batch_runs_total Batch runs (a resumption counts again), by the path their requests took.\n\
+             # TYPE gcs_batch_runs_total counter\n",
+        );
+        for (path, n) in
+            [("processing", &self.batch_runs_processing), ("gateway", &self.batch_runs_gateway)]
+        {
+            let _ = writeln!(out, "gcs_batch_runs_total{{path=\"{path}\"}} {}", ld(n));
+        }
         let c = &CONNECTIONS;
         for (name, kind, help, v) in [
             ("gcs_requeues_total", "counter", "Jobs moved to another worker.", ld(&self.requeues)),

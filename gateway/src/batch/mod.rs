@@ -100,10 +100,6 @@ pub struct Batches {
     pub(crate) slots: Arc<Semaphore>,
     /// Bounds.
     pub limits: BatchLimits,
-    /// Batch runs on the processing queue and through the handlers
-    /// (`gcs_batch_runs_total`).
-    pub(crate) via_queue: std::sync::atomic::AtomicU64,
-    pub(crate) via_handlers: std::sync::atomic::AtomicU64,
 }
 
 impl Batches {
@@ -116,8 +112,6 @@ impl Batches {
             active: Mutex::default(),
             slots: Arc::new(Semaphore::new(slots)),
             limits,
-            via_queue: Default::default(),
-            via_handlers: Default::default(),
         }
     }
 
@@ -427,4 +421,26 @@ pub(crate) async fn cancel(
     }
     .await;
     finish(&state, "batches", r.unwrap_or_else(IntoResponse::into_response))
+}
+
+/// Waits until `a` is cancelled.
+pub(super) async fn cancelled(a: &Active) {
+    loop {
+        let n = a.cancelled.notified();
+        if a.cancel.load(Ordering::Relaxed) {
+            return;
+        }
+        n.await;
+    }
+}
+
+/// The creating key, if it is still live.
+pub(super) fn live_key(state: &AppState, key_id: &str) -> Option<crate::keys::KeyRecord> {
+    match state.keys.list() {
+        Ok(keys) => keys.into_iter().find(|k| k.id == key_id && k.is_live(now_ms())),
+        Err(e) => {
+            tracing::error!(error = %e, "key store unreadable");
+            None
+        }
+    }
 }

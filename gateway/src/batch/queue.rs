@@ -19,10 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gcs_protocol::{ApiType, PrivacyLevel, RoutingMode};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::store::{BatchRecord, Entry};
+use super::store::{BatchRecord, Entry, TaskRef};
 use super::validate::Line;
 use super::Active;
 use crate::backend::{ProcessingBatch, ProcessingMeter};
@@ -34,14 +33,6 @@ use crate::{now_ms, AppState};
 /// How often the runner collects a task's answers.
 const COLLECT_EVERY: Duration = Duration::from_millis(500);
 
-/// One processing task of a batch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskRef {
-    /// The model its requests name.
-    pub model: String,
-    /// The task id (`task_…`).
-    pub task_id: String,
-}
 
 /// The requests of a batch rendered per model, or why the batch runs
 /// through the handlers instead.
@@ -52,7 +43,7 @@ fn render(
     lines: &[Line],
     pending: &[usize],
 ) -> Result<BTreeMap<String, Vec<(u64, Vec<u8>)>>, &'static str> {
-    let key = super::run::live_key(state, &rec.api_key_id).ok_or("the creating key is not live")?;
+    let key = super::live_key(state, &rec.api_key_id).ok_or("the creating key is not live")?;
     if key.budget_tokens.is_some() {
         return Err("the key has a token budget");
     }
@@ -149,7 +140,7 @@ pub(crate) async fn run(
             tasks
         }
     };
-    state.batches.via_queue.fetch_add(1, Ordering::Relaxed);
+    state.metrics.batch_runs_processing.fetch_add(1, Ordering::Relaxed);
     collect(state, a, api, lines, done, &tasks).await?;
     Ok(true)
 }
@@ -157,7 +148,7 @@ pub(crate) async fn run(
 fn bad_entry(i: u64, line: &Line, reason: &str) -> Entry {
     let body = json!({"error": {"message": format!("the request failed on every worker that took it: {reason}"),
                                 "type": "server_error", "param": null, "code": "processing_failed"}});
-    super::run::entry(i, line, 500, None, body)
+    super::store::entry(i, line, 500, None, body)
 }
 
 async fn collect(
@@ -183,7 +174,7 @@ async fn collect(
             for l in p.answered {
                 let Some(line) = lines.get(l.index as usize) else { continue };
                 if done.insert(l.index) {
-                    fresh.push(super::run::entry(l.index, line, l.status, Some(l.request_id), l.body));
+                    fresh.push(super::store::entry(l.index, line, l.status, Some(l.request_id), l.body));
                 }
             }
             for (i, reason) in p.bad {
@@ -204,7 +195,7 @@ async fn collect(
         if now_ms() / 1000 >= rec.expires_at {
             let expired: Vec<Entry> = (0..lines.len() as u64)
                 .filter(|i| !done.contains(i))
-                .map(|i| super::run::expired(i, &lines[i as usize]))
+                .map(|i| super::store::expired(i, &lines[i as usize]))
                 .collect();
             state.batches.store.append(&rec, &expired).map_err(crate::files::api_error)?;
             a.update(|r| expired.iter().for_each(|e| r.count(e)));
@@ -213,21 +204,7 @@ async fn collect(
         }
         tokio::select! {
             _ = tokio::time::sleep(COLLECT_EVERY) => {}
-            _ = super::run::cancelled(a) => {}
+            _ = super::cancelled(a) => {}
         }
     }
-}
-
-/// `gcs_batch_runs_total{path}`: batches (and resumptions) run on the
-/// processing queue or through the gateway's handlers.
-pub(crate) fn metrics(state: &AppState) -> String {
-    let b = &state.batches;
-    format!(
-        "# HELP gcs_batch_runs_total Batch runs (a resumption counts again), by the path their requests took.\n\
-         # TYPE gcs_batch_runs_total counter\n\
-         gcs_batch_runs_total{{path=\"processing\"}} {}\n\
-         gcs_batch_runs_total{{path=\"gateway\"}} {}\n",
-        b.via_queue.load(Ordering::Relaxed),
-        b.via_handlers.load(Ordering::Relaxed)
-    )
 }

@@ -22,11 +22,11 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, StreamExt};
 use gcs_protocol::ApiType;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::store::Entry;
+use super::store::{entry, expired, Entry};
 use super::validate::{self, Line, LineError};
-use super::{Active, Status};
+use super::{cancelled, live_key, Active, Status};
 use crate::admit::BatchCaller;
 use crate::error::ApiError;
 use crate::files::{blocking, Purpose};
@@ -120,7 +120,7 @@ async fn execute(state: &Arc<AppState>, a: &Arc<Active>, lines: &[Line]) -> Resu
     if super::queue::run(state, a, api, lines, &mut done).await? {
         return save(state, a).await;
     }
-    state.batches.via_handlers.fetch_add(1, Ordering::Relaxed);
+    state.metrics.batch_runs_gateway.fetch_add(1, Ordering::Relaxed);
     // Owned indices: a stream of borrowed lines is not provably Send.
     let pending: Vec<usize> = (0..lines.len()).filter(|i| !done.contains(&(*i as u64))).collect();
     let per_batch = state.batches.limits.per_batch.max(1);
@@ -144,33 +144,6 @@ async fn execute(state: &Arc<AppState>, a: &Arc<Active>, lines: &[Line]) -> Resu
     save(state, a).await
 }
 
-/// Waits until `a` is cancelled.
-pub(super) async fn cancelled(a: &Active) {
-    loop {
-        let n = a.cancelled.notified();
-        if a.cancel.load(Ordering::Relaxed) {
-            return;
-        }
-        n.await;
-    }
-}
-
-pub(super) fn entry(i: u64, line: &Line, status: u16, request_id: Option<String>, body: Value) -> Entry {
-    let out = json!({"id": crate::files::store::fresh_id("batch_req_"), "custom_id": line.custom_id,
-        "response": {"status_code": status, "request_id": request_id, "body": body},
-        "error": null});
-    Entry { i, ok: status == 200, out }
-}
-
-/// The error line of a request the window closed on.
-pub(super) fn expired(i: u64, line: &Line) -> Entry {
-    let out = json!({"id": crate::files::store::fresh_id("batch_req_"),
-        "custom_id": line.custom_id, "response": null,
-        "error": {"code": "batch_expired",
-                  "message": "This request could not be executed before the completion window expired."}});
-    Entry { i, ok: false, out }
-}
-
 /// One request of the batch: `None` if the batch was cancelled first.
 async fn request(
     state: &Arc<AppState>,
@@ -189,17 +162,6 @@ async fn request(
     tokio::select! {
         _ = cancelled(a) => None,
         e = attempts(state, &rec.id, &rec.api_key_id, api, i, line) => Some(e),
-    }
-}
-
-/// The creating key, if it is still live.
-pub(super) fn live_key(state: &AppState, key_id: &str) -> Option<crate::keys::KeyRecord> {
-    match state.keys.list() {
-        Ok(keys) => keys.into_iter().find(|k| k.id == key_id && k.is_live(now_ms())),
-        Err(e) => {
-            tracing::error!(error = %e, "key store unreadable");
-            None
-        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::validate::LineError;
+use super::validate::{Line, LineError};
 use crate::durable::write_atomic;
 use crate::files::store::{tenant_dir, well_formed};
 use crate::files::FileError;
@@ -111,7 +111,7 @@ pub struct BatchRecord {
     /// The processing tasks its requests run as, once enqueued (one per
     /// model); absent while it runs through the gateway's handlers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processing: Option<Vec<super::queue::TaskRef>>,
+    pub processing: Option<Vec<TaskRef>>,
 }
 
 impl Entry {
@@ -388,4 +388,29 @@ mod tests {
         f.write_all(b"{\"i\":2,\"ok\":tr").unwrap();
         assert_eq!(s.results(&r).unwrap(), vec![e(0, false), e(1, true)]);
     }
+}
+
+/// One processing task of a batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRef {
+    /// The model its requests name.
+    pub model: String,
+    /// The task id (`task_…`).
+    pub task_id: String,
+}
+
+pub(super) fn entry(i: u64, line: &Line, status: u16, request_id: Option<String>, body: Value) -> Entry {
+    let out = json!({"id": crate::files::store::fresh_id("batch_req_"), "custom_id": line.custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": null});
+    Entry { i, ok: status == 200, out }
+}
+
+/// The error line of a request the window closed on.
+pub(super) fn expired(i: u64, line: &Line) -> Entry {
+    let out = json!({"id": crate::files::store::fresh_id("batch_req_"),
+        "custom_id": line.custom_id, "response": null,
+        "error": {"code": "batch_expired",
+                  "message": "This request could not be executed before the completion window expired."}});
+    Entry { i, ok: false, out }
 }
