@@ -460,6 +460,7 @@ pub fn accept_output(
     if Hash32::of(&input) != o.input_hash {
         return Err(ProcessingError::Mismatch("an output of another input"));
     }
+    check_metering(&decode::<InputChunk>(&input, MAX_INPUT_BYTES)?, &o)?;
     let key = keys::processing_output(&o.task_id, &o.chunk_id, &o.lock_id);
     match ks.get_bytes(&key)? {
         Some(b) if b == bytes => {}
@@ -468,8 +469,36 @@ pub fn accept_output(
             ks.put(&key, bytes.to_vec(), now_ms)?;
         }
     }
-    let _ = now_ms;
     Ok(o)
+}
+
+/// The bounds the gateway puts on what a worker says an answer cost (a
+/// worker may lie; the usage record the gateway signs copies these counts):
+/// prompt tokens at most one per payload byte plus the chat template's
+/// slack, as for a job sent alone (`lifecycle::tracker::bounded_metering`);
+/// generated tokens at most the request's `max_tokens` (none for an
+/// embedding, or a payload that does not decode, which the worker answers
+/// with 400); and the answer's own `usage` must say the same. An output
+/// outside them is refused, not clamped: the subtask is then run again.
+fn check_metering(input: &InputChunk, o: &OutputChunk) -> Result<(), ProcessingError> {
+    use gcs_gateway::payload::JobRequest;
+    let max_out = match JobRequest::decode(&input.body) {
+        Ok(JobRequest::Generation(g)) => u64::from(g.max_tokens),
+        Ok(JobRequest::Embedding(_)) | Err(_) => 0,
+    };
+    let max_in = (input.body.len() as u64).saturating_add(crate::lifecycle::tracker::TEMPLATE_TOKENS);
+    if o.input_tokens > max_in || o.output_tokens > max_out {
+        return Err(ProcessingError::TooLarge("metered tokens past the request's bounds"));
+    }
+    if o.status == 200 {
+        let body: serde_json::Value = serde_json::from_str(&o.body).unwrap_or_default();
+        let said = |k: &str| body.get("usage").and_then(|u| u.get(k)).and_then(|v| v.as_u64());
+        let differs = |k: &str, n: u64| said(k).is_some_and(|v| v != n);
+        if differs("prompt_tokens", o.input_tokens) || differs("completion_tokens", o.output_tokens) {
+            return Err(ProcessingError::Mismatch("the answer's usage differs from its metering"));
+        }
+    }
+    Ok(())
 }
 
 /// What the gateway holds of a task's answers.

@@ -51,17 +51,48 @@ fn task(n: &Net) -> String {
         cache_salt: "salt".into(),
         per_subtask: 2,
     };
-    let lines = vec![Line { index: 0, body: b"a".to_vec() }, Line { index: 1, body: b"b".to_vec() }];
+    let lines = vec![Line { index: 0, body: chat("a") }, Line { index: 1, body: chat("b") }];
     let (id, d) = chunks::enqueue(&n.stores[0], &n.gateway, &n.trust, &spec, &lines, NOW).unwrap();
     merge_scoped(&n.stores[1], d, &[], &n.trust, NOW).unwrap();
     id
 }
+
+/// A chat request's payload, at most [`MAX_TOKENS`] generated.
+fn chat(text: &str) -> Vec<u8> {
+    use gcs_gateway::payload::{Generation, JobRequest, Message, Prompt, Role};
+    JobRequest::Generation(Generation {
+        prompt: Prompt::Chat(vec![Message::text(Role::User, text)]),
+        max_tokens: MAX_TOKENS,
+        sampling: Default::default(),
+        stop: vec![],
+        logprobs: None,
+        constraint: None,
+        tools: None,
+    })
+    .encode()
+    .unwrap()
+}
+
+const MAX_TOKENS: u32 = 16;
 
 fn peer(k: &NodeKey) -> Option<libp2p::PeerId> {
     crate::jobs::peer_of(&k.node_id())
 }
 
 fn output(n: &Net, by: &NodeKey, task: &str, lock_id: &str, index: u64) -> Vec<u8> {
+    metered(n, by, task, lock_id, index, (3, 2), (3, 2))
+}
+
+/// An output metering `(input, output)` tokens whose body's usage says `said`.
+fn metered(
+    n: &Net,
+    by: &NodeKey,
+    task: &str,
+    lock_id: &str,
+    index: u64,
+    (input_tokens, output_tokens): (u64, u64),
+    said: (u64, u64),
+) -> Vec<u8> {
     let input = n.stores[0].get_bytes(&keys::processing_chunk(task, &format!("c{index}"))).unwrap().unwrap();
     let mut o = OutputChunk {
         message_type: MessageType::TaskResult,
@@ -73,9 +104,10 @@ fn output(n: &Net, by: &NodeKey, task: &str, lock_id: &str, index: u64) -> Vec<u
         lock_id: lock_id.into(),
         node_id: by.node_id(),
         status: 200,
-        body: r#"{"ok":true,"usage":{"prompt_tokens":3,"completion_tokens":2}}"#.into(),
-        input_tokens: 3,
-        output_tokens: 2,
+        body: serde_json::json!({"ok": true, "usage": {"prompt_tokens": said.0, "completion_tokens": said.1}})
+            .to_string(),
+        input_tokens,
+        output_tokens,
         created_at_ms: NOW + 2,
         signature: None,
     };
@@ -151,6 +183,35 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
     assert!(deltas.is_empty());
     let ids = |p: &gcs_gateway::backend::TaskProgress| p.answered.iter().map(|a| a.request_id.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&again), ids(&p));
+}
+
+/// A worker that over-reports what an answer cost is refused before its
+/// counts reach the gateway-signed usage record: more generated tokens than
+/// the request's max_tokens, more prompt tokens than its payload can hold,
+/// or counts its own answer's `usage` contradicts. The honest answer under
+/// the same lock is then taken.
+#[test]
+fn an_output_metering_past_the_requests_bounds_is_refused() {
+    let n = net();
+    let task = task(&n);
+    let (lock, d) = records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
+    let deliver = |m: (u64, u64), said: (u64, u64)| {
+        let output = metered(&n, &n.worker, &task, &lock.lock_id, 0, m, said);
+        let o = OutputDelivery { version: PROCESSING_WIRE_VERSION, lock: d.encode(), output };
+        serve::deliver(&n.stores[0], &n.trust, peer(&n.worker), &o, NOW + 2)
+    };
+    let max = u64::from(MAX_TOKENS);
+    let r = deliver((3, max + 1), (3, max + 1));
+    assert!(matches!(r, Err(ProcessingError::TooLarge(_))), "{r:?}");
+    let big = 1_000_000;
+    let r = deliver((big, 2), (big, 2));
+    assert!(matches!(r, Err(ProcessingError::TooLarge(_))), "{r:?}");
+    let r = deliver((3, 2), (3, 9));
+    assert!(matches!(r, Err(ProcessingError::Mismatch(_))), "{r:?}");
+    let key = keys::processing_output(&task, "c0", &lock.lock_id);
+    assert!(n.stores[0].get_bytes(&key).unwrap().is_none(), "nothing refused was kept");
+    deliver((3, max), (3, max)).unwrap();
+    assert!(n.stores[0].get_bytes(&key).unwrap().is_some());
 }
 
 #[test]

@@ -46,7 +46,9 @@ impl Executor for Echo {
         Ok(ExecOutcome {
             finish_reason: gcs_protocol::FinishReason::Stop,
             input_tokens: req.body.len() as u64,
-            output_tokens: 1,
+            // The bodies are no generation payloads: nothing to generate
+            // (`chunks::accept_output` bounds the count by max_tokens).
+            output_tokens: 0,
             cached_tokens: 0,
             body: serde_json::json!({"echo": String::from_utf8_lossy(&req.body)}),
         })
@@ -380,7 +382,7 @@ fn the_gateway_serves_chunks_and_takes_outputs_only_from_the_lock_holder() {
         status: 200,
         body: "{}".into(),
         input_tokens: 1,
-        output_tokens: 1,
+        output_tokens: 0,
         created_at_ms: now,
         signature: None,
     };

@@ -9,7 +9,7 @@ use super::{Effect, JobTracker};
 
 /// Slack for the tokens a chat template and a default system prompt add to
 /// a payload (the engine's, not the client's).
-pub(super) const TEMPLATE_TOKENS: u64 = 1024;
+pub const TEMPLATE_TOKENS: u64 = 1024;
 
 /// Whether `m` already was what [`bounded_metering`] made of it (`b`): a
 /// worker that reports counts outside the bounds lies or is broken.

@@ -16,9 +16,7 @@ use super::fence::{FenceConfig, StreamFence, Verdict};
 mod continuation;
 mod metering;
 pub use continuation::Seam;
-pub use metering::{bounded_metering, within_bounds};
-#[cfg(test)]
-use metering::TEMPLATE_TOKENS;
+pub use metering::{bounded_metering, within_bounds, TEMPLATE_TOKENS};
 
 /// Lease timing.
 #[derive(Clone, Copy, Debug)]
