@@ -84,7 +84,7 @@ async fn late_metering(
     let m =
         &crate::lifecycle::tracker::bounded_metering(&record, m, u.output_tokens_sent_to_client);
     if !crate::lifecycle::tracker::within_bounds(reported, m) {
-        let until = penalties.strike(&r.node_id, now_ms(), ctx.tracker.sit_out_ms);
+        let until = penalties.strike(&r.node_id, now_ms());
         tracing::info!(node = %r.node_id, until, "late metering outside its bounds");
     }
     let generated = u.output_tokens_generated.max(m.output_tokens);
@@ -243,7 +243,6 @@ pub(crate) fn job_topics(job: &ApiRequestJob) -> Vec<String> {
 }
 
 /// Jobs this gateway is tracking.
-#[derive(Default)]
 pub(crate) struct GatewayState {
     active: HashMap<String, Active>,
     /// Workers that recently lost a job sit out of new ones.
@@ -251,6 +250,11 @@ pub(crate) struct GatewayState {
 }
 
 impl GatewayState {
+    /// No jobs yet; workers that lose one sit out `sit_out_ms` at first.
+    pub fn new(sit_out_ms: u64) -> Self {
+        Self { active: HashMap::new(), penalties: crate::lifecycle::penalty::PenaltyBox::new(sit_out_ms) }
+    }
+
     /// After a restart: every job this gateway published that has no usage
     /// record was in flight when it stopped. Its client is gone with the old
     /// process, so the job is ended — the worker is told to stop, and a
@@ -676,7 +680,7 @@ impl GatewayState {
                         Q::NoValidClaim | Q::ChildJobsFailed | Q::PayloadUnreadable
                     );
                     if let Some(node) = r.excluded_nodes.last().filter(|_| lost) {
-                        let until = self.penalties.strike(node, now, ctx.tracker.sit_out_ms);
+                        let until = self.penalties.strike(node, now);
                         tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
                     }
                     let key = keys::requeue(job_id, r.requeue_count);
@@ -687,7 +691,7 @@ impl GatewayState {
                 Effect::Continue { requeue: r, continuation } => {
                     // The lost holder sits out, as after any lost job.
                     if let Some(node) = r.excluded_nodes.last() {
-                        let until = self.penalties.strike(node, now, ctx.tracker.sit_out_ms);
+                        let until = self.penalties.strike(node, now);
                         tracing::info!(%node, sits_out_ms = until - now, "worker lost a job");
                     }
                     let key = keys::requeue(job_id, r.requeue_count);
@@ -733,7 +737,7 @@ impl GatewayState {
                 }
                 Effect::Fail { error, after_partial_output } => {
                     if let (true, Some(l)) = (error.code == "gnus_worker_lost", a.tracker.lease()) {
-                        let until = self.penalties.strike(&l.node_id, now, ctx.tracker.sit_out_ms);
+                        let until = self.penalties.strike(&l.node_id, now);
                         tracing::info!(node = %l.node_id, sits_out_ms = until - now, "worker lost a job");
                     }
                     if a.tracker.continuations() > 0 {
@@ -742,7 +746,7 @@ impl GatewayState {
                     terminal = Some(JobEvent::Failed { error, after_partial_output });
                 }
                 Effect::Strike(node) => {
-                    let until = self.penalties.strike(&node, now, ctx.tracker.sit_out_ms);
+                    let until = self.penalties.strike(&node, now);
                     tracing::info!(%node, sits_out_ms = until - now, "worker broke a checked rule");
                 }
                 Effect::Usage(u) => {

@@ -24,20 +24,32 @@ struct Strikes {
 }
 
 /// Per-gateway record of recently failing workers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PenaltyBox {
     nodes: HashMap<NodeId, Strikes>,
+    /// The first ban (0: never bans).
+    base_ms: u64,
+}
+
+impl Default for PenaltyBox {
+    fn default() -> Self {
+        Self::new(BASE_MS)
+    }
 }
 
 impl PenaltyBox {
-    /// `node` lost a job at `now`; returns when its ban ends. `base_ms`:
-    /// the first ban ([`BASE_MS`] unless the operator chose another; 0
-    /// never bans).
-    pub fn strike(&mut self, node: &NodeId, now: u64, base_ms: u64) -> u64 {
+    /// A box whose first ban is `base_ms` ([`BASE_MS`] unless the operator
+    /// chose another with `--sit-out-ms`; 0 never bans).
+    pub fn new(base_ms: u64) -> Self {
+        Self { nodes: HashMap::new(), base_ms }
+    }
+
+    /// `node` lost a job at `now`; returns when its ban ends.
+    pub fn strike(&mut self, node: &NodeId, now: u64) -> u64 {
         self.nodes.retain(|_, s| now <= s.until_ms + FORGET_MS);
         let s = self.nodes.entry(node.clone()).or_insert(Strikes { count: 0, until_ms: 0 });
         s.count += 1;
-        let ban = (base_ms << (s.count - 1).min(5)).min(MAX_MS);
+        let ban = (self.base_ms << (s.count - 1).min(5)).min(MAX_MS);
         s.until_ms = s.until_ms.max(now + ban);
         s.until_ms
     }
@@ -66,7 +78,7 @@ mod tests {
         let mut now = 1_000;
         let mut bans = vec![];
         for _ in 0..7 {
-            let until = p.strike(&n, now, BASE_MS);
+            let until = p.strike(&n, now);
             bans.push(until - now);
             assert!(p.is_out(&n, until - 1) && !p.is_out(&n, until));
             now = until + 1_000; // fails again soon after its ban
@@ -75,7 +87,7 @@ mod tests {
         assert_eq!(p.out(now), Vec::<NodeId>::new());
         // Ten clean minutes after the last ban: a first offence again.
         let later = now + FORGET_MS + 1;
-        assert_eq!(p.strike(&n, later, BASE_MS) - later, BASE_MS);
+        assert_eq!(p.strike(&n, later) - later, BASE_MS);
         assert_eq!(p.out(later), vec![n]);
     }
 
@@ -83,13 +95,13 @@ mod tests {
     fn a_zero_base_never_bans_and_a_shorter_one_still_doubles() {
         let (w, _) = gcs_protocol::samples::keys();
         let n = w.node_id();
-        let mut p = PenaltyBox::default();
+        let mut p = PenaltyBox::new(0);
         for _ in 0..3 {
-            p.strike(&n, 1_000, 0);
+            p.strike(&n, 1_000);
             assert!(!p.is_out(&n, 1_000), "--sit-out-ms 0: never left out");
         }
-        let mut p = PenaltyBox::default();
-        assert_eq!(p.strike(&n, 0, 1_000), 1_000);
-        assert_eq!(p.strike(&n, 2_000, 1_000), 4_000);
+        let mut p = PenaltyBox::new(1_000);
+        assert_eq!(p.strike(&n, 0), 1_000);
+        assert_eq!(p.strike(&n, 2_000), 4_000);
     }
 }
