@@ -100,6 +100,14 @@ pub struct NodeConfig {
 
 /// The gossip topics a node joins: private and local job topics only
 /// where it may win such jobs, a tenant's usage topic only on its gateways.
+/// A worker's freed slot; never, for a node without one.
+async fn slot_freed(worker: Option<&WorkerState>) {
+    match worker {
+        Some(w) => w.slot_freed().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn subscriptions(config: &NodeConfig) -> Vec<String> {
     let mut t = vec![topics::CAPABILITIES_ALL.to_string(), topics::KEYSPACE_DELTAS.to_string()];
     let worker = config.role.is_worker();
@@ -361,7 +369,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         Arc::new(gcs_protocol::NodeKey::from_seed(identity.key.seed())),
     );
     let rt = Runtime {
-        gateway: (config.role != Role::Worker).then(GatewayState::default),
+        gateway: (config.role != Role::Worker).then(|| GatewayState::new(config.tracker.sit_out_ms)),
         worker,
         env: Env {
             processing,
@@ -489,6 +497,10 @@ impl Runtime {
                     None => break,
                 },
                 _ = heartbeat.tick(), if is_worker => {
+                    self.env.publish_registration(NodeStatus::Online, self.worker.as_ref()).await;
+                }
+                // A freed slot is news for gateways judging claims by load.
+                _ = slot_freed(self.worker.as_ref()) => {
                     self.env.publish_registration(NodeStatus::Online, self.worker.as_ref()).await;
                 }
                 _ = compact.tick() => {

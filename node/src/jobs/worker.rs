@@ -59,6 +59,10 @@ pub(crate) struct WorkerState {
     pub policy: Policy,
     /// Where the worker keeps its side of each job (job-participant scope).
     pub keyspace: Arc<gcs_keyspace::Keyspace>,
+    /// Signalled when a leased job's slot frees: the node republishes its
+    /// registration at once, since gateways refuse claims as `no_capacity`
+    /// from the last one they heard (which may say "full" for a heartbeat).
+    freed: Arc<tokio::sync::Notify>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -105,7 +109,13 @@ impl WorkerState {
             limits,
             policy,
             keyspace,
+            freed: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Resolves after a leased job's slot freed (one wake-up for a burst).
+    pub async fn slot_freed(&self) {
+        self.freed.notified().await
     }
 
     /// Jobs running here under a lease (what registrations advertise: a
@@ -162,7 +172,9 @@ impl WorkerState {
             }
             let next = {
                 let mut book = lock(&w.book);
-                book.controls.remove(&job_id);
+                if book.controls.remove(&job_id).is_some_and(|c| c.leased.load(Ordering::Relaxed)) {
+                    w.freed.notify_one();
+                }
                 *book.ended.entry(t.kind()).or_default() += 1;
                 if matches!(t, Termination::Completed) {
                     // Its gateway leaves the unproven pool (slots.rs).
