@@ -76,25 +76,77 @@ struct Task {
     h1: usize,
 }
 
-/// f16 → f32 loads and f32 → f16 → f32 rounding of 16 lanes; the rest of
-/// the kernel is plain Rust that the target features vectorise.
+/// 16 f32 lanes (one block's positions) in the ISA's registers. Every
+/// operation is lane-wise and rounds exactly as the scalar one does (`fma`
+/// is fused), so each ISA gives the scalar kernel's bits.
 trait Isa {
-    fn load16(src: &[f16]) -> [f32; L];
-    fn round16(x: &[f32; L]) -> [f32; L];
+    type V: Copy;
+    fn ld(x: &[f32; L]) -> Self::V;
+    fn st(v: Self::V, x: &mut [f32; L]);
+    fn splat(x: f32) -> Self::V;
+    fn add(a: Self::V, b: Self::V) -> Self::V;
+    fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c`, one rounding.
+    fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// 16 halves, widened.
+    fn ld_f16(src: &[f16]) -> Self::V;
+    /// Rounded to f16 precision (nearest even) and back.
+    fn round_f16(v: Self::V) -> Self::V;
+    #[inline(always)]
+    fn zero() -> Self::V {
+        Self::splat(0.0)
+    }
+    /// Lanes `>= n` set to `+0.0` (rare: a row's last block).
+    #[inline(always)]
+    fn keep(v: Self::V, n: usize) -> Self::V {
+        let mut x = [0f32; L];
+        Self::st(v, &mut x);
+        x[n..].iter_mut().for_each(|l| *l = 0.0);
+        Self::ld(&x)
+    }
 }
 
 struct Scalar;
 impl Isa for Scalar {
+    type V = [f32; L];
     #[inline(always)]
-    fn load16(src: &[f16]) -> [f32; L] {
+    fn ld(x: &[f32; L]) -> [f32; L] {
+        *x
+    }
+    #[inline(always)]
+    fn st(v: [f32; L], x: &mut [f32; L]) {
+        *x = v;
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> [f32; L] {
+        [x; L]
+    }
+    #[inline(always)]
+    fn add(a: [f32; L], b: [f32; L]) -> [f32; L] {
+        std::array::from_fn(|l| a[l] + b[l])
+    }
+    #[inline(always)]
+    fn mul(a: [f32; L], b: [f32; L]) -> [f32; L] {
+        std::array::from_fn(|l| a[l] * b[l])
+    }
+    #[inline(always)]
+    fn fma(a: [f32; L], b: [f32; L], c: [f32; L]) -> [f32; L] {
+        std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
+    }
+    #[inline(always)]
+    fn ld_f16(src: &[f16]) -> [f32; L] {
         std::array::from_fn(|l| src[l].to_f32())
     }
     #[inline(always)]
-    fn round16(x: &[f32; L]) -> [f32; L] {
-        std::array::from_fn(|l| f16::from_f32(x[l]).to_f32())
+    fn round_f16(v: [f32; L]) -> [f32; L] {
+        std::array::from_fn(|l| f16::from_f32(v[l]).to_f32())
     }
 }
 
+// The x86 methods call intrinsics from `#[inline(always)]` methods: they
+// are only ever inlined into `task_avx2` / `task_avx512`, whose target
+// features let LLVM inline the intrinsics in turn (checked by the
+// instruction mix of `task_avx512`, see the module's bench note).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Isa, L};
@@ -109,83 +161,94 @@ mod x86 {
     const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
     const RNE_SAE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    unsafe fn load16_f16c(src: &[f16]) -> [f32; L] {
-        assert!(src.len() >= L);
-        let p = src.as_ptr() as *const __m128i;
-        let mut out = [0f32; L];
-        // SAFETY: 16 halves are in bounds (asserted); unaligned loads/stores.
-        unsafe {
-            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(p)));
-            _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))));
+    // SAFETY (every method): only instantiated behind the feature checks of
+    // `super::kind` (avx2+fma+f16c; avx512f for `Avx512`); loads and stores
+    // are unaligned and bounds-checked by the slice indexing first.
+    impl Isa for Avx2 {
+        type V = [__m256; 2];
+        #[inline(always)]
+        fn ld(x: &[f32; L]) -> Self::V {
+            unsafe { [_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(x.as_ptr().add(8))] }
         }
-        out
-    }
-
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    unsafe fn round16_f16c(x: &[f32; L]) -> [f32; L] {
-        let mut out = [0f32; L];
-        // SAFETY: 16 lanes in and out.
-        unsafe {
-            for h in 0..2 {
-                let v = _mm256_loadu_ps(x.as_ptr().add(8 * h));
-                let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(v));
-                _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), r);
+        #[inline(always)]
+        fn st(v: Self::V, x: &mut [f32; L]) {
+            unsafe {
+                _mm256_storeu_ps(x.as_mut_ptr(), v[0]);
+                _mm256_storeu_ps(x.as_mut_ptr().add(8), v[1]);
             }
         }
-        out
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn load16_avx512(src: &[f16]) -> [f32; L] {
-        assert!(src.len() >= L);
-        let mut out = [0f32; L];
-        // SAFETY: 16 halves are in bounds (asserted).
-        unsafe {
-            let h = _mm256_loadu_si256(src.as_ptr() as *const __m256i);
-            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_cvtph_ps(h));
-        }
-        out
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn round16_avx512(x: &[f32; L]) -> [f32; L] {
-        let mut out = [0f32; L];
-        // SAFETY: 16 lanes in and out.
-        unsafe {
-            let v = _mm512_loadu_ps(x.as_ptr());
-            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE_SAE>(v)));
-        }
-        out
-    }
-
-    impl Isa for Avx2 {
         #[inline(always)]
-        fn load16(src: &[f16]) -> [f32; L] {
-            // SAFETY: only instantiated behind the avx2+f16c+fma check.
-            unsafe { load16_f16c(src) }
+        fn splat(x: f32) -> Self::V {
+            unsafe { [_mm256_set1_ps(x); 2] }
         }
         #[inline(always)]
-        fn round16(x: &[f32; L]) -> [f32; L] {
-            // SAFETY: as above.
-            unsafe { round16_f16c(x) }
+        fn add(a: Self::V, b: Self::V) -> Self::V {
+            unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
+        }
+        #[inline(always)]
+        fn mul(a: Self::V, b: Self::V) -> Self::V {
+            unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
+        }
+        #[inline(always)]
+        fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            unsafe { [_mm256_fmadd_ps(a[0], b[0], c[0]), _mm256_fmadd_ps(a[1], b[1], c[1])] }
+        }
+        #[inline(always)]
+        fn ld_f16(src: &[f16]) -> Self::V {
+            let p = src[..L].as_ptr() as *const __m128i;
+            unsafe {
+                [_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(1)))]
+            }
+        }
+        #[inline(always)]
+        fn round_f16(v: Self::V) -> Self::V {
+            unsafe {
+                [
+                    _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(v[0])),
+                    _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(v[1])),
+                ]
+            }
         }
     }
 
     impl Isa for Avx512 {
+        type V = __m512;
         #[inline(always)]
-        fn load16(src: &[f16]) -> [f32; L] {
-            // SAFETY: only instantiated behind the avx512f check.
-            unsafe { load16_avx512(src) }
+        fn ld(x: &[f32; L]) -> __m512 {
+            unsafe { _mm512_loadu_ps(x.as_ptr()) }
         }
         #[inline(always)]
-        fn round16(x: &[f32; L]) -> [f32; L] {
-            // SAFETY: as above.
-            unsafe { round16_avx512(x) }
+        fn st(v: __m512, x: &mut [f32; L]) {
+            unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) }
+        }
+        #[inline(always)]
+        fn splat(x: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        fn add(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn ld_f16(src: &[f16]) -> __m512 {
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(src[..L].as_ptr() as *const __m256i)) }
+        }
+        #[inline(always)]
+        fn round_f16(v: __m512) -> __m512 {
+            unsafe { _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE_SAE>(v)) }
+        }
+        #[inline(always)]
+        fn keep(v: __m512, n: usize) -> __m512 {
+            let m: __mmask16 = if n >= L { !0 } else { (1u16 << n) - 1 };
+            unsafe { _mm512_maskz_mov_ps(m, v) }
         }
     }
 
@@ -345,7 +408,7 @@ fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>
     let buffered = nrows > 1;
     let conv = if buffered { 2 * span * hd } else { bsz };
     let npr = nrows * nheads;
-    let acc_len = 4 * bsz;
+    let acc_len = 4 * nheads * bsz;
     scratch.resize(npr * span + acc_len + conv, 0.0);
     let (probs, rest) = scratch.split_at_mut(npr * span);
     let (acc, cbuf) = rest.split_at_mut(acc_len);
@@ -384,7 +447,7 @@ fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>
             let single = s.past + i >= s.decode_from;
             for h in 0..nheads {
                 let mut sc = [0f32; L];
-                block_scores(single, q_of(i, h), kt, hd, &mut sc);
+                block_scores::<I>(single, q_of(i, h), kt, hd, &mut sc);
                 let pr = &mut probs[(r * nheads + h) * span + (bi - b_min) * L..][..L];
                 let m = &mut maxes[r * nheads + h];
                 for l in 0..L {
@@ -406,39 +469,44 @@ fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>
             softmax::<I>(pr, maxes[r * nheads + h]);
         }
     }
-    // P·V, block by block, into the row's accumulators.
+    // P·V, block by block into each head's accumulators; heads inner, so
+    // a streamed V block is converted once for all of them (each head's
+    // sequence of FMAs is the same as with heads outer).
     for (r, i) in (t.i0..t.i1).enumerate() {
         let (n, lo) = (n_of(i), lo_of(i));
         let (rb0, nb) = (lo / L, n.div_ceil(L));
         let single = s.past + i >= s.decode_from;
-        for h in 0..nheads {
-            let sets = if single { 4 } else { 1 };
-            let acc = &mut acc[..sets * bsz];
-            acc.iter_mut().for_each(|x| *x = 0.0);
-            let pr = &probs[(r * nheads + h) * span..];
-            for bi in rb0..nb {
-                let vt: &[f32] = if buffered {
-                    &cbuf[span * hd + (bi - b_min) * bsz..][..bsz]
-                } else {
-                    convert::<I>(&b.v[block_at(bi)], &mut cbuf[..bsz]);
-                    &cbuf[..bsz]
-                };
+        let sets = if single { 4 } else { 1 };
+        let acc = &mut acc[..nheads * sets * bsz];
+        acc.iter_mut().for_each(|x| *x = 0.0);
+        for bi in rb0..nb {
+            let vt: &[f32] = if buffered {
+                &cbuf[span * hd + (bi - b_min) * bsz..][..bsz]
+            } else {
+                convert::<I>(&b.v[block_at(bi)], &mut cbuf[..bsz]);
+                &cbuf[..bsz]
+            };
+            let set = if single { bi % 4 } else { 0 };
+            // Lanes at or past n of the last block hold later rows' or
+            // stale values: zeroed, as llama.cpp's masked V is.
+            let valid = (n - bi * L).min(L);
+            for h in 0..nheads {
+                let pr = &probs[(r * nheads + h) * span..];
                 let pb: &[f32; L] = lanes(&pr[(bi - b_min) * L..]);
-                let set = if single { bi % 4 } else { 0 };
-                let a = &mut acc[set * bsz..][..bsz];
-                // Lanes at or past n of the last block hold later rows'
-                // or stale values: zeroed, as llama.cpp's masked V is.
-                let valid = (n - bi * L).min(L);
-                block_pv(vt, pb, a, valid);
+                let a = &mut acc[(h * sets + set) * bsz..][..bsz];
+                block_pv::<I>(vt, pb, a, valid);
             }
+        }
+        for h in 0..nheads {
+            let acc = &acc[h * sets * bsz..][..sets * bsz];
             let o = &mut out[(r * nheads + h) * hd..][..hd];
             for (d, od) in o.iter_mut().enumerate() {
                 if single {
-                    let x: [f32; L] = std::array::from_fn(|l| {
-                        (acc[d * L + l] + acc[2 * bsz + d * L + l])
-                            + (acc[bsz + d * L + l] + acc[3 * bsz + d * L + l])
-                    });
-                    *od = reduce16(&x);
+                    let at = |set: usize| I::ld(lanes(&acc[set * bsz + d * L..]));
+                    let x = I::add(I::add(at(0), at(2)), I::add(at(1), at(3)));
+                    let mut xs = [0f32; L];
+                    I::st(x, &mut xs);
+                    *od = reduce16(&xs);
                 } else {
                     *od = reduce16(lanes(&acc[d * L..]));
                 }
@@ -461,42 +529,39 @@ fn lanes_mut(x: &mut [f32]) -> &mut [f32; L] {
 
 #[inline(always)]
 fn convert<I: Isa>(src: &[f16], dst: &mut [f32]) {
-    for (d, s) in dst.chunks_exact_mut(L).zip(src.chunks_exact(L)) {
-        d.copy_from_slice(&I::load16(s));
+    for (d, s) in dst.as_chunks_mut::<L>().0.iter_mut().zip(src.chunks_exact(L)) {
+        I::st(I::ld_f16(s), d);
     }
 }
 
 /// Scores of a block's 16 keys (`kt`: `[hd, 16]`) against `q`, unscaled,
-/// each in the order of [`vec_dot_f16_order`] (`single`) or [`dot16`].
+/// each in the order of [`vec_dot_f16_order`] (`single`) or [`dot16`]:
+/// vector `a[i]` holds, in lane `p`, the scalar dot's accumulator `i` for
+/// key `p`, and the scalar tree reduction runs across the 16 vectors.
 #[inline(always)]
-fn block_scores(single: bool, q: &[f32], kt: &[f32], hd: usize, out: &mut [f32; L]) {
-    // a[i][p]: scalar accumulator lane i of key p.
-    let mut a = [[0f32; L]; L];
+fn block_scores<I: Isa>(single: bool, q: &[f32], kt: &[f32], hd: usize, out: &mut [f32; L]) {
+    let mut a = [I::zero(); L];
+    // Fixed-size chunks of q and of K's rows (dimension e: `kr[e]`), so
+    // the unrolled inner loops index without bounds checks.
+    let kr: &[[f32; L]] = kt[..hd * L].as_chunks().0;
     if single && hd.is_multiple_of(64) {
         // Four accumulators, chunk c of 16 dims to accumulator c % 4.
+        let (qm, km) = (q[..hd].as_chunks::<64>().0, kr.as_chunks::<64>().0);
         for (i, ai) in a.iter_mut().enumerate() {
-            let mut s = [[0f32; L]; 4];
-            for m in 0..hd / 64 {
+            let mut s = [I::zero(); 4];
+            for (qm, km) in qm.iter().zip(km) {
                 for (j, sj) in s.iter_mut().enumerate() {
-                    let e = 64 * m + 16 * j + i;
-                    let (qe, ke) = (q[e], &kt[e * L..][..L]);
-                    for p in 0..L {
-                        sj[p] = qe.mul_add(ke[p], sj[p]);
-                    }
+                    let e = 16 * j + i;
+                    *sj = I::fma(I::splat(qm[e]), I::ld(&km[e]), *sj);
                 }
             }
-            for p in 0..L {
-                ai[p] = (s[0][p] + s[2][p]) + (s[1][p] + s[3][p]);
-            }
+            *ai = I::add(I::add(s[0], s[2]), I::add(s[1], s[3]));
         }
     } else if !single && hd.is_multiple_of(16) {
+        let (qc, kc) = (q[..hd].as_chunks::<16>().0, kr.as_chunks::<16>().0);
         for (i, ai) in a.iter_mut().enumerate() {
-            for c in 0..hd / 16 {
-                let e = 16 * c + i;
-                let (qe, ke) = (q[e], &kt[e * L..][..L]);
-                for p in 0..L {
-                    ai[p] = qe.mul_add(ke[p], ai[p]);
-                }
+            for (qc, kc) in qc.iter().zip(kc) {
+                *ai = I::fma(I::splat(qc[i]), I::ld(&kc[i]), *ai);
             }
         }
     } else {
@@ -517,34 +582,18 @@ fn block_scores(single: bool, q: &[f32], kt: &[f32], hd: usize, out: &mut [f32; 
         return;
     }
     // reduce16's tree, for 16 keys at once.
-    let mut t8 = [[0f32; L]; 8];
-    for i in 0..8 {
-        for p in 0..L {
-            t8[i][p] = a[8 + i][p] + a[i][p];
-        }
-    }
-    for p in 0..L {
-        let t4: [f32; 4] = std::array::from_fn(|i| t8[4 + i][p] + t8[i][p]);
-        out[p] = (t4[0] + t4[2]) + (t4[1] + t4[3]);
-    }
+    let t8: [I::V; 8] = std::array::from_fn(|i| I::add(a[8 + i], a[i]));
+    let t4: [I::V; 4] = std::array::from_fn(|i| I::add(t8[4 + i], t8[i]));
+    I::st(I::add(I::add(t4[0], t4[2]), I::add(t4[1], t4[3])), out);
 }
 
 /// `a[d][l] += v[d][l] * p[l]` for one block, lanes `>= valid` of `v` as 0.
 #[inline(always)]
-fn block_pv(vt: &[f32], p: &[f32; L], a: &mut [f32], valid: usize) {
-    if valid == L {
-        for (ad, vd) in a.chunks_exact_mut(L).zip(vt.chunks_exact(L)) {
-            for l in 0..L {
-                ad[l] = vd[l].mul_add(p[l], ad[l]);
-            }
-        }
-        return;
-    }
-    for (ad, vd) in a.chunks_exact_mut(L).zip(vt.chunks_exact(L)) {
-        for l in 0..L {
-            let v = if l < valid { vd[l] } else { 0.0 };
-            ad[l] = v.mul_add(p[l], ad[l]);
-        }
+fn block_pv<I: Isa>(vt: &[f32], p: &[f32; L], a: &mut [f32], valid: usize) {
+    let p = I::ld(p);
+    for (ad, vd) in a.as_chunks_mut::<L>().0.iter_mut().zip(vt.as_chunks::<L>().0) {
+        let v = if valid == L { I::ld(vd) } else { I::keep(I::ld(vd), valid) };
+        I::st(I::fma(v, p, I::ld(ad)), ad);
     }
 }
 
@@ -560,10 +609,9 @@ fn softmax<I: Isa>(p: &mut [f32], max: f32) {
         exp16(ch, max);
         sum += reduce16(ch) as f64;
     }
-    let inv = (1.0 / sum) as f32;
-    for ch in p.chunks_exact_mut(L) {
-        let x: [f32; L] = std::array::from_fn(|l| ch[l] * inv);
-        ch.copy_from_slice(&I::round16(&x));
+    let inv = I::splat((1.0 / sum) as f32);
+    for ch in p.as_chunks_mut::<L>().0 {
+        I::st(I::round_f16(I::mul(I::ld(ch), inv)), ch);
     }
 }
 
