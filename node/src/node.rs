@@ -98,8 +98,6 @@ pub struct NodeConfig {
     pub gateway_local: std::collections::BTreeSet<NodeId>,
 }
 
-/// The gossip topics a node joins: private and local job topics only
-/// where it may win such jobs, a tenant's usage topic only on its gateways.
 /// A worker's freed slot; never, for a node without one.
 async fn slot_freed(worker: Option<&WorkerState>) {
     match worker {
@@ -108,6 +106,8 @@ async fn slot_freed(worker: Option<&WorkerState>) {
     }
 }
 
+/// The gossip topics a node joins: private and local job topics only
+/// where it may win such jobs, a tenant's usage topic only on its gateways.
 fn subscriptions(config: &NodeConfig) -> Vec<String> {
     let mut t = vec![topics::CAPABILITIES_ALL.to_string(), topics::KEYSPACE_DELTAS.to_string()];
     let worker = config.role.is_worker();
