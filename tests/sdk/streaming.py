@@ -43,8 +43,10 @@ def check_frames(body):
 
 
 def curl():
-    # A long prompt makes prefill outlast the 300 ms keepalive interval.
-    body = stream_body("word " * 200 + "\nSummarise.", 8)
+    # A long prompt makes prefill outlast the 300 ms keepalive interval: ~1,200
+    # tokens take over a second on two cores (200 no longer did once the
+    # attention kernel got faster).
+    body = stream_body("word " * 1200 + "\nSummarise.", 8)
     out = subprocess.run(["curl", "-sN", "-i", "-H", f"Authorization: Bearer {KA}",
                           "-H", "Content-Type: application/json", "--data-binary", "@-",
                           f"{A}/chat/completions"], input=body, capture_output=True, check=True,
