@@ -61,6 +61,31 @@ pub struct SeriesSpec {
     /// `max_tokens` of every stream (default: the request's).
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The scenario's `lease_ms` while it plays as a series: a pause or a
+    /// cut is detected at the lease's end, and 40 streams cannot each wait
+    /// out the single run's 10 s.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+    /// The first fault's `hold_ms` while it plays as a series (past the
+    /// series' lease, so the holder is lost before it runs again).
+    #[serde(default)]
+    pub hold_ms: Option<u64>,
+}
+
+impl Scenario {
+    /// The scenario as its series plays it: the series' lease and hold in
+    /// place of the single run's.
+    pub fn as_series(&self) -> Scenario {
+        let mut s = self.clone();
+        let Some(spec) = &self.series else { return s };
+        if spec.lease_ms.is_some() {
+            s.lease_ms = spec.lease_ms;
+        }
+        if let (Some(ms), Some(f)) = (spec.hold_ms, s.faults.first_mut()) {
+            f.hold_ms = ms;
+        }
+        s
+    }
 }
 
 /// Where the nodes run.
@@ -464,7 +489,7 @@ impl Scenario {
     fn validate(&self) -> Result<(), Error> {
         let node = |n: &str| self.nodes.iter().any(|x| x.name == n);
         let bad = |m: String| Err(Error::Scenario(format!("{}: {m}", self.name)));
-        if let Some(ms) = self.lease_ms {
+        for ms in [self.lease_ms, self.series.as_ref().and_then(|x| x.lease_ms)].into_iter().flatten() {
             if !(1_000..=120_000).contains(&ms) {
                 return bad(format!("lease_ms {ms} is outside 1000..=120000 (--lease-ms)"));
             }

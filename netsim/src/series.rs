@@ -165,6 +165,7 @@ fn read_seams(cluster: &Cluster, gateway: &str) -> GwSeams {
 /// Runs the series of `s` with `plan` in `workdir`.
 pub fn run(s: &Scenario, plan: &Plan, bin: &Path, workdir: &Path) -> Result<SeriesOutcome, Error> {
     let started = Instant::now();
+    let s = &s.as_series();
     let outcome = |streams, skipped| SeriesOutcome {
         scenario: s.name.clone(),
         streams,
@@ -618,6 +619,21 @@ mod tests {
         assert!(spread.len() > 8, "fault points spread out: {spread:?}");
         let uneven = draws(&Plan { greedy: 1, seeded: 3, seed: 1 }, 40);
         assert_eq!(uneven.iter().filter(|x| x.seed.is_some()).count(), 3);
+    }
+
+    #[test]
+    fn a_series_plays_with_its_own_lease_and_hold() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let s = Scenario::load(&dir.join("worker_pause_past_lease_continues.toml")).unwrap();
+        assert_eq!((s.lease_ms, s.faults[0].hold_ms), (None, 15_000));
+        let x = s.as_series();
+        assert_eq!((x.lease_ms, x.faults[0].hold_ms), (Some(2_000), 3_500));
+        assert!(x.node_specs().iter().filter(|n| n.role.serves_http()).all(|n| n
+            .args
+            .windows(2)
+            .any(|w| w == ["--lease-ms", "2000"])));
+        let crash = Scenario::load(&dir.join("worker_crash_mid_stream_continues.toml")).unwrap();
+        assert_eq!(crash.as_series().lease_ms, crash.lease_ms);
     }
 
     #[test]
