@@ -189,6 +189,11 @@ pub fn run(s: &Scenario, plan: &Plan, bin: &Path, workdir: &Path) -> Result<Seri
     tracing::info!(scenario = %s.name, references = references.len(), secs = started.elapsed().as_secs(), "references taken");
     let mut streams = vec![];
     for d in &draws {
+        if let Some(killed) = streams.last().and_then(|st: &Stream| st.fault.as_ref()) {
+            if killed.action == "kill" {
+                wait_restarted(&cluster, &killed.node)?;
+            }
+        }
         wait_idle(&cluster);
         let spec = stream_spec(&template, d);
         let reference = references.get(&d.seed).ok_or(setup("a reference is missing"))?;
@@ -271,6 +276,16 @@ fn wait_idle(cluster: &Cluster) {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Until a killed worker started again is healthy (models loaded, its
+/// registration published) and a gossip heartbeat (1 s) has carried that
+/// registration to the gateway.
+fn wait_restarted(cluster: &Cluster, node: &str) -> Result<(), Error> {
+    let n = cluster.nodes.get(node).ok_or_else(|| Error::Setup(format!("no node {node}")))?;
+    n.wait_healthy(Duration::from_secs(60))?;
+    std::thread::sleep(Duration::from_millis(1500));
+    Ok(())
 }
 
 /// A faulted holder's `cancelled` ends so far (its /metrics).
@@ -412,8 +427,10 @@ fn one_stream(
         entry.checks.push(holder_stopped(cluster, &ev.node, played.cancelled_before, at));
     }
     if let Some(ev) = played.event.as_ref().filter(|e| e.action == "kill") {
-        // Back on the same ports, data and identity; the next stream does
-        // not wait for it (the other workers hold and continue it).
+        // Back on the same ports, data and identity: the next stream waits
+        // for it (`wait_restarted`), since a 40-token stream is shorter than
+        // a worker's start, and two kills in a row would otherwise leave a
+        // three-worker topology no one to continue on.
         let bin = cluster.bin.clone();
         cluster.node(&ev.node)?.spawn(&bin)?;
     }

@@ -83,14 +83,13 @@ fn fault_scenarios_keep_every_invariant() {
     ]);
 }
 
-/// Exact continuation, one of two shapes. By default (CI, for now) one
-/// whole topology per run, `GCS_CONTINUATION_RUNS` runs (default 1): run 0
-/// the file as written, run i > 0 its faults moved and its seeds redrawn
-/// (`varied`). With `GCS_CONTINUATION_STREAMS=N` instead the scenario's
+/// Exact continuation, one of two shapes. By default (CI) the scenario's
 /// `[series]`: one topology, N greedy and N seeded T=0.8 faulted streams in
-/// turn (0: the file's counts, 20 + 20), every fault index and seed drawn
-/// from `GCS_SEED` (printed, so a failing run replays). The series is not
-/// the default until it passes (specs/lifecycle.md).
+/// turn (`GCS_CONTINUATION_STREAMS=N`; unset or 0: the file's counts, 20 +
+/// 20), every fault index and seed drawn from `GCS_SEED` (printed, so a
+/// failing run replays). With `GCS_CONTINUATION_RUNS=N` instead the older
+/// shape: N whole topologies, run 0 the file as written, run i > 0 its
+/// faults moved and its seeds redrawn (`varied`).
 fn continuation_runs(name: &str) {
     let base: u64 =
         std::env::var("GCS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
@@ -102,14 +101,16 @@ fn continuation_runs(name: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let s = Scenario::load(&dir.join(format!("{name}.toml"))).unwrap();
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
-    let Some(n) = env("GCS_CONTINUATION_STREAMS") else {
-        let runs = env("GCS_CONTINUATION_RUNS").unwrap_or(1);
+    if let Some(runs) = env("GCS_CONTINUATION_RUNS") {
         eprintln!("{name}: {runs} run(s), GCS_SEED={base} GCS_CONTINUATION_RUNS={runs}");
         run_scenarios((0..runs).map(|i| varied(&s, i, base)).collect());
         return;
-    };
+    }
     let spec = s.series.clone().expect("a continuation scenario has a [series]");
-    let (greedy, seeded) = if n == 0 { (spec.greedy, spec.seeded) } else { (n, n) };
+    let (greedy, seeded) = match env("GCS_CONTINUATION_STREAMS").unwrap_or(0) {
+        0 => (spec.greedy, spec.seeded),
+        n => (n, n),
+    };
     eprintln!("{name}: series of {greedy} greedy + {seeded} seeded streams, GCS_SEED={base}");
     run_series(&s, &series::Plan { greedy, seeded, seed: base });
 }
