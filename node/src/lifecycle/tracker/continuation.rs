@@ -27,6 +27,8 @@ pub(super) struct State {
     handoff: Option<Continuation>,
     /// Whether a continuation is announced and no claim has won it yet.
     pub(super) pending: bool,
+    /// When the latest holder was lost (gateway clock, ms).
+    lost_ms: u64,
     /// The seed the job samples with (0 for greedy: it draws none).
     seed: u64,
     /// Tokens each earlier holder delivered, in order.
@@ -115,6 +117,16 @@ impl JobTracker {
         self.cont.offer.clone().filter(|_| self.cont.pending)
     }
 
+    /// Whether a continuation no worker claimed in its last round stays
+    /// announced for another: until the gateway's queue timeout after the
+    /// loss, as an unclaimed new job does (a matching worker may be busy
+    /// and claim from its backlog when a slot frees, or be starting), the
+    /// wall timeout still ending it. The client's stream pauses (keepalive
+    /// comments) rather than failing after partial output.
+    pub(super) fn continuation_waits(&self, now: u64) -> bool {
+        self.cont.pending && now < self.cont.lost_ms.saturating_add(self.config.queue_timeout_ms)
+    }
+
     /// Whether the job's stream may continue on another worker now, and
     /// from where.
     fn continuable(&self, now: u64) -> Option<(ContinuationPoint, (String, String))> {
@@ -172,6 +184,7 @@ impl JobTracker {
         // is granted: a late one must not move the continuation point.
         self.fence.revoke();
         self.cont.seam = Some((self.last_chunk_ms, now, None));
+        self.cont.lost_ms = now;
         let revoke = self.revoke_cancel(&lost.lease_id, &lost.node_id, now, key);
         self.cont.revoked.push((lost.lease_id.clone(), lost.node_id.clone(), false));
         let before: u64 = self.cont.shares.iter().map(|s| s.output_tokens).sum();

@@ -356,8 +356,48 @@ fn the_fifth_loss_is_the_error() {
     assert_eq!(w.usage().output_tokens_sent_to_client, last as u64 + 1);
 }
 
-/// No matching claim in the claim round: the error of before, after
-/// partial output.
+/// A continuation no worker claims in its round is announced again, round
+/// after round, until the queue timeout after the loss: a matching worker
+/// that frees a slot (or finishes starting) later still continues the
+/// stream, from the same point.
+#[test]
+fn an_unclaimed_continuation_is_announced_again_until_one_claims_it() {
+    let mut w = World::new();
+    w.tracker.config.queue_timeout_ms = 5_000;
+    w.streaming(0, 2);
+    assert!(continued(&w.feed(Input::WorkerDisconnected(w.node(0)))).is_some());
+    let round = w.tracker.job.limits.claim_timeout_ms;
+    for _ in 0..3 {
+        let out = w.tick(round);
+        assert!(failure(&out).is_none(), "{out:?}");
+        let job = published(&out).expect("announced again");
+        assert!(job.requirements.continuation.is_some(), "{job:?}");
+        assert!(job.routing.excluded_nodes.contains(&w.node(0)), "{job:?}");
+    }
+    assert_eq!(leases(&w.claim(1, BUILD, &hash_a())), 1);
+    assert_eq!(forwarded(&w.chunk(1, 2, false)), vec![2]);
+    assert_eq!(w.tracker.continuation().map(|c| c.delivered_tokens.len()), Some(2));
+}
+
+/// The wait is bounded: no claim by the queue timeout after the loss is
+/// the error of before.
+#[test]
+fn an_unclaimed_continuation_fails_at_the_queue_timeout() {
+    let mut w = World::new();
+    w.tracker.config.queue_timeout_ms = 5_000;
+    w.streaming(0, 2);
+    assert!(continued(&w.feed(Input::WorkerDisconnected(w.node(0)))).is_some());
+    let round = w.tracker.job.limits.claim_timeout_ms;
+    for _ in 0..4 {
+        assert!(failure(&w.tick(round)).is_none(), "still waiting");
+    }
+    let out = w.tick(5_000 - 4 * round);
+    assert_eq!(failure(&out), Some(("gnus_worker_lost", true)), "{out:?}");
+    assert_eq!(w.usage().output_tokens_sent_to_client, 2);
+}
+
+/// No matching claim in the claim round (a gateway whose queue timeout is
+/// 0): the error of before, after partial output.
 #[test]
 fn no_matching_claim_before_the_claim_timeout_is_the_error() {
     let mut w = World::new();

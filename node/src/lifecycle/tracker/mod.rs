@@ -613,8 +613,14 @@ impl JobTracker {
         }
         match &self.lease {
             None if self.cont.pending && now >= self.attempt_started_ms + l.claim_timeout_ms => {
+                if self.continuation_waits(now) {
+                    // Announce again (a worker that joined or freed a slot
+                    // since hears of it) and keep waiting.
+                    self.attempt_started_ms = now;
+                    return self.announcement(key).into_iter().collect();
+                }
                 // No worker of the lost holder's build and file claimed the
-                // continuation in its claim round: the error of before.
+                // continuation in time: the error of before.
                 self.fail(worker_lost(), now, key)
             }
             None if now >= self.attempt_started_ms + l.claim_timeout_ms => {
