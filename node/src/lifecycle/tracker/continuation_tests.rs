@@ -356,16 +356,23 @@ fn the_fifth_loss_is_the_error() {
     assert_eq!(w.usage().output_tokens_sent_to_client, last as u64 + 1);
 }
 
+/// Worker 0 forwarded two chunks and disconnected, at a gateway whose
+/// queue timeout is `queue_timeout_ms`: the continuation is announced.
+fn lost_after_two_chunks(queue_timeout_ms: u64) -> World {
+    let mut w = World::new();
+    w.tracker.config.queue_timeout_ms = queue_timeout_ms;
+    w.streaming(0, 2);
+    assert!(continued(&w.feed(Input::WorkerDisconnected(w.node(0)))).is_some());
+    w
+}
+
 /// A continuation no worker claims in its round is announced again, round
 /// after round, until the queue timeout after the loss: a matching worker
 /// that frees a slot (or finishes starting) later still continues the
 /// stream, from the same point.
 #[test]
 fn an_unclaimed_continuation_is_announced_again_until_one_claims_it() {
-    let mut w = World::new();
-    w.tracker.config.queue_timeout_ms = 5_000;
-    w.streaming(0, 2);
-    assert!(continued(&w.feed(Input::WorkerDisconnected(w.node(0)))).is_some());
+    let mut w = lost_after_two_chunks(5_000);
     let round = w.tracker.job.limits.claim_timeout_ms;
     for _ in 0..3 {
         let out = w.tick(round);
@@ -383,10 +390,7 @@ fn an_unclaimed_continuation_is_announced_again_until_one_claims_it() {
 /// the error of before.
 #[test]
 fn an_unclaimed_continuation_fails_at_the_queue_timeout() {
-    let mut w = World::new();
-    w.tracker.config.queue_timeout_ms = 5_000;
-    w.streaming(0, 2);
-    assert!(continued(&w.feed(Input::WorkerDisconnected(w.node(0)))).is_some());
+    let mut w = lost_after_two_chunks(5_000);
     let round = w.tracker.job.limits.claim_timeout_ms;
     for _ in 0..4 {
         assert!(failure(&w.tick(round)).is_none(), "still waiting");
