@@ -122,9 +122,13 @@ impl JobTracker {
     /// loss, as an unclaimed new job does (a matching worker may be busy
     /// and claim from its backlog when a slot frees, or be starting), the
     /// wall timeout still ending it. The client's stream pauses (keepalive
-    /// comments) rather than failing after partial output.
+    /// comments) rather than failing after partial output; never past the
+    /// stream's idle timeout, so the client hears `gnus_worker_lost`, the
+    /// true cause, before the edge would end it as idle.
     pub(super) fn continuation_waits(&self, now: u64) -> bool {
-        self.cont.pending && now < self.cont.lost_ms.saturating_add(self.config.queue_timeout_ms)
+        let idle_ends = self.last_chunk_ms.saturating_add(self.job.limits.idle_stream_timeout_ms);
+        let until = self.cont.lost_ms.saturating_add(self.config.queue_timeout_ms).min(idle_ends);
+        self.cont.pending && now < until
     }
 
     /// Whether the job's stream may continue on another worker now, and

@@ -356,10 +356,9 @@ fn the_fifth_loss_is_the_error() {
     assert_eq!(w.usage().output_tokens_sent_to_client, last as u64 + 1);
 }
 
-/// Worker 0 forwarded two chunks and disconnected, at a gateway whose
-/// queue timeout is `queue_timeout_ms`: the continuation is announced.
-fn lost_after_two_chunks(queue_timeout_ms: u64) -> World {
-    let mut w = World::new();
+/// Worker 0 of `w` forwarded two chunks and disconnected, at a gateway
+/// whose queue timeout is `queue_timeout_ms`: the continuation is announced.
+fn lost_after_two_chunks(mut w: World, queue_timeout_ms: u64) -> World {
     w.tracker.config.queue_timeout_ms = queue_timeout_ms;
     w.streaming(0, 2);
     assert!(continued(&w.feed(Input::WorkerDisconnected(w.node(0)))).is_some());
@@ -372,7 +371,7 @@ fn lost_after_two_chunks(queue_timeout_ms: u64) -> World {
 /// stream, from the same point.
 #[test]
 fn an_unclaimed_continuation_is_announced_again_until_one_claims_it() {
-    let mut w = lost_after_two_chunks(5_000);
+    let mut w = lost_after_two_chunks(World::new(), 5_000);
     let round = w.tracker.job.limits.claim_timeout_ms;
     for _ in 0..3 {
         let out = w.tick(round);
@@ -390,7 +389,7 @@ fn an_unclaimed_continuation_is_announced_again_until_one_claims_it() {
 /// the error of before.
 #[test]
 fn an_unclaimed_continuation_fails_at_the_queue_timeout() {
-    let mut w = lost_after_two_chunks(5_000);
+    let mut w = lost_after_two_chunks(World::new(), 5_000);
     let round = w.tracker.job.limits.claim_timeout_ms;
     for _ in 0..4 {
         assert!(failure(&w.tick(round)).is_none(), "still waiting");
@@ -398,6 +397,19 @@ fn an_unclaimed_continuation_fails_at_the_queue_timeout() {
     let out = w.tick(5_000 - 4 * round);
     assert_eq!(failure(&out), Some(("gnus_worker_lost", true)), "{out:?}");
     assert_eq!(w.usage().output_tokens_sent_to_client, 2);
+}
+
+/// Nor past the stream's idle timeout (counted from the last chunk), which
+/// would otherwise end the stream at the edge as idle, not as lost.
+#[test]
+fn an_unclaimed_continuation_waits_no_longer_than_the_idle_timeout() {
+    let w = World::with(|j| j.limits.idle_stream_timeout_ms = 2_500);
+    let mut w = lost_after_two_chunks(w, 60_000);
+    let round = w.tracker.job.limits.claim_timeout_ms;
+    assert!(failure(&w.tick(round)).is_none(), "still waiting");
+    assert!(failure(&w.tick(round)).is_none(), "still waiting");
+    let out = w.tick(round);
+    assert_eq!(failure(&out), Some(("gnus_worker_lost", true)), "{out:?}");
 }
 
 /// No matching claim in the claim round (a gateway whose queue timeout is
