@@ -27,8 +27,6 @@ pub(super) struct State {
     handoff: Option<Continuation>,
     /// Whether a continuation is announced and no claim has won it yet.
     pub(super) pending: bool,
-    /// When the latest holder was lost (gateway clock, ms).
-    lost_ms: u64,
     /// The seed the job samples with (0 for greedy: it draws none).
     seed: u64,
     /// Tokens each earlier holder delivered, in order.
@@ -126,8 +124,10 @@ impl JobTracker {
     /// stream's idle timeout, so the client hears `gnus_worker_lost`, the
     /// true cause, before the edge would end it as idle.
     pub(super) fn continuation_waits(&self, now: u64) -> bool {
+        // The seam being timed holds the loss (set with `pending`).
+        let Some((_, lost_ms, _)) = self.cont.seam else { return false };
         let idle_ends = self.last_chunk_ms.saturating_add(self.job.limits.idle_stream_timeout_ms);
-        let until = self.cont.lost_ms.saturating_add(self.config.queue_timeout_ms).min(idle_ends);
+        let until = lost_ms.saturating_add(self.config.queue_timeout_ms).min(idle_ends);
         self.cont.pending && now < until
     }
 
@@ -188,7 +188,6 @@ impl JobTracker {
         // is granted: a late one must not move the continuation point.
         self.fence.revoke();
         self.cont.seam = Some((self.last_chunk_ms, now, None));
-        self.cont.lost_ms = now;
         let revoke = self.revoke_cancel(&lost.lease_id, &lost.node_id, now, key);
         self.cont.revoked.push((lost.lease_id.clone(), lost.node_id.clone(), false));
         let before: u64 = self.cont.shares.iter().map(|s| s.output_tokens).sum();
