@@ -223,6 +223,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
     }
 
+    /// Cancels a task of a cancelled batch in the network: no worker
+    /// takes its subtasks any more, and those running stop between
+    /// requests. Cancelling it again changes nothing.
+    fn cancel_task(&self, task_id: String) -> BoxFuture<'_, Result<(), BackendError>> {
+        let _ = task_id;
+        Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
+    }
+
     /// What a task's workers answered so far. Each answer's usage record
     /// (`batch_id`, the batch price) is stored, once, before it is returned.
     fn collect(

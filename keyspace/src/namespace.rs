@@ -102,6 +102,8 @@ namespaces! {
     ProcessingSubtasks => ("/gcs/processing/subtasks/", "processing.subtasks", Register, Global, Some(DAY)),
     ProcessingLocks => ("/gcs/processing/locks/", "processing.locks", Register, Global, Some(DAY)),
     ProcessingResults => ("/gcs/processing/results/", "processing.results", Register, Global, Some(DAY)),
+    ProcessingReleases => ("/gcs/processing/releases/", "processing.releases", Register, Global, Some(DAY)),
+    ProcessingCancels => ("/gcs/processing/cancels/", "processing.cancels", Register, Global, Some(DAY)),
     ProcessingChunks => ("/gcs/processing/chunks/", "processing.chunks", Register, JobParticipants, Some(DAY)),
     ProcessingOutputs => ("/gcs/processing/outputs/", "processing.outputs", Register, JobParticipants, Some(DAY)),
     LocalIdempotency => ("/gcs/local/idempotency/", "local.idempotency", Register, Local, Some(DAY)),
@@ -194,6 +196,18 @@ pub mod keys {
     /// Every result of a task.
     pub fn processing_results(task_id: &str) -> String {
         key(N::ProcessingResults, format_args!("{task_id}/"))
+    }
+    /// A holder's release (or reported failure) of one lock of a subtask.
+    pub fn processing_release(task_key: &str, lock_id: &str) -> String {
+        key(N::ProcessingReleases, format_args!("{task_key}/{lock_id}"))
+    }
+    /// The releases of a task's subtasks.
+    pub fn processing_releases(task_id: &str) -> String {
+        key(N::ProcessingReleases, format_args!("{task_id}/"))
+    }
+    /// A task's cancellation by its gateway.
+    pub fn processing_cancel(task_id: &str) -> String {
+        key(N::ProcessingCancels, format_args!("{task_id}"))
     }
     /// One input chunk of a task (a tenant's private request: the task's
     /// gateway serves it only to a subtask's lock holder).
@@ -318,6 +332,8 @@ mod tests {
             (keys::registration("n"), Namespace::NodeRegistrations),
             (keys::processing_chunk("t", "c"), Namespace::ProcessingChunks),
             (keys::processing_output("t", "c", "l"), Namespace::ProcessingOutputs),
+            (keys::processing_release("t/s", "l"), Namespace::ProcessingReleases),
+            (keys::processing_cancel("t"), Namespace::ProcessingCancels),
             (keys::idempotency("h"), Namespace::LocalIdempotency),
             (keys::confined_job("j"), Namespace::LocalJobs),
             (keys::open_job("j"), Namespace::LocalOpenJobs),

@@ -212,6 +212,15 @@ impl Backend for NodeClient {
         })
     }
 
+    fn cancel_task(&self, task_id: String) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            let (ks, key, trust) = (self.keyspace.clone(), self.key.clone(), self.trust.clone());
+            crate::processing::batch::cancel(ks, key, trust, &self.network, task_id)
+                .await
+                .map_err(processing_error)
+        })
+    }
+
     fn collect(
         &self,
         task_id: String,

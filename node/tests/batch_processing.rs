@@ -188,6 +188,66 @@ fn a_batch_runs_on_the_processing_queue_and_survives_a_worker_kill() {
     }
     let w2_log = std::fs::read_to_string(&w2.log).unwrap_or_default();
     assert!(w2_log.contains("processing subtask done"), "w2 ran no subtask\n{}", tail(&w2.log));
+    cancel_stops_the_worker(&gw, &key, &w2);
+}
+
+/// A second, longer batch cancelled once a few answers are in: it ends
+/// `cancelled`, and the worker stops its subtask between requests and
+/// takes no other (the task's cancel reaches it by gossip).
+fn cancel_stops_the_worker(gw: &Node, key: &str, w: &Node) {
+    const N: usize = 48;
+    let lines: Vec<String> = (0..N)
+        .map(|i| {
+            let mut body = chat(100 + i);
+            body["max_tokens"] = json!(24);
+            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions", "body": body})
+                .to_string()
+        })
+        .collect();
+    let file = upload(gw.http, key, &lines.join("\n"));
+    let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+    let b = gw.json("POST", "/v1/batches", key, &body.to_string());
+    let id = b["id"].as_str().unwrap_or_else(|| panic!("{b}")).to_string();
+    let log = |w: &Node| std::fs::read_to_string(&w.log).unwrap_or_default();
+    let done_lines = || log(w).matches("processing subtask done").count();
+    let before = done_lines();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let b = gw.json("GET", &format!("/v1/batches/{id}"), key, "");
+        if b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no answers: {b}\n{}", tail(&w.log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (at_cancel, released_before) = (done_lines(), log(w).matches("processing lock released").count());
+    let c = gw.json("POST", &format!("/v1/batches/{id}/cancel"), key, "");
+    assert_eq!(c["status"], "cancelling", "{c}");
+    let ended = loop {
+        let b = gw.json("GET", &format!("/v1/batches/{id}"), key, "");
+        if b["status"] == "cancelled" {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "never cancelled: {b}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The subtask running at the cancel stops at its next request and
+    // gives its lock back (unless the cancel came between two subtasks);
+    // after that the worker takes nothing more.
+    let released = Instant::now() + Duration::from_secs(6);
+    while log(w).matches("processing lock released").count() == released_before && Instant::now() < released {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let settled = done_lines();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(done_lines(), settled, "a subtask finished after the stop\n{}", tail(&w.log));
+    assert!(settled <= at_cancel + 1, "{} subtasks finished after the cancel", settled - at_cancel);
+    let ran = settled - before;
+    assert!(ran * 4 < N, "the worker ran {ran} of {} subtasks: the cancel did not reach it", N / 4);
+    let completed = ended["request_counts"]["completed"].as_u64().unwrap();
+    assert!((4..N as u64).contains(&completed), "{ended}");
+    let stopped = log(w).matches("processing lock released").count() > released_before;
+    eprintln!("cancelled after {completed} of {N} answers; the worker finished {ran} subtasks, stopped one: {stopped}");
 }
 
 fn hex_seed(n: u8) -> String {

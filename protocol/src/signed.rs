@@ -73,6 +73,8 @@ message_types! {
     Requeue => "GCS_API_JOB_REQUEUE",
     TaskLock => "GCS_PROCESSING_TASK_LOCK",
     TaskResult => "GCS_PROCESSING_TASK_RESULT",
+    TaskRelease => "GCS_PROCESSING_TASK_RELEASE",
+    TaskCancel => "GCS_PROCESSING_TASK_CANCEL",
     QueueJob => "GCS_QUEUE_JOB",
     MembershipCertificate => "GCS_MEMBERSHIP_CERTIFICATE",
     MembershipRevocation => "GCS_MEMBERSHIP_REVOCATION",

@@ -145,6 +145,18 @@ pub(crate) async fn run(
     Ok(true)
 }
 
+/// Cancels the batch's processing tasks in the network (workers take no
+/// more of their subtasks and stop the running ones between requests). A
+/// task not cancelled is logged: the batch still ends, and the task's
+/// chunks are served to no one past its subtasks' live locks.
+pub(crate) async fn cancel_tasks(state: &AppState, rec: &BatchRecord) {
+    for t in rec.processing.iter().flatten() {
+        if let Err(e) = state.backend.cancel_task(t.task_id.clone()).await {
+            tracing::warn!(batch_id = %rec.id, task_id = %t.task_id, error = %e, "task not cancelled");
+        }
+    }
+}
+
 fn bad_entry(i: u64, line: &Line, reason: &str) -> Entry {
     let body = json!({"error": {"message": format!("the request failed on every worker that took it: {reason}"),
                                 "type": "server_error", "param": null, "code": "processing_failed"}});

@@ -101,6 +101,10 @@ async fn drive(state: &Arc<AppState>, a: &Arc<Active>) -> Result<(), ApiError> {
             execute(state, a, &lines).await?;
         }
     }
+    // Cancelled (now, or before a restart): its tasks end in the network too.
+    if a.snapshot().status == Status::Cancelling {
+        super::queue::cancel_tasks(state, &a.snapshot()).await;
+    }
     finalize(state, a).await
 }
 

@@ -69,6 +69,31 @@ pub async fn enqueue(
     Ok(task_id)
 }
 
+/// Cancels a task this gateway enqueued (a cancelled batch): the signed
+/// cancel is stored and gossiped; workers take none of its subtasks any
+/// more and stop the running ones between requests.
+pub async fn cancel(
+    ks: Arc<Keyspace>,
+    key: Arc<NodeKey>,
+    trust: TrustHandle,
+    net: &Network,
+    task_id: String,
+) -> Result<(), ProcessingError> {
+    let id = task_id.clone();
+    let delta = tokio::task::spawn_blocking(move || {
+        super::release::cancel(&ks, &id, "batch_cancelled", &key, &trust, now_ms())
+    })
+    .await
+    .map_err(runtime)??;
+    if let Some(d) = delta {
+        if let Err(e) = net.publish(topics::KEYSPACE_DELTAS, d.encode()).await {
+            tracing::debug!(task_id, error = %e, "task cancel not gossiped");
+        }
+        tracing::info!(task_id, "processing task cancelled");
+    }
+    Ok(())
+}
+
 /// The usage record of one output: filed under an id derived from the
 /// task, chunk and lock, so collecting it again (a restart) finds it.
 fn usage_of(o: &OutputChunk, m: &ProcessingMeter, key: &NodeKey, now: u64) -> Result<UsageRecord, ProcessingError> {

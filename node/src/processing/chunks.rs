@@ -53,6 +53,9 @@ pub enum ProcessingError {
     /// No such task or chunk here.
     #[error("no such task or chunk here")]
     Unknown,
+    /// The task's gateway cancelled it.
+    #[error("the task was cancelled by its gateway")]
+    Cancelled,
     /// A record that does not belong where it was put.
     #[error("record does not match its task: {0}")]
     Mismatch(&'static str),
@@ -408,6 +411,9 @@ pub fn serve_chunk(
     let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
     let sub = subtask_of(&s, chunk_id).ok_or(ProcessingError::Unknown)?;
     let q = records::replay(&s, now_ms);
+    if q.cancelled(task_id) {
+        return Err(ProcessingError::Cancelled);
+    }
     let held = q
         .holder(task_id, &sub.subtask_id)
         .is_some_and(|l| &l.node_id == asker && l.expires_at_ms > now_ms);

@@ -6,7 +6,9 @@
 //! lock holders), [`worker`] a worker's grab-run-result loop, [`serve`]
 //! the job-protocol requests between a lock holder and the task's gateway,
 //! [`shell`] the worker's processing slots in the running node, [`batch`]
-//! the gateway's side of a batch (enqueue, collect, usage records).
+//! the gateway's side of a batch (enqueue, collect, usage records),
+//! [`release`] the records that end work early (a holder's release, a
+//! gateway's cancel).
 
 pub mod batch;
 pub mod chunks;
@@ -21,5 +23,8 @@ mod worker_tests;
 #[cfg(test)]
 mod queue_tests;
 pub mod records;
+pub mod release;
+#[cfg(test)]
+mod release_tests;
 #[cfg(test)]
 mod records_tests;

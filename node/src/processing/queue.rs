@@ -17,7 +17,9 @@
 //! - an expired lock moves back (MoveExpiredTaskLock) and counts as a
 //!   failure, as does a reported failure or a result of the wrong shape; a
 //!   subtask failing [`MAX_FAILURES`] times is marked bad with its reason;
-//! - a task is complete when every subtask has a result or is bad.
+//! - a task is complete when every subtask has a result or is bad;
+//! - a cancelled task (its gateway's word) takes no new lock and is never
+//!   offered again; results under locks it already held still count.
 
 use std::collections::BTreeMap;
 
@@ -74,6 +76,11 @@ pub enum Input {
         lock_id: String,
         /// Why.
         reason: String,
+    },
+    /// The task's gateway cancelled it.
+    Cancel {
+        /// Task.
+        task_id: String,
     },
     /// Time passes.
     Tick,
@@ -132,6 +139,11 @@ pub enum Effect {
         /// The last failure.
         reason: String,
     },
+    /// The task takes no new locks.
+    Cancelled {
+        /// Task.
+        task_id: String,
+    },
     /// Every subtask has a result or is bad.
     TaskComplete {
         /// Task.
@@ -161,6 +173,7 @@ struct Task {
     created_at_ms: u64,
     subs: BTreeMap<String, Sub>,
     complete: bool,
+    cancelled: bool,
 }
 
 /// The queue as one node sees it.
@@ -171,6 +184,10 @@ pub struct TaskQueue {
 
 fn key(task: &str, sub: &str) -> String {
     format!("{task}/{sub}")
+}
+
+fn task_of(task_key: &str) -> &str {
+    task_key.split('/').next().unwrap_or_default()
 }
 
 fn refused(reason: &'static str) -> Vec<Effect> {
@@ -188,6 +205,11 @@ impl TaskQueue {
         self.tasks.get(task_id)?.subs.get(subtask_id)?.bad.as_deref()
     }
 
+    /// Whether the task's gateway cancelled it.
+    pub fn cancelled(&self, task_id: &str) -> bool {
+        self.tasks.get(task_id).is_some_and(|t| t.cancelled)
+    }
+
     /// The live holder of a subtask.
     pub fn holder(&self, task_id: &str, subtask_id: &str) -> Option<&TaskLock> {
         self.tasks.get(task_id)?.subs.get(subtask_id)?.lock.as_ref()
@@ -202,8 +224,18 @@ impl TaskQueue {
             Input::Result { node, lock_id, task_id, result } => {
                 self.complete(&node, &lock_id, &task_id, result, now_ms)
             }
-            Input::Release { node, lock_id } => self.free(&node, &lock_id, None),
-            Input::Failed { node, lock_id, reason } => self.free(&node, &lock_id, Some(reason)),
+            Input::Release { node, lock_id } => self.free(&node, &lock_id, None, now_ms),
+            Input::Failed { node, lock_id, reason } => {
+                self.free(&node, &lock_id, Some(reason), now_ms)
+            }
+            Input::Cancel { task_id } => match self.tasks.get_mut(&task_id) {
+                None => refused("unknown task"),
+                Some(t) if t.cancelled => refused("task already cancelled"),
+                Some(t) => {
+                    t.cancelled = true;
+                    vec![Effect::Cancelled { task_id }]
+                }
+            },
             Input::Tick => self.expire(now_ms),
         }
     }
@@ -229,7 +261,12 @@ impl TaskQueue {
             }
         }
         self.tasks
-            .insert(t.task_id, Task { created_at_ms: t.created_at_ms, subs: map, complete: false });
+            .insert(t.task_id, Task {
+            created_at_ms: t.created_at_ms,
+            subs: map,
+            complete: false,
+            cancelled: false,
+        });
         vec![]
     }
 
@@ -237,7 +274,7 @@ impl TaskQueue {
     fn grab(&mut self, lease_ms: u64, now_ms: u64) -> Vec<Effect> {
         let mut order: Vec<(&String, &Task)> = self.tasks.iter().collect();
         order.sort_by_key(|(id, t)| (t.created_at_ms, *id));
-        for (id, t) in order {
+        for (id, t) in order.into_iter().filter(|(_, t)| !t.cancelled) {
             if let Some((sid, _)) = t.subs.iter().find(|(_, s)| s.open() && s.lock.is_none()) {
                 let lease = lease_ms.clamp(1, MAX_TASK_LOCK_MS);
                 return vec![Effect::ProposeLock {
@@ -257,6 +294,9 @@ impl TaskQueue {
     fn lock(&mut self, l: TaskLock, now_ms: u64) -> Vec<Effect> {
         if l.expires_at_ms <= now_ms {
             return refused("lock already expired");
+        }
+        if self.cancelled(task_of(&l.task_key)) {
+            return refused("task cancelled");
         }
         let Some(sub) = self.sub_mut(&l.task_key) else { return refused("unknown subtask") };
         if !sub.open() {
@@ -318,18 +358,28 @@ impl TaskQueue {
         out
     }
 
-    fn free(&mut self, node: &NodeId, lock_id: &str, failure: Option<String>) -> Vec<Effect> {
+    fn free(
+        &mut self,
+        node: &NodeId,
+        lock_id: &str,
+        failure: Option<String>,
+        now_ms: u64,
+    ) -> Vec<Effect> {
         let found = self.tasks.iter().find_map(|(tid, t)| {
             t.subs.iter().find_map(|(sid, s)| {
                 s.lock
                     .as_ref()
                     .filter(|l| l.lock_id == lock_id)
-                    .map(|l| (key(tid, sid), l.node_id == *node))
+                    .map(|l| (key(tid, sid), l.node_id == *node, l.expires_at_ms > now_ms))
             })
         });
-        let Some((task_key, by_holder)) = found else { return refused("no such lock") };
+        let Some((task_key, by_holder, live)) = found else { return refused("no such lock") };
         if !by_holder {
             return refused("lock of another holder");
+        }
+        // An expired lock is MoveExpiredTaskLock's: it already counts.
+        if !live {
+            return refused("lock already expired");
         }
         match failure {
             Some(reason) => self.failure(&task_key, reason, false),

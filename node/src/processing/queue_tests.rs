@@ -258,3 +258,31 @@ fn a_subtask_failing_repeatedly_is_marked_bad_and_its_task_still_completes() {
     );
     assert!(refused(&q.handle(Input::Lock(lock("task_a/s0", "lock_4", &a, 40, 140)), 40)));
 }
+
+#[test]
+fn a_release_after_the_lock_expired_is_refused() {
+    let (a, _) = nodes();
+    let mut q = queue(1);
+    q.handle(Input::Lock(lock("task_a/s0", "lock_1", &a, 0, 1000)), 0);
+    let late = Input::Failed { node: a.clone(), lock_id: "lock_1".into(), reason: "oom".into() };
+    assert!(refused(&q.handle(late, 1000)), "the expiry already counts it");
+    assert!(refused(&q.handle(Input::Release { node: a, lock_id: "lock_1".into() }, 1001)));
+}
+
+#[test]
+fn a_cancelled_task_takes_no_new_lock_and_keeps_what_its_holders_finish() {
+    let (a, b) = nodes();
+    let mut q = queue(2);
+    q.handle(Input::Lock(lock("task_a/s0", "lock_1", &a, 0, 1000)), 0);
+    let e = q.handle(Input::Cancel { task_id: "task_a".into() }, 1);
+    assert_eq!(e, [Effect::Cancelled { task_id: "task_a".into() }]);
+    assert!(q.cancelled("task_a"));
+    assert!(refused(&q.handle(Input::Cancel { task_id: "task_a".into() }, 2)), "once");
+    assert!(refused(&q.handle(Input::Cancel { task_id: "task_b".into() }, 2)), "unknown task");
+    assert!(q.handle(Input::Grab { node: b.clone(), lease_ms: 10 }, 3).is_empty(), "s1 not offered");
+    assert!(refused(&q.handle(Input::Lock(lock("task_a/s1", "lock_2", &b, 3, 100)), 3)));
+    // The running holder's result still counts; its renewal does not.
+    assert!(refused(&q.handle(Input::Lock(lock("task_a/s0", "lock_1", &a, 4, 2000)), 4)));
+    let e = q.handle(res(&a, "lock_1", "s0", 2), 5);
+    assert_eq!(e, [Effect::Accepted { task_key: "task_a/s0".into() }]);
+}

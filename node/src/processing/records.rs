@@ -13,7 +13,12 @@
 //!   the queue rules take it (first valid lock wins, renewal by the holder,
 //!   expiry), replayed from the stored records;
 //! - a result only from the holder of the subtask's stored lock, created
-//!   before that lock expired, covering the subtask's chunks, once.
+//!   before that lock expired, covering the subtask's chunks, once;
+//! - a release (with or without a failure) only from the holder of the
+//!   lock it carries, within that lock's lease, once per lock, at most
+//!   [`MAX_RELEASES_PER_SUBTASK`] per subtask, and only if the queue rules,
+//!   replayed with it, take it;
+//! - a cancel only from the task's own gateway, once.
 //!
 //! The state of a task is never stored: [`replay`] rebuilds the sans-IO
 //! [`TaskQueue`] from the records, so every node holding them agrees.
@@ -27,6 +32,7 @@ use gcs_protocol::{
 use serde::{Deserialize, Serialize};
 
 use super::queue::{Effect, Input, TaskQueue, MAX_SUBTASKS};
+use super::release::{TaskCancel, TaskRelease, MAX_RELEASES_PER_SUBTASK};
 use crate::error::RefusedDelta;
 use crate::tenants::TenantTrust;
 
@@ -181,6 +187,10 @@ pub enum Record {
     Lock(TaskLock),
     /// A result of one subtask.
     Result(TaskResult),
+    /// A holder's release of its lock.
+    Release(TaskRelease),
+    /// The gateway's cancel of its task.
+    Cancel(TaskCancel),
 }
 
 fn misfiled(ty: MessageType, id: &str, key: &str) -> RefusedDelta {
@@ -212,6 +222,7 @@ fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
             let Message::TaskLock(l) = gcs_protocol::decode(bytes, &limits())? else {
                 return Err(RefusedDelta::NotFromPeers("processing.locks"));
             };
+            l.check_fields(&limits())?;
             gcs_protocol::verify(&l)?;
             if keys::processing_lock(&l.task_key) != key {
                 return Err(misfiled(MessageType::TaskLock, &l.task_key, key));
@@ -223,6 +234,7 @@ fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
             let Message::TaskResult(r) = gcs_protocol::decode(bytes, &limits())? else {
                 return Err(RefusedDelta::NotFromPeers("processing.results"));
             };
+            r.check_fields(&limits())?;
             gcs_protocol::verify(&r)?;
             let [one] = r.subtask_results.as_slice() else {
                 return Err(RefusedDelta::Envelope(field("subtask_results", "exactly one")));
@@ -232,6 +244,27 @@ fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
                 return Err(misfiled(MessageType::TaskResult, &task_key, key));
             }
             Ok(Record::Result(r))
+        }
+        Namespace::ProcessingReleases => {
+            size(bytes, MAX_ENTRY_BYTES)?;
+            let r: TaskRelease = gcs_protocol::codec::from_cbor_bytes(bytes)?;
+            r.check_fields(&limits())?;
+            gcs_protocol::verify(&r)?;
+            let k = &r.lock.task_key;
+            if k.split('/').count() != 2 || keys::processing_release(k, &r.lock.lock_id) != key {
+                return Err(misfiled(MessageType::TaskRelease, &r.lock.lock_id, key));
+            }
+            Ok(Record::Release(r))
+        }
+        Namespace::ProcessingCancels => {
+            size(bytes, MAX_ENTRY_BYTES)?;
+            let c: TaskCancel = gcs_protocol::codec::from_cbor_bytes(bytes)?;
+            c.check_fields(&limits())?;
+            gcs_protocol::verify(&c)?;
+            if keys::processing_cancel(&c.task_id) != key {
+                return Err(misfiled(MessageType::TaskCancel, &c.task_id, key));
+            }
+            Ok(Record::Cancel(c))
         }
         // Subtasks travel inside their task record.
         _ => Err(RefusedDelta::NotFromPeers(ns.cf())),
@@ -278,6 +311,10 @@ pub struct Stored {
     pub locks: Vec<TaskLock>,
     /// Its subtasks' results.
     pub results: Vec<TaskResult>,
+    /// Locks their holders gave back (some with a failure).
+    pub releases: Vec<TaskRelease>,
+    /// Its gateway's cancel.
+    pub cancel: Option<TaskCancel>,
 }
 
 /// Reads what this node holds of a task.
@@ -287,21 +324,48 @@ pub fn stored(ks: &Keyspace, task_id: &str) -> Result<Option<Stored>, RefusedDel
     };
     let locks = ks.scan_cbor::<TaskLock>(&keys::processing_locks(task_id))?;
     let results = ks.scan_cbor::<TaskResult>(&keys::processing_results(task_id))?;
+    let releases = ks.scan_cbor::<TaskRelease>(&keys::processing_releases(task_id))?;
     Ok(Some(Stored {
         task,
         locks: locks.into_iter().map(|(_, l)| l).collect(),
         results: results.into_iter().map(|(_, r)| r).collect(),
+        releases: releases.into_iter().map(|(_, r)| r).collect(),
+        cancel: ks.find_cbor::<TaskCancel>(&keys::processing_cancel(task_id))?,
     }))
 }
 
-/// Rebuilds a task's queue from its records (task, then every lock, then
-/// every result under its subtask's lock), then lets time pass to `now_ms`.
+/// Rebuilds a task's queue from its records (task; every released lock
+/// and its release, in lock order; every live lock; every result under
+/// its subtask's lock; the cancel), then lets time pass to `now_ms`.
 pub fn replay(s: &Stored, now_ms: u64) -> TaskQueue {
+    replay_watching(s, now_ms, None).0
+}
+
+/// [`replay`], and whether the release of lock `watch` freed its subtask.
+fn replay_watching(s: &Stored, now_ms: u64, watch: Option<&str>) -> (TaskQueue, bool) {
     let mut q = TaskQueue::default();
+    let mut took = false;
     if let Some(t) = s.task.task() {
         q.handle(Input::Enqueue(t.clone(), s.task.subtasks.clone()), s.task.created_at_ms);
     }
-    for l in &s.locks {
+    let mut released: Vec<&TaskRelease> = s.releases.iter().collect();
+    released.sort_by(|a, b| {
+        (a.lock.created_at_ms, &a.lock.lock_id).cmp(&(b.lock.created_at_ms, &b.lock.lock_id))
+    });
+    for r in &released {
+        q.handle(Input::Lock(r.lock.clone()), r.lock.created_at_ms);
+        let (node, lock_id) = (r.node_id.clone(), r.lock.lock_id.clone());
+        let input = match &r.failure {
+            Some(reason) => Input::Failed { node, lock_id, reason: reason.clone() },
+            None => Input::Release { node, lock_id },
+        };
+        let effects = q.handle(input, r.created_at_ms);
+        if watch == Some(r.lock.lock_id.as_str()) {
+            took = effects.iter().any(|e| matches!(e, Effect::Freed { .. } | Effect::MarkedBad { .. }));
+        }
+    }
+    // The lock key keeps a released lock until the next one replaces it.
+    for l in s.locks.iter().filter(|l| !released.iter().any(|r| r.lock.lock_id == l.lock_id)) {
         q.handle(Input::Lock(l.clone()), l.created_at_ms);
     }
     for r in &s.results {
@@ -319,8 +383,11 @@ pub fn replay(s: &Stored, now_ms: u64) -> TaskQueue {
         };
         q.handle(input, r.created_at_ms.min(l.expires_at_ms));
     }
+    if let Some(c) = &s.cancel {
+        q.handle(Input::Cancel { task_id: c.task_id.clone() }, c.created_at_ms);
+    }
     q.handle(Input::Tick, now_ms);
-    q
+    (q, took)
 }
 
 fn task_of(task_key: &str) -> &str {
@@ -411,6 +478,33 @@ fn check(
             let effects = q.handle(input, r.created_at_ms);
             if !effects.iter().any(|e| matches!(e, Effect::Accepted { .. })) {
                 return Err(rule("result", &effects));
+            }
+        }
+        Record::Release(r) => {
+            if ks.get_bytes(key)?.is_some() {
+                return Err(RefusedDelta::NotTheAuthor("processing.releases"));
+            }
+            let Some(mut s) = stored(ks, task_of(&r.lock.task_key))? else {
+                return Err(RefusedDelta::Envelope(field("lock", "no such task here")));
+            };
+            let of_sub = s.releases.iter().filter(|x| x.lock.task_key == r.lock.task_key).count();
+            if of_sub >= MAX_RELEASES_PER_SUBTASK {
+                return Err(RefusedDelta::Envelope(field("lock", "too many releases of the subtask")));
+            }
+            s.releases.push(r.clone());
+            if !replay_watching(&s, now_ms, Some(&r.lock.lock_id)).1 {
+                return Err(RefusedDelta::Envelope(field("lock", "not a live lock of its holder")));
+            }
+        }
+        Record::Cancel(c) => {
+            if ks.get_bytes(key)?.is_some() {
+                return Err(RefusedDelta::NotTheAuthor("processing.cancels"));
+            }
+            let Some(s) = stored(ks, &c.task_id)? else {
+                return Err(RefusedDelta::Envelope(field("task_id", "no such task here")));
+            };
+            if s.task.gateway_node_id != c.gateway_node_id {
+                return Err(RefusedDelta::NotTheAuthor("processing.cancels"));
             }
         }
     }

@@ -13,16 +13,16 @@ use crate::error::RefusedDelta;
 use crate::replication::merge_scoped;
 use crate::tenants::TenantTrust;
 
-const NOW: u64 = 1_000_000;
-const TASK: &str = "task_01JDZ0000000000000000000AA";
+pub(super) const NOW: u64 = 1_000_000;
+pub(super) const TASK: &str = "task_01JDZ0000000000000000000AA";
 
-fn store() -> (tempfile::TempDir, Keyspace) {
+pub(super) fn store() -> (tempfile::TempDir, Keyspace) {
     let d = tempfile::tempdir().unwrap();
     let ks = Keyspace::open(d.path(), "a", Default::default()).unwrap();
     (d, ks)
 }
 
-fn task(subs: u32) -> (ProcessingTask, Vec<ProcessingSubTask>) {
+pub(super) fn task(subs: u32) -> (ProcessingTask, Vec<ProcessingSubTask>) {
     let t = ProcessingTask {
         version: 1,
         task_id: TASK.into(),
@@ -46,14 +46,14 @@ fn task(subs: u32) -> (ProcessingTask, Vec<ProcessingSubTask>) {
     (t, s)
 }
 
-fn record(gateway: &NodeKey, subs: u32) -> TaskRecord {
+pub(super) fn record(gateway: &NodeKey, subs: u32) -> TaskRecord {
     let (t, s) = task(subs);
     let mut r = TaskRecord::new("tenant_123", &gateway.node_id(), t, s, NOW);
     r.batch_id = Some("batch_00112233445566778899aabb".into());
     r
 }
 
-fn lock(sub: &str, id: &str, node: &NodeKey, created: u64) -> TaskLock {
+pub(super) fn lock(sub: &str, id: &str, node: &NodeKey, created: u64) -> TaskLock {
     TaskLock {
         message_type: MessageType::TaskLock,
         version: PROTOCOL_VERSION,
@@ -66,7 +66,7 @@ fn lock(sub: &str, id: &str, node: &NodeKey, created: u64) -> TaskLock {
     }
 }
 
-fn result(sub: &str, node: &NodeKey, at: u64) -> TaskResult {
+pub(super) fn result(sub: &str, node: &NodeKey, at: u64) -> TaskResult {
     TaskResult {
         message_type: MessageType::TaskResult,
         version: PROTOCOL_VERSION,
@@ -82,11 +82,11 @@ fn result(sub: &str, node: &NodeKey, at: u64) -> TaskResult {
     }
 }
 
-const L1: &str = "lock_01JDZ0000000000000000000L1";
-const L2: &str = "lock_01JDZ0000000000000000000L2";
+pub(super) const L1: &str = "lock_01JDZ0000000000000000000A1";
+pub(super) const L2: &str = "lock_01JDZ0000000000000000000A2";
 
 /// Two nodes' stores with the sample gateway admitted by tenant_123.
-fn two() -> (
+pub(super) fn two() -> (
     tempfile::TempDir,
     Keyspace,
     tempfile::TempDir,
@@ -102,7 +102,7 @@ fn two() -> (
     (da, a, db, b, trust, worker, gateway)
 }
 
-fn signed_delta<T: gcs_protocol::SignedMessage>(
+pub(super) fn signed_delta<T: gcs_protocol::SignedMessage>(
     ks: &Keyspace,
     key: &str,
     mut m: T,

@@ -4,8 +4,9 @@
 //! lock, renewals and result published on the keyspace delta topic as soon
 //! as they are stored. Separate from the interactive slots: a processing
 //! subtask runs at batch priority in the engine, so interactive jobs keep
-//! the worker. At shutdown the running steps are cancelled; their locks
-//! expire and the queue frees the subtasks for other workers.
+//! the worker. At shutdown the running steps are cancelled: each stops
+//! between requests and releases its lock, so another worker takes the
+//! subtask at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -81,8 +82,8 @@ pub struct Shell {
 }
 
 impl Shell {
-    /// Stops taking subtasks and cancels the running ones (their locks
-    /// expire).
+    /// Stops taking subtasks and cancels the running ones (each releases
+    /// its lock).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.wake.notify_one();

@@ -9,7 +9,10 @@
 //! naming their hashes ([`records::complete`]).
 //!
 //! Blocking (the executor is): the node's shell runs [`Processor::step`]
-//! on a blocking thread and publishes the deltas it hands out. A worker
+//! on a blocking thread and publishes the deltas it hands out. A subtask
+//! that fails in the engine, or whose inputs do not match, is released
+//! with the failure (three make it bad everywhere); one stopped at
+//! shutdown or by the task's cancel is released without. A worker
 //! that dies leaves its lock to expire; the queue then frees the subtask
 //! for another (MoveExpiredTaskLock), and the gateway keeps only the
 //! outputs the accepted result names, so no request is answered twice.
@@ -78,6 +81,21 @@ pub struct Processor<'a> {
     pub lease_ms: u64,
 }
 
+/// A failure as a release carries it: at most 256 bytes, no control
+/// characters.
+fn failure_reason(s: &str) -> String {
+    let mut out: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let mut end = out.len().min(super::release::MAX_REASON_BYTES);
+    while !out.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.truncate(end);
+    if out.is_empty() {
+        out.push_str("failed");
+    }
+    out
+}
+
 /// The error envelope a request refused by the engine gets (what the same
 /// request sent alone answers: 400 `invalid_request_error`).
 fn invalid_body(message: &str) -> String {
@@ -103,7 +121,7 @@ impl Processor<'_> {
             let Some(id) = t.task().map(|x| x.task_id.clone()) else { continue };
             if let Some(s) = records::stored(self.ks, &id)? {
                 let q = records::replay(&s, now_ms);
-                let free = s.task.subtasks.iter().any(|st| {
+                let free = !q.cancelled(&id) && s.task.subtasks.iter().any(|st| {
                     q.result(&id, &st.subtask_id).is_none()
                         && q.bad(&id, &st.subtask_id).is_none()
                         && q.holder(&id, &st.subtask_id).is_none()
@@ -131,17 +149,50 @@ impl Processor<'_> {
         for t in self.candidates(now)? {
             let Some(task_id) = t.task().map(|x| x.task_id.clone()) else { continue };
             let got = records::grab(self.ks, &task_id, self.key, self.lease_ms, self.trust, now)?;
-            let Some((lock, delta)) = got else { continue };
-            publish(delta.clone());
-            return self.run(&t, (lock, delta), src, cancel, clock, publish);
+            let Some(mut held) = got else { continue };
+            publish(held.1.clone());
+            let r = self.run(&t, &mut held, src, cancel, clock, publish);
+            self.give_back(&held.0, &r, clock(), publish);
+            return r;
         }
         Ok(None)
+    }
+
+    /// A subtask that did not finish: its lock goes back at once (a
+    /// failure of the engine or of the inputs counts towards the bad mark
+    /// on every replica), rather than after its lease. A gateway that could
+    /// not be reached, or a refused record, leaves the lock to expire: the
+    /// lease paces the retries.
+    fn give_back(
+        &self,
+        lock: &TaskLock,
+        r: &Result<Option<Done>, ProcessingError>,
+        now_ms: u64,
+        publish: &mut dyn FnMut(Delta),
+    ) {
+        let failure = match r {
+            Ok(Some(_)) => return,
+            Ok(None) | Err(ProcessingError::Cancelled) => None,
+            Err(e @ (ProcessingError::Engine(_) | ProcessingError::Mismatch(_))) => {
+                Some(failure_reason(&e.to_string()))
+            }
+            Err(_) => return,
+        };
+        let failed = failure.clone();
+        match super::release::give_back(self.ks, lock, failure, self.key, self.trust, now_ms) {
+            Ok(d) => {
+                tracing::info!(subtask = %lock.task_key, failure = ?failed, "processing lock released");
+                publish(d)
+            }
+            // Expired meanwhile: MoveExpiredTaskLock has it.
+            Err(e) => tracing::debug!(lock_id = %lock.lock_id, error = %e, "lock not released"),
+        }
     }
 
     fn run(
         &self,
         t: &TaskRecord,
-        (mut lock, mut lock_delta): (TaskLock, Delta),
+        (lock, lock_delta): &mut (TaskLock, Delta),
         src: &dyn ChunkSource,
         cancel: &AtomicBool,
         clock: &dyn Fn() -> u64,
@@ -155,10 +206,14 @@ impl Processor<'_> {
         let sub =
             t.subtasks.iter().find(|s| s.subtask_id == sub_id).ok_or(ProcessingError::Unknown)?;
         let me = self.key.node_id();
+        let cancelled = || -> Result<bool, ProcessingError> {
+            Ok(cancel.load(Ordering::Relaxed)
+                || self.ks.get_bytes(&keys::processing_cancel(&task_id))?.is_some())
+        };
         let mut inputs = vec![];
         let mut hashes = vec![];
         for c in &sub.chunk_ids {
-            let bytes = src.fetch(&me, &t.gateway_node_id, &lock_delta, &task_id, c)?;
+            let bytes = src.fetch(&me, &t.gateway_node_id, lock_delta, &task_id, c)?;
             hashes.push(Hash32::of(&bytes));
             inputs.push((chunks::check_input(t, c, &bytes)?, Hash32::of(&bytes)));
         }
@@ -167,10 +222,10 @@ impl Processor<'_> {
         }
         let mut out_hashes = vec![];
         for (input, input_hash) in inputs {
-            if cancel.load(Ordering::Relaxed) {
+            if cancelled()? {
                 return Ok(None);
             }
-            self.renew(&mut lock, &mut lock_delta, clock(), publish)?;
+            self.renew(lock, lock_delta, clock(), publish)?;
             let req = ExecRequest {
                 api_type: input.api_type,
                 model: input.model.clone(),
@@ -209,7 +264,7 @@ impl Processor<'_> {
             gcs_protocol::sign(&mut o, self.key)?;
             let bytes = gcs_protocol::encode(&o)?;
             out_hashes.push(Hash32::of(&bytes));
-            src.deliver(&t.gateway_node_id, &lock_delta, bytes)?;
+            src.deliver(&t.gateway_node_id, lock_delta, bytes)?;
         }
         let result = SubTaskResult {
             subtask_id: sub_id,
@@ -217,10 +272,10 @@ impl Processor<'_> {
             chunk_hashes: out_hashes,
         };
         let now = clock();
-        self.renew(&mut lock, &mut lock_delta, now, publish)?;
+        self.renew(lock, lock_delta, now, publish)?;
         let d = records::complete(self.ks, &task_id, result, self.key, self.trust, now)?;
         publish(d);
-        Ok(Some(Done { task_key: lock.task_key, lines: sub.chunk_ids.len() }))
+        Ok(Some(Done { task_key: lock.task_key.clone(), lines: sub.chunk_ids.len() }))
     }
 
     /// Extends the lease once half of it has passed (a renewal is the same

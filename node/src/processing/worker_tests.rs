@@ -43,6 +43,9 @@ impl Executor for Echo {
         if req.body == b"bad" {
             return Err(ExecError::Invalid("prompt too long".into()));
         }
+        if req.body == b"boom" {
+            return Err(ExecError::Engine("kernel\nfault".into()));
+        }
         Ok(ExecOutcome {
             finish_reason: gcs_protocol::FinishReason::Stop,
             input_tokens: req.body.len() as u64,
@@ -249,7 +252,10 @@ fn a_dead_workers_subtask_is_taken_over_after_its_lock_expires() {
     let mut out = vec![];
     let r = net.processor(0, &ea, &models).step(&dies, &dead, &now, &mut |d| out.push(d)).unwrap();
     assert_eq!(r, None, "A stopped before its result");
-    out.iter().for_each(|d| net.spread(1, d, now()));
+    // Killed, A releases nothing: only what it stored before is gossiped.
+    let release = gcs_keyspace::Namespace::ProcessingReleases.prefix();
+    assert!(out.last().is_some_and(|d| d.key.starts_with(release)), "a stop releases the lock");
+    out.iter().filter(|d| !d.key.starts_with(release)).for_each(|d| net.spread(1, d, now()));
     // While A's lock lives, B finds nothing to take.
     let live = AtomicBool::new(false);
     let mut out = vec![];
@@ -427,4 +433,144 @@ fn input_chunks_never_leave_the_gateway_by_replication() {
         merge_scoped(&net.stores[1], d, &[], &net.trust, NOW).is_err(),
         "a peer cannot push one"
     );
+}
+
+#[test]
+fn a_worker_stopped_at_shutdown_gives_its_subtask_back_at_once() {
+    let net = net();
+    let b = bodies(4);
+    let refs: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
+    let task = net.enqueue(&refs, 4);
+    let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
+    let (ea, eb) = (
+        Echo { clock: clock.clone(), ..Echo::default() },
+        Echo { clock: clock.clone(), ..Echo::default() },
+    );
+    let models = vec!["m".to_string()];
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let now = || clock.load(Ordering::SeqCst);
+    let stop = AtomicBool::new(false);
+    let stops = Dies { inner: &gw, after: 1, cancel: &stop };
+    let mut out = vec![];
+    let r = net.processor(0, &ea, &models).step(&stops, &stop, &now, &mut |d| out.push(d)).unwrap();
+    assert_eq!(r, None);
+    out.iter().for_each(|d| net.spread(1, d, now()));
+    // B takes it over without waiting for the lease, and runs all four.
+    let live = AtomicBool::new(false);
+    let mut out = vec![];
+    let r = net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap();
+    assert_eq!(r.map(|d| d.lines), Some(4));
+    out.iter().for_each(|d| net.spread(2, d, now()));
+    let q = records::replay(&records::stored(&net.stores[0], &task).unwrap().unwrap(), now());
+    assert!(q.bad(&task, "s0").is_none(), "a stop is not a failure");
+    assert_eq!(chunks::collect(&net.stores[0], &task, now()).unwrap().outputs.len(), 4);
+}
+
+#[test]
+fn a_request_failing_in_every_engine_marks_its_subtask_bad_after_three_tries() {
+    let net = net();
+    let task = net.enqueue(&[b"fine", b"boom", b"fine too"], 2);
+    let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
+    let execs = [
+        Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() },
+        Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() },
+    ];
+    let models = vec!["m".to_string()];
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let now = || clock.load(Ordering::SeqCst);
+    let live = AtomicBool::new(false);
+    let mut errors = 0;
+    for round in 0..6 {
+        let w = round % 2;
+        let mut out = vec![];
+        match net.processor(w, &execs[w], &models).step(&gw, &live, &now, &mut |d| out.push(d)) {
+            Err(ProcessingError::Engine(_)) => errors += 1,
+            other => assert!(other.is_ok(), "{other:?}"),
+        }
+        out.iter().for_each(|d| net.spread(w + 1, d, now()));
+    }
+    // Three tries of s0 (each released with its failure, no lease waited
+    // out), one of s1; then nothing is left to take.
+    assert_eq!(errors, 3);
+    let c = chunks::collect(&net.stores[0], &task, now()).unwrap();
+    assert_eq!((c.open, c.missing), (0, 0));
+    assert_eq!(c.outputs.iter().map(|o| o.index).collect::<Vec<_>>(), vec![2]);
+    let bad: Vec<u64> = c.bad.iter().map(|(i, _)| *i).collect();
+    assert_eq!(bad, vec![0, 1]);
+    assert_eq!(c.bad[0].1, "engine: kernel fault", "the worker's reason, without control characters");
+    for ks in &net.stores {
+        let q = records::replay(&records::stored(ks, &task).unwrap().unwrap(), now());
+        assert!(q.bad(&task, "s0").is_some(), "every replica agrees");
+    }
+}
+
+/// Delivers through `inner`; the first delivery makes the gateway cancel
+/// the task, and the cancel reaches every store (as gossip carries it).
+struct CancelsOnFirst<'a> {
+    inner: &'a Gateway<'a>,
+    net: &'a Net,
+}
+
+impl ChunkSource for CancelsOnFirst<'_> {
+    fn fetch(
+        &self,
+        me: &NodeId,
+        g: &NodeId,
+        l: &Delta,
+        t: &str,
+        c: &str,
+    ) -> Result<Vec<u8>, ProcessingError> {
+        self.inner.fetch(me, g, l, t, c)
+    }
+    fn deliver(&self, g: &NodeId, l: &Delta, output: Vec<u8>) -> Result<(), ProcessingError> {
+        let o: chunks::OutputChunk = gcs_protocol::codec::from_cbor_bytes(&output).unwrap();
+        self.inner.deliver(g, l, output)?;
+        let now = self.inner.clock.load(Ordering::SeqCst);
+        let d = super::release::cancel(
+            self.inner.ks,
+            &o.task_id,
+            "batch_cancelled",
+            &self.net.gateway,
+            self.inner.trust,
+            now,
+        )
+        .unwrap();
+        if let Some(d) = d {
+            self.net.spread(0, &d, now);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_cancelled_task_stops_between_requests_and_is_offered_to_no_one() {
+    let net = net();
+    let b = bodies(8);
+    let refs: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
+    let task = net.enqueue(&refs, 4);
+    let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
+    let (ea, eb) = (
+        Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() },
+        Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() },
+    );
+    let models = vec!["m".to_string()];
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let now = || clock.load(Ordering::SeqCst);
+    let live = AtomicBool::new(false);
+    let src = CancelsOnFirst { inner: &gw, net: &net };
+    // Gossip carries each record as it is stored.
+    let r = net.processor(0, &ea, &models).step(&src, &live, &now, &mut |d| net.spread(1, &d, now()));
+    assert_eq!(r.unwrap(), None, "stopped by the cancel");
+    assert_eq!(ea.runs.load(Ordering::SeqCst), 1, "no request after the cancel");
+    // The other worker takes nothing: neither the released s0 nor the free s1.
+    let mut out = vec![];
+    assert_eq!(net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap(), None);
+    assert_eq!(eb.runs.load(Ordering::SeqCst), 0);
+    assert!(out.is_empty());
+    // And the gateway serves a cancelled task's chunks to no one.
+    let e = chunks::serve_chunk(&net.stores[0], &net.workers[0].node_id(), &task, "c0", now());
+    assert!(matches!(e, Err(ProcessingError::Cancelled)), "{e:?}");
 }

@@ -60,9 +60,11 @@ pub fn authority(ns: Namespace) -> Authority {
             Register { ty: MessageType::NodeRegistration, by_job_gateway: false }
         }
         Namespace::TenantMemberships => Authority::Membership,
-        Namespace::ProcessingTasks | Namespace::ProcessingLocks | Namespace::ProcessingResults => {
-            Authority::Processing
-        }
+        Namespace::ProcessingTasks
+        | Namespace::ProcessingLocks
+        | Namespace::ProcessingResults
+        | Namespace::ProcessingReleases
+        | Namespace::ProcessingCancels => Authority::Processing,
         // Written by no node today (states, capabilities, heartbeats, the
         // processing queue), or never global (payloads, results, streams,
         // usage, local).

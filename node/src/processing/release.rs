@@ -1,0 +1,199 @@
+//! The two records that end processing work early (specs/batch.md,
+//! "Processing queue records"): a holder's [`TaskRelease`] of its lock
+//! (given back, or with the failure that made it give up, which counts
+//! towards the subtask's bad mark on every replica), and a gateway's
+//! [`TaskCancel`] of its task (no new locks; workers stop between
+//! requests). Both are signed, bounded and checked against the stored
+//! task by `records::check`.
+
+use gcs_keyspace::{keys, Delta, Keyspace};
+use gcs_protocol::{
+    ids, Limits, MessageType, NodeId, NodeKey, ProtocolError, Signature, SignedMessage, TaskLock,
+    PROTOCOL_VERSION,
+};
+use serde::{Deserialize, Serialize};
+
+use super::records;
+use crate::error::RefusedDelta;
+use crate::tenants::TenantTrust;
+
+/// Longest failure reason or cancel reason kept.
+pub const MAX_REASON_BYTES: usize = 256;
+/// Releases kept per subtask: a holder that locks and releases in a loop
+/// fills them, and later holders let their locks expire instead.
+pub const MAX_RELEASES_PER_SUBTASK: usize = 32;
+
+fn field(field: &'static str, reason: &str) -> ProtocolError {
+    ProtocolError::Field { field, reason: reason.into() }
+}
+
+fn reason_ok(field_name: &'static str, r: &str) -> Result<(), ProtocolError> {
+    if r.is_empty() || r.len() > MAX_REASON_BYTES || r.chars().any(char::is_control) {
+        return Err(field(field_name, "1-256 bytes without control characters"));
+    }
+    Ok(())
+}
+
+/// A holder gives its lock back: `failure` says why it could not do the
+/// subtask (counted), `None` that it stopped (shutdown; not counted).
+/// Carries the lock (its latest renewal) it releases, because the lock
+/// key keeps only the newest lock of a subtask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRelease {
+    /// Always `GCS_PROCESSING_TASK_RELEASE`.
+    pub message_type: MessageType,
+    /// The protocol version.
+    pub version: u16,
+    /// The lock released, signed by its holder.
+    pub lock: TaskLock,
+    /// Why the holder could not finish, if it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// The holder; signer.
+    pub node_id: NodeId,
+    /// Release time (within the lock's lease).
+    pub created_at_ms: u64,
+    /// The holder's signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+impl SignedMessage for TaskRelease {
+    const TYPE: MessageType = MessageType::TaskRelease;
+    fn signer(&self) -> &NodeId {
+        &self.node_id
+    }
+    fn message_type(&self) -> MessageType {
+        self.message_type
+    }
+    fn version(&self) -> u16 {
+        self.version
+    }
+    fn signature(&self) -> Option<&Signature> {
+        self.signature.as_ref()
+    }
+    fn set_signature(&mut self, sig: Option<Signature>) {
+        self.signature = sig;
+    }
+    fn created_at_ms(&self) -> u64 {
+        self.created_at_ms
+    }
+    fn check_fields(&self, limits: &Limits) -> Result<(), ProtocolError> {
+        if self.message_type != Self::TYPE || self.version != PROTOCOL_VERSION {
+            return Err(field("message_type", "not a GCS_PROCESSING_TASK_RELEASE of this version"));
+        }
+        self.lock.check_fields(limits)?;
+        gcs_protocol::verify(&self.lock)?;
+        if self.lock.node_id != self.node_id {
+            return Err(field("node_id", "not the holder of the lock it releases"));
+        }
+        if self.created_at_ms < self.lock.created_at_ms
+            || self.created_at_ms >= self.lock.expires_at_ms
+        {
+            return Err(field("created_at_ms", "outside the lock's lease"));
+        }
+        if let Some(r) = &self.failure {
+            reason_ok("failure", r)?;
+        }
+        Ok(())
+    }
+}
+
+/// The task's gateway ends it: no new locks, and workers stop its
+/// subtasks between requests. Once per task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCancel {
+    /// Always `GCS_PROCESSING_TASK_CANCEL`.
+    pub message_type: MessageType,
+    /// The protocol version.
+    pub version: u16,
+    /// The task.
+    pub task_id: String,
+    /// The task's gateway; signer.
+    pub gateway_node_id: NodeId,
+    /// Why (e.g. `batch_cancelled`).
+    pub reason: String,
+    /// Cancel time.
+    pub created_at_ms: u64,
+    /// The gateway's signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+impl SignedMessage for TaskCancel {
+    const TYPE: MessageType = MessageType::TaskCancel;
+    fn signer(&self) -> &NodeId {
+        &self.gateway_node_id
+    }
+    fn message_type(&self) -> MessageType {
+        self.message_type
+    }
+    fn version(&self) -> u16 {
+        self.version
+    }
+    fn signature(&self) -> Option<&Signature> {
+        self.signature.as_ref()
+    }
+    fn set_signature(&mut self, sig: Option<Signature>) {
+        self.signature = sig;
+    }
+    fn created_at_ms(&self) -> u64 {
+        self.created_at_ms
+    }
+    fn check_fields(&self, _: &Limits) -> Result<(), ProtocolError> {
+        if self.message_type != Self::TYPE || self.version != PROTOCOL_VERSION {
+            return Err(field("message_type", "not a GCS_PROCESSING_TASK_CANCEL of this version"));
+        }
+        ids::check_id("task_id", &self.task_id, ids::TASK)?;
+        reason_ok("reason", &self.reason)
+    }
+}
+
+/// The holder gives `lock` (its latest renewal) back, with the failure
+/// that made it stop if any; stored through the authority rows (refused
+/// once the lock expired); returns the delta to publish.
+pub fn give_back(
+    ks: &Keyspace,
+    lock: &TaskLock,
+    failure: Option<String>,
+    node_key: &NodeKey,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Delta, RefusedDelta> {
+    let r = TaskRelease {
+        message_type: MessageType::TaskRelease,
+        version: PROTOCOL_VERSION,
+        lock: lock.clone(),
+        failure,
+        node_id: node_key.node_id(),
+        created_at_ms: now_ms,
+        signature: None,
+    };
+    records::write(ks, &keys::processing_release(&lock.task_key, &lock.lock_id), r, node_key, trust, now_ms)
+}
+
+/// The task's gateway cancels it (no new locks); returns the delta to
+/// publish, or `None` when it was cancelled already.
+pub fn cancel(
+    ks: &Keyspace,
+    task_id: &str,
+    reason: &str,
+    node_key: &NodeKey,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Option<Delta>, RefusedDelta> {
+    let key = keys::processing_cancel(task_id);
+    if ks.get_bytes(&key)?.is_some() {
+        return Ok(None);
+    }
+    let c = TaskCancel {
+        message_type: MessageType::TaskCancel,
+        version: PROTOCOL_VERSION,
+        task_id: task_id.into(),
+        gateway_node_id: node_key.node_id(),
+        reason: reason.into(),
+        created_at_ms: now_ms,
+        signature: None,
+    };
+    records::write(ks, &key, c, node_key, trust, now_ms).map(Some)
+}
