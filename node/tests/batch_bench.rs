@@ -8,7 +8,11 @@
 //!
 //! A bench, not a test: it runs only with `GCS_BATCH_BENCH=1`
 //! (`GCS_BATCH_BENCH=1 cargo test --release -p gcs-node --test batch_bench
-//! -- --nocapture`; `GCS_BATCH_BENCH_N` requests, default 48).
+//! -- --nocapture`; `GCS_BATCH_BENCH_N` requests, default 48). With
+//! `GCS_BATCH_BENCH_PATH=processing` the tenant admits the gateway and the
+//! workers trust it, so batches run on the swarm's processing queue
+//! (otherwise through the gateway's own runner); the path that ran is
+//! printed from `gcs_batch_runs_total`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -19,7 +23,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use procs::{create_key, model_dir, tail, Node};
+use procs::{admitted_gateway, create_key, model_dir, tail, Node};
 use serde_json::{json, Value};
 
 fn raw(port: u16, head: &str, body: &[u8]) -> (u16, String) {
@@ -127,10 +131,18 @@ fn batch_throughput_and_interactive_ttft() {
     assert!(model_dir().join("smollm2-135m-instruct").is_dir(), "run scripts/fetch-models.sh smollm2");
     let n: usize = std::env::var("GCS_BATCH_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
     let tmp = tempfile::tempdir().unwrap();
-    let key = create_key(&tmp.path().join("gw"));
-    let gw = Node::start(&tmp.path().join("gw"), 300, &["--role", "gateway"]);
+    let processing = std::env::var("GCS_BATCH_BENCH_PATH").ok().as_deref() == Some("processing");
+    let gw_dir = tmp.path().join("gw");
+    let (key, trust) = match processing {
+        true => admitted_gateway(&gw_dir),
+        false => (create_key(&gw_dir), String::new()),
+    };
+    let gw = Node::start(&gw_dir, 300, &["--role", "gateway"]);
     let boot = gw.bootstrap();
-    let args = ["--role", "worker", "--bootstrap", &boot, "--model", "smollm2-135m-instruct"];
+    let mut args = vec!["--role", "worker", "--bootstrap", &boot, "--model", "smollm2-135m-instruct"];
+    if processing {
+        args.extend(["--trust-tenant", trust.as_str()]);
+    }
     let w1 = Node::start(&tmp.path().join("w1"), 300, &args);
     let w2 = Node::start(&tmp.path().join("w2"), 300, &args);
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -197,4 +209,11 @@ fn batch_throughput_and_interactive_ttft() {
         pct(&mut during, 0.99),
         during.len()
     );
+    let (_, m) = gw.request("GET", "/metrics", &key, "");
+    let runs: Vec<&str> = m.lines().filter(|l| l.starts_with("gcs_batch_runs_total{")).collect();
+    println!("batch_bench paths: {runs:?}");
+    if std::env::var_os("GCS_BATCH_BENCH_LOGS").is_some() {
+        let _ = std::fs::copy(&w1.log, "/tmp/bb_w1.log");
+        let _ = std::fs::copy(&gw.log, "/tmp/bb_gw.log");
+    }
 }

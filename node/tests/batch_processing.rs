@@ -20,11 +20,9 @@ mod procs;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use procs::{create_key, model_dir, tail, Node};
+use procs::{admitted_gateway, model_dir, tail, Node};
 use serde_json::{json, Value};
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -64,13 +62,6 @@ fn chat(i: usize) -> Value {
            "messages": [{"role": "user", "content": format!("Question {i}: name a colour and a number.")}]})
 }
 
-/// The node id of the ed25519 seed (hex) in `file`.
-fn id_of(file: &Path) -> String {
-    let hex = std::fs::read_to_string(file).unwrap();
-    let bytes: Vec<u8> = (0..64).step_by(2).map(|i| u8::from_str_radix(&hex.trim()[i..i + 2], 16).unwrap()).collect();
-    gcs_protocol::NodeKey::from_seed(bytes.try_into().unwrap()).node_id().to_string()
-}
-
 fn metric(gw: &Node, key: &str, name: &str) -> Option<u64> {
     let (_, m) = gw.request("GET", "/metrics", key, "");
     m.lines().find_map(|l| l.strip_prefix(name)).and_then(|n| n.trim().parse().ok())
@@ -84,21 +75,10 @@ fn a_batch_runs_on_the_processing_queue_and_survives_a_worker_kill() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let gw_dir = tmp.path().join("gw");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    // The gateway's identity first, so the tenant can admit it as its gateway.
-    std::fs::write(gw_dir.join("identity.key"), hex_seed(7)).unwrap();
-    let gw_id = id_of(&gw_dir.join("identity.key"));
-    let key = create_key(&gw_dir);
-    let out = Command::new(env!("CARGO_BIN_EXE_gcs-node"))
-        .args(["tenants", "admit", "--data-dir", gw_dir.to_str().unwrap(), "--tenant", "acme"])
-        .args(["--node", &gw_id, "--gateway", "--out", tmp.path().join("gw.cert").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let issuer = id_of(&gw_dir.join("tenants/tenant.acme.key"));
+    // The tenant admits the gateway; the workers trust the tenant's key.
+    let (key, trust) = admitted_gateway(&gw_dir);
     let mut gw = Node::start(&gw_dir, 300, &["--role", "gateway"]);
     let boot = gw.bootstrap();
-    let trust = format!("acme={issuer}");
     let args = ["--role", "worker", "--bootstrap", &boot, "--model", MODEL, "--trust-tenant", &trust,
                 "--processing-lease-ms", "6000", "--max-processing-jobs", "1"];
     let w1 = Node::start(&tmp.path().join("w1"), 300, &args);
@@ -250,6 +230,3 @@ fn cancel_stops_the_worker(gw: &Node, key: &str, w: &Node) {
     eprintln!("cancelled after {completed} of {N} answers; the worker finished {ran} subtasks, stopped one: {stopped}");
 }
 
-fn hex_seed(n: u8) -> String {
-    (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(31).wrapping_add(n))).collect()
-}

@@ -205,6 +205,8 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
     let mut batch = Command::new(&python);
     batch.arg("tests/sdk/openai_batch.py");
     env(&mut batch);
+    // The 1,000-line files, chat and embeddings (~90 s here).
+    batch.env("GCS_BATCH_CHAT_LINES", "1000").env("GCS_BATCH_EMBED_LINES", "1000");
     run("OpenAI Python SDK: Files and Batches", &mut batch);
     let mut node = Command::new("node");
     node.arg("tests/sdk/openai_js.mjs");

@@ -65,9 +65,13 @@ pub enum ProcessingError {
     /// The engine failed (the subtask is left to expire and be retried).
     #[error("engine: {0}")]
     Engine(String),
-    /// The task's gateway refused a request or could not be reached.
+    /// The task's gateway could not be reached.
     #[error("gateway: {0}")]
     Gateway(String),
+    /// The task's gateway answered with a refusal (this node does not hold
+    /// the subtask there, an output it refused, ...).
+    #[error("gateway refused: {0}")]
+    GatewayRefused(String),
     /// A usage record was not stored, or a blocking task failed.
     #[error("{0}")]
     Runtime(String),
@@ -390,7 +394,12 @@ pub fn present_lock(
     {
         return Err(ProcessingError::Mismatch("not a lock record"));
     }
-    records::merge(ks, d, trust, now_ms)?;
+    // Only news for this store: a lock it refuses (an older renewal than
+    // gossip brought, a contest it already decided) is judged by the
+    // holder check that follows, not here.
+    if let Err(e) = records::merge(ks, d, trust, now_ms) {
+        tracing::debug!(error = %e, "presented lock not merged");
+    }
     Ok(())
 }
 

@@ -219,7 +219,7 @@ impl TaskQueue {
     pub fn handle(&mut self, input: Input, now_ms: u64) -> Vec<Effect> {
         match input {
             Input::Enqueue(t, subs) => self.enqueue(t, subs),
-            Input::Grab { node: _, lease_ms } => self.grab(lease_ms, now_ms),
+            Input::Grab { node, lease_ms } => self.grab(&node, lease_ms, now_ms),
             Input::Lock(l) => self.lock(l, now_ms),
             Input::Result { node, lock_id, task_id, result } => {
                 self.complete(&node, &lock_id, &task_id, result, now_ms)
@@ -270,12 +270,17 @@ impl TaskQueue {
         vec![]
     }
 
-    /// The oldest task's first open, unlocked subtask.
-    fn grab(&mut self, lease_ms: u64, now_ms: u64) -> Vec<Effect> {
+    /// An open, unlocked subtask of the oldest task that has one: of those,
+    /// the first in this node's own order (BLAKE3 of node and subtask), so
+    /// workers grabbing at the same moment mostly pick different subtasks
+    /// instead of contesting one lock.
+    fn grab(&mut self, node: &NodeId, lease_ms: u64, now_ms: u64) -> Vec<Effect> {
         let mut order: Vec<(&String, &Task)> = self.tasks.iter().collect();
         order.sort_by_key(|(id, t)| (t.created_at_ms, *id));
+        let rank = |sid: &str| *blake3::hash(format!("{node}/{sid}").as_bytes()).as_bytes();
         for (id, t) in order.into_iter().filter(|(_, t)| !t.cancelled) {
-            if let Some((sid, _)) = t.subs.iter().find(|(_, s)| s.open() && s.lock.is_none()) {
+            let free = t.subs.iter().filter(|(_, s)| s.open() && s.lock.is_none());
+            if let Some((sid, _)) = free.min_by_key(|(sid, _)| rank(sid)) {
                 let lease = lease_ms.clamp(1, MAX_TASK_LOCK_MS);
                 return vec![Effect::ProposeLock {
                     task_key: key(id, sid),

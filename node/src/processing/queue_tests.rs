@@ -286,3 +286,17 @@ fn a_cancelled_task_takes_no_new_lock_and_keeps_what_its_holders_finish() {
     let e = q.handle(res(&a, "lock_1", "s0", 2), 5);
     assert_eq!(e, [Effect::Accepted { task_key: "task_a/s0".into() }]);
 }
+
+#[test]
+fn workers_grabbing_at_once_are_offered_different_subtasks() {
+    let (a, b) = nodes();
+    let mut q = queue(12);
+    let pick = |q: &mut TaskQueue, n: &NodeId| match &q.handle(Input::Grab { node: n.clone(), lease_ms: 10 }, 1)[..] {
+        [Effect::ProposeLock { task_key, .. }] => task_key.clone(),
+        e => panic!("{e:?}"),
+    };
+    let (ka, kb) = (pick(&mut q, &a), pick(&mut q, &b));
+    assert_ne!(ka, kb, "each node ranks the free subtasks its own way");
+    // The same node, asked again, proposes the same one (nothing changed).
+    assert_eq!(pick(&mut q, &a), ka);
+}

@@ -439,6 +439,11 @@ fn check(
             let Some(s) = stored(ks, task_of(&l.task_key))? else {
                 return Err(RefusedDelta::Envelope(field("task_key", "no such task here")));
             };
+            // Released is final: a late copy of the lock (or a renewal)
+            // must not take the subtask back from its next holder.
+            if s.releases.iter().any(|r| r.lock.lock_id == l.lock_id) {
+                return Err(RefusedDelta::Envelope(field("lock", "lock already released")));
+            }
             let mut q = replay(&s, now_ms);
             let effects = q.handle(Input::Lock(l.clone()), now_ms);
             let took = effects.iter().any(|e| match e {

@@ -111,7 +111,7 @@ pub struct NetSource {
 fn ask(src: &NetSource, gateway: &NodeId, req: JobRequest) -> Result<JobResponse, ProcessingError> {
     let peer = crate::jobs::peer_of(gateway).ok_or(ProcessingError::Unknown)?;
     match src.handle.block_on(src.network.request(peer, req)) {
-        Ok(JobResponse::Refused(r)) => Err(ProcessingError::Gateway(r)),
+        Ok(JobResponse::Refused(r)) => Err(ProcessingError::GatewayRefused(r)),
         Ok(r) => Ok(r),
         Err(e) => Err(ProcessingError::Gateway(e.to_string())),
     }

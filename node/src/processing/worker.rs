@@ -160,9 +160,12 @@ impl Processor<'_> {
 
     /// A subtask that did not finish: its lock goes back at once (a
     /// failure of the engine or of the inputs counts towards the bad mark
-    /// on every replica), rather than after its lease. A gateway that could
-    /// not be reached, or a refused record, leaves the lock to expire: the
-    /// lease paces the retries.
+    /// on every replica), rather than after its lease; so does a lock the
+    /// gateway does not see as the holder's (a contest it decided the
+    /// other way), uncounted, so the subtask does not wait out a lease no
+    /// one works under. A gateway that could not be reached, or a record
+    /// this node refused, leaves the lock to expire: the lease paces the
+    /// retries.
     fn give_back(
         &self,
         lock: &TaskLock,
@@ -172,7 +175,12 @@ impl Processor<'_> {
     ) {
         let failure = match r {
             Ok(Some(_)) => return,
-            Ok(None) | Err(ProcessingError::Cancelled) => None,
+            Ok(None)
+            | Err(
+                ProcessingError::Cancelled
+                | ProcessingError::NotHolder
+                | ProcessingError::GatewayRefused(_),
+            ) => None,
             Err(e @ (ProcessingError::Engine(_) | ProcessingError::Mismatch(_))) => {
                 Some(failure_reason(&e.to_string()))
             }

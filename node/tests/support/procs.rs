@@ -114,3 +114,32 @@ pub fn create_key(dir: &Path) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// The node id of the ed25519 seed (hex) in `file`.
+pub fn id_of(file: &Path) -> String {
+    let hex = std::fs::read_to_string(file).unwrap();
+    let bytes: Vec<u8> =
+        (0..64).step_by(2).map(|i| u8::from_str_radix(&hex.trim()[i..i + 2], 16).unwrap()).collect();
+    gcs_protocol::NodeKey::from_seed(bytes.try_into().unwrap()).node_id().to_string()
+}
+
+/// Makes the gateway in `dir` (not started yet) a tenant gateway of
+/// `acme` (specs/batch.md, "trust"): its identity, an API key (returned,
+/// with the `--trust-tenant` value its workers take), and `tenants admit
+/// --gateway` of it.
+pub fn admitted_gateway(dir: &Path) -> (String, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let seed: String = (0..32u8).map(|i| format!("{:02x}", i.wrapping_mul(31).wrapping_add(7))).collect();
+    std::fs::write(dir.join("identity.key"), seed).unwrap();
+    let gw_id = id_of(&dir.join("identity.key"));
+    let key = create_key(dir);
+    let cert = dir.join("gw.cert");
+    let out = Command::new(BIN)
+        .args(["tenants", "admit", "--data-dir", dir.to_str().unwrap(), "--tenant", "acme"])
+        .args(["--node", &gw_id, "--gateway", "--out", cert.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let issuer = id_of(&dir.join("tenants/tenant.acme.key"));
+    (key, format!("acme={issuer}"))
+}
