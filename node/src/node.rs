@@ -355,6 +355,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
                 .flat_map(|m| std::iter::once(m.model_id.clone()).chain(m.aliases.iter().cloned()))
                 .collect(),
             network: network.clone(),
+            avoid: Default::default(),
         })),
         _ => None,
     };

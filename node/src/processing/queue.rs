@@ -219,7 +219,7 @@ impl TaskQueue {
     pub fn handle(&mut self, input: Input, now_ms: u64) -> Vec<Effect> {
         match input {
             Input::Enqueue(t, subs) => self.enqueue(t, subs),
-            Input::Grab { node, lease_ms } => self.grab(&node, lease_ms, now_ms),
+            Input::Grab { node, lease_ms } => self.propose(&node, lease_ms, &[], now_ms),
             Input::Lock(l) => self.lock(l, now_ms),
             Input::Result { node, lock_id, task_id, result } => {
                 self.complete(&node, &lock_id, &task_id, result, now_ms)
@@ -274,12 +274,22 @@ impl TaskQueue {
     /// the first in this node's own order (BLAKE3 of node and subtask), so
     /// workers grabbing at the same moment mostly pick different subtasks
     /// instead of contesting one lock.
-    fn grab(&mut self, node: &NodeId, lease_ms: u64, now_ms: u64) -> Vec<Effect> {
+    /// [`Input::Grab`], passing over the subtask keys in `avoid` (a worker's
+    /// own short list of subtasks whose gateway named another holder).
+    pub fn propose(
+        &mut self,
+        node: &NodeId,
+        lease_ms: u64,
+        avoid: &[String],
+        now_ms: u64,
+    ) -> Vec<Effect> {
         let mut order: Vec<(&String, &Task)> = self.tasks.iter().collect();
         order.sort_by_key(|(id, t)| (t.created_at_ms, *id));
         let rank = |sid: &str| *blake3::hash(format!("{node}/{sid}").as_bytes()).as_bytes();
         for (id, t) in order.into_iter().filter(|(_, t)| !t.cancelled) {
-            let free = t.subs.iter().filter(|(_, s)| s.open() && s.lock.is_none());
+            let free = t.subs.iter().filter(|(sid, s)| {
+                s.open() && s.lock.is_none() && !avoid.iter().any(|k| *k == key(id, sid))
+            });
             if let Some((sid, _)) = free.min_by_key(|(sid, _)| rank(sid)) {
                 let lease = lease_ms.clamp(1, MAX_TASK_LOCK_MS);
                 return vec![Effect::ProposeLock {

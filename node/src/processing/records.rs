@@ -543,10 +543,23 @@ pub fn grab(
     trust: &TenantTrust,
     now_ms: u64,
 ) -> Result<Option<(TaskLock, Delta)>, RefusedDelta> {
+    grab_avoiding(ks, task_id, node_key, lease_ms, &[], trust, now_ms)
+}
+
+/// [`grab`], passing over the subtask keys in `avoid`.
+pub fn grab_avoiding(
+    ks: &Keyspace,
+    task_id: &str,
+    node_key: &NodeKey,
+    lease_ms: u64,
+    avoid: &[String],
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Option<(TaskLock, Delta)>, RefusedDelta> {
     let Some(s) = stored(ks, task_id)? else { return Ok(None) };
     let mut q = replay(&s, now_ms);
     let me = node_key.node_id();
-    let effects = q.handle(Input::Grab { node: me.clone(), lease_ms }, now_ms);
+    let effects = q.propose(&me, lease_ms, avoid, now_ms);
     let Some((task_key, expires_at_ms)) = effects.into_iter().find_map(|e| match e {
         Effect::ProposeLock { task_key, expires_at_ms } => Some((task_key, expires_at_ms)),
         _ => None,

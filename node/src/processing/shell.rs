@@ -70,6 +70,8 @@ pub struct Parts {
     pub models: Vec<String>,
     /// The network.
     pub network: Network,
+    /// Subtasks the slots pass over for now (shared by the slots).
+    pub avoid: super::worker::Avoid,
 }
 
 /// The running shell.
@@ -165,6 +167,7 @@ fn step(
         executor: &*p.executor,
         models: &p.models,
         lease_ms: p.lease_ms,
+        avoid: &p.avoid,
     };
     let clock = now_ms;
     let mut publish = |d: Delta| {

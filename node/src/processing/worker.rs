@@ -79,7 +79,15 @@ pub struct Processor<'a> {
     pub models: &'a [String],
     /// Lease of each lock.
     pub lease_ms: u64,
+    /// Subtasks this worker passes over until the time given: their
+    /// gateway named another holder than this store knows of (a lock this
+    /// store refused in a contest it decided otherwise), so grabbing them
+    /// again would only be refused again until that holder's lease ends.
+    pub avoid: &'a Avoid,
 }
+
+/// A worker's list of subtasks to pass over, and until when.
+pub type Avoid = std::sync::Mutex<std::collections::BTreeMap<String, u64>>;
 
 /// A failure as a release carries it: at most 256 bytes, no control
 /// characters.
@@ -148,7 +156,14 @@ impl Processor<'_> {
         let now = clock();
         for t in self.candidates(now)? {
             let Some(task_id) = t.task().map(|x| x.task_id.clone()) else { continue };
-            let got = records::grab(self.ks, &task_id, self.key, self.lease_ms, self.trust, now)?;
+            let avoid: Vec<String> = {
+                let mut a = self.avoid.lock().unwrap_or_else(|p| p.into_inner());
+                a.retain(|_, until| *until > now);
+                a.keys().cloned().collect()
+            };
+            let got = records::grab_avoiding(
+                self.ks, &task_id, self.key, self.lease_ms, &avoid, self.trust, now,
+            )?;
             let Some(mut held) = got else { continue };
             publish(held.1.clone());
             let r = self.run(&t, &mut held, src, cancel, clock, publish);
@@ -173,6 +188,10 @@ impl Processor<'_> {
         now_ms: u64,
         publish: &mut dyn FnMut(Delta),
     ) {
+        if let Err(ProcessingError::NotHolder | ProcessingError::GatewayRefused(_)) = r {
+            let mut a = self.avoid.lock().unwrap_or_else(|p| p.into_inner());
+            a.insert(lock.task_key.clone(), now_ms + self.lease_ms);
+        }
         let failure = match r {
             Ok(Some(_)) => return,
             Ok(None)

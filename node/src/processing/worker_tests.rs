@@ -94,6 +94,7 @@ struct Net {
     trust: std::sync::Arc<TenantTrust>,
     gateway: NodeKey,
     workers: [NodeKey; 2],
+    avoid: [super::worker::Avoid; 2],
 }
 
 fn net() -> Net {
@@ -108,7 +109,7 @@ fn net() -> Net {
     let w2 = NodeKey::from_seed([201; 32]);
     let refs: Vec<&Keyspace> = stores.iter().collect();
     let trust = crate::tenants::records::admit_sample_gateway(&refs, &gateway);
-    Net { _dirs: dirs, stores, trust, gateway, workers: [w1, w2] }
+    Net { _dirs: dirs, stores, trust, gateway, workers: [w1, w2], avoid: Default::default() }
 }
 
 impl Net {
@@ -149,6 +150,7 @@ impl Net {
             executor: exec,
             models,
             lease_ms: LEASE,
+            avoid: &self.avoid[w],
         }
     }
 }
@@ -573,4 +575,32 @@ fn a_cancelled_task_stops_between_requests_and_is_offered_to_no_one() {
     // And the gateway serves a cancelled task's chunks to no one.
     let e = chunks::serve_chunk(&net.stores[0], &net.workers[0].node_id(), &task, "c0", now());
     assert!(matches!(e, Err(ProcessingError::Cancelled)), "{e:?}");
+}
+
+#[test]
+fn a_subtask_whose_gateway_names_another_holder_is_passed_over_for_a_lease() {
+    let net = net();
+    let task = net.enqueue(&[b"one", b"two"], 2);
+    let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
+    let e = Echo { clock: clock.clone(), ..Echo::default() };
+    let models = vec!["m".to_string()];
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let now = || clock.load(Ordering::SeqCst);
+    // The gateway holds worker B's lock on s0; A's store never heard of it.
+    records::grab(&net.stores[0], &task, &net.workers[1], LEASE, &net.trust, now()).unwrap().unwrap();
+    let live = AtomicBool::new(false);
+    let mut out = vec![];
+    let r = net.processor(0, &e, &models).step(&gw, &live, &now, &mut |d| out.push(d));
+    assert!(matches!(r, Err(ProcessingError::NotHolder)), "{r:?}");
+    assert_eq!(out.len(), 2, "its lock, then its release");
+    // Asked again at once, A takes nothing (no lock, no record) ...
+    let mut again = vec![];
+    let r = net.processor(0, &e, &models).step(&gw, &live, &now, &mut |d| again.push(d)).unwrap();
+    assert_eq!((r, again.len()), (None, 0));
+    // ... until a lease has passed, when B's lock has expired too.
+    clock.fetch_add(LEASE + 1, Ordering::SeqCst);
+    let r = net.processor(0, &e, &models).step(&gw, &live, &now, &mut |d| again.push(d)).unwrap();
+    assert_eq!(r.map(|d| d.lines), Some(2));
+    assert_eq!(e.runs.load(Ordering::SeqCst), 2);
 }
