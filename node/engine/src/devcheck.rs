@@ -45,6 +45,12 @@ pub struct DecodeFigure {
     pub tokens: usize,
     pub seconds: f64,
     pub tokens_per_s: f64,
+    /// Streams whose tokens equal the first stream's (all decode the
+    /// same prompt greedily, so each row of a batch must agree).
+    pub streams_equal: usize,
+    /// Streams whose first tokens equal the CPU decoder's greedy
+    /// continuation of the prompt (as many as the parity check compared).
+    pub streams_match_cpu: usize,
 }
 
 /// The check's findings (`gpu-check.json`).
@@ -64,6 +70,10 @@ pub struct CheckReport {
     pub top1_total: usize,
     pub max_abs_logit_delta: f32,
     pub decode: Vec<DecodeFigure>,
+    /// Whether decode steps replayed recorded graphs (`decode`), and the
+    /// same measurements launched eagerly, in the same run (GPU only).
+    pub graphs: bool,
+    pub decode_eager: Vec<DecodeFigure>,
     /// The CPU engine's single-stream decode, in the same run.
     pub cpu_decode_tokens_per_s: f64,
     pub prefill_tokens: usize,
@@ -88,6 +98,9 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
     let load_s = t.elapsed().as_secs_f64();
     let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
     let (mut agree, mut total, mut identical, mut max_d) = (0, 0, 0, 0f32);
+    // The CPU's greedy continuation of the first prompt, which the decode
+    // measurements (that prompt, greedy) must reproduce on every stream.
+    let mut cpu_ref = vec![];
     for (i, prompt) in cfg.prompts.iter().enumerate() {
         let p = prompt.len();
         let mut feed = prompt.clone();
@@ -105,6 +118,9 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
             agree += usize::from(same);
             all &= same;
             total += 1;
+            if i == 0 {
+                cpu_ref.push(want);
+            }
             past += feed.len();
             feed = vec![want]; // teacher-forced by the CPU
         }
@@ -116,21 +132,15 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     drop(cpu_engine);
 
-    let most = cfg.batches.iter().copied().max().unwrap_or(1).max(1);
     let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
-    let per_seq = blocks(short.len() + cfg.decode_tokens + 2) + 1;
-    let kv_blocks = (most * per_seq).max(blocks(cfg.prefill_tokens + 2) + 1);
-    let bcfg = BatchConfig { max_running: most, max_waiting: most, kv_blocks, ..Default::default() };
-    let engine = BatchEngine::start_on(Engine::load(&cfg.model, &cpu_device())?, bcfg, cfg.device)
-        .map_err(backend_err)?;
-    // Warm-up: every kernel compiled before anything is timed.
-    engine.measure_decode(4)?;
-    let mut decode = vec![];
-    for &b in &cfg.batches {
-        decode.push(measure(&engine, &short, b.max(1), cfg.decode_tokens)?);
-    }
+    let (engine, decode) = decode_figures(cfg, &short, &cpu_ref, None)?;
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
+    drop(engine);
+    // The same figures with every step launched eagerly, side by side.
+    let graphs = gpu.as_ref().is_some_and(|g| backend::graphs_default(g.kind));
+    let decode_eager =
+        if graphs { decode_figures(cfg, &short, &cpu_ref, Some(false))?.1 } else { vec![] };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
@@ -146,11 +156,40 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
         top1_total: total,
         max_abs_logit_delta: max_d,
         decode,
+        graphs,
+        decode_eager,
         cpu_decode_tokens_per_s,
         prefill_tokens: long.len(),
         ttft_ms: ttft.as_secs_f64() * 1e3,
         prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
     })
+}
+
+/// A batch engine on the checked device (decode graphs as `graphs`, or
+/// the default) and its decode figure at each batch size.
+fn decode_figures(
+    cfg: &CheckConfig,
+    short: &[u32],
+    cpu_ref: &[u32],
+    graphs: Option<bool>,
+) -> Result<(BatchEngine, Vec<DecodeFigure>)> {
+    let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
+    let most = cfg.batches.iter().copied().max().unwrap_or(1).max(1);
+    let per_seq = blocks(short.len() + cfg.decode_tokens + 2) + 1;
+    let kv_blocks = (most * per_seq).max(blocks(cfg.prefill_tokens + 2) + 1);
+    let bcfg = BatchConfig { max_running: most, max_waiting: most, kv_blocks, ..Default::default() };
+    backend::force_graphs(graphs);
+    let engine = BatchEngine::start_on(Engine::load(&cfg.model, &cpu_device())?, bcfg, cfg.device)
+        .map_err(backend_err);
+    backend::force_graphs(None);
+    let engine = engine?;
+    // Warm-up: every kernel compiled before anything is timed.
+    engine.measure_decode(4)?;
+    let mut decode = vec![];
+    for &b in &cfg.batches {
+        decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref)?);
+    }
+    Ok((engine, decode))
 }
 
 fn request(prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {
@@ -162,11 +201,18 @@ fn request(prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {
 }
 
 /// `batch` greedy streams of `tokens` tokens after the first, at once.
-fn measure(engine: &BatchEngine, prompt: &[u32], batch: usize, tokens: usize) -> Result<DecodeFigure> {
+fn measure(
+    engine: &BatchEngine,
+    prompt: &[u32],
+    batch: usize,
+    tokens: usize,
+    cpu_ref: &[u32],
+) -> Result<DecodeFigure> {
     let streams = (0..batch)
         .map(|i| engine.submit(request(prompt, tokens + 1, i)))
         .collect::<Result<Vec<_>>>()?;
     let mut got = vec![0usize; batch];
+    let mut ids: Vec<Vec<u32>> = vec![vec![]; batch];
     let mut done = vec![false; batch];
     let (mut start, mut counted) = (None::<Instant>, 0usize);
     while done.iter().any(|d| !d) {
@@ -184,6 +230,7 @@ fn measure(engine: &BatchEngine, prompt: &[u32], batch: usize, tokens: usize) ->
             match ev {
                 SeqEvent::Delta { token_ids, .. } => {
                     got[i] += token_ids.len();
+                    ids[i].extend_from_slice(&token_ids);
                     if start.is_some() {
                         counted += token_ids.len();
                     } else if got.iter().all(|&g| g > 0) {
@@ -201,7 +248,11 @@ fn measure(engine: &BatchEngine, prompt: &[u32], batch: usize, tokens: usize) ->
     }
     let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let tokens_per_s = if seconds > 0.0 { counted as f64 / seconds } else { 0.0 };
-    Ok(DecodeFigure { batch, tokens: counted, seconds, tokens_per_s })
+    let streams_equal = ids.iter().filter(|t| **t == ids[0]).count();
+    let k = cpu_ref.len().min(tokens);
+    let streams_match_cpu =
+        ids.iter().filter(|t| t.len() >= k && t[..k] == cpu_ref[..k]).count();
+    Ok(DecodeFigure { batch, tokens: counted, seconds, tokens_per_s, streams_equal, streams_match_cpu })
 }
 
 /// Time from submitting `prompt` to its first token.

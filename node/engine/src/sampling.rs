@@ -207,6 +207,17 @@ impl Sampler {
         !(p.temperature <= 0.0 || p.top_k == 1 || vocab <= 1)
     }
 
+    /// Whether the next token is the raw logits' argmax, whatever came
+    /// before: greedy, with no bias or penalty to adjust them. Such a
+    /// sequence needs a step's argmax alone, not its logits.
+    pub fn plain_greedy(&self, vocab: usize) -> bool {
+        let p = &self.opts;
+        !self.draws_rng(vocab)
+            && p.logit_bias.is_empty()
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+    }
+
     /// RNG draws made so far.
     pub fn draws(&self) -> u64 {
         self.draws

@@ -131,7 +131,12 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
         // Every stream's tokens after the first are counted once steady.
         assert!(d.tokens > 0 && d.tokens <= d.batch * 6, "{d:?}");
         assert!(d.tokens_per_s > 0.0, "{d:?}");
+        // Every stream decodes the first prompt greedily: all agree, and
+        // with the CPU decoder's own continuation of it.
+        assert_eq!((d.streams_equal, d.streams_match_cpu), (d.batch, d.batch), "{d:?}");
     }
+    // Graphs are a GPU decoder's; the CPU has no eager twin to measure.
+    assert!(!r.graphs && r.decode_eager.is_empty(), "{r:?}");
     assert_eq!(r.prefill_tokens, 40);
     assert!(r.ttft_ms > 0.0 && r.prefill_tokens_per_s > 0.0 && r.cpu_decode_tokens_per_s > 0.0);
 }

@@ -81,7 +81,7 @@ pub async fn cancel(
 ) -> Result<(), ProcessingError> {
     let id = task_id.clone();
     let delta = tokio::task::spawn_blocking(move || {
-        super::release::cancel(&ks, &id, "batch_cancelled", &key, &trust, now_ms())
+        super::records::cancel(&ks, &id, "batch_cancelled", &key, &trust, now_ms())
     })
     .await
     .map_err(runtime)??;

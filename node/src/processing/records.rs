@@ -606,6 +606,55 @@ pub fn complete(
     write(ks, &key, r, node_key, trust, now_ms)
 }
 
+/// The holder gives `lock` (its latest renewal) back, with the failure
+/// that made it stop if any; stored through the authority rows (refused
+/// once the lock expired); returns the delta to publish.
+pub fn give_back(
+    ks: &Keyspace,
+    lock: &TaskLock,
+    failure: Option<String>,
+    node_key: &NodeKey,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Delta, RefusedDelta> {
+    let r = TaskRelease {
+        message_type: MessageType::TaskRelease,
+        version: PROTOCOL_VERSION,
+        lock: lock.clone(),
+        failure,
+        node_id: node_key.node_id(),
+        created_at_ms: now_ms,
+        signature: None,
+    };
+    write(ks, &keys::processing_release(&lock.task_key, &lock.lock_id), r, node_key, trust, now_ms)
+}
+
+/// The task's gateway cancels it (no new locks); returns the delta to
+/// publish, or `None` when it was cancelled already.
+pub fn cancel(
+    ks: &Keyspace,
+    task_id: &str,
+    reason: &str,
+    node_key: &NodeKey,
+    trust: &TenantTrust,
+    now_ms: u64,
+) -> Result<Option<Delta>, RefusedDelta> {
+    let key = keys::processing_cancel(task_id);
+    if ks.get_bytes(&key)?.is_some() {
+        return Ok(None);
+    }
+    let c = TaskCancel {
+        message_type: MessageType::TaskCancel,
+        version: PROTOCOL_VERSION,
+        task_id: task_id.into(),
+        gateway_node_id: node_key.node_id(),
+        reason: reason.into(),
+        created_at_ms: now_ms,
+        signature: None,
+    };
+    write(ks, &key, c, node_key, trust, now_ms).map(Some)
+}
+
 /// Whether every subtask of the task has an accepted result.
 pub fn all_results(s: &Stored, now_ms: u64) -> bool {
     let Some(t) = s.task.task() else { return false };

@@ -6,16 +6,12 @@
 //! requests). Both are signed, bounded and checked against the stored
 //! task by `records::check`.
 
-use gcs_keyspace::{keys, Delta, Keyspace};
 use gcs_protocol::{
-    ids, Limits, MessageType, NodeId, NodeKey, ProtocolError, Signature, SignedMessage, TaskLock,
+    ids, Limits, MessageType, NodeId, ProtocolError, Signature, SignedMessage, TaskLock,
     PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 
-use super::records;
-use crate::error::RefusedDelta;
-use crate::tenants::TenantTrust;
 
 /// Longest failure reason or cancel reason kept.
 pub const MAX_REASON_BYTES: usize = 256;
@@ -147,53 +143,4 @@ impl SignedMessage for TaskCancel {
         ids::check_id("task_id", &self.task_id, ids::TASK)?;
         reason_ok("reason", &self.reason)
     }
-}
-
-/// The holder gives `lock` (its latest renewal) back, with the failure
-/// that made it stop if any; stored through the authority rows (refused
-/// once the lock expired); returns the delta to publish.
-pub fn give_back(
-    ks: &Keyspace,
-    lock: &TaskLock,
-    failure: Option<String>,
-    node_key: &NodeKey,
-    trust: &TenantTrust,
-    now_ms: u64,
-) -> Result<Delta, RefusedDelta> {
-    let r = TaskRelease {
-        message_type: MessageType::TaskRelease,
-        version: PROTOCOL_VERSION,
-        lock: lock.clone(),
-        failure,
-        node_id: node_key.node_id(),
-        created_at_ms: now_ms,
-        signature: None,
-    };
-    records::write(ks, &keys::processing_release(&lock.task_key, &lock.lock_id), r, node_key, trust, now_ms)
-}
-
-/// The task's gateway cancels it (no new locks); returns the delta to
-/// publish, or `None` when it was cancelled already.
-pub fn cancel(
-    ks: &Keyspace,
-    task_id: &str,
-    reason: &str,
-    node_key: &NodeKey,
-    trust: &TenantTrust,
-    now_ms: u64,
-) -> Result<Option<Delta>, RefusedDelta> {
-    let key = keys::processing_cancel(task_id);
-    if ks.get_bytes(&key)?.is_some() {
-        return Ok(None);
-    }
-    let c = TaskCancel {
-        message_type: MessageType::TaskCancel,
-        version: PROTOCOL_VERSION,
-        task_id: task_id.into(),
-        gateway_node_id: node_key.node_id(),
-        reason: reason.into(),
-        created_at_ms: now_ms,
-        signature: None,
-    };
-    records::write(ks, &key, c, node_key, trust, now_ms).map(Some)
 }

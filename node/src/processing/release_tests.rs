@@ -7,7 +7,7 @@ use gcs_protocol::{MessageType, NodeKey, PROTOCOL_VERSION};
 
 use super::records::*;
 use super::records_tests::{lock, record, result, signed_delta, store, two, L1, NOW, TASK};
-use super::release::{cancel, give_back, TaskCancel, TaskRelease, MAX_RELEASES_PER_SUBTASK};
+use super::release::{TaskCancel, TaskRelease, MAX_RELEASES_PER_SUBTASK};
 use crate::error::RefusedDelta;
 use crate::replication::merge_scoped;
 

@@ -206,7 +206,7 @@ impl Processor<'_> {
             Err(_) => return,
         };
         let failed = failure.clone();
-        match super::release::give_back(self.ks, lock, failure, self.key, self.trust, now_ms) {
+        match records::give_back(self.ks, lock, failure, self.key, self.trust, now_ms) {
             Ok(d) => {
                 tracing::info!(subtask = %lock.task_key, failure = ?failed, "processing lock released");
                 publish(d)

@@ -530,7 +530,7 @@ impl ChunkSource for CancelsOnFirst<'_> {
         let o: chunks::OutputChunk = gcs_protocol::codec::from_cbor_bytes(&output).unwrap();
         self.inner.deliver(g, l, output)?;
         let now = self.inner.clock.load(Ordering::SeqCst);
-        let d = super::release::cancel(
+        let d = super::records::cancel(
             self.inner.ks,
             &o.task_id,
             "batch_cancelled",

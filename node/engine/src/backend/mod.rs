@@ -13,6 +13,7 @@
 pub mod driver;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod gpu;
+pub mod rows;
 pub mod select;
 
 use crate::attn::KvPool;
@@ -54,6 +55,31 @@ impl ComputeDevice {
             ComputeDevice::Cuda(i) | ComputeDevice::Wgpu(i) => Some(i),
         }
     }
+}
+
+/// Whether a new GPU decoder of `kind` replays decode steps as recorded
+/// graphs (`gpu::graph`): on CUDA unless `GCS_GPU_GRAPHS=0` or
+/// [`force_graphs`] says otherwise.
+pub fn graphs_default(kind: BackendKind) -> bool {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        kind != BackendKind::Cpu && gpu::graph::graphs_enabled(kind == BackendKind::Cuda)
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        let _ = kind;
+        false
+    }
+}
+
+/// Turn decode graphs on or off for GPU decoders created from now on
+/// (`None`: the default); the device check measures both in one run. A
+/// build without a GPU runtime has none to turn.
+pub fn force_graphs(on: Option<bool>) {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    gpu::graph::force_graphs(on);
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    let _ = on;
 }
 
 /// Which backend a decoder is, for logs and registrations.
@@ -109,6 +135,17 @@ pub enum BackendError {
     GpuLoad(String),
 }
 
+/// A step's output as [`PagedDecoder::forward_select`] returns it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepLogits {
+    /// `[seqs × vocab]` logits, or empty when no sequence asked for them
+    /// and `argmax` is given.
+    pub logits: Vec<f32>,
+    /// Each sequence's argmax (ties to the lowest id, as
+    /// [`crate::sampling::argmax`]), where the backend computes it.
+    pub argmax: Option<Vec<u32>>,
+}
+
 /// A decoder's paged forward step over the K/V storage it owns.
 pub trait PagedDecoder: Send + std::fmt::Debug {
     fn kind(&self) -> BackendKind;
@@ -124,6 +161,14 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// One step over a batch of sequences (prefill chunks and decode rows);
     /// host logits `[seqs.len() * vocab]` for each sequence's last new row.
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>>;
+    /// The same step, where only the sequences marked in `want_logits`
+    /// need their logits: a GPU computes every sequence's argmax on the
+    /// device and copies logits back only when one is wanted (a greedy
+    /// sequence needs its argmax alone). Default: every row's logits.
+    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], want_logits: &[bool]) -> Result<StepLogits> {
+        let _ = want_logits;
+        Ok(StepLogits { logits: self.forward_paged(seqs)?, argmax: None })
+    }
 }
 
 /// The host backend: [`Llama::forward_paged`] over a host [`KvPool`].

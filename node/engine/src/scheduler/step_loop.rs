@@ -62,6 +62,12 @@ struct Seq {
 }
 
 impl Seq {
+    /// Whether picking this sequence's next token needs the logits, not
+    /// just their argmax (logprobs, a grammar's mask, sampling, penalties).
+    fn wants_logits(&self, vocab: usize) -> bool {
+        self.logprobs.is_some() || self.grammar.is_some() || !self.sampler.plain_greedy(vocab)
+    }
+
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -106,6 +112,14 @@ impl Seq {
 
 /// How a sequence ends this step: a finish reason, or a failure message.
 type End = std::result::Result<FinishReason, String>;
+
+/// A sequence's row of a step's output: its logits where they came
+/// back, its argmax where the backend computed it.
+#[derive(Debug, Clone, Copy)]
+struct Row<'a> {
+    logits: Option<&'a [f32]>,
+    argmax: Option<u32>,
+}
 
 /// One sequence's share of a forward step.
 #[derive(Debug, Clone, Copy)]
@@ -352,7 +366,17 @@ impl StepLoop {
                 }
             }
         }
-        let logits = {
+        let vocab = self.dec.vocab();
+        // A sequence that samples greedily from the raw logits needs only
+        // their argmax, which a GPU computes without copying them back.
+        let want: Vec<bool> = work
+            .iter()
+            .map(|w| {
+                let s = &self.running[w.idx];
+                std::iter::once(s).chain(&s.samples).any(|q| q.wants_logits(vocab))
+            })
+            .collect();
+        let out = {
             let seqs: Vec<PagedSeq<'_>> = work
                 .iter()
                 .filter_map(|w| {
@@ -365,9 +389,9 @@ impl StepLoop {
                     })
                 })
                 .collect();
-            self.dec.forward_paged(&seqs)
+            self.dec.forward_select(&seqs, &want)
         };
-        let logits = match logits {
+        let out = match out {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "batched forward failed");
@@ -382,7 +406,6 @@ impl StepLoop {
             }
         };
         self.shared.steps.fetch_add(1, Ordering::Relaxed);
-        let vocab = self.dec.vocab();
         let mut done: Vec<(usize, End)> = Vec::new();
         let mut need_slot: Vec<u64> = Vec::new();
         for (wi, w) in work.iter().enumerate() {
@@ -392,7 +415,10 @@ impl StepLoop {
             if seq.computed < seq.tokens.len() {
                 continue; // more prompt to prefill
             }
-            let row = &logits[wi * vocab..(wi + 1) * vocab];
+            let row = Row {
+                logits: out.logits.get(wi * vocab..(wi + 1) * vocab),
+                argmax: out.argmax.as_ref().and_then(|a| a.get(wi).copied()),
+            };
             // n > 1: the other samples share the prompt's blocks from now on.
             for mut child in std::mem::take(&mut self.running[w.idx].samples) {
                 let parent = &self.running[w.idx];
@@ -407,9 +433,9 @@ impl StepLoop {
                 child.wait_steps = parent.wait_steps;
                 self.running.push(child);
                 let idx = self.running.len() - 1;
-                self.sample_into(idx, row, &mut done, &mut need_slot);
+                self.sample_into(idx, &row, &mut done, &mut need_slot);
             }
-            self.sample_into(w.idx, row, &mut done, &mut need_slot);
+            self.sample_into(w.idx, &row, &mut done, &mut need_slot);
         }
         done.sort_unstable_by_key(|d| d.0);
         for (idx, end) in done.into_iter().rev() {
@@ -430,13 +456,26 @@ impl StepLoop {
     fn sample_into(
         &mut self,
         idx: usize,
-        row: &[f32],
+        row: &Row<'_>,
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
-        let context = self.dec.config().context_length;
         let eos = self.tok.eos_id;
+        let vocab = self.dec.vocab();
         let seq = &mut self.running[idx];
+        let row = match (row.logits, row.argmax) {
+            // Greedy from the device's argmax: the same token `sample`
+            // would pick from these logits, counted the same way.
+            (_, Some(tok)) if !seq.wants_logits(vocab) => {
+                seq.sampler.replay(tok, vocab);
+                return self.take_token(idx, tok, None, done, need_slot);
+            }
+            (Some(l), _) => l,
+            (None, _) => {
+                let msg = "the step returned no logits for a sequence that needs them".to_string();
+                return done.push((idx, Err(msg)));
+            }
+        };
         let (tok, lp) = match seq.grammar.as_mut() {
             None => match seq.logprobs {
                 Some(n) => {
@@ -469,6 +508,22 @@ impl StepLoop {
                 }
             }
         };
+        self.take_token(idx, tok, lp, done, need_slot);
+    }
+
+    /// `tok` is `running[idx]`'s next token: stream it, and note whether
+    /// the sequence is done or needs a KV slot.
+    fn take_token(
+        &mut self,
+        idx: usize,
+        tok: u32,
+        lp: Option<Logprobs>,
+        done: &mut Vec<(usize, End)>,
+        need_slot: &mut Vec<u64>,
+    ) {
+        let context = self.dec.config().context_length;
+        let eos = self.tok.eos_id;
+        let seq = &mut self.running[idx];
         if seq.stop_ids.contains(&tok) || (seq.grammar.is_some() && tok == eos) {
             done.push((idx, Ok(FinishReason::Stop)));
             return;

@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 
 use cubecl::client::Client;
 use cubecl::prelude::*;
+use cubecl::bytes::Bytes;
 use cubecl::server::Handle;
 
 use super::GpuError;
@@ -59,6 +60,14 @@ impl<T: CubeElement> DeviceBuf<T> {
         // SAFETY: `len` is at most the number of `T`s the handle was
         // allocated with (set together in the constructors above).
         unsafe { BufferArg::from_raw_parts(self.handle.clone(), self.len) }
+    }
+
+    /// Overwrite the buffer's first `data.len()` elements in place (the
+    /// same device memory: how a captured graph's inputs are refreshed),
+    /// ordered on the calling thread's stream like the launches.
+    pub fn write(&self, client: &Client, data: &[T]) {
+        debug_assert!(data.len() <= self.len.max(1));
+        client.write(&self.handle, Bytes::from_bytes_vec(T::as_bytes(data).to_vec()));
     }
 
     /// Copy the buffer back to the host (waits for the kernels writing it).

@@ -2,16 +2,22 @@
 //! device. Weights are uploaded once (GGUF blocks, dequantized inside the
 //! matmul kernel), the K/V pool lives on the device, and each step uploads
 //! only the batch's token ids, positions and block tables and copies back
-//! the logits of each sequence's last row.
+//! the logits of each sequence's last row. A decode step replays a
+//! recorded graph of its bucket (`graph.rs`); other steps launch eagerly.
+
+use std::sync::Mutex;
 
 use burn::tensor::Tensor;
 use cubecl::client::Client;
 
+use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
-use super::launch::{self, LayerPool, RowMeta};
+use super::launch::{self, LayerPool};
+use super::step::{StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
-use crate::backend::{BackendKind, PagedDecoder};
+use crate::backend::rows::HostRows;
+use crate::backend::{BackendKind, PagedDecoder, StepLogits};
 use crate::error::{EngineError, Result};
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 
@@ -25,8 +31,15 @@ struct GpuLayer {
     w_down: GpuMatrix,
 }
 
+/// One GPU step at a time in the process: a graph is recorded in CUDA's
+/// global capture mode, in which another thread's allocation would fail
+/// the capture (and two decoders on one GPU gain nothing by overlapping).
+static STEP: Mutex<()> = Mutex::new(());
+
 /// The llama decoder on a CubeCL device (CUDA, or wgpu in the tests).
 pub struct GpuDecoder {
+    /// First, so the recorded graphs go before the buffers they use.
+    graphs: Graphs,
     client: Client,
     kind: BackendKind,
     config: LlamaConfig,
@@ -40,6 +53,10 @@ pub struct GpuDecoder {
     k_pool: DeviceBuf<f32>,
     v_pool: DeviceBuf<f32>,
     n_blocks: usize,
+    shape: StepShape,
+    /// Each step ends with the logits' argmax on the device (off with
+    /// `GCS_GPU_ARGMAX=0`: every step copies its logits back).
+    argmax: bool,
 }
 
 impl std::fmt::Debug for GpuDecoder {
@@ -49,6 +66,7 @@ impl std::fmt::Debug for GpuDecoder {
             .field("arch", &self.config.arch)
             .field("layers", &self.layers.len())
             .field("kv_blocks", &self.n_blocks)
+            .field("graphs", &self.graphs.enabled)
             .finish_non_exhaustive()
     }
 }
@@ -100,13 +118,21 @@ impl GpuDecoder {
             GpuMatrix::upload(&client, &model.lm_head)?
         };
         let (cos, sin) = rope_tables(c.head_dim, c.rope_base, c.context_length);
-        let pool_len = c.n_layers * kv_blocks * sh.block_len();
+        // One block more than the block manager hands out: the scratch
+        // block a padded decode row writes and reads.
+        let pool_len = c.n_layers * (kv_blocks + 1) * sh.block_len();
         if pool_len > i32::MAX as usize {
             return Err(GpuError::Unsupported(format!(
                 "{kv_blocks} K/V blocks ({pool_len} elements a pool; the kernels' offsets are 32-bit)"
             )));
         }
+        let cuda = kind == BackendKind::Cuda;
+        let graphs = Graphs::new(graph::graphs_enabled(cuda), c.context_length.div_ceil(BLOCK));
+        let argmax = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
         Ok(Self {
+            argmax,
+            graphs,
+            shape: StepShape::new(c, sh, lm_head.rows),
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
             cos: DeviceBuf::upload(&client, &cos),
             sin: DeviceBuf::upload(&client, &sin),
@@ -164,67 +190,152 @@ impl GpuDecoder {
         Ok(())
     }
 
-    fn step(&self, seqs: &[PagedSeq<'_>]) -> std::result::Result<Vec<f32>, GpuError> {
-        let (cl, c, sh) = (&self.client, &self.config, self.sh);
-        let (mut tokens, mut pos, mut slot, mut table, mut tables, mut last) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
-        for s in seqs {
-            let toff = tables.len() as u32;
-            tables.extend_from_slice(s.table);
-            for (i, &tok) in s.tokens.iter().enumerate() {
-                let p = s.past + i;
-                tokens.push(tok);
-                pos.push(p as u32);
-                slot.push(s.table[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
-                table.push(toff);
-            }
-            last.push(tokens.len() as u32 - 1);
-        }
-        let total = tokens.len();
-        let meta = RowMeta {
-            pos: DeviceBuf::upload(cl, &pos),
-            slot: DeviceBuf::upload(cl, &slot),
-            table: DeviceBuf::upload(cl, &table),
-            tables: DeviceBuf::upload(cl, &tables),
+    /// What comes back of a step over `io`, for its first `n` sequences:
+    /// the argmax always, the logits when `want` (one sequence needs them).
+    fn read_out(&self, io: &StepIo, n: usize, want: bool) -> std::result::Result<StepLogits, GpuError> {
+        let argmax = if self.argmax {
+            let mut ids = io.ids.read(&self.client)?;
+            ids.truncate(n);
+            Some(ids)
+        } else {
+            None
         };
-        let all: Vec<u32> = (0..total as u32).collect();
-        let (all, last) = (DeviceBuf::upload(cl, &all), DeviceBuf::upload(cl, &last));
-        let tok = DeviceBuf::upload(cl, &tokens);
-        let (hid, qd) = (c.hidden, c.n_heads * c.head_dim);
-        let buf = |n| DeviceBuf::<f32>::uninit(cl, n);
-        let (x, h, qkv, attn, o) = (
-            buf(total * hid),
-            buf(total * hid),
-            buf(total * sh.width()),
-            buf(total * qd),
-            buf(total * hid),
-        );
-        let (gu, act, d) =
-            (buf(total * 2 * c.intermediate), buf(total * c.intermediate), buf(total * hid));
-        launch::embed(cl, &self.embed, &tok, &x);
-        let layer_len = self.n_blocks * sh.block_len();
+        let logits = if want || argmax.is_none() {
+            let mut l = io.logits.read(&self.client)?;
+            l.truncate(n * self.shape.vocab);
+            l
+        } else {
+            vec![]
+        };
+        Ok(StepLogits { logits, argmax })
+    }
+
+    /// An eager step: buffers of the step's size, inputs uploaded.
+    fn step(&self, seqs: &[PagedSeq<'_>], want: bool) -> std::result::Result<StepLogits, GpuError> {
+        let io = StepIo::upload(&self.client, self.shape, &HostRows::new(seqs));
+        self.launch_step(&io);
+        self.read_out(&io, seqs.len(), want)
+    }
+
+    /// A decode step (one new token per sequence) in its bucket: the
+    /// bucket's graph replayed, or recorded on its first use. `None` when
+    /// graphs are off, the batch is larger than any bucket, or recording
+    /// failed (then graphs stay off for this decoder).
+    fn decode_step(
+        &mut self,
+        seqs: &[PagedSeq<'_>],
+        want: bool,
+    ) -> Option<std::result::Result<StepLogits, GpuError>> {
+        let n = seqs.len();
+        if !self.graphs.enabled || n > graph::MAX_BUCKET || seqs.iter().any(|s| s.tokens.len() != 1)
+        {
+            return None;
+        }
+        let rows = graph::bucket_of(n);
+        let tables_len = self.graphs.tables_len(rows);
+        let mut host = HostRows::new(seqs);
+        if host.tables.len() + 1 > tables_len {
+            return None;
+        }
+        host.pad_decode(rows, self.n_blocks as u32, tables_len);
+        let cl = self.client.clone();
+        let mut bucket = match self.graphs.buckets.remove(&rows) {
+            Some(b) => b,
+            None => Bucket { graph: None, io: StepIo::bucket(&cl, self.shape, rows, tables_len) },
+        };
+        bucket.io.write(&cl, &host);
+        let res = match &bucket.graph {
+            Some(g) => {
+                // SAFETY: the graph's buffers are the bucket's, the
+                // decoder's weights and its K/V pools, all alive as long as
+                // the graph (`graphs` is dropped first); `STEP` keeps any
+                // other step off the GPU while it runs, and the inputs were
+                // written and the logits are read on this thread's stream.
+                #[allow(unsafe_code)]
+                let replayed = unsafe { g.replay() };
+                replayed.map_err(GpuError::server).and_then(|()| self.read_out(&bucket.io, n, want))
+            }
+            None => self.record(&mut bucket, n, want),
+        };
+        self.graphs.buckets.insert(rows, bucket);
+        Some(res)
+    }
+
+    /// Run `bucket`'s step once for real (the warm-up the recording needs:
+    /// every kernel compiled, every pool page in place), then record the
+    /// same launches. The warm-up's output is this step's.
+    fn record(
+        &mut self,
+        bucket: &mut Bucket,
+        n: usize,
+        want: bool,
+    ) -> std::result::Result<StepLogits, GpuError> {
+        let cl = self.client.clone();
+        let rows = bucket.io.rows();
+        if let Err(e) = cl.graph_prepare() {
+            tracing::warn!(error = ?e, "GPU graphs unavailable; decode steps launch eagerly");
+            self.graphs.enabled = false;
+            self.launch_step(&bucket.io);
+            return self.read_out(&bucket.io, n, want);
+        }
+        self.launch_step(&bucket.io);
+        let logits = self.read_out(&bucket.io, n, want);
+        // Record only after a good warm-up; the capture is ended either
+        // way (a prepared stream stays in capture mode until it is).
+        let started = match &logits {
+            Ok(_) => cl.start_capture().map_err(|e| format!("{e:?}")),
+            Err(e) => Err(format!("warm-up failed: {e}")),
+        };
+        if started.is_ok() {
+            self.launch_step(&bucket.io);
+        }
+        let recorded = cl.stop_capture();
+        match (started, recorded) {
+            (Ok(()), Ok(g)) => {
+                tracing::info!(rows, "decode graph recorded");
+                bucket.graph = Some(g);
+            }
+            (Err(e), _) => {
+                tracing::warn!(rows, error = %e, "recording a decode graph failed; decode steps launch eagerly");
+                self.graphs.enabled = false;
+            }
+            (Ok(()), Err(e)) => {
+                tracing::warn!(rows, error = ?e, "recording a decode graph failed; decode steps launch eagerly");
+                self.graphs.enabled = false;
+            }
+        }
+        logits
+    }
+
+    /// The step's kernels, in order, over `io` (a step's own buffers or a
+    /// bucket's: the same launches either way).
+    fn launch_step(&self, io: &StepIo) {
+        let (cl, c, sh) = (&self.client, &self.config, self.sh);
+        let (total, n) = (io.rows(), io.seqs());
+        let meta = &io.meta;
+        launch::embed(cl, &self.embed, &io.tok, &io.x);
+        let layer_len = (self.n_blocks + 1) * sh.block_len();
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
             // x += previous layer's FFN output, fused with this norm.
-            let prev = (li > 0).then_some(&d);
-            launch::add_rms_norm(cl, &x, prev, &l.attn_norm, &h, &all, c.rms_eps);
-            launch::matmul(cl, &l.wqkv, &h, total, &qkv);
+            let prev = (li > 0).then_some(&io.d);
+            launch::add_rms_norm(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, c.rms_eps);
+            launch::matmul(cl, &l.wqkv, &io.h, total, &io.qkv);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
-            launch::rope_kv_store(cl, sh, &qkv, pool, &self.cos, &self.sin, &meta);
-            launch::paged_attention(cl, sh, &qkv, pool, &attn, &meta, scale, 0);
-            launch::matmul(cl, &l.wo, &attn, total, &o);
-            launch::add_rms_norm(cl, &x, Some(&o), &l.ffn_norm, &h, &all, c.rms_eps);
-            launch::matmul(cl, &l.w_gate_up, &h, total, &gu);
-            launch::swiglu(cl, &gu, &act, c.intermediate);
-            launch::matmul(cl, &l.w_down, &act, total, &d);
+            launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta);
+            launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0);
+            launch::matmul(cl, &l.wo, &io.attn, total, &io.o);
+            launch::add_rms_norm(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, c.rms_eps);
+            launch::matmul(cl, &l.w_gate_up, &io.h, total, &io.gu);
+            launch::swiglu(cl, &io.gu, &io.act, c.intermediate);
+            launch::matmul(cl, &l.w_down, &io.act, total, &io.d);
         }
         // Only each sequence's last row: its residual, the output norm, logits.
-        let n = seqs.len();
-        let hl = buf(n * hid);
-        launch::add_rms_norm(cl, &x, Some(&d), &self.output_norm, &hl, &last, c.rms_eps);
-        let logits = buf(n * self.lm_head.rows);
-        launch::matmul(cl, &self.lm_head, &hl, n, &logits);
-        logits.read(cl)
+        launch::add_rms_norm(cl, &io.x, Some(&io.d), &self.output_norm, &io.hl, &io.last, c.rms_eps);
+        launch::matmul(cl, &self.lm_head, &io.hl, n, &io.logits);
+        if self.argmax {
+            launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);
+        }
     }
 }
 
@@ -246,11 +357,21 @@ impl PagedDecoder for GpuDecoder {
         2 * 4 * self.config.n_layers * self.sh.n_kv_heads * self.sh.head_dim
     }
     fn copy_block(&mut self, src: u32, dst: u32) {
+        let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
         let n = self.config.n_layers;
         launch::copy_block(&self.client, self.sh, &self.k_pool, &self.v_pool, src, dst, n);
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
+        Ok(self.forward_select(seqs, &[true])?.logits)
+    }
+    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], want_logits: &[bool]) -> Result<StepLogits> {
         self.check(seqs)?;
-        self.step(seqs).map_err(|e| EngineError::Backend(e.to_string()))
+        let want = want_logits.iter().any(|&w| w);
+        let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
+        let res = match self.decode_step(seqs, want) {
+            Some(r) => r,
+            None => self.step(seqs, want),
+        };
+        res.map_err(|e| EngineError::Backend(e.to_string()))
     }
 }

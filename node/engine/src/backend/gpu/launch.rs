@@ -82,6 +82,18 @@ pub fn add_rms_norm(
     );
 }
 
+/// `ids[r]` = argmax of row `r` of `logits[rows, vocab]` ([`ops::argmax_rows`]).
+pub fn argmax_rows(c: &Client, logits: &DeviceBuf<f32>, ids: &DeviceBuf<u32>, vocab: usize) {
+    ops::argmax_rows::launch(
+        c,
+        CubeCount::Static(ids.len() as u32, 1, 1),
+        CubeDim::new_1d(ops::ARGMAX_THREADS as u32),
+        logits.arg(),
+        ids.arg(),
+        vocab,
+    );
+}
+
 /// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]`.
 pub fn swiglu(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f32>, inter: usize) {
     ops::swiglu::launch(

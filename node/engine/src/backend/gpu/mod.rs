@@ -5,8 +5,10 @@
 
 pub mod buf;
 pub mod decoder;
+pub mod graph;
 pub mod kernels;
 pub mod launch;
+pub mod step;
 pub mod weights;
 
 pub use buf::DeviceBuf;

@@ -70,3 +70,53 @@ pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
         act[p] = g / (1.0f32 + f32::exp(-g)) * u;
     }
 }
+
+/// Units per cube of [`argmax_rows`].
+pub const ARGMAX_THREADS: usize = 256;
+
+/// `out[r]` = the index of row `r`'s largest logit, the lowest index on
+/// ties (as the host's `sampling::argmax`, so a greedy token is the same
+/// whichever side picks it). Each unit scans a stride of the row, keeping
+/// its first best; the units' bests meet in a shared-memory tree that
+/// prefers the lower index on equal values. Launch with
+/// `CubeCount (rows)`, `CubeDim (ARGMAX_THREADS)`.
+#[cube(launch)]
+pub fn argmax_rows(logits: &[f32], out: &mut [u32], vocab: usize) {
+    let row = CUBE_POS_X as usize;
+    let tid = UNIT_POS_X as usize;
+    let base = row * vocab;
+    let mut best = (-3.0e38f32).runtime();
+    let mut at = u32::MAX.runtime();
+    let mut i = tid;
+    while i < vocab {
+        let v = logits[base + i];
+        if v > best || at == u32::MAX {
+            best = v;
+            at = i as u32;
+        }
+        i += ARGMAX_THREADS;
+    }
+    let mut sv = Shared::new_slice(ARGMAX_THREADS);
+    let mut si = Shared::new_slice(ARGMAX_THREADS);
+    sv[tid] = best;
+    si[tid] = at;
+    sync_cube();
+    let mut stride = (ARGMAX_THREADS / 2).runtime();
+    while stride > 0 {
+        if tid < stride {
+            let (v, j) = (sv[tid + stride], si[tid + stride]);
+            let (w, k) = (sv[tid], si[tid]);
+            // An empty slot (index u32::MAX) never wins over a filled one.
+            let take = k == u32::MAX || (j != u32::MAX && (v > w || (v == w && j < k)));
+            if take {
+                sv[tid] = v;
+                si[tid] = j;
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if tid == 0 {
+        out[row] = si[0];
+    }
+}

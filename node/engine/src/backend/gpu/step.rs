@@ -1,0 +1,138 @@
+//! One forward step's inputs and device buffers, shared by the two ways a
+//! step runs: eagerly (buffers sized to the step, inputs uploaded) and as a
+//! replayed graph (a bucket's buffers, allocated once, inputs written in
+//! place: `graph.rs`).
+
+use super::kernels::attention::HeadShape;
+use super::launch::RowMeta;
+use super::DeviceBuf;
+use crate::backend::rows::HostRows;
+use crate::llama::LlamaConfig;
+use cubecl::client::Client;
+
+/// The shapes a step's buffers follow.
+#[derive(Debug, Clone, Copy)]
+pub struct StepShape {
+    pub hidden: usize,
+    pub q_dim: usize,
+    pub qkv: usize,
+    pub inter: usize,
+    pub vocab: usize,
+}
+
+impl StepShape {
+    pub fn new(c: &LlamaConfig, sh: HeadShape, vocab: usize) -> Self {
+        Self {
+            hidden: c.hidden,
+            q_dim: c.n_heads * c.head_dim,
+            qkv: sh.width(),
+            inter: c.intermediate,
+            vocab,
+        }
+    }
+}
+
+/// Everything one step reads and writes besides the weights and the K/V
+/// pools: `rows` batch rows of `seqs` sequences.
+#[derive(Debug)]
+pub struct StepIo {
+    pub tok: DeviceBuf<u32>,
+    pub meta: RowMeta,
+    /// The identity over the rows (every row's norm).
+    pub all: DeviceBuf<u32>,
+    pub last: DeviceBuf<u32>,
+    pub x: DeviceBuf<f32>,
+    pub h: DeviceBuf<f32>,
+    pub qkv: DeviceBuf<f32>,
+    pub attn: DeviceBuf<f32>,
+    pub o: DeviceBuf<f32>,
+    pub gu: DeviceBuf<f32>,
+    pub act: DeviceBuf<f32>,
+    pub d: DeviceBuf<f32>,
+    /// The last rows, normed.
+    pub hl: DeviceBuf<f32>,
+    pub logits: DeviceBuf<f32>,
+    /// Each sequence's argmax.
+    pub ids: DeviceBuf<u32>,
+}
+
+impl StepIo {
+    /// Buffers for `host`'s rows, its inputs uploaded (the eager step).
+    pub fn upload(cl: &Client, s: StepShape, host: &HostRows) -> Self {
+        let all: Vec<u32> = (0..host.rows() as u32).collect();
+        let meta = RowMeta {
+            pos: DeviceBuf::upload(cl, &host.pos),
+            slot: DeviceBuf::upload(cl, &host.slot),
+            table: DeviceBuf::upload(cl, &host.table),
+            tables: DeviceBuf::upload(cl, &host.tables),
+        };
+        let tok = DeviceBuf::upload(cl, &host.tokens);
+        let (all, last) = (DeviceBuf::upload(cl, &all), DeviceBuf::upload(cl, &host.last));
+        Self::with_inputs(cl, s, tok, meta, all, last)
+    }
+
+    /// Buffers of a decode bucket: `rows` rows, one per sequence, inputs
+    /// zeroed until [`StepIo::write`] fills them; `tables_len` entries of
+    /// block tables.
+    pub fn bucket(cl: &Client, s: StepShape, rows: usize, tables_len: usize) -> Self {
+        let ids: Vec<u32> = (0..rows as u32).collect();
+        let meta = RowMeta {
+            pos: DeviceBuf::zeros(cl, rows),
+            slot: DeviceBuf::zeros(cl, rows),
+            table: DeviceBuf::zeros(cl, rows),
+            tables: DeviceBuf::zeros(cl, tables_len),
+        };
+        let tok = DeviceBuf::zeros(cl, rows);
+        let (all, last) = (DeviceBuf::upload(cl, &ids), DeviceBuf::upload(cl, &ids));
+        Self::with_inputs(cl, s, tok, meta, all, last)
+    }
+
+    fn with_inputs(
+        cl: &Client,
+        s: StepShape,
+        tok: DeviceBuf<u32>,
+        meta: RowMeta,
+        all: DeviceBuf<u32>,
+        last: DeviceBuf<u32>,
+    ) -> Self {
+        let (t, n) = (tok.len(), last.len());
+        let buf = |len| DeviceBuf::<f32>::uninit(cl, len);
+        Self {
+            x: buf(t * s.hidden),
+            h: buf(t * s.hidden),
+            qkv: buf(t * s.qkv),
+            attn: buf(t * s.q_dim),
+            o: buf(t * s.hidden),
+            gu: buf(t * 2 * s.inter),
+            act: buf(t * s.inter),
+            d: buf(t * s.hidden),
+            hl: buf(n * s.hidden),
+            logits: buf(n * s.vocab),
+            ids: DeviceBuf::uninit(cl, n),
+            tok,
+            meta,
+            all,
+            last,
+        }
+    }
+
+    /// Write a bucket's inputs in place (`host` padded to its rows).
+    pub fn write(&self, cl: &Client, host: &HostRows) {
+        debug_assert_eq!(host.rows(), self.tok.len());
+        self.tok.write(cl, &host.tokens);
+        self.meta.pos.write(cl, &host.pos);
+        self.meta.slot.write(cl, &host.slot);
+        self.meta.table.write(cl, &host.table);
+        self.meta.tables.write(cl, &host.tables);
+    }
+
+    /// Batch rows.
+    pub fn rows(&self) -> usize {
+        self.tok.len()
+    }
+
+    /// Sequences (rows whose logits come back).
+    pub fn seqs(&self) -> usize {
+        self.last.len()
+    }
+}

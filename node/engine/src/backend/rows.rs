@@ -1,0 +1,105 @@
+//! A paged forward step's rows as flat host arrays: what a GPU decoder
+//! uploads (or, for a replayed graph, writes into its bucket) per step.
+
+use crate::llama::PagedSeq;
+use crate::paged::BLOCK_SIZE as BLOCK;
+
+/// A step's per-row inputs on the host.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HostRows {
+    pub tokens: Vec<u32>,
+    /// Each row's position.
+    pub pos: Vec<u32>,
+    /// Each row's K/V slot: `block · 16 + pos % 16`.
+    pub slot: Vec<u32>,
+    /// Offset of each row's block table in `tables`.
+    pub table: Vec<u32>,
+    /// The sequences' block tables, one after another.
+    pub tables: Vec<u32>,
+    /// Each sequence's last row (whose logits come back).
+    pub last: Vec<u32>,
+}
+
+impl HostRows {
+    /// The rows of `seqs`, each sequence's new tokens in order.
+    pub fn new(seqs: &[PagedSeq<'_>]) -> Self {
+        let mut r = HostRows::default();
+        for s in seqs {
+            let toff = r.tables.len() as u32;
+            r.tables.extend_from_slice(s.table);
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                let p = s.past + i;
+                r.tokens.push(tok);
+                r.pos.push(p as u32);
+                r.slot.push(s.table[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
+                r.table.push(toff);
+            }
+            r.last.push(r.tokens.len() as u32 - 1);
+        }
+        r
+    }
+
+    /// Pad a decode step (one row per sequence) to `rows` rows. A padding
+    /// row is token 0 at position 0 in `scratch`, a block no sequence
+    /// owns, so it writes and reads nothing of theirs; its logits are
+    /// dropped. `tables` is then `tables_len` long (the bucket's buffer).
+    pub fn pad_decode(&mut self, rows: usize, scratch: u32, tables_len: usize) {
+        debug_assert_eq!(self.tokens.len(), self.last.len(), "decode rows only");
+        let at = self.tables.len() as u32;
+        self.tables.push(scratch);
+        for i in self.tokens.len()..rows {
+            self.tokens.push(0);
+            self.pos.push(0);
+            self.slot.push(scratch * BLOCK as u32);
+            self.table.push(at);
+            self.last.push(i as u32);
+        }
+        self.tables.resize(tables_len.max(self.tables.len()), 0);
+    }
+
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_the_block_tables() {
+        let (a, b) = ([5u32, 6, 7], [9u32]);
+        let seqs = [
+            PagedSeq { tokens: &a, past: 14, table: &[3, 4], decode_from: 0 },
+            PagedSeq { tokens: &b, past: 0, table: &[8], decode_from: 0 },
+        ];
+        let r = HostRows::new(&seqs);
+        assert_eq!(r.tokens, vec![5, 6, 7, 9]);
+        assert_eq!(r.pos, vec![14, 15, 16, 0]);
+        // Positions 14, 15 in block 3; 16 is the first of block 4.
+        assert_eq!(r.slot, vec![3 * 16 + 14, 3 * 16 + 15, 4 * 16, 8 * 16]);
+        assert_eq!(r.table, vec![0, 0, 0, 2]);
+        assert_eq!(r.tables, vec![3, 4, 8]);
+        assert_eq!(r.last, vec![2, 3]);
+    }
+
+    #[test]
+    fn decode_padding_rows_touch_only_the_scratch_block() {
+        let (a, b) = ([5u32], [9u32]);
+        let seqs = [
+            PagedSeq { tokens: &a, past: 20, table: &[3, 4], decode_from: 0 },
+            PagedSeq { tokens: &b, past: 3, table: &[8], decode_from: 0 },
+        ];
+        let mut r = HostRows::new(&seqs);
+        r.pad_decode(4, 99, 10);
+        assert_eq!(r.rows(), 4);
+        assert_eq!(r.tokens, vec![5, 9, 0, 0]);
+        assert_eq!(r.pos, vec![20, 3, 0, 0]);
+        assert_eq!(r.slot, vec![4 * 16 + 4, 8 * 16 + 3, 99 * 16, 99 * 16]);
+        // The padding rows' table is the one scratch entry after the real ones.
+        assert_eq!(r.table, vec![0, 2, 3, 3]);
+        assert_eq!(&r.tables[..4], &[3, 4, 8, 99]);
+        assert_eq!(r.tables.len(), 10);
+        assert_eq!(r.last, vec![0, 1, 2, 3]);
+    }
+}
