@@ -4,10 +4,12 @@
 #   bash scripts/gpu-check.sh build    # here (Rust, the LLVM SDK): ~30+ min cold
 #   bash scripts/gpu-check.sh device   # on the GPU machine: < ~8 min, results in $OUT
 #
-# build: the release `--features cuda` gcs-node, stripped and xz'd, and
-#   SmolLM2's GGUF header (metadata, tokenizer, tensor table; its 98 MB of
-#   weights do not fit the 64 MiB a device call carries) into .gpu-check/,
-#   which .git/info/exclude ignores. Carry that folder to the device:
+# build: the release `--features cuda` gcs-node, stripped and xz'd, the
+#   shared libraries it links beyond glibc (Debian's librocksdb and its
+#   compressors: the device image has none), and SmolLM2's GGUF header
+#   (metadata, tokenizer, tensor table; its 98 MB of weights do not fit the
+#   64 MiB a device call carries) into .gpu-check/, which
+#   .git/info/exclude ignores. Carry that folder to the device:
 #     run(command="bash scripts/gpu-check.sh device", carry=[".gpu-check"], timeout_s=540)
 # device: needs only bash, xz, python3 and the NVIDIA driver (no toolchain,
 #   no network). Rebuilds a SmolLM2-shaped GGUF with synthetic weights
@@ -17,7 +19,8 @@
 #      fixture prompts (greedy 32 tokens, teacher-forced top-1, max |Δ logit|
 #      on 3), decode tok/s at batch 1, 8, 64, 256 through the batch
 #      scheduler (decode graphs and the device argmax, then eagerly, side
-#      by side), TTFT and prefill tok/s of a 512-token prompt; if it fails,
+#      by side), issue 17's naive burn loop at the same batches, TTFT and
+#      prefill tok/s of a 512-token prompt; if it fails,
 #      again with GCS_GPU_GRAPHS=0 GCS_GPU_ARGMAX=0;
 #   2. a served request: `gcs-node --role all --gpu 0` and one chat
 #      completion through its OpenAI API.

@@ -4,6 +4,8 @@
 //! over [`ComputeDevice`], so CPU against CPU is its own unit test (exact
 //! agreement).
 
+pub mod naive;
+
 use std::path::PathBuf;
 use std::sync::mpsc::TryRecvError;
 use std::time::{Duration, Instant};
@@ -35,6 +37,8 @@ pub struct CheckConfig {
     pub decode_tokens: usize,
     /// Length of the prompt the prefill figure times.
     pub prefill_tokens: usize,
+    /// Timed steps of the naive loop at each batch size (0: none).
+    pub naive_steps: usize,
 }
 
 /// One decode measurement: `batch` streams at once, steady state (from
@@ -74,6 +78,9 @@ pub struct CheckReport {
     /// same measurements launched eagerly, in the same run (GPU only).
     pub graphs: bool,
     pub decode_eager: Vec<DecodeFigure>,
+    /// Issue 17's naive burn loop on the same device, in the same run
+    /// (`naive`): the step time of a launch-per-op decoder.
+    pub naive: Vec<naive::NaiveFigure>,
     /// The CPU engine's single-stream decode, in the same run.
     pub cpu_decode_tokens_per_s: f64,
     pub prefill_tokens: usize,
@@ -141,6 +148,12 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
     let graphs = gpu.as_ref().is_some_and(|g| backend::graphs_default(g.kind));
     let decode_eager =
         if graphs { decode_figures(cfg, &short, &cpu_ref, Some(false))?.1 } else { vec![] };
+    let naive = match burn_device(cfg.device) {
+        Some(d) if cfg.naive_steps > 0 => {
+            naive::run(naive::NaiveShape::SMOLLM2, &d, &cfg.batches, cfg.naive_steps)
+        }
+        _ => vec![],
+    };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
@@ -158,6 +171,7 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
         decode,
         graphs,
         decode_eager,
+        naive,
         cpu_decode_tokens_per_s,
         prefill_tokens: long.len(),
         ttft_ms: ttft.as_secs_f64() * 1e3,
@@ -190,6 +204,17 @@ fn decode_figures(
         decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref)?);
     }
     Ok((engine, decode))
+}
+
+/// The burn device the naive loop runs on: burn-cuda for a CUDA device
+/// (probed already), none where burn has no backend for it here.
+fn burn_device(device: ComputeDevice) -> Option<burn::tensor::Device> {
+    match device {
+        #[cfg(feature = "cuda")]
+        ComputeDevice::Cuda(i) => Some(crate::cuda_device(i as usize)),
+        ComputeDevice::Cpu => Some(cpu_device()),
+        _ => None,
+    }
 }
 
 fn request(prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {

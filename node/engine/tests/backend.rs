@@ -120,6 +120,7 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
         batches: vec![1, 3],
         decode_tokens: 6,
         prefill_tokens: 40,
+        naive_steps: 0,
     };
     let r = run(&cfg).unwrap();
     assert_eq!((r.greedy_identical, r.prompts), (2, 2), "{r:?}");
@@ -137,6 +138,7 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
     }
     // Graphs are a GPU decoder's; the CPU has no eager twin to measure.
     assert!(!r.graphs && r.decode_eager.is_empty(), "{r:?}");
+    assert!(r.naive.is_empty(), "no naive loop asked for");
     assert_eq!(r.prefill_tokens, 40);
     assert!(r.ttft_ms > 0.0 && r.prefill_tokens_per_s > 0.0 && r.cpu_decode_tokens_per_s > 0.0);
 }

@@ -363,3 +363,102 @@ fn stress_cancel_and_preempt_leaks_nothing() {
     assert_eq!(batch.free_kv_tokens(), 24 * 16);
     assert_eq!(batch.waiting(), 0);
 }
+
+use gcs_engine::backend::{CpuDecoder, PagedDecoder, StepLogits};
+
+/// The CPU decoder answering as a GPU does: each sequence's argmax, and
+/// logits only when a sequence asked for them. Counts the steps that
+/// copied none.
+#[derive(Debug)]
+struct ArgmaxOnly {
+    inner: CpuDecoder,
+    bare_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl PagedDecoder for ArgmaxOnly {
+    fn kind(&self) -> gcs_engine::backend::BackendKind {
+        self.inner.kind()
+    }
+    fn config(&self) -> &gcs_engine::llama::LlamaConfig {
+        self.inner.config()
+    }
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn kv_blocks(&self) -> usize {
+        self.inner.kv_blocks()
+    }
+    fn kv_bytes_per_token(&self) -> usize {
+        self.inner.kv_bytes_per_token()
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) {
+        self.inner.copy_block(src, dst)
+    }
+    fn forward_paged(
+        &mut self,
+        seqs: &[gcs_engine::llama::PagedSeq<'_>],
+    ) -> gcs_engine::Result<Vec<f32>> {
+        self.inner.forward_paged(seqs)
+    }
+    fn forward_select(
+        &mut self,
+        seqs: &[gcs_engine::llama::PagedSeq<'_>],
+        want: &[bool],
+    ) -> gcs_engine::Result<StepLogits> {
+        let logits = self.inner.forward_paged(seqs)?;
+        let v = self.vocab();
+        let argmax = logits.chunks(v).map(gcs_engine::sampling::argmax).collect();
+        let keep = want.iter().any(|&w| w);
+        if !keep {
+            self.bare_steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(StepLogits {
+            logits: if keep { logits } else { vec![] },
+            argmax: Some(argmax),
+        })
+    }
+}
+
+/// The scheduler over a decoder that returns argmax ids without logits
+/// (as the GPU decoder does for greedy steps) gives the same tokens as
+/// the plain CPU engine: greedy ones from the ids, and for a seeded
+/// sampled sequence and one with logprobs (which ask for the logits)
+/// the same tokens and logprobs; steps without any such sequence copy no
+/// logits.
+#[test]
+fn greedy_tokens_from_the_device_argmax_equal_the_cpu_engines() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some((_, plain)) = load() else { return };
+    let path = common::smollm_path().unwrap();
+    let bare = Arc::new(AtomicUsize::new(0));
+    let counter = bare.clone();
+    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
+    let select = BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
+        Box::new(ArgmaxOnly {
+            inner: CpuDecoder::new(m, k),
+            bare_steps: counter,
+        })
+    });
+    let requests = || {
+        let greedy = |q: &str| SeqRequest::new(Prompt::Chat(chat(q)), 12);
+        let mut seeded = greedy(QUESTIONS[2]);
+        seeded.sampling = SamplingOptions { temperature: 0.8, seed: 7, ..SamplingOptions::default() };
+        let lp = SeqRequest { logprobs: Some(2), ..greedy(QUESTIONS[3]) };
+        vec![greedy(QUESTIONS[0]), greedy(QUESTIONS[1]), seeded, lp]
+    };
+    // Greedy streams alone first: those steps need no logits at all.
+    let alone: Vec<Collected> =
+        requests().into_iter().take(2).map(|r| collect(select.submit(r).unwrap())).collect();
+    assert!(bare.load(Ordering::Relaxed) > 0, "greedy steps copied no logits");
+    let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
+    let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
+    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
+        let (g, w) = (collect(g), collect(w));
+        assert_eq!(g.tokens, w.tokens, "request {i}");
+        assert_eq!(g.result.text, w.result.text, "request {i}");
+        if i < 2 {
+            assert_eq!(alone[i].tokens, w.tokens, "request {i} alone");
+        }
+    }
+}

@@ -136,3 +136,61 @@ fn a_k_quant_model_is_refused_naming_the_type() {
     assert!(msg.contains("no GPU kernel for Q") && msg.contains("_K weights"), "{msg}");
     assert!(msg.contains("without --gpu"), "{msg}");
 }
+
+/// Decode steps replayed from a recorded graph (`backend::gpu::graph`:
+/// three sequences in a bucket of four, one padding row on the scratch
+/// block) give the eager decoder's logits bit for bit, step after step,
+/// and the device argmax is the host's argmax of those logits; a step that
+/// wants no logits copies none back.
+#[test]
+fn decode_graphs_replay_the_eager_steps_exactly() {
+    use gcs_engine::backend::force_graphs;
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let client = || cubecl::Device::Wgpu(Default::default()).client();
+    force_graphs(Some(true));
+    let graphed = GpuDecoder::new(client(), BackendKind::Wgpu, &engine.model, 16);
+    force_graphs(Some(false));
+    let eager = GpuDecoder::new(client(), BackendKind::Wgpu, &engine.model, 16);
+    force_graphs(None);
+    let (mut graphed, mut eager) = (graphed.unwrap(), eager.unwrap());
+    let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?", "Say hello."];
+    let toks: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
+        .collect();
+    let tables: [Vec<u32>; 3] = [vec![3, 9, 1, 12], vec![0, 14, 5, 7], vec![2, 4, 6, 8]];
+    let vocab = eager.vocab();
+    let mut feed = toks.clone();
+    let mut past = [0usize; 3];
+    for step in 0..5 {
+        let seqs: Vec<PagedSeq<'_>> = (0..3)
+            .map(|i| PagedSeq {
+                tokens: &feed[i],
+                past: past[i],
+                table: &tables[i],
+                decode_from: toks[i].len(),
+            })
+            .collect();
+        let want = vec![true; 3];
+        let a = eager.forward_select(&seqs, &want).unwrap();
+        let b = graphed.forward_select(&seqs, &want).unwrap();
+        assert_eq!(a.logits, b.logits, "step {step}");
+        let host: Vec<u32> = (0..3).map(|i| argmax(&a.logits[i * vocab..(i + 1) * vocab])).collect();
+        assert_eq!(a.argmax.as_deref(), Some(&host[..]), "step {step}");
+        assert_eq!(b.argmax.as_deref(), Some(&host[..]), "step {step}");
+        for i in 0..3 {
+            past[i] += feed[i].len();
+        }
+        feed = host.iter().map(|&t| vec![t]).collect();
+    }
+    assert_eq!(graphed.recorded_buckets(), vec![4], "one bucket of 4 recorded and replayed");
+    assert!(eager.recorded_buckets().is_empty());
+    // Greedy rows only: the argmax comes back, the logits do not.
+    let seqs: Vec<PagedSeq<'_>> = (0..3)
+        .map(|i| PagedSeq { tokens: &feed[i], past: past[i], table: &tables[i], decode_from: 0 })
+        .collect();
+    let c = graphed.forward_select(&seqs, &[false; 3]).unwrap();
+    assert!(c.logits.is_empty());
+    assert_eq!(c.argmax.map(|a| a.len()), Some(3));
+}

@@ -46,6 +46,10 @@ pub struct GpuCheckArgs {
     /// Prompt length of the prefill / TTFT figure.
     #[arg(long, default_value_t = 512)]
     prefill_tokens: usize,
+    /// Timed steps of issue 17's naive burn loop at each batch size, on
+    /// the same device (0: skip it).
+    #[arg(long, default_value_t = 20)]
+    naive_steps: usize,
     /// Write the JSON report here too.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -79,6 +83,7 @@ pub fn gpu_check(a: GpuCheckArgs) -> anyhow::Result<()> {
         batches: a.batches,
         decode_tokens: a.decode_tokens,
         prefill_tokens: a.prefill_tokens,
+        naive_steps: a.naive_steps,
     };
     let report = run(&cfg).with_context(|| format!("the check on {device:?}"))?;
     let json = serde_json::to_string_pretty(&report)?;

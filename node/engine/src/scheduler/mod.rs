@@ -321,9 +321,22 @@ pub struct BatchEngine {
 impl BatchEngine {
     /// Move `engine` onto its own thread and start scheduling, on the CPU.
     pub fn start(engine: Engine, cfg: BatchConfig) -> BatchEngine {
+        Self::start_with(engine, cfg, |model, kv_blocks| {
+            Box::new(crate::backend::CpuDecoder::new(model, kv_blocks))
+        })
+    }
+
+    /// [`BatchEngine::start`] over the decoder `make` builds from the model
+    /// and the K/V blocks the configuration allows (a backend of the
+    /// caller's, or a test's wrapper around the CPU's).
+    pub fn start_with(
+        engine: Engine,
+        cfg: BatchConfig,
+        make: impl FnOnce(crate::llama::Llama, usize) -> Box<dyn crate::backend::PagedDecoder>,
+    ) -> BatchEngine {
         let cfg = cfg.bounded();
         let Engine { model, tokenizer, .. } = engine;
-        let dec = Box::new(crate::backend::CpuDecoder::new(model, cfg.kv_blocks));
+        let dec = make(model, cfg.kv_blocks);
         Self::launch(tokenizer, dec, cfg)
     }
 

@@ -152,6 +152,14 @@ impl GpuDecoder {
         })
     }
 
+    /// The decode buckets whose graph is recorded, smallest first.
+    pub fn recorded_buckets(&self) -> Vec<usize> {
+        let mut b: Vec<usize> =
+            self.graphs.buckets.iter().filter(|(_, b)| b.graph.is_some()).map(|(&r, _)| r).collect();
+        b.sort_unstable();
+        b
+    }
+
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
         let l: usize = self
