@@ -19,8 +19,10 @@
 #      fixture prompts (greedy 32 tokens, teacher-forced top-1, max |Δ logit|
 #      on 3), decode tok/s at batch 1, 8, 64, 256 through the batch
 #      scheduler (decode graphs and the device argmax, then eagerly, side
-#      by side), issue 17's naive burn loop at the same batches, TTFT and
-#      prefill tok/s of a 512-token prompt; if it fails,
+#      by side), issue 17's naive burn loop at the same batches, MiniLM
+#      (synthetic weights, scripts/st-synth.py) on burn-cuda against the
+#      CPU (least cosine, texts/s at 1, 32, 256), TTFT and prefill tok/s
+#      of a 512-token prompt; if it fails,
 #      again with GCS_GPU_GRAPHS=0 GCS_GPU_ARGMAX=0;
 #   2. a served request: `gcs-node --role all --gpu 0` and one chat
 #      completion through its OpenAI API.
@@ -29,7 +31,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=.gpu-check
-model_src="${GCS_CHECK_SOURCE:-${GCS_MODEL_DIR:-$HOME/.cache/gcs/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}"
+models="${GCS_MODEL_DIR:-$HOME/.cache/gcs/models}"
+model_src="${GCS_CHECK_SOURCE:-$models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}"
+embed_src="$models/all-minilm-l6-v2"
 
 build() {
   set -e
@@ -52,7 +56,10 @@ build() {
   tar -C "$dir" -cJf "$dir/libs.tar.xz" lib && rm -rf "$dir/lib"
   python3 scripts/gguf-synth.py header "$model_src" "$dir/smollm2.header"
   xz -6 -f "$dir/smollm2.header"
-  (cd "$dir" && sha256sum gcs-node.xz libs.tar.xz smollm2.header.xz >SHA256SUMS)
+  # MiniLM without its 90 MB of weights (scripts/st-synth.py rebuilds them there).
+  rm -rf "$dir/minilm" && python3 scripts/st-synth.py header "$embed_src" "$dir/minilm"
+  tar -C "$dir" -cJf "$dir/minilm.tar.xz" minilm && rm -rf "$dir/minilm"
+  (cd "$dir" && sha256sum gcs-node.xz libs.tar.xz smollm2.header.xz minilm.tar.xz >SHA256SUMS)
   du -b "$dir"/* | sed 's/^/  /'
   echo "ready: carry $dir (the device run unpacks it)" >&2
 }
@@ -93,11 +100,17 @@ device() {
     python3 scripts/gguf-synth.py synth "$work/smollm2.header" "$model" || echo "FAIL: synthesis"
   fi
   echo "== model: $model ($weights weights), $(( $(date +%s) - t0 )) s"
+  embed_args=()
+  if tar -C "$work" -xJf "$dir/minilm.tar.xz" && python3 scripts/st-synth.py synth "$work/minilm"; then
+    embed_args=(--embed-dir "$work/minilm")
+  else
+    echo "FAIL: MiniLM synthesis (the embedder is not checked)"
+  fi
 
   echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device argmax, then eager)"
   check() {
     timeout "$1" "$work/gcs-node" gpu-check --model "$model" --gpu 0 \
-      --prompts node/engine/tests/fixtures/smollm2_llamacpp.json --out "$2"
+      --prompts node/engine/tests/fixtures/smollm2_llamacpp.json "${embed_args[@]}" --out "$2"
   }
   check 200 "$out/gpu-check.json"
   rc=$?

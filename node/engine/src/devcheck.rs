@@ -4,6 +4,7 @@
 //! over [`ComputeDevice`], so CPU against CPU is its own unit test (exact
 //! agreement).
 
+pub mod embed;
 pub mod naive;
 
 use std::path::PathBuf;
@@ -39,6 +40,10 @@ pub struct CheckConfig {
     pub prefill_tokens: usize,
     /// Timed steps of the naive loop at each batch size (0: none).
     pub naive_steps: usize,
+    /// A BERT embedder's folder to compare and time on the device too.
+    pub embed_dir: Option<PathBuf>,
+    /// Texts per batch of the embedder's figures.
+    pub embed_batches: Vec<usize>,
 }
 
 /// One decode measurement: `batch` streams at once, steady state (from
@@ -81,6 +86,8 @@ pub struct CheckReport {
     /// Issue 17's naive burn loop on the same device, in the same run
     /// (`naive`): the step time of a launch-per-op decoder.
     pub naive: Vec<naive::NaiveFigure>,
+    /// The embedder on the device against the CPU (`embed_dir`).
+    pub embed: Option<embed::EmbedFigure>,
     /// The CPU engine's single-stream decode, in the same run.
     pub cpu_decode_tokens_per_s: f64,
     pub prefill_tokens: usize,
@@ -154,6 +161,10 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
         }
         _ => vec![],
     };
+    let embed = match &cfg.embed_dir {
+        Some(dir) => Some(embed::run(dir, cfg.device, &cfg.embed_batches)?),
+        None => None,
+    };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
@@ -172,6 +183,7 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
         graphs,
         decode_eager,
         naive,
+        embed,
         cpu_decode_tokens_per_s,
         prefill_tokens: long.len(),
         ttft_ms: ttft.as_secs_f64() * 1e3,

@@ -64,8 +64,9 @@ pub fn cpu_device() -> burn::tensor::Device {
     burn::tensor::Device::flex()
 }
 
-/// A CUDA device (burn's CUDA backend). The quantized matmul and attention
-/// kernels still run on the host, so this is for experiments only.
+/// A CUDA device (burn's CUDA backend): the BERT embedder on a GPU
+/// ([`backend::burn_device`]) and the device check's naive loop. The chat
+/// decoder's GPU path is `backend::gpu`, not burn tensors.
 #[cfg(feature = "cuda")]
 pub fn cuda_device(index: usize) -> burn::tensor::Device {
     burn::tensor::Device::cuda(index)

@@ -121,6 +121,8 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
         decode_tokens: 6,
         prefill_tokens: 40,
         naive_steps: 0,
+        embed_dir: common::minilm_dir(),
+        embed_batches: vec![1, 4],
     };
     let r = run(&cfg).unwrap();
     assert_eq!((r.greedy_identical, r.prompts), (2, 2), "{r:?}");
@@ -139,6 +141,13 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
     // Graphs are a GPU decoder's; the CPU has no eager twin to measure.
     assert!(!r.graphs && r.decode_eager.is_empty(), "{r:?}");
     assert!(r.naive.is_empty(), "no naive loop asked for");
+    if let Some(e) = &r.embed {
+        // The embedder against itself on the CPU: the same vectors.
+        assert_eq!(e.backend, "burn-flex");
+        assert!(e.min_cosine > 0.9999, "{e:?}");
+        assert_eq!(e.device.iter().map(|x| x.batch).collect::<Vec<_>>(), [1, 4]);
+        assert!(e.device.iter().chain(&e.cpu).all(|x| x.texts_per_s > 0.0), "{e:?}");
+    }
     assert_eq!(r.prefill_tokens, 40);
     assert!(r.ttft_ms > 0.0 && r.prefill_tokens_per_s > 0.0 && r.cpu_decode_tokens_per_s > 0.0);
 }

@@ -50,6 +50,13 @@ pub struct GpuCheckArgs {
     /// the same device (0: skip it).
     #[arg(long, default_value_t = 20)]
     naive_steps: usize,
+    /// A BERT embedder's folder (config.json, tokenizer.json,
+    /// model.safetensors) to compare with the CPU's and time on the device.
+    #[arg(long)]
+    embed_dir: Option<PathBuf>,
+    /// Texts per batch of the embedder's figures.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 32, 256])]
+    embed_batches: Vec<usize>,
     /// Write the JSON report here too.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -84,6 +91,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> anyhow::Result<()> {
         decode_tokens: a.decode_tokens,
         prefill_tokens: a.prefill_tokens,
         naive_steps: a.naive_steps,
+        embed_dir: a.embed_dir,
+        embed_batches: a.embed_batches,
     };
     let report = run(&cfg).with_context(|| format!("the check on {device:?}"))?;
     let json = serde_json::to_string_pretty(&report)?;

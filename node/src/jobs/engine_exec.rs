@@ -150,10 +150,14 @@ impl EngineExecutor {
                 None => {
                     let Wanted::Catalog(e) = w else { continue };
                     let dir = model_dir.join(e.model_id);
-                    let device = gcs_engine::cpu_device();
+                    // On burn tensors: burn-cuda on a CUDA GPU, batched as
+                    // on the CPU; the CPU otherwise.
+                    let device = compute::burn_device(serving.device);
                     let m = Embedder::load(&dir, &device)
                         .map_err(|reason| CatalogError::Load { path: dir.clone(), reason })?;
-                    infos.push(e.hosted_info(model_dir)?);
+                    let mut info = e.hosted_info(model_dir)?;
+                    info.backend = compute::burn_backend_name(serving.device).into();
+                    infos.push(info);
                     embed = Some((e.model_id.to_string(), m));
                 }
             }

@@ -57,6 +57,26 @@ impl ComputeDevice {
     }
 }
 
+/// The burn device of a model that runs on burn tensors (the BERT
+/// embedder) when the worker serves on `device`: burn-cuda for a CUDA GPU
+/// on a cuda build; the CPU (burn's Flex) otherwise, a wgpu device
+/// included (this build has no burn wgpu backend).
+pub fn burn_device(device: ComputeDevice) -> burn::tensor::Device {
+    match device {
+        #[cfg(feature = "cuda")]
+        ComputeDevice::Cuda(i) => crate::cuda_device(i as usize),
+        _ => crate::cpu_device(),
+    }
+}
+
+/// The backend name a registration gives a burn model on [`burn_device`].
+pub fn burn_backend_name(device: ComputeDevice) -> &'static str {
+    match device {
+        ComputeDevice::Cuda(_) if cfg!(feature = "cuda") => "burn-cuda",
+        _ => BackendKind::Cpu.name(),
+    }
+}
+
 /// Whether a new GPU decoder of `kind` replays decode steps as recorded
 /// graphs (`gpu::graph`): on CUDA unless `GCS_GPU_GRAPHS=0` or
 /// [`force_graphs`] says otherwise.
@@ -254,6 +274,14 @@ mod tests {
             let err = check_device(ComputeDevice::Wgpu(0)).expect_err("no wgpu in this build");
             assert!(matches!(err, BackendError::NoWgpuSupport { index: 0 }), "{err:?}");
         }
+    }
+
+    #[test]
+    fn burn_models_stay_on_the_cpu_without_cuda() {
+        assert_eq!(burn_backend_name(ComputeDevice::Cpu), "burn-flex");
+        assert_eq!(burn_backend_name(ComputeDevice::Wgpu(0)), "burn-flex");
+        let cuda = if cfg!(feature = "cuda") { "burn-cuda" } else { "burn-flex" };
+        assert_eq!(burn_backend_name(ComputeDevice::Cuda(0)), cuda);
     }
 
     #[test]
