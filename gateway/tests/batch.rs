@@ -183,6 +183,23 @@ async fn files_are_per_tenant_and_bounded() {
     gw.get(&format!("/v1/files/{id}"), &gw.key).await.assert_envelope(404);
 }
 
+/// A file larger than one read of the download comes back whole, with its
+/// length announced (the content is streamed from disk, not held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_downloads_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(Net::new(Script::Embed), GatewayConfig::default(), dir.path()).await;
+    let data: String = (0..3000).map(|i| format!("{{\"custom_id\":\"line-{i:05}\",\"pad\":\"{}\"}}\n", "x".repeat(i % 97))).collect();
+    assert!(data.len() > 3 * 64 * 1024, "{}", data.len());
+    let f = gw.upload(&gw.key, "batch", data.as_bytes()).await;
+    assert_eq!(f.status, 200, "{}", f.body);
+    let id = f.json()["id"].as_str().unwrap().to_string();
+    let c = gw.get(&format!("/v1/files/{id}/content"), &gw.key).await;
+    assert_eq!(c.status, 200);
+    assert_eq!(c.body.len(), data.len());
+    assert!(c.body == data, "the bytes differ");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_runs_its_requests_as_its_key_and_writes_openai_jsonl() {
     let dir = tempfile::tempdir().unwrap();

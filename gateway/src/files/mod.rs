@@ -229,15 +229,37 @@ pub(crate) async fn content(
     let r = async {
         let (tenant, _) = owned(&state, &headers, &id).await?;
         let (files, fid) = (state.files.clone(), id.clone());
-        let bytes = blocking(move || files.content(&tenant, &fid)).await?;
-        let bytes = bytes.ok_or_else(|| not_found(&id))?;
-        Ok::<_, ApiError>(
-            ([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes)
-                .into_response(),
-        )
+        let opened = blocking(move || files.open_content(&tenant, &fid)).await?;
+        let (file, len) = opened.ok_or_else(|| not_found(&id))?;
+        let body = axum::body::Body::from_stream(chunks(tokio::fs::File::from_std(file)));
+        let headers = [
+            (axum::http::header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (axum::http::header::CONTENT_LENGTH, len.to_string()),
+        ];
+        Ok::<_, ApiError>((headers, body).into_response())
     }
     .await;
     finish(&state, "files", r.unwrap_or_else(IntoResponse::into_response))
+}
+
+/// A file's bytes in chunks of up to 64 KiB, each read when the client
+/// takes the one before (a batch's output can be far larger than the
+/// memory a download should hold).
+fn chunks(
+    mut file: tokio::fs::File,
+) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send {
+    use std::task::Poll;
+    use tokio::io::AsyncRead;
+    let mut buf = vec![0u8; 64 * 1024];
+    futures::stream::poll_fn(move |cx| {
+        let mut rb = tokio::io::ReadBuf::new(&mut buf);
+        match std::pin::Pin::new(&mut file).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => Poll::Ready(None),
+            Poll::Ready(Ok(())) => Poll::Ready(Some(Ok(bytes::Bytes::copy_from_slice(rb.filled())))),
+            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+            Poll::Pending => Poll::Pending,
+        }
+    })
 }
 
 /// `DELETE /v1/files/{id}`.

@@ -240,6 +240,19 @@ impl FileStore {
         std::fs::read(&p).map(Some).map_err(|e| io(&p, e))
     }
 
+    /// The bytes of `id` if `tenant` owns it, as the open file and its
+    /// length: a download streams them instead of holding them in memory
+    /// (a deletion meanwhile unlinks the name, not the open file).
+    pub fn open_content(&self, tenant: &str, id: &str) -> Result<Option<(std::fs::File, u64)>, FileError> {
+        if self.get(tenant, id)?.is_none() {
+            return Ok(None);
+        }
+        let p = self.dir(tenant).join(format!("{id}.data"));
+        let f = std::fs::File::open(&p).map_err(|e| io(&p, e))?;
+        let len = f.metadata().map_err(|e| io(&p, e))?.len();
+        Ok(Some((f, len)))
+    }
+
     /// Deletes `id`; false if `tenant` has no such file.
     pub fn delete(&self, tenant: &str, id: &str) -> Result<bool, FileError> {
         let _w = self.write.lock().unwrap_or_else(|p| p.into_inner());

@@ -13,25 +13,39 @@ fn groups(n: usize, per: usize) -> u32 {
     n.div_ceil(per).max(1) as u32
 }
 
-/// `out[n, m.rows] = x[n, m.cols] · mᵀ`.
+/// `out[n, m.rows] = x[n, m.cols] · mᵀ`: [`quant::matmul_q`] for up to
+/// [`quant::NB`] rows, [`quant::matmul_q_wide`] (the same sums, `RPU`
+/// weight rows a unit) for more.
 pub fn matmul(c: &Client, m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
+    matmul_with(c, m, x, n, out, n > quant::NB);
+}
+
+/// [`matmul`] with the kernel chosen by the caller (the tests compare the
+/// two).
+pub fn matmul_with(
+    c: &Client,
+    m: &GpuMatrix,
+    x: &DeviceBuf<f32>,
+    n: usize,
+    out: &DeviceBuf<f32>,
+    wide: bool,
+) {
     debug_assert!(x.len() >= n * m.cols && out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
-        quant::matmul_q::launch(
-            c,
-            CubeCount::Static(groups(p.rows, quant::ROWS), groups(n, quant::NB), 1),
-            CubeDim::new_2d(quant::LANES as u32, quant::ROWS as u32),
-            p.words.arg(),
-            x.arg(),
-            out.arg(),
-            p.rows,
-            m.cols,
-            n,
-            m.rows,
-            off,
-            p.kind,
-        );
+        let per_cube = if wide { quant::ROWS * quant::RPU } else { quant::ROWS };
+        let count = CubeCount::Static(groups(p.rows, per_cube), groups(n, quant::NB), 1);
+        let dim = CubeDim::new_2d(quant::LANES as u32, quant::ROWS as u32);
+        let args = (p.words.arg(), x.arg(), out.arg());
+        if wide {
+            quant::matmul_q_wide::launch(
+                c, count, dim, args.0, args.1, args.2, p.rows, m.cols, n, m.rows, off, p.kind,
+            );
+        } else {
+            quant::matmul_q::launch(
+                c, count, dim, args.0, args.1, args.2, p.rows, m.cols, n, m.rows, off, p.kind,
+            );
+        }
         off += p.rows;
     }
 }

@@ -190,3 +190,159 @@ pub fn embed_q(
         }
     }
 }
+
+/// Weight rows per unit of [`matmul_q_wide`].
+pub const RPU: usize = 4;
+
+/// Elements `8c .. 8c + 8` of the block at word `base`, into
+/// `wv[o .. o + 8]`: the same values, by the same float operations, as
+/// [`dequant_block`] gives those elements.
+#[cube]
+pub fn dequant_eighth(
+    w: &[u32],
+    base: usize,
+    c: usize,
+    wv: &mut Array<f32>,
+    o: usize,
+    #[comptime] kind: WeightKind,
+) {
+    let w0 = w[base];
+    let d = f16_to_f32(w0 & 0xffff);
+    match comptime!(kind) {
+        WeightKind::Q8_0 => {
+            #[unroll]
+            for e in 0..8usize {
+                let el = c * 8 + e;
+                let word = w[base + 1 + el / 4];
+                let byte = (word >> (8 * (el % 4) as u32)) & 0xff;
+                let q = i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32);
+                wv[o + e] = f32::cast_from(q) * d;
+            }
+        }
+        _ => {
+            let q4_1 = comptime!(kind == WeightKind::Q4_1);
+            let m = select(q4_1, f16_to_f32(w0 >> 16), 0.0f32.runtime());
+            let off = select(q4_1, 0.0f32.runtime(), (-8.0f32).runtime());
+            #[unroll]
+            for e in 0..8usize {
+                // Element el < 16 is byte el's low nibble, el ≥ 16 byte
+                // el − 16's high one.
+                let el = c * 8 + e;
+                let bi = el % 16;
+                let word = w[base + 1 + bi / 4];
+                let byte = (word >> (8 * (bi % 4) as u32)) & 0xff;
+                let nib = (byte >> (4 * (el / 16) as u32)) & 15;
+                wv[o + e] = (f32::cast_from(nib) + off) * d + m;
+            }
+        }
+    }
+}
+
+/// [`matmul_q`] with [`RPU`] weight rows a unit, for batches of more than
+/// [`NB`] rows: each `x` value loaded serves `RPU` rows instead of one.
+/// Every output is the same sum in the same order as in [`matmul_q`]
+/// (a lane's blocks `lane, lane + LANES, …`, each block's 32 products in
+/// order, then the lanes' tree), so the two kernels agree bit for bit and
+/// a sequence's logits do not depend on the size of its batch. Launch
+/// with `CubeDim (LANES, ROWS)` and
+/// `CubeCount (rows.div_ceil(ROWS · RPU), n.div_ceil(NB))`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_q_wide(
+    w: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    rows: usize,
+    cols: usize,
+    n: usize,
+    out_stride: usize,
+    out_off: usize,
+    #[comptime] kind: WeightKind,
+) {
+    let lane = UNIT_POS_X as usize;
+    let ry = UNIT_POS_Y as usize;
+    let r0 = (CUBE_POS_X as usize * ROWS + ry) * RPU;
+    let j0 = CUBE_POS_Y as usize * NB;
+    let nb = cols / 32;
+    let words = comptime!(kind.words());
+    let mut acc = Array::<f32>::new(RPU * NB);
+    let mut s = Array::<f32>::new(RPU * NB);
+    #[unroll]
+    for i in 0..RPU * NB {
+        acc[i] = 0.0;
+    }
+    let mut wv = Array::<f32>::new(RPU * 8);
+    let mut xv = Array::<f32>::new(8usize);
+    let mut b = lane;
+    while b < nb {
+        #[unroll]
+        for i in 0..RPU * NB {
+            s[i] = 0.0;
+        }
+        #[unroll]
+        for c in 0..4usize {
+            #[unroll]
+            for ri in 0..RPU {
+                let r = r0 + ri;
+                // A row past the matrix reads row 0's block (in bounds);
+                // its sums are never written.
+                let rr = select(r < rows, r, 0usize);
+                dequant_eighth(w, (rr * nb + b) * words, c, &mut wv, ri * 8, kind);
+            }
+            #[unroll]
+            for j in 0..NB {
+                if j0 + j < n {
+                    let xo = (j0 + j) * cols + b * 32 + c * 8;
+                    #[unroll]
+                    for e in 0..8usize {
+                        xv[e] = x[xo + e];
+                    }
+                    #[unroll]
+                    for ri in 0..RPU {
+                        let mut t = s[ri * NB + j];
+                        #[unroll]
+                        for e in 0..8usize {
+                            t += wv[ri * 8 + e] * xv[e];
+                        }
+                        s[ri * NB + j] = t;
+                    }
+                }
+            }
+        }
+        #[unroll]
+        for i in 0..RPU * NB {
+            acc[i] += s[i];
+        }
+        b += LANES;
+    }
+    let mut sh = Shared::new_slice(ROWS * RPU * NB * LANES);
+    #[unroll]
+    for i in 0..RPU * NB {
+        sh[(ry * RPU * NB + i) * LANES + lane] = acc[i];
+    }
+    sync_cube();
+    let mut stride = (LANES / 2).runtime();
+    while stride > 0 {
+        if lane < stride {
+            #[unroll]
+            for i in 0..RPU * NB {
+                let k = (ry * RPU * NB + i) * LANES + lane;
+                sh[k] = sh[k] + sh[k + stride];
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    // Lane l writes output i = l of each of its rows' NB, for the first
+    // RPU · NB lanes' worth: lane < NB covers batch row j0 + lane of
+    // every one of the unit's RPU rows.
+    if lane < NB && j0 + lane < n {
+        #[unroll]
+        for ri in 0..RPU {
+            let r = r0 + ri;
+            if r < rows {
+                out[(j0 + lane) * out_stride + out_off + r] = sh[(ry * RPU * NB + ri * NB + lane) * LANES];
+            }
+        }
+    }
+}
