@@ -101,6 +101,13 @@ fn blocks(n: usize) -> usize {
 
 /// Run the check. Errors are the engine's or the backend's, as text.
 pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
+    run_with(cfg, &mut |_| {})
+}
+
+/// [`run`], handing the report so far to `progress` after each phase (the
+/// decoder, the naive loop, the embedder): a check stopped in a later
+/// phase keeps what the earlier ones found.
+pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Result<CheckReport> {
     let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
     let gpu = backend::check_device(cfg.device).map_err(backend_err)?;
     let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
@@ -155,21 +162,11 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
     let graphs = gpu.as_ref().is_some_and(|g| backend::graphs_default(g.kind));
     let decode_eager =
         if graphs { decode_figures(cfg, &short, &cpu_ref, Some(false))?.1 } else { vec![] };
-    let naive = match burn_device(cfg.device) {
-        Some(d) if cfg.naive_steps > 0 => {
-            naive::run(naive::NaiveShape::SMOLLM2, &d, &cfg.batches, cfg.naive_steps)
-        }
-        _ => vec![],
-    };
-    let embed = match &cfg.embed_dir {
-        Some(dir) => Some(embed::run(dir, cfg.device, &cfg.embed_batches)?),
-        None => None,
-    };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
     };
-    Ok(CheckReport {
+    let mut report = CheckReport {
         device: name,
         backend,
         memory_bytes,
@@ -182,13 +179,23 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
         decode,
         graphs,
         decode_eager,
-        naive,
-        embed,
+        naive: vec![],
+        embed: None,
         cpu_decode_tokens_per_s,
         prefill_tokens: long.len(),
         ttft_ms: ttft.as_secs_f64() * 1e3,
         prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
-    })
+    };
+    progress(&report);
+    if let Some(d) = burn_device(cfg.device).filter(|_| cfg.naive_steps > 0) {
+        report.naive = naive::run(naive::NaiveShape::SMOLLM2, &d, &cfg.batches, cfg.naive_steps);
+        progress(&report);
+    }
+    if let Some(dir) = &cfg.embed_dir {
+        report.embed = Some(embed::run(dir, cfg.device, &cfg.embed_batches)?);
+        progress(&report);
+    }
+    Ok(report)
 }
 
 /// A batch engine on the checked device (decode graphs as `graphs`, or

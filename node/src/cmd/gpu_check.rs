@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 use gcs_engine::backend::ComputeDevice;
-use gcs_engine::devcheck::{run, CheckConfig};
+use gcs_engine::devcheck::{run_with, CheckConfig, CheckReport};
 
 /// `gcs-node gpu-check …`.
 #[derive(Args, Debug)]
@@ -94,11 +94,17 @@ pub fn gpu_check(a: GpuCheckArgs) -> anyhow::Result<()> {
         embed_dir: a.embed_dir,
         embed_batches: a.embed_batches,
     };
-    let report = run(&cfg).with_context(|| format!("the check on {device:?}"))?;
-    let json = serde_json::to_string_pretty(&report)?;
-    println!("{json}");
-    if let Some(out) = a.out {
-        std::fs::write(&out, &json).with_context(|| format!("writing {}", out.display()))?;
-    }
+    // The report is written after each phase: a check stopped by its
+    // timeout in a later phase keeps what the earlier ones found.
+    let out = a.out;
+    let mut write = |r: &CheckReport| {
+        if let (Some(path), Ok(json)) = (&out, serde_json::to_string_pretty(r)) {
+            if let Err(e) = std::fs::write(path, json) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the report");
+            }
+        }
+    };
+    let report = run_with(&cfg, &mut write).with_context(|| format!("the check on {device:?}"))?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
