@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 17, in two halves (README "Serving on a GPU").
 #
-#   bash scripts/gpu-check.sh build    # here (Rust, the LLVM SDK): ~30+ min cold
+#   bash scripts/gpu-check.sh build    # here (Rust, the LLVM SDK): ~18 min cold, ~3 min warm
 #   bash scripts/gpu-check.sh device   # on the GPU machine: < ~8 min, results in $OUT
 #
 # build: the release `--features cuda` gcs-node, stripped and xz'd, the
