@@ -248,7 +248,12 @@ impl FileStore {
             return Ok(None);
         }
         let p = self.dir(tenant).join(format!("{id}.data"));
-        let f = std::fs::File::open(&p).map_err(|e| io(&p, e))?;
+        let f = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            // Deleted since the record was read: as if never there.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&p, e)),
+        };
         let len = f.metadata().map_err(|e| io(&p, e))?.len();
         Ok(Some((f, len)))
     }
