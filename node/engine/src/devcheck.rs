@@ -114,7 +114,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     let table: Vec<u32> = (0..blocks(longest) as u32).collect();
     let t = Instant::now();
     let mut dev: Box<dyn PagedDecoder> =
-        paged_decoder(cfg.device, Engine::load(&cfg.model, &cpu_device())?.model, table.len())
+        paged_decoder(cfg.device, Engine::load(&cfg.model, &cpu_device())?.model, table.len(), None)
             .map_err(backend_err)?;
     let load_s = t.elapsed().as_secs_f64();
     let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
@@ -187,7 +187,10 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
     };
     progress(&report);
-    if let Some(d) = burn_device(cfg.device).filter(|_| cfg.naive_steps > 0) {
+    // burn has no wgpu backend in this build: the naive loop runs on
+    // burn-cuda or the CPU only.
+    if cfg.naive_steps > 0 && !matches!(cfg.device, ComputeDevice::Wgpu(_)) {
+        let d = backend::burn_device(cfg.device);
         report.naive = naive::run(naive::NaiveShape::SMOLLM2, &d, &cfg.batches, cfg.naive_steps);
         progress(&report);
     }
@@ -199,7 +202,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
 }
 
 /// A batch engine on the checked device (decode graphs as `graphs`, or
-/// the default) and its decode figure at each batch size.
+/// the decoder's default) and its decode figure at each batch size.
 fn decode_figures(
     cfg: &CheckConfig,
     short: &[u32],
@@ -210,12 +213,15 @@ fn decode_figures(
     let most = cfg.batches.iter().copied().max().unwrap_or(1).max(1);
     let per_seq = blocks(short.len() + cfg.decode_tokens + 2) + 1;
     let kv_blocks = (most * per_seq).max(blocks(cfg.prefill_tokens + 2) + 1);
-    let bcfg = BatchConfig { max_running: most, max_waiting: most, kv_blocks, ..Default::default() };
-    backend::force_graphs(graphs);
+    let bcfg = BatchConfig {
+        max_running: most,
+        max_waiting: most,
+        kv_blocks,
+        gpu_graphs: graphs,
+        ..Default::default()
+    };
     let engine = BatchEngine::start_on(Engine::load(&cfg.model, &cpu_device())?, bcfg, cfg.device)
-        .map_err(backend_err);
-    backend::force_graphs(None);
-    let engine = engine?;
+        .map_err(backend_err)?;
     // Warm-up: every kernel compiled before anything is timed.
     engine.measure_decode(4)?;
     let mut decode = vec![];
@@ -223,17 +229,6 @@ fn decode_figures(
         decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref)?);
     }
     Ok((engine, decode))
-}
-
-/// The burn device the naive loop runs on: burn-cuda for a CUDA device
-/// (probed already), none where burn has no backend for it here.
-fn burn_device(device: ComputeDevice) -> Option<burn::tensor::Device> {
-    match device {
-        #[cfg(feature = "cuda")]
-        ComputeDevice::Cuda(i) => Some(crate::cuda_device(i as usize)),
-        ComputeDevice::Cpu => Some(cpu_device()),
-        _ => None,
-    }
 }
 
 fn request(prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {

@@ -29,7 +29,7 @@ fn cpu_decoder_is_the_host_path_bit_for_bit() {
     let table: Vec<u32> = (0..16).collect();
     let mut pool = direct.model.new_kv_pool(16);
     let mut dec: Box<dyn PagedDecoder> =
-        paged_decoder(ComputeDevice::Cpu, boxed.model, 16).expect("CPU always works");
+        paged_decoder(ComputeDevice::Cpu, boxed.model, 16, None).expect("CPU always works");
     assert_eq!(dec.kind(), BackendKind::Cpu);
     assert_eq!(dec.kv_blocks(), 16);
     assert_eq!(dec.kv_bytes_per_token(), pool.bytes_per_token());
@@ -86,7 +86,7 @@ fn cpu_decoder_is_the_host_path_bit_for_bit() {
 fn a_gpu_device_is_refused_with_a_typed_error_here() {
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
-    match paged_decoder(ComputeDevice::Cuda(0), engine.model, 4) {
+    match paged_decoder(ComputeDevice::Cuda(0), engine.model, 4, None) {
         // A cuda build on a machine with a GPU serves on it.
         Ok(dec) => assert!(cfg!(feature = "cuda") && dec.kind() == BackendKind::Cuda),
         Err(err) if cfg!(feature = "cuda") => {

@@ -130,7 +130,7 @@ fn a_k_quant_model_is_refused_naming_the_type() {
     use gcs_engine::backend::{paged_decoder, BackendError, ComputeDevice};
     let Some(path) = common::gemma_path() else { return };
     let model = Engine::load(&path, &cpu_device()).unwrap().model;
-    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4).expect_err("no K-quant kernels");
+    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4, None).expect_err("no K-quant kernels");
     let msg = err.to_string();
     eprintln!("{msg}");
     assert!(matches!(err, BackendError::ModelUnsupported(_)), "{err:?}");
@@ -145,16 +145,13 @@ fn a_k_quant_model_is_refused_naming_the_type() {
 /// wants no logits copies none back.
 #[test]
 fn decode_graphs_replay_the_eager_steps_exactly() {
-    use gcs_engine::backend::force_graphs;
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
-    let client = || cubecl::Device::Wgpu(Default::default()).client();
-    force_graphs(Some(true));
-    let graphed = GpuDecoder::new(client(), BackendKind::Wgpu, &engine.model, 16);
-    force_graphs(Some(false));
-    let eager = GpuDecoder::new(client(), BackendKind::Wgpu, &engine.model, 16);
-    force_graphs(None);
-    let (mut graphed, mut eager) = (graphed.unwrap(), eager.unwrap());
+    let decoder = |graphs: bool| {
+        let client = cubecl::Device::Wgpu(Default::default()).client();
+        GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 16).unwrap().with_graphs(graphs)
+    };
+    let (mut graphed, mut eager) = (decoder(true), decoder(false));
     let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?", "Say hello."];
     let toks: Vec<Vec<u32>> = prompts
         .iter()

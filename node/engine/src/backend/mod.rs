@@ -78,8 +78,8 @@ pub fn burn_backend_name(device: ComputeDevice) -> &'static str {
 }
 
 /// Whether a new GPU decoder of `kind` replays decode steps as recorded
-/// graphs (`gpu::graph`): on CUDA unless `GCS_GPU_GRAPHS=0` or
-/// [`force_graphs`] says otherwise.
+/// graphs (`gpu::graph`) unless told (`BatchConfig::gpu_graphs`): on CUDA
+/// unless `GCS_GPU_GRAPHS=0`.
 pub fn graphs_default(kind: BackendKind) -> bool {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
@@ -90,16 +90,6 @@ pub fn graphs_default(kind: BackendKind) -> bool {
         let _ = kind;
         false
     }
-}
-
-/// Turn decode graphs on or off for GPU decoders created from now on
-/// (`None`: the default); the device check measures both in one run. A
-/// build without a GPU runtime has none to turn.
-pub fn force_graphs(on: Option<bool>) {
-    #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    gpu::graph::force_graphs(on);
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
-    let _ = on;
 }
 
 /// Which backend a decoder is, for logs and registrations.

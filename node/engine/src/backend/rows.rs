@@ -42,8 +42,9 @@ impl HostRows {
     /// Pad a decode step (one row per sequence) to `rows` rows. A padding
     /// row is token 0 at position 0 in `scratch`, a block no sequence
     /// owns, so it writes and reads nothing of theirs; its logits are
-    /// dropped. `tables` is then `tables_len` long (the bucket's buffer).
-    pub fn pad_decode(&mut self, rows: usize, scratch: u32, tables_len: usize) {
+    /// dropped. Only the tables in use are written to the bucket's buffer
+    /// (its tail, left from earlier steps, is read by no row).
+    pub fn pad_decode(&mut self, rows: usize, scratch: u32) {
         debug_assert_eq!(self.tokens.len(), self.last.len(), "decode rows only");
         let at = self.tables.len() as u32;
         self.tables.push(scratch);
@@ -54,7 +55,6 @@ impl HostRows {
             self.table.push(at);
             self.last.push(i as u32);
         }
-        self.tables.resize(tables_len.max(self.tables.len()), 0);
     }
 
     pub fn rows(&self) -> usize {
@@ -91,15 +91,14 @@ mod tests {
             PagedSeq { tokens: &b, past: 3, table: &[8], decode_from: 0 },
         ];
         let mut r = HostRows::new(&seqs);
-        r.pad_decode(4, 99, 10);
+        r.pad_decode(4, 99);
         assert_eq!(r.rows(), 4);
         assert_eq!(r.tokens, vec![5, 9, 0, 0]);
         assert_eq!(r.pos, vec![20, 3, 0, 0]);
         assert_eq!(r.slot, vec![4 * 16 + 4, 8 * 16 + 3, 99 * 16, 99 * 16]);
         // The padding rows' table is the one scratch entry after the real ones.
         assert_eq!(r.table, vec![0, 2, 3, 3]);
-        assert_eq!(&r.tables[..4], &[3, 4, 8, 99]);
-        assert_eq!(r.tables.len(), 10);
+        assert_eq!(r.tables, vec![3, 4, 8, 99]);
         assert_eq!(r.last, vec![0, 1, 2, 3]);
     }
 }

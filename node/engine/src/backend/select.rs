@@ -116,7 +116,8 @@ pub fn gpu_max_running(kv_tokens: usize, context: usize) -> usize {
     (kv_tokens / GPU_JOB_TOKENS.min(context).max(1)).clamp(1, GPU_MAX_RUNNING)
 }
 
-/// The decoder for `model` on `device`, with `kv_blocks` K/V blocks. A GPU
+/// The decoder for `model` on `device`, with `kv_blocks` K/V blocks and,
+/// on a GPU, decode graphs as `graphs` says (`None`: the default). A GPU
 /// is probed first; a model the GPU kernels do not cover (a K-quant weight
 /// type, gemma3, biases) is refused before anything is uploaded, with an
 /// error naming what is missing.
@@ -124,10 +125,11 @@ pub fn paged_decoder(
     device: ComputeDevice,
     model: Llama,
     kv_blocks: usize,
+    graphs: Option<bool>,
 ) -> Result<Box<dyn PagedDecoder>, BackendError> {
     match device {
         ComputeDevice::Cpu => Ok(Box::new(CpuDecoder::new(model, kv_blocks))),
-        gpu => gpu_decoder(gpu, &model, kv_blocks),
+        gpu => gpu_decoder(gpu, &model, kv_blocks, graphs),
     }
 }
 
@@ -136,6 +138,7 @@ fn gpu_decoder(
     device: ComputeDevice,
     model: &Llama,
     kv_blocks: usize,
+    graphs: Option<bool>,
 ) -> Result<Box<dyn PagedDecoder>, BackendError> {
     use super::gpu::{check_model, GpuDecoder, GpuError};
     let info = check_device(device)?.ok_or(BackendError::GpuLoad("not a GPU".into()))?;
@@ -145,6 +148,10 @@ fn gpu_decoder(
         GpuError::Unsupported(_) => BackendError::ModelUnsupported(e.to_string()),
         GpuError::Server(m) => BackendError::GpuLoad(m),
     })?;
+    let dec = match graphs {
+        Some(on) => dec.with_graphs(on),
+        None => dec,
+    };
     tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, "GPU decoder loaded");
     Ok(Box::new(dec))
 }
@@ -154,6 +161,7 @@ fn gpu_decoder(
     device: ComputeDevice,
     _model: &Llama,
     _kv_blocks: usize,
+    _graphs: Option<bool>,
 ) -> Result<Box<dyn PagedDecoder>, BackendError> {
     // Refuses every GPU in a build without a GPU runtime.
     check_device(device)?;

@@ -45,6 +45,9 @@ pub struct BatchConfig {
     pub prefill_chunk: usize,
     /// Events buffered per stream before deltas are merged.
     pub stream_capacity: usize,
+    /// Whether a GPU decoder replays decode steps as recorded graphs
+    /// (`None`: its default, `backend::graphs_default`).
+    pub gpu_graphs: Option<bool>,
 }
 
 impl Default for BatchConfig {
@@ -55,6 +58,7 @@ impl Default for BatchConfig {
             kv_blocks: 1024,
             prefill_chunk: 256,
             stream_capacity: 64,
+            gpu_graphs: None,
         }
     }
 }
@@ -352,7 +356,7 @@ impl BatchEngine {
     ) -> std::result::Result<BatchEngine, crate::backend::BackendError> {
         let cfg = cfg.bounded();
         let Engine { model, tokenizer, .. } = engine;
-        let dec = crate::backend::paged_decoder(device, model, cfg.kv_blocks)?;
+        let dec = crate::backend::paged_decoder(device, model, cfg.kv_blocks, cfg.gpu_graphs)?;
         Ok(Self::launch(tokenizer, dec, cfg))
     }
 

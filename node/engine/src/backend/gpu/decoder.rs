@@ -152,6 +152,13 @@ impl GpuDecoder {
         })
     }
 
+    /// Record decode graphs or not, whatever the default
+    /// ([`graph::graphs_enabled`]); before the first step.
+    pub fn with_graphs(mut self, on: bool) -> Self {
+        self.graphs.enabled = on;
+        self
+    }
+
     /// The decode buckets whose graph is recorded, smallest first.
     pub fn recorded_buckets(&self) -> Vec<usize> {
         let mut b: Vec<usize> =
@@ -245,7 +252,7 @@ impl GpuDecoder {
         if host.tables.len() + 1 > tables_len {
             return None;
         }
-        host.pad_decode(rows, self.n_blocks as u32, tables_len);
+        host.pad_decode(rows, self.n_blocks as u32);
         let cl = self.client.clone();
         let mut bucket = match self.graphs.buckets.remove(&rows) {
             Some(b) => b,
@@ -279,40 +286,33 @@ impl GpuDecoder {
         want: bool,
     ) -> std::result::Result<StepLogits, GpuError> {
         let cl = self.client.clone();
-        let rows = bucket.io.rows();
-        if let Err(e) = cl.graph_prepare() {
-            tracing::warn!(error = ?e, "GPU graphs unavailable; decode steps launch eagerly");
-            self.graphs.enabled = false;
-            self.launch_step(&bucket.io);
-            return self.read_out(&bucket.io, n, want);
-        }
+        let prepared = cl.graph_prepare().map_err(|e| format!("{e:?}"));
         self.launch_step(&bucket.io);
-        let logits = self.read_out(&bucket.io, n, want);
-        // Record only after a good warm-up; the capture is ended either
-        // way (a prepared stream stays in capture mode until it is).
-        let started = match &logits {
-            Ok(_) => cl.start_capture().map_err(|e| format!("{e:?}")),
-            Err(e) => Err(format!("warm-up failed: {e}")),
-        };
-        if started.is_ok() {
-            self.launch_step(&bucket.io);
-        }
-        let recorded = cl.stop_capture();
-        match (started, recorded) {
-            (Ok(()), Ok(g)) => {
-                tracing::info!(rows, "decode graph recorded");
+        let out = self.read_out(&bucket.io, n, want);
+        let graph = prepared.and_then(|()| {
+            // Record only after a good warm-up; a prepared stream stays in
+            // capture mode until `stop_capture`, so that ends it either way.
+            let started = match &out {
+                Ok(_) => cl.start_capture().map_err(|e| format!("{e:?}")),
+                Err(e) => Err(format!("warm-up failed: {e}")),
+            };
+            if started.is_ok() {
+                self.launch_step(&bucket.io);
+            }
+            let stopped = cl.stop_capture().map_err(|e| format!("{e:?}"));
+            started.and(stopped)
+        });
+        match graph {
+            Ok(g) => {
+                tracing::info!(rows = bucket.io.rows(), "decode graph recorded");
                 bucket.graph = Some(g);
             }
-            (Err(e), _) => {
-                tracing::warn!(rows, error = %e, "recording a decode graph failed; decode steps launch eagerly");
-                self.graphs.enabled = false;
-            }
-            (Ok(()), Err(e)) => {
-                tracing::warn!(rows, error = ?e, "recording a decode graph failed; decode steps launch eagerly");
+            Err(e) => {
+                tracing::warn!(rows = bucket.io.rows(), error = %e, "no decode graph; decode steps launch eagerly");
                 self.graphs.enabled = false;
             }
         }
-        logits
+        out
     }
 
     /// The step's kernels, in order, over `io` (a step's own buffers or a

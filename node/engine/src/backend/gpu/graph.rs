@@ -8,7 +8,6 @@
 //! place between replays. Prefill and mixed steps stay eager.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use cubecl::client::Graph;
 
@@ -51,34 +50,15 @@ impl Graphs {
     }
 }
 
-const UNSET: u8 = 0;
-const OFF: u8 = 1;
-const ON: u8 = 2;
-static FORCED: AtomicU8 = AtomicU8::new(UNSET);
-
-/// Turn graphs on or off for decoders created from now on (`None`: back
-/// to the default). The device check measures both ways in one run.
-pub fn force_graphs(on: Option<bool>) {
-    let v = match on {
-        None => UNSET,
-        Some(false) => OFF,
-        Some(true) => ON,
-    };
-    FORCED.store(v, Ordering::Relaxed);
-}
-
-/// Whether a new decoder records graphs: [`force_graphs`], else
-/// `GCS_GPU_GRAPHS` (`0` off, `1` on), else on CUDA only (wgpu replays a
-/// software graph, which saves little and is not what the tests cover).
+/// Whether a new decoder records graphs unless told
+/// ([`super::GpuDecoder::with_graphs`]): `GCS_GPU_GRAPHS` (`0` off, `1`
+/// on), else on CUDA only (wgpu replays a software graph, which saves
+/// little).
 pub fn graphs_enabled(cuda: bool) -> bool {
-    match FORCED.load(Ordering::Relaxed) {
-        OFF => false,
-        ON => true,
-        _ => match std::env::var("GCS_GPU_GRAPHS").ok().as_deref() {
-            Some("0") => false,
-            Some("1") => true,
-            _ => cuda,
-        },
+    match std::env::var("GCS_GPU_GRAPHS").ok().as_deref() {
+        Some("0") => false,
+        Some("1") => true,
+        _ => cuda,
     }
 }
 
