@@ -58,7 +58,9 @@ enum Command {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn"));
+        // pliron (CubeCL's CUDA compiler) logs every kernel's IR after
+        // every pass at info: over a million lines on a GPU worker's start.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn,pliron=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -4,6 +4,7 @@
 //! over [`ComputeDevice`], so CPU against CPU is its own unit test (exact
 //! agreement).
 
+pub mod anatomy;
 pub mod embed;
 pub mod naive;
 
@@ -83,6 +84,9 @@ pub struct CheckReport {
     /// same measurements launched eagerly, in the same run (GPU only).
     pub graphs: bool,
     pub decode_eager: Vec<DecodeFigure>,
+    /// Where a decode step's time goes, part by part, at each batch (GPU
+    /// only).
+    pub anatomy: Vec<anatomy::AnatomyFigure>,
     /// Issue 17's naive burn loop on the same device, in the same run
     /// (`naive`): the step time of a launch-per-op decoder.
     pub naive: Vec<naive::NaiveFigure>,
@@ -179,6 +183,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         decode,
         graphs,
         decode_eager,
+        anatomy: vec![],
         naive: vec![],
         embed: None,
         cpu_decode_tokens_per_s,
@@ -186,6 +191,8 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         ttft_ms: ttft.as_secs_f64() * 1e3,
         prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
     };
+    progress(&report);
+    report.anatomy = anatomy::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
     progress(&report);
     // burn has no wgpu backend in this build: the naive loop runs on
     // burn-cuda or the CPU only.

@@ -172,7 +172,12 @@ impl EngineExecutor {
             .kv_bytes
             .or_else(|| compute::gpu_kv_budget(serving.gpu.as_ref()?, weights, loaded.len()))
             .unwrap_or(crate::models::DEFAULT_KV_BYTES);
-        let blocks = kv_blocks(kv_bytes, &per_token);
+        let mut blocks = kv_blocks(kv_bytes, &per_token);
+        if serving.gpu.is_some() {
+            for (b, (_, e)) in blocks.iter_mut().zip(&loaded) {
+                *b = (*b).min(compute::gpu_max_kv_blocks(&e.model.config));
+            }
+        }
         // On a GPU the batch follows the K/V capacity of the smallest pool.
         let max_running = match (serving.max_running, &serving.gpu) {
             (Some(n), _) => n,

@@ -22,7 +22,7 @@ use crate::llama::{Llama, LlamaConfig, PagedSeq};
 
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
-    check_device, ensure_servable, gpu_kv_budget, gpu_max_running, kv_bytes_per_token,
+    check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running, kv_bytes_per_token,
     paged_decoder, weight_bytes, GpuInfo,
 };
 

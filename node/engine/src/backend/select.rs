@@ -71,6 +71,15 @@ pub fn gpu_kv_budget(gpu: &GpuInfo, weight_bytes: u64, models: usize) -> Option<
     (left > 0).then_some(left.min(cap))
 }
 
+/// Most K/V blocks a GPU pool of `config` may have: `GpuDecoder`'s pools
+/// (every layer, one scratch block more) are indexed with 32-bit offsets.
+/// On an H200 the memory budget alone would give SmolLM2 one block more
+/// than that (the first device run's served request).
+pub fn gpu_max_kv_blocks(config: &LlamaConfig) -> usize {
+    let per_block = config.n_layers * crate::paged::BLOCK_SIZE * config.n_kv_heads * config.head_dim;
+    (i32::MAX as usize / per_block.max(1)).saturating_sub(1)
+}
+
 /// Bytes of K/V per cached position of a model on `device`: f16 K and V on
 /// the CPU, f32 on a GPU (`GpuDecoder`'s pools).
 pub fn kv_bytes_per_token(config: &LlamaConfig, device: ComputeDevice) -> usize {
@@ -224,6 +233,30 @@ mod tests {
         // Nothing left, or no figure: the operator's budget applies.
         assert_eq!(gpu_kv_budget(&gpu(2 * gib), gib, 1), None);
         assert_eq!(gpu_kv_budget(&gpu(0), 0, 1), None);
+    }
+
+    #[test]
+    fn the_largest_gpu_pool_fits_32_bit_offsets() {
+        // SmolLM2's shape; the H200's budget gave 23301 blocks, one too many.
+        let c = LlamaConfig {
+            arch: "llama".into(),
+            gemma3: None,
+            n_layers: 30,
+            hidden: 576,
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+            intermediate: 1536,
+            vocab: 49152,
+            rope_base: 1e5,
+            rms_eps: 1e-5,
+            context_length: 8192,
+        };
+        let per_block = 30 * 16 * 3 * 64;
+        let n = gpu_max_kv_blocks(&c);
+        assert_eq!(n, 23300);
+        assert!((n + 1) * per_block <= i32::MAX as usize, "the pool with its scratch block");
+        assert!((n + 2) * per_block > i32::MAX as usize, "and not a block less than it could");
     }
 
     #[test]

@@ -59,6 +59,16 @@ pub struct GpuDecoder {
     argmax: bool,
 }
 
+/// One part of a decode step and its cost ([`GpuDecoder::anatomy`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepPart {
+    pub part: String,
+    /// Host time a call, before waiting for the GPU.
+    pub enqueue_us: f64,
+    /// A call's share of the time until the GPU finished them all.
+    pub us: f64,
+}
+
 impl std::fmt::Debug for GpuDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuDecoder")
@@ -89,6 +99,21 @@ impl GpuDecoder {
         kv_blocks: usize,
     ) -> std::result::Result<Self, GpuError> {
         check_model(model)?;
+        // Every upload, launch and read of this decoder on one stream, the
+        // one of the thread creating it. CubeCL gives each thread its own
+        // stream by default, and the batch engine steps on another thread
+        // than the one that loads: then every launch reading a weight
+        // written on the loading thread's stream raised a cross-stream
+        // fence (milliseconds a step), and inside a graph capture that
+        // fence invalidated the capture (the first device runs: no decode
+        // graph was ever recorded on a worker).
+        let mut client = client;
+        // SAFETY: the stream exists (this thread's) and is used only
+        // through this client, whose operations `STEP` serialises.
+        #[allow(unsafe_code)]
+        unsafe {
+            client.set_stream(cubecl_environment::stream::StreamId::current());
+        }
         let c = &model.config;
         let sh = HeadShape {
             n_heads: c.n_heads,
@@ -165,6 +190,81 @@ impl GpuDecoder {
             self.graphs.buckets.iter().filter(|(_, b)| b.graph.is_some()).map(|(&r, _)| r).collect();
         b.sort_unstable();
         b
+    }
+
+    /// Where a decode step of `rows` rows at context `ctx` spends its time
+    /// (the GPU check's anatomy): each part called `iters` times, then a
+    /// read of the step's ids, which waits for the stream. `enqueue_us` is
+    /// the host's time a call before that wait, `us` a call's share of the
+    /// whole: launch-bound parts have the two close, GPU-bound ones not.
+    /// Layer 0's weights stand for every layer's.
+    pub fn anatomy(
+        &self,
+        rows: usize,
+        ctx: usize,
+        iters: usize,
+    ) -> std::result::Result<Vec<StepPart>, GpuError> {
+        let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
+        let (cl, c, sh) = (self.client.clone(), self.config.clone(), self.sh);
+        let ctx = ctx.min(self.n_blocks * BLOCK).max(1) - 1;
+        let table: Vec<u32> = (0..(ctx + 1).div_ceil(BLOCK) as u32).collect();
+        let tok = [1u32];
+        let seqs: Vec<PagedSeq<'_>> = (0..rows.max(1))
+            .map(|_| PagedSeq { tokens: &tok, past: ctx, table: &table, decode_from: 0 })
+            .collect();
+        let host = HostRows::new(&seqs);
+        let io = StepIo::bucket(&cl, self.shape, host.rows(), host.tables.len());
+        io.write(&cl, &host);
+        let iters = iters.max(1);
+        let mut parts = vec![];
+        let mut time = |part: &str, f: &mut dyn FnMut() -> std::result::Result<(), GpuError>| {
+            io.ids.read(&cl)?;
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                f()?;
+            }
+            let enqueue = t.elapsed();
+            io.ids.read(&cl)?;
+            let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / iters as f64;
+            parts.push(StepPart { part: part.into(), enqueue_us: per(enqueue), us: per(t.elapsed()) });
+            Ok::<(), GpuError>(())
+        };
+        time("write inputs", &mut || Ok(io.write(&cl, &host)))?;
+        time("step, eager", &mut || Ok(self.launch_step(&io)))?;
+        time("read ids", &mut || io.ids.read(&cl).map(|_| ()))?;
+        let l = &self.layers[0];
+        let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: 0 };
+        let (t, n, meta) = (io.rows(), io.seqs(), &io.meta);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        time("embed", &mut || Ok(launch::embed(&cl, &self.embed, &io.tok, &io.x)))?;
+        time("add_rms_norm", &mut || {
+            Ok(launch::add_rms_norm(&cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, c.rms_eps))
+        })?;
+        time("matmul qkv", &mut || Ok(launch::matmul(&cl, &l.wqkv, &io.h, t, &io.qkv)))?;
+        time("rope_kv_store", &mut || {
+            Ok(launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta))
+        })?;
+        time("attention", &mut || {
+            Ok(launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0))
+        })?;
+        time("matmul o", &mut || Ok(launch::matmul(&cl, &l.wo, &io.attn, t, &io.o)))?;
+        time("matmul gate_up", &mut || Ok(launch::matmul(&cl, &l.w_gate_up, &io.h, t, &io.gu)))?;
+        time("swiglu", &mut || Ok(launch::swiglu(&cl, &io.gu, &io.act, c.intermediate)))?;
+        time("matmul down", &mut || Ok(launch::matmul(&cl, &l.w_down, &io.act, t, &io.d)))?;
+        time("lm_head", &mut || Ok(launch::matmul(&cl, &self.lm_head, &io.hl, n, &io.logits)))?;
+        time("argmax", &mut || Ok(launch::argmax_rows(&cl, &io.logits, &io.ids, self.shape.vocab)))?;
+        // The same step as a recorded graph (the decode path's replay).
+        cl.graph_prepare().map_err(GpuError::server)?;
+        self.launch_step(&io);
+        io.ids.read(&cl)?;
+        cl.start_capture().map_err(GpuError::server)?;
+        self.launch_step(&io);
+        let graph = cl.stop_capture().map_err(GpuError::server)?;
+        #[allow(unsafe_code)]
+        // SAFETY: the graph's buffers (`io`, the weights, the pools) outlive
+        // it (it drops at the end of this function) and `STEP` is held.
+        time("step, graph replay", &mut || unsafe { graph.replay() }.map_err(GpuError::server))?;
+        Ok(parts)
     }
 
     /// Bytes of weights on the device.
