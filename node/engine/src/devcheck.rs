@@ -117,9 +117,13 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
     let table: Vec<u32> = (0..blocks(longest) as u32).collect();
     let t = Instant::now();
-    let mut dev: Box<dyn PagedDecoder> =
-        paged_decoder(cfg.device, Engine::load(&cfg.model, &cpu_device())?.model, table.len(), None)
-            .map_err(backend_err)?;
+    let mut dev: Box<dyn PagedDecoder> = paged_decoder(
+        cfg.device,
+        Engine::load(&cfg.model, &cpu_device())?.model,
+        table.len(),
+        None,
+    )
+    .map_err(backend_err)?;
     let load_s = t.elapsed().as_secs_f64();
     let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
     let (mut agree, mut total, mut identical, mut max_d) = (0, 0, 0, 0f32);
@@ -153,7 +157,8 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     }
     drop((cpu, dev));
 
-    let cpu_engine = BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
+    let cpu_engine =
+        BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     drop(cpu_engine);
 
@@ -192,7 +197,8 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
     };
     progress(&report);
-    report.anatomy = anatomy::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
+    report.anatomy =
+        anatomy::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
     progress(&report);
     // burn has no wgpu backend in this build: the naive loop runs on
     // burn-cuda or the CPU only.
@@ -296,9 +302,15 @@ fn measure(
     let tokens_per_s = if seconds > 0.0 { counted as f64 / seconds } else { 0.0 };
     let streams_equal = ids.iter().filter(|t| **t == ids[0]).count();
     let k = cpu_ref.len().min(tokens);
-    let streams_match_cpu =
-        ids.iter().filter(|t| t.len() >= k && t[..k] == cpu_ref[..k]).count();
-    Ok(DecodeFigure { batch, tokens: counted, seconds, tokens_per_s, streams_equal, streams_match_cpu })
+    let streams_match_cpu = ids.iter().filter(|t| t.len() >= k && t[..k] == cpu_ref[..k]).count();
+    Ok(DecodeFigure {
+        batch,
+        tokens: counted,
+        seconds,
+        tokens_per_s,
+        streams_equal,
+        streams_match_cpu,
+    })
 }
 
 /// Time from submitting `prompt` to its first token.
@@ -307,7 +319,9 @@ fn first_token(engine: &BatchEngine, prompt: &[u32]) -> Result<Duration> {
     let s = engine.submit(request(prompt, 1, usize::MAX))?;
     loop {
         match s.recv() {
-            Some(SeqEvent::Delta { token_ids, .. }) if !token_ids.is_empty() => return Ok(t.elapsed()),
+            Some(SeqEvent::Delta { token_ids, .. }) if !token_ids.is_empty() => {
+                return Ok(t.elapsed())
+            }
             Some(SeqEvent::Delta { .. }) => {}
             Some(SeqEvent::Done(_)) => return Ok(t.elapsed()),
             Some(SeqEvent::Error(e)) => return Err(EngineError::InvalidRequest(e)),

@@ -18,7 +18,7 @@ use cubecl::prelude::*;
 use gcs_engine::attn::{AttnShape, KvPool, PagedSeqRef, Rope};
 use gcs_engine::backend::gpu::kernels::attention::HeadShape;
 use gcs_engine::backend::gpu::kernels::basic;
-use gcs_engine::backend::gpu::launch::{self, LayerPool, RowMeta};
+use gcs_engine::backend::gpu::launch::{self, LayerPool, MatmulKernel, RowMeta};
 use gcs_engine::backend::gpu::weights::{rope_tables, GpuMatrix};
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
@@ -119,7 +119,7 @@ fn quantized_matmul_matches_the_dequantized_weights() {
             let bytes = gguf_blocks(&mut rng, ty, rows, cols);
             let m = QMatrix::from_gguf(ty, rows, cols, &bytes);
             let w = dequantize(ty, &bytes);
-            for n in [1, 5, 8, 17, 64] {
+            for n in [1, 5, 8, 17, 64, 100] {
                 let (gpu, cpu) = check_matmul(&c, &m, &w, n, &mut rng);
                 eprintln!("{ty:?} [{rows}x{cols}] n={n}: gpu {gpu:.2e}, cpu {cpu:.2e} of Σ|w·x|");
                 assert!(gpu <= 1e-5, "{ty:?} {rows}x{cols} n={n}: {gpu:e}");
@@ -142,31 +142,39 @@ fn quantized_matmul_matches_the_dequantized_weights() {
     assert!(gpu <= 1e-5, "stack: {gpu:e}");
 }
 
-/// The wide matmul (4 weight rows a unit, for batches over 8) gives the
-/// narrow kernel's results bit for bit, for every type, a row count that
-/// is no multiple of its 16 rows a cube, batches that end inside a group
-/// of 8, and a two-part stack: a sequence's logits do not depend on the
-/// size of the batch it ran in.
+/// The three matmul kernels (narrow, wide: 4 weight rows a unit, tiled:
+/// shared-memory tiles) give the same bits for every type, row counts that
+/// are no multiple of a cube's rows, rows of 48 and of 18 blocks (not a
+/// multiple of the 4 lanes), batches that end inside a cube's batch rows,
+/// and a two-part stack: a sequence's logits do not depend on the size of
+/// the batch it ran in.
 #[test]
-fn the_wide_matmul_equals_the_narrow_one_bit_for_bit() {
+fn the_matmul_kernels_agree_bit_for_bit() {
     let c = client();
     let mut rng = Rng(0x0dd_ba11);
-    let run = |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, wide: bool| {
+    let run = |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel| {
         let o = DeviceBuf::<f32>::uninit(&c, n * m.rows);
-        launch::matmul_with(&c, m, x, n, &o, wide);
+        launch::matmul_with(&c, m, x, n, &o, k);
         o.read(&c).unwrap()
     };
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        let (rows, cols) = (70, 1536);
-        let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
-        let g = GpuMatrix::upload(&c, &m).unwrap();
-        for n in [1, 9, 21, 64] {
-            let x = DeviceBuf::upload(&c, &rng.vec(n * cols));
-            let (a, b) = (run(&g, &x, n, false), run(&g, &x, n, true));
-            assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{ty:?} n={n}");
+        for (rows, cols) in [(70, 1536), (45, 576)] {
+            let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
+            let g = GpuMatrix::upload(&c, &m).unwrap();
+            for n in [1, 9, 21, 64, 100] {
+                let x = DeviceBuf::upload(&c, &rng.vec(n * cols));
+                let narrow = run(&g, &x, n, MatmulKernel::Narrow);
+                for k in [MatmulKernel::Wide, MatmulKernel::Tiled] {
+                    assert!(same(&narrow, &run(&g, &x, n, k)), "{ty:?} {rows}x{cols} n={n} {k:?}");
+                }
+            }
         }
     }
-    let (p, q) = (gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64), gguf_blocks(&mut rng, GgmlType::Q8_0, 40, 64));
+    let (p, q) = (
+        gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64),
+        gguf_blocks(&mut rng, GgmlType::Q8_0, 40, 64),
+    );
     let m = QMatrix::stack(vec![
         QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &p),
         QMatrix::from_gguf(GgmlType::Q8_0, 40, 64, &q),
@@ -174,8 +182,10 @@ fn the_wide_matmul_equals_the_narrow_one_bit_for_bit() {
     .unwrap();
     let g = GpuMatrix::upload(&c, &m).unwrap();
     let x = DeviceBuf::upload(&c, &rng.vec(13 * 64));
-    let (a, b) = (run(&g, &x, 13, false), run(&g, &x, 13, true));
-    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "stack");
+    let narrow = run(&g, &x, 13, MatmulKernel::Narrow);
+    for k in [MatmulKernel::Wide, MatmulKernel::Tiled] {
+        assert!(same(&narrow, &run(&g, &x, 13, k)), "stack {k:?}");
+    }
 }
 
 #[test]

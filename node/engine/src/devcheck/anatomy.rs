@@ -41,7 +41,12 @@ fn gpu(engine: &Engine, device: ComputeDevice, batches: &[usize]) -> Vec<Anatomy
     let fail = |e: String| {
         batches
             .iter()
-            .map(|&rows| AnatomyFigure { rows, ctx: CONTEXT, parts: vec![], error: Some(e.clone()) })
+            .map(|&rows| AnatomyFigure {
+                rows,
+                ctx: CONTEXT,
+                parts: vec![],
+                error: Some(e.clone()),
+            })
             .collect()
     };
     let kind = match check_device(device) {
@@ -62,7 +67,9 @@ fn gpu(engine: &Engine, device: ComputeDevice, batches: &[usize]) -> Vec<Anatomy
         .iter()
         .map(|&rows| match dec.anatomy(rows, CONTEXT, ITERS) {
             Ok(parts) => AnatomyFigure { rows, ctx: CONTEXT, parts, error: None },
-            Err(e) => AnatomyFigure { rows, ctx: CONTEXT, parts: vec![], error: Some(e.to_string()) },
+            Err(e) => {
+                AnatomyFigure { rows, ctx: CONTEXT, parts: vec![], error: Some(e.to_string()) }
+            }
         })
         .collect()
 }

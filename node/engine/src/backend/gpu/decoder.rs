@@ -36,6 +36,9 @@ struct GpuLayer {
 /// the capture (and two decoders on one GPU gain nothing by overlapping).
 static STEP: Mutex<()> = Mutex::new(());
 
+mod anatomy;
+pub use anatomy::StepPart;
+
 /// The llama decoder on a CubeCL device (CUDA, or wgpu in the tests).
 pub struct GpuDecoder {
     /// First, so the recorded graphs go before the buffers they use.
@@ -57,16 +60,6 @@ pub struct GpuDecoder {
     /// Each step ends with the logits' argmax on the device (off with
     /// `GCS_GPU_ARGMAX=0`: every step copies its logits back).
     argmax: bool,
-}
-
-/// One part of a decode step and its cost ([`GpuDecoder::anatomy`]).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StepPart {
-    pub part: String,
-    /// Host time a call, before waiting for the GPU.
-    pub enqueue_us: f64,
-    /// A call's share of the time until the GPU finished them all.
-    pub us: f64,
 }
 
 impl std::fmt::Debug for GpuDecoder {
@@ -186,85 +179,15 @@ impl GpuDecoder {
 
     /// The decode buckets whose graph is recorded, smallest first.
     pub fn recorded_buckets(&self) -> Vec<usize> {
-        let mut b: Vec<usize> =
-            self.graphs.buckets.iter().filter(|(_, b)| b.graph.is_some()).map(|(&r, _)| r).collect();
+        let mut b: Vec<usize> = self
+            .graphs
+            .buckets
+            .iter()
+            .filter(|(_, b)| b.graph.is_some())
+            .map(|(&r, _)| r)
+            .collect();
         b.sort_unstable();
         b
-    }
-
-    /// Where a decode step of `rows` rows at context `ctx` spends its time
-    /// (the GPU check's anatomy): each part called `iters` times, then a
-    /// read of the step's ids, which waits for the stream. `enqueue_us` is
-    /// the host's time a call before that wait, `us` a call's share of the
-    /// whole: launch-bound parts have the two close, GPU-bound ones not.
-    /// Layer 0's weights stand for every layer's.
-    pub fn anatomy(
-        &self,
-        rows: usize,
-        ctx: usize,
-        iters: usize,
-    ) -> std::result::Result<Vec<StepPart>, GpuError> {
-        let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
-        let (cl, c, sh) = (self.client.clone(), self.config.clone(), self.sh);
-        let ctx = ctx.min(self.n_blocks * BLOCK).max(1) - 1;
-        let table: Vec<u32> = (0..(ctx + 1).div_ceil(BLOCK) as u32).collect();
-        let tok = [1u32];
-        let seqs: Vec<PagedSeq<'_>> = (0..rows.max(1))
-            .map(|_| PagedSeq { tokens: &tok, past: ctx, table: &table, decode_from: 0 })
-            .collect();
-        let host = HostRows::new(&seqs);
-        let io = StepIo::bucket(&cl, self.shape, host.rows(), host.tables.len());
-        io.write(&cl, &host);
-        let iters = iters.max(1);
-        let mut parts = vec![];
-        let mut time = |part: &str, f: &mut dyn FnMut() -> std::result::Result<(), GpuError>| {
-            io.ids.read(&cl)?;
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
-                f()?;
-            }
-            let enqueue = t.elapsed();
-            io.ids.read(&cl)?;
-            let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / iters as f64;
-            parts.push(StepPart { part: part.into(), enqueue_us: per(enqueue), us: per(t.elapsed()) });
-            Ok::<(), GpuError>(())
-        };
-        time("write inputs", &mut || Ok(io.write(&cl, &host)))?;
-        time("step, eager", &mut || Ok(self.launch_step(&io)))?;
-        time("read ids", &mut || io.ids.read(&cl).map(|_| ()))?;
-        let l = &self.layers[0];
-        let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: 0 };
-        let (t, n, meta) = (io.rows(), io.seqs(), &io.meta);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        time("embed", &mut || Ok(launch::embed(&cl, &self.embed, &io.tok, &io.x)))?;
-        time("add_rms_norm", &mut || {
-            Ok(launch::add_rms_norm(&cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, c.rms_eps))
-        })?;
-        time("matmul qkv", &mut || Ok(launch::matmul(&cl, &l.wqkv, &io.h, t, &io.qkv)))?;
-        time("rope_kv_store", &mut || {
-            Ok(launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta))
-        })?;
-        time("attention", &mut || {
-            Ok(launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0))
-        })?;
-        time("matmul o", &mut || Ok(launch::matmul(&cl, &l.wo, &io.attn, t, &io.o)))?;
-        time("matmul gate_up", &mut || Ok(launch::matmul(&cl, &l.w_gate_up, &io.h, t, &io.gu)))?;
-        time("swiglu", &mut || Ok(launch::swiglu(&cl, &io.gu, &io.act, c.intermediate)))?;
-        time("matmul down", &mut || Ok(launch::matmul(&cl, &l.w_down, &io.act, t, &io.d)))?;
-        time("lm_head", &mut || Ok(launch::matmul(&cl, &self.lm_head, &io.hl, n, &io.logits)))?;
-        time("argmax", &mut || Ok(launch::argmax_rows(&cl, &io.logits, &io.ids, self.shape.vocab)))?;
-        // The same step as a recorded graph (the decode path's replay).
-        cl.graph_prepare().map_err(GpuError::server)?;
-        self.launch_step(&io);
-        io.ids.read(&cl)?;
-        cl.start_capture().map_err(GpuError::server)?;
-        self.launch_step(&io);
-        let graph = cl.stop_capture().map_err(GpuError::server)?;
-        #[allow(unsafe_code)]
-        // SAFETY: the graph's buffers (`io`, the weights, the pools) outlive
-        // it (it drops at the end of this function) and `STEP` is held.
-        time("step, graph replay", &mut || unsafe { graph.replay() }.map_err(GpuError::server))?;
-        Ok(parts)
     }
 
     /// Bytes of weights on the device.
@@ -307,7 +230,12 @@ impl GpuDecoder {
 
     /// What comes back of a step over `io`, for its first `n` sequences:
     /// the argmax always, the logits when `want` (one sequence needs them).
-    fn read_out(&self, io: &StepIo, n: usize, want: bool) -> std::result::Result<StepLogits, GpuError> {
+    fn read_out(
+        &self,
+        io: &StepIo,
+        n: usize,
+        want: bool,
+    ) -> std::result::Result<StepLogits, GpuError> {
         let argmax = if self.argmax {
             let mut ids = io.ids.read(&self.client)?;
             ids.truncate(n);
@@ -439,7 +367,15 @@ impl GpuDecoder {
             launch::matmul(cl, &l.w_down, &io.act, total, &io.d);
         }
         // Only each sequence's last row: its residual, the output norm, logits.
-        launch::add_rms_norm(cl, &io.x, Some(&io.d), &self.output_norm, &io.hl, &io.last, c.rms_eps);
+        launch::add_rms_norm(
+            cl,
+            &io.x,
+            Some(&io.d),
+            &self.output_norm,
+            &io.hl,
+            &io.last,
+            c.rms_eps,
+        );
         launch::matmul(cl, &self.lm_head, &io.hl, n, &io.logits);
         if self.argmax {
             launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);
@@ -472,7 +408,11 @@ impl PagedDecoder for GpuDecoder {
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
         Ok(self.forward_select(seqs, &[true])?.logits)
     }
-    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], want_logits: &[bool]) -> Result<StepLogits> {
+    fn forward_select(
+        &mut self,
+        seqs: &[PagedSeq<'_>],
+        want_logits: &[bool],
+    ) -> Result<StepLogits> {
         self.check(seqs)?;
         let want = want_logits.iter().any(|&w| w);
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());

@@ -5,7 +5,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
-use super::kernels::{ops, quant};
+use super::kernels::{ops, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
@@ -13,38 +13,105 @@ fn groups(n: usize, per: usize) -> u32 {
     n.div_ceil(per).max(1) as u32
 }
 
-/// `out[n, m.rows] = x[n, m.cols] · mᵀ`: [`quant::matmul_q`] for up to
-/// [`quant::NB`] rows, [`quant::matmul_q_wide`] (the same sums, `RPU`
-/// weight rows a unit) for more.
-pub fn matmul(c: &Client, m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
-    matmul_with(c, m, x, n, out, n > quant::NB);
+/// Which matmul kernel runs: all three give the same bits
+/// ([`quant`]'s summation order), so the choice is speed only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// [`quant::matmul_q`]: `NB` batch rows a cube, one weight row a unit.
+    Narrow,
+    /// [`quant::matmul_q_wide`]: `RPU` weight rows a unit.
+    Wide,
+    /// [`tiled::matmul_q_tiled`]: shared-memory tiles of `TM × TN`.
+    Tiled,
 }
 
-/// [`matmul`] with the kernel chosen by the caller (the tests compare the
-/// two).
+impl MatmulKernel {
+    pub const ALL: [MatmulKernel; 3] = [Self::Narrow, Self::Wide, Self::Tiled];
+
+    /// The kernel for a batch of `n` rows: on the H200 the wide kernel
+    /// beat the narrow one at every batch (lm_head at 1 row: 76 against
+    /// 148 µs) and the tiled one from 8 rows (lm_head at 8: 221 µs, wide
+    /// 271, narrow 922; at 64: 281, 2079, 7249). specs/figures.md, "GPU
+    /// matmul kernels".
+    pub fn for_rows(n: usize) -> Self {
+        if n < TILED_FROM {
+            Self::Wide
+        } else {
+            Self::Tiled
+        }
+    }
+}
+
+/// Batch rows from which the tiled kernel runs.
+pub const TILED_FROM: usize = 8;
+
+/// `out[n, m.rows] = x[n, m.cols] · mᵀ`, by [`MatmulKernel::for_rows`].
+pub fn matmul(c: &Client, m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
+    matmul_with(c, m, x, n, out, MatmulKernel::for_rows(n));
+}
+
+/// [`matmul`] with the kernel chosen by the caller (the tests and the
+/// device check's anatomy compare them).
 pub fn matmul_with(
     c: &Client,
     m: &GpuMatrix,
     x: &DeviceBuf<f32>,
     n: usize,
     out: &DeviceBuf<f32>,
-    wide: bool,
+    kernel: MatmulKernel,
 ) {
     debug_assert!(x.len() >= n * m.cols && out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
-        let per_cube = if wide { quant::ROWS * quant::RPU } else { quant::ROWS };
-        let count = CubeCount::Static(groups(p.rows, per_cube), groups(n, quant::NB), 1);
-        let dim = CubeDim::new_2d(quant::LANES as u32, quant::ROWS as u32);
         let args = (p.words.arg(), x.arg(), out.arg());
-        if wide {
-            quant::matmul_q_wide::launch(
-                c, count, dim, args.0, args.1, args.2, p.rows, m.cols, n, m.rows, off, p.kind,
-            );
-        } else {
-            quant::matmul_q::launch(
-                c, count, dim, args.0, args.1, args.2, p.rows, m.cols, n, m.rows, off, p.kind,
-            );
+        let quant_dim = CubeDim::new_2d(quant::LANES as u32, quant::ROWS as u32);
+        match kernel {
+            MatmulKernel::Narrow => quant::matmul_q::launch(
+                c,
+                CubeCount::Static(groups(p.rows, quant::ROWS), groups(n, quant::NB), 1),
+                quant_dim,
+                args.0,
+                args.1,
+                args.2,
+                p.rows,
+                m.cols,
+                n,
+                m.rows,
+                off,
+                p.kind,
+            ),
+            MatmulKernel::Wide => quant::matmul_q_wide::launch(
+                c,
+                CubeCount::Static(
+                    groups(p.rows, quant::ROWS * quant::RPU),
+                    groups(n, quant::NB),
+                    1,
+                ),
+                quant_dim,
+                args.0,
+                args.1,
+                args.2,
+                p.rows,
+                m.cols,
+                n,
+                m.rows,
+                off,
+                p.kind,
+            ),
+            MatmulKernel::Tiled => tiled::matmul_q_tiled::launch(
+                c,
+                CubeCount::Static(groups(p.rows, tiled::TM), groups(n, tiled::TN), 1),
+                CubeDim::new_2d(tiled::UX as u32, tiled::UY as u32),
+                args.0,
+                args.1,
+                args.2,
+                p.rows,
+                m.cols,
+                n,
+                m.rows,
+                off,
+                p.kind,
+            ),
         }
         off += p.rows;
     }

@@ -4,3 +4,4 @@ pub mod attention;
 pub mod basic;
 pub mod ops;
 pub mod quant;
+pub mod tiled;

@@ -11,15 +11,27 @@
 //! dequantizing each block once into registers and using it for `NB` batch
 //! rows (`cube_y` picks which `NB`); the lanes' partial sums meet in a
 //! shared-memory tree. Weights are read once per `NB` batch rows.
+//!
+//! **The summation order** every matmul kernel here follows, so that a
+//! sequence's logits do not depend on the batch it ran in (a batch picks
+//! the kernel): `s_b = Σ_e w·x` over a block's 32 elements in order; lane
+//! `l`'s `P_l = Σ s_b` over its blocks `b ≡ l (mod LANES)` in increasing
+//! `b`; the output is the 32 lanes' tree: `P_l + P_{l+16}`, then stride 8,
+//! 4, 2, 1. The tiled kernel (`tiled.rs`) walks the lanes in the tree's
+//! post-order to the same effect.
 
 use cubecl::prelude::*;
 
-/// Units along a weight row (over its blocks).
+/// Units along a weight row (over its blocks); the tiled kernel's tree is
+/// written for 32.
 pub const LANES: usize = 32;
 /// Weight rows per cube.
 pub const ROWS: usize = 4;
 /// Batch rows per cube (accumulators per unit).
 pub const NB: usize = 8;
+/// Outputs a lane writes per weight row at the end: lane `l` writes batch
+/// rows `l, l + LANES, …` below `NB`.
+const WRITES: usize = NB.div_ceil(LANES);
 
 /// The block formats the kernel reads (`#[comptime]`: one compiled kernel
 /// per format).
@@ -160,8 +172,13 @@ pub fn matmul_q(
         sync_cube();
         stride /= 2;
     }
-    if lane < NB && r < rows && j0 + lane < n {
-        out[(j0 + lane) * out_stride + out_off + r] = sh[(ry * NB + lane) * LANES];
+    // Lane l writes batch rows l, l + LANES, … of the cube's NB.
+    #[unroll]
+    for k in 0..WRITES {
+        let j = lane + k * LANES;
+        if j < NB && r < rows && j0 + j < n {
+            out[(j0 + j) * out_stride + out_off + r] = sh[(ry * NB + j) * LANES];
+        }
     }
 }
 
@@ -209,7 +226,8 @@ pub fn dequant_eighth(
     let w0 = w[base];
     let d = f16_to_f32(w0 & 0xffff);
     match comptime!(kind) {
-        WeightKind::Q8_0 => {
+        WeightKind::Q8_0 =>
+        {
             #[unroll]
             for e in 0..8usize {
                 let el = c * 8 + e;
@@ -333,15 +351,19 @@ pub fn matmul_q_wide(
         sync_cube();
         stride /= 2;
     }
-    // Lane l writes output i = l of each of its rows' NB, for the first
-    // RPU · NB lanes' worth: lane < NB covers batch row j0 + lane of
-    // every one of the unit's RPU rows.
-    if lane < NB && j0 + lane < n {
-        #[unroll]
-        for ri in 0..RPU {
-            let r = r0 + ri;
-            if r < rows {
-                out[(j0 + lane) * out_stride + out_off + r] = sh[(ry * RPU * NB + ri * NB + lane) * LANES];
+    // Lane l writes batch rows l, l + LANES, … of the cube's NB, for each
+    // of the unit's RPU weight rows.
+    #[unroll]
+    for k in 0..WRITES {
+        let j = lane + k * LANES;
+        if j < NB && j0 + j < n {
+            #[unroll]
+            for ri in 0..RPU {
+                let r = r0 + ri;
+                if r < rows {
+                    out[(j0 + j) * out_stride + out_off + r] =
+                        sh[(ry * RPU * NB + ri * NB + j) * LANES];
+                }
             }
         }
     }

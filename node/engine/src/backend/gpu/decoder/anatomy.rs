@@ -1,0 +1,153 @@
+//! [`GpuDecoder::anatomy`]: where a decode step's time goes, for the
+//! device check (`devcheck/anatomy.rs`).
+
+use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
+use crate::backend::gpu::launch::{self, LayerPool};
+use crate::backend::rows::HostRows;
+use crate::llama::PagedSeq;
+
+/// One part of a decode step and its cost ([`GpuDecoder::anatomy`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepPart {
+    pub part: String,
+    /// Host time a call, before waiting for the GPU.
+    pub enqueue_us: f64,
+    /// A call's share of the time until the GPU finished them all.
+    pub us: f64,
+}
+
+impl GpuDecoder {
+    /// Where a decode step of `rows` rows at context `ctx` spends its time
+    /// (the GPU check's anatomy): each part called once, then `iters` times
+    /// and a read of the step's ids, which waits for the stream. `enqueue_us` is
+    /// the host's time a call before that wait, `us` a call's share of the
+    /// whole: launch-bound parts have the two close, GPU-bound ones not.
+    /// Layer 0's weights stand for every layer's.
+    pub fn anatomy(
+        &self,
+        rows: usize,
+        ctx: usize,
+        iters: usize,
+    ) -> std::result::Result<Vec<StepPart>, GpuError> {
+        let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
+        let (cl, c, sh) = (self.client.clone(), self.config.clone(), self.sh);
+        let ctx = ctx.min(self.n_blocks * BLOCK).max(1) - 1;
+        let table: Vec<u32> = (0..(ctx + 1).div_ceil(BLOCK) as u32).collect();
+        let tok = [1u32];
+        let seqs: Vec<PagedSeq<'_>> = (0..rows.max(1))
+            .map(|_| PagedSeq { tokens: &tok, past: ctx, table: &table, decode_from: 0 })
+            .collect();
+        let host = HostRows::new(&seqs);
+        let io = StepIo::bucket(&cl, self.shape, host.rows(), host.tables.len());
+        io.write(&cl, &host);
+        let iters = iters.max(1);
+        let mut parts = vec![];
+        let mut time = |part: &str, f: &mut dyn FnMut() -> std::result::Result<(), GpuError>| {
+            // Once untimed: a kernel's first launch compiles it.
+            f()?;
+            io.ids.read(&cl)?;
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                f()?;
+            }
+            let enqueue = t.elapsed();
+            io.ids.read(&cl)?;
+            let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / iters as f64;
+            parts.push(StepPart {
+                part: part.into(),
+                enqueue_us: per(enqueue),
+                us: per(t.elapsed()),
+            });
+            Ok::<(), GpuError>(())
+        };
+        time("write inputs", &mut || {
+            io.write(&cl, &host);
+            Ok(())
+        })?;
+        time("step, eager", &mut || {
+            self.launch_step(&io);
+            Ok(())
+        })?;
+        time("read ids", &mut || io.ids.read(&cl).map(|_| ()))?;
+        let l = &self.layers[0];
+        let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: 0 };
+        let (t, n, meta) = (io.rows(), io.seqs(), &io.meta);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        time("embed", &mut || {
+            launch::embed(&cl, &self.embed, &io.tok, &io.x);
+            Ok(())
+        })?;
+        time("add_rms_norm", &mut || {
+            launch::add_rms_norm(
+                &cl,
+                &io.x,
+                Some(&io.o),
+                &l.ffn_norm,
+                &io.h,
+                &io.all,
+                c.rms_eps,
+            );
+            Ok(())
+        })?;
+        time("matmul qkv", &mut || {
+            launch::matmul(&cl, &l.wqkv, &io.h, t, &io.qkv);
+            Ok(())
+        })?;
+        time("rope_kv_store", &mut || {
+            launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta);
+            Ok(())
+        })?;
+        time("attention", &mut || {
+            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0);
+            Ok(())
+        })?;
+        time("matmul o", &mut || {
+            launch::matmul(&cl, &l.wo, &io.attn, t, &io.o);
+            Ok(())
+        })?;
+        time("matmul gate_up", &mut || {
+            launch::matmul(&cl, &l.w_gate_up, &io.h, t, &io.gu);
+            Ok(())
+        })?;
+        time("swiglu", &mut || {
+            launch::swiglu(&cl, &io.gu, &io.act, c.intermediate);
+            Ok(())
+        })?;
+        time("matmul down", &mut || {
+            launch::matmul(&cl, &l.w_down, &io.act, t, &io.d);
+            Ok(())
+        })?;
+        time("lm_head", &mut || {
+            launch::matmul(&cl, &self.lm_head, &io.hl, n, &io.logits);
+            Ok(())
+        })?;
+        time("argmax", &mut || {
+            launch::argmax_rows(&cl, &io.logits, &io.ids, self.shape.vocab);
+            Ok(())
+        })?;
+        // Each matmul kernel on the largest two (they give the same bits;
+        // `MatmulKernel::for_rows` picks by speed).
+        for k in launch::MatmulKernel::ALL {
+            time(&format!("gate_up {k:?}"), &mut || {
+                launch::matmul_with(&cl, &l.w_gate_up, &io.h, t, &io.gu, k);
+                Ok(())
+            })?;
+            time(&format!("lm_head {k:?}"), &mut || {
+                launch::matmul_with(&cl, &self.lm_head, &io.hl, n, &io.logits, k);
+                Ok(())
+            })?;
+        }
+        // The same step as a recorded graph (the decode path's replay).
+        cl.graph_prepare().map_err(GpuError::server)?;
+        self.launch_step(&io);
+        io.ids.read(&cl)?;
+        cl.start_capture().map_err(GpuError::server)?;
+        self.launch_step(&io);
+        let graph = cl.stop_capture().map_err(GpuError::server)?;
+        #[allow(unsafe_code)]
+        // SAFETY: the graph's buffers (`io`, the weights, the pools) outlive
+        // it (it drops at the end of this function) and `STEP` is held.
+        time("step, graph replay", &mut || unsafe { graph.replay() }.map_err(GpuError::server))?;
+        Ok(parts)
+    }
+}
