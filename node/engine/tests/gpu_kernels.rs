@@ -22,7 +22,7 @@ use gcs_engine::backend::gpu::launch::{self, LayerPool, MatmulKernel, RowMeta};
 use gcs_engine::backend::gpu::weights::{rope_tables, GpuMatrix};
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
-use gcs_engine::quant::{dequantize, GgmlType, QMatrix};
+use gcs_engine::quant::{dequantize, GgmlType, QActs, QMatrix};
 
 fn client() -> Client {
     cubecl::Device::Wgpu(Default::default()).client()
@@ -186,6 +186,68 @@ fn the_matmul_kernels_agree_bit_for_bit() {
     for k in [MatmulKernel::Wide, MatmulKernel::Tiled] {
         assert!(same(&narrow, &run(&g, &x, 13, k)), "stack {k:?}");
     }
+}
+
+/// The CPU's matmul arithmetic on the GPU (`kernels::q8`): the inputs
+/// quantized on the device equal `QActs::quantize` (scales, sums, bytes)
+/// and the products equal `QMatrix::matmul` bit for bit, for every type,
+/// 18- and 48-block rows, a stack, a block of zeros, exact ties of the
+/// rounding (k + ½ after scaling) and scales in f16's subnormal range.
+#[test]
+fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
+    let c = client();
+    let mut rng = Rng(0x5eed_0008);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let check = |m: &QMatrix, x: &[f32], n: usize, what: &str| {
+        let g = GpuMatrix::upload(&c, m).unwrap();
+        let hx = DeviceBuf::upload(&c, x);
+        let acts = launch::QActs::new(&c, n * m.cols);
+        launch::quantize_q8(&c, &hx, n, m.cols, &acts);
+        let want = QActs::quantize(x, n, m.cols);
+        assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&want.d), "{what}: d");
+        assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&want.s), "{what}: s");
+        assert_eq!(acts.sum_q.read(&c).unwrap(), want.sum_q, "{what}: Σq");
+        let qs: Vec<i8> = acts
+            .qs
+            .read(&c)
+            .unwrap()
+            .iter()
+            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+            .collect();
+        assert_eq!(qs, want.qs, "{what}: bytes");
+        let o = DeviceBuf::<f32>::uninit(&c, n * m.rows);
+        // lavapipe's `fma` rounds twice: the f64 stand-in (`wide_fma`).
+        launch::matmul_q8(&c, &g, &acts, n, &o, true);
+        let mut cpu = vec![0f32; n * m.rows];
+        m.matmul(x, n, &mut cpu);
+        assert_eq!(bits(&o.read(&c).unwrap()), bits(&cpu), "{what}: products");
+    };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (rows, cols) in [(45, 576), (70, 1536)] {
+            let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
+            for n in [1, 3, 17] {
+                let mut x = rng.vec(n * cols);
+                x[..32].fill(0.0);
+                // amax 127: the scale is 1 and k + ½ are ties (even: 2, −4, 0, 2).
+                x[32..38].copy_from_slice(&[127.0, 2.5, -3.5, 0.5, 1.5, -0.5]);
+                // amax 1e-4: d ≈ 7.9e-7, an f16 subnormal.
+                for (i, v) in x[64..96].iter_mut().enumerate() {
+                    *v = 1e-4 * ((i as f32) - 15.5) / 16.5;
+                }
+                check(&m, &x, n, &format!("{ty:?} {rows}x{cols} n={n}"));
+            }
+        }
+    }
+    let (p, q) = (
+        gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64),
+        gguf_blocks(&mut rng, GgmlType::Q8_0, 40, 64),
+    );
+    let m = QMatrix::stack(vec![
+        QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &p),
+        QMatrix::from_gguf(GgmlType::Q8_0, 40, 64, &q),
+    ])
+    .unwrap();
+    check(&m, &rng.vec(5 * 64), 5, "stack");
 }
 
 #[test]

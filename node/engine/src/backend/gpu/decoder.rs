@@ -31,6 +31,14 @@ struct GpuLayer {
     w_down: GpuMatrix,
 }
 
+/// Whether a new decoder computes its matmuls in the CPU's arithmetic
+/// (`kernels::q8`: 8-bit inputs, the CPU's float chain): `GCS_GPU_Q8=1`.
+/// Off by default until the other ops match the CPU too and its speed is
+/// measured on a GPU.
+fn q8_default() -> bool {
+    std::env::var("GCS_GPU_Q8").is_ok_and(|v| v == "1")
+}
+
 /// One GPU step at a time in the process: a graph is recorded in CUDA's
 /// global capture mode, in which another thread's allocation would fail
 /// the capture (and two decoders on one GPU gain nothing by overlapping).
@@ -150,7 +158,7 @@ impl GpuDecoder {
         Ok(Self {
             argmax,
             graphs,
-            shape: StepShape::new(c, sh, lm_head.rows),
+            shape: StepShape::new(c, sh, lm_head.rows, q8_default()),
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
             cos: DeviceBuf::upload(&client, &cos),
             sin: DeviceBuf::upload(&client, &sin),
@@ -343,6 +351,26 @@ impl GpuDecoder {
         out
     }
 
+    /// `out = x · mᵀ` over `rows` rows: in the CPU's arithmetic when the
+    /// step keeps quantized inputs, else the float kernels.
+    fn matmul(
+        &self,
+        io: &StepIo,
+        m: &GpuMatrix,
+        x: &DeviceBuf<f32>,
+        rows: usize,
+        out: &DeviceBuf<f32>,
+    ) {
+        match &io.acts {
+            Some(a) => {
+                launch::quantize_q8(&self.client, x, rows, m.cols, a);
+                let wide_fma = self.kind == BackendKind::Wgpu;
+                launch::matmul_q8(&self.client, m, a, rows, out, wide_fma);
+            }
+            None => launch::matmul(&self.client, m, x, rows, out),
+        }
+    }
+
     /// The step's kernels, in order, over `io` (a step's own buffers or a
     /// bucket's: the same launches either way).
     fn launch_step(&self, io: &StepIo) {
@@ -356,15 +384,15 @@ impl GpuDecoder {
             // x += previous layer's FFN output, fused with this norm.
             let prev = (li > 0).then_some(&io.d);
             launch::add_rms_norm(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, c.rms_eps);
-            launch::matmul(cl, &l.wqkv, &io.h, total, &io.qkv);
+            self.matmul(io, &l.wqkv, &io.h, total, &io.qkv);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
             launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta);
             launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0);
-            launch::matmul(cl, &l.wo, &io.attn, total, &io.o);
+            self.matmul(io, &l.wo, &io.attn, total, &io.o);
             launch::add_rms_norm(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, c.rms_eps);
-            launch::matmul(cl, &l.w_gate_up, &io.h, total, &io.gu);
+            self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu);
             launch::swiglu(cl, &io.gu, &io.act, c.intermediate);
-            launch::matmul(cl, &l.w_down, &io.act, total, &io.d);
+            self.matmul(io, &l.w_down, &io.act, total, &io.d);
         }
         // Only each sequence's last row: its residual, the output norm, logits.
         launch::add_rms_norm(
@@ -376,7 +404,7 @@ impl GpuDecoder {
             &io.last,
             c.rms_eps,
         );
-        launch::matmul(cl, &self.lm_head, &io.hl, n, &io.logits);
+        self.matmul(io, &self.lm_head, &io.hl, n, &io.logits);
         if self.argmax {
             launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);
         }

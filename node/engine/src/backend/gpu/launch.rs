@@ -5,7 +5,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
-use super::kernels::{ops, quant, tiled};
+use super::kernels::{ops, q8, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
@@ -113,6 +113,81 @@ pub fn matmul_with(
                 p.kind,
             ),
         }
+        off += p.rows;
+    }
+}
+
+/// Inputs quantized to 8 bits a 32-element block on the device
+/// ([`q8::quantize_q8`]): the CPU's `QActs`.
+#[derive(Debug)]
+pub struct QActs {
+    pub qs: DeviceBuf<u32>,
+    pub d: DeviceBuf<f32>,
+    pub s: DeviceBuf<f32>,
+    pub sum_q: DeviceBuf<i32>,
+}
+
+impl QActs {
+    /// Buffers for `elements` inputs (a multiple of 32).
+    pub fn new(c: &Client, elements: usize) -> Self {
+        let blocks = elements / 32;
+        Self {
+            qs: DeviceBuf::uninit(c, blocks * 8),
+            d: DeviceBuf::uninit(c, blocks),
+            s: DeviceBuf::uninit(c, blocks),
+            sum_q: DeviceBuf::uninit(c, blocks),
+        }
+    }
+}
+
+/// Quantize the first `n · cols` elements of `x` into `acts`.
+pub fn quantize_q8(c: &Client, x: &DeviceBuf<f32>, n: usize, cols: usize, acts: &QActs) {
+    let blocks = n * cols / 32;
+    debug_assert!(x.len() >= n * cols && acts.d.len() >= blocks);
+    q8::quantize_q8::launch(
+        c,
+        CubeCount::Static(groups(blocks, 64), 1, 1),
+        CubeDim::new_1d(64),
+        x.arg(),
+        acts.qs.arg(),
+        acts.d.arg(),
+        acts.s.arg(),
+        acts.sum_q.arg(),
+        blocks,
+    );
+}
+
+/// `out[n, m.rows] = x · mᵀ` in the CPU's arithmetic over `acts` (`x`
+/// quantized by [`quantize_q8`]): the CPU decoder's matmul, bit for bit.
+/// `wide_fma` on wgpu, whose `fma` may round twice ([`q8`]'s `fused`).
+pub fn matmul_q8(
+    c: &Client,
+    m: &GpuMatrix,
+    acts: &QActs,
+    n: usize,
+    out: &DeviceBuf<f32>,
+    wide_fma: bool,
+) {
+    debug_assert!(out.len() >= n * m.rows);
+    let mut off = 0;
+    for p in &m.parts {
+        q8::matmul_q8::launch(
+            c,
+            CubeCount::Static(groups(p.rows, 64), n.max(1) as u32, 1),
+            CubeDim::new_1d(64),
+            p.words.arg(),
+            acts.qs.arg(),
+            acts.d.arg(),
+            acts.s.arg(),
+            acts.sum_q.arg(),
+            out.arg(),
+            p.rows,
+            m.cols,
+            m.rows,
+            off,
+            p.kind,
+            wide_fma,
+        );
         off += p.rows;
     }
 }

@@ -4,7 +4,7 @@
 //! place: `graph.rs`).
 
 use super::kernels::attention::HeadShape;
-use super::launch::RowMeta;
+use super::launch::{QActs, RowMeta};
 use super::DeviceBuf;
 use crate::backend::rows::HostRows;
 use crate::llama::LlamaConfig;
@@ -18,16 +18,20 @@ pub struct StepShape {
     pub qkv: usize,
     pub inter: usize,
     pub vocab: usize,
+    /// Matmuls in the CPU's arithmetic (`kernels::q8`): the step keeps
+    /// quantized inputs.
+    pub q8: bool,
 }
 
 impl StepShape {
-    pub fn new(c: &LlamaConfig, sh: HeadShape, vocab: usize) -> Self {
+    pub fn new(c: &LlamaConfig, sh: HeadShape, vocab: usize, q8: bool) -> Self {
         Self {
             hidden: c.hidden,
             q_dim: c.n_heads * c.head_dim,
             qkv: sh.width(),
             inter: c.intermediate,
             vocab,
+            q8,
         }
     }
 }
@@ -54,6 +58,8 @@ pub struct StepIo {
     pub logits: DeviceBuf<f32>,
     /// Each sequence's argmax.
     pub ids: DeviceBuf<u32>,
+    /// A matmul's quantized input, with [`StepShape::q8`].
+    pub acts: Option<QActs>,
 }
 
 impl StepIo {
@@ -97,7 +103,9 @@ impl StepIo {
     ) -> Self {
         let (t, n) = (tok.len(), last.len());
         let buf = |len| DeviceBuf::<f32>::uninit(cl, len);
+        let widest = s.hidden.max(s.q_dim).max(s.inter);
         Self {
+            acts: s.q8.then(|| QActs::new(cl, t * widest)),
             x: buf(t * s.hidden),
             h: buf(t * s.hidden),
             qkv: buf(t * s.qkv),

@@ -3,5 +3,6 @@
 pub mod attention;
 pub mod basic;
 pub mod ops;
+pub mod q8;
 pub mod quant;
 pub mod tiled;
