@@ -60,6 +60,22 @@ fn gguf_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8>
     out
 }
 
+/// A matrix of two parts, Q4_1 then Q8_0 (`rows` rows each), of 64
+/// columns, and their GGUF bytes: stacked matrices write each part at its
+/// row offset.
+fn two_part_stack(rng: &mut Rng, rows: (usize, usize)) -> (QMatrix, Vec<u8>, Vec<u8>) {
+    let (a, b) = (
+        gguf_blocks(rng, GgmlType::Q4_1, rows.0, 64),
+        gguf_blocks(rng, GgmlType::Q8_0, rows.1, 64),
+    );
+    let m = QMatrix::stack(vec![
+        QMatrix::from_gguf(GgmlType::Q4_1, rows.0, 64, &a),
+        QMatrix::from_gguf(GgmlType::Q8_0, rows.1, 64, &b),
+    ])
+    .unwrap();
+    (m, a, b)
+}
+
 fn max_rel(a: &[f32], b: &[f32], scale: &[f64]) -> f64 {
     a.iter()
         .zip(b)
@@ -127,15 +143,7 @@ fn quantized_matmul_matches_the_dequantized_weights() {
         }
     }
     // A stack of two types writes each part at its row offset.
-    let (a, b) = (
-        gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64),
-        gguf_blocks(&mut rng, GgmlType::Q8_0, 16, 64),
-    );
-    let m = QMatrix::stack(vec![
-        QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &a),
-        QMatrix::from_gguf(GgmlType::Q8_0, 16, 64, &b),
-    ])
-    .unwrap();
+    let (m, a, b) = two_part_stack(&mut rng, (24, 16));
     let mut w = dequantize(GgmlType::Q4_1, &a);
     w.extend(dequantize(GgmlType::Q8_0, &b));
     let (gpu, _) = check_matmul(&c, &m, &w, 3, &mut rng);
@@ -171,15 +179,7 @@ fn the_matmul_kernels_agree_bit_for_bit() {
             }
         }
     }
-    let (p, q) = (
-        gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64),
-        gguf_blocks(&mut rng, GgmlType::Q8_0, 40, 64),
-    );
-    let m = QMatrix::stack(vec![
-        QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &p),
-        QMatrix::from_gguf(GgmlType::Q8_0, 40, 64, &q),
-    ])
-    .unwrap();
+    let (m, _, _) = two_part_stack(&mut rng, (24, 40));
     let g = GpuMatrix::upload(&c, &m).unwrap();
     let x = DeviceBuf::upload(&c, &rng.vec(13 * 64));
     let narrow = run(&g, &x, 13, MatmulKernel::Narrow);
@@ -238,15 +238,7 @@ fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
             }
         }
     }
-    let (p, q) = (
-        gguf_blocks(&mut rng, GgmlType::Q4_1, 24, 64),
-        gguf_blocks(&mut rng, GgmlType::Q8_0, 40, 64),
-    );
-    let m = QMatrix::stack(vec![
-        QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &p),
-        QMatrix::from_gguf(GgmlType::Q8_0, 40, 64, &q),
-    ])
-    .unwrap();
+    let (m, _, _) = two_part_stack(&mut rng, (24, 40));
     check(&m, &rng.vec(5 * 64), 5, "stack");
 }
 

@@ -63,54 +63,42 @@ pub fn matmul_with(
     debug_assert!(x.len() >= n * m.cols && out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
-        let args = (p.words.arg(), x.arg(), out.arg());
+        // The three kernels take the same arguments after their shape.
+        macro_rules! launch {
+            ($kernel:path, $count:expr, $dim:expr) => {
+                $kernel(
+                    c,
+                    $count,
+                    $dim,
+                    p.words.arg(),
+                    x.arg(),
+                    out.arg(),
+                    p.rows,
+                    m.cols,
+                    n,
+                    m.rows,
+                    off,
+                    p.kind,
+                )
+            };
+        }
         let quant_dim = CubeDim::new_2d(quant::LANES as u32, quant::ROWS as u32);
+        let batch = groups(n, quant::NB);
         match kernel {
-            MatmulKernel::Narrow => quant::matmul_q::launch(
-                c,
-                CubeCount::Static(groups(p.rows, quant::ROWS), groups(n, quant::NB), 1),
-                quant_dim,
-                args.0,
-                args.1,
-                args.2,
-                p.rows,
-                m.cols,
-                n,
-                m.rows,
-                off,
-                p.kind,
+            MatmulKernel::Narrow => launch!(
+                quant::matmul_q::launch,
+                CubeCount::Static(groups(p.rows, quant::ROWS), batch, 1),
+                quant_dim
             ),
-            MatmulKernel::Wide => quant::matmul_q_wide::launch(
-                c,
-                CubeCount::Static(
-                    groups(p.rows, quant::ROWS * quant::RPU),
-                    groups(n, quant::NB),
-                    1,
-                ),
-                quant_dim,
-                args.0,
-                args.1,
-                args.2,
-                p.rows,
-                m.cols,
-                n,
-                m.rows,
-                off,
-                p.kind,
+            MatmulKernel::Wide => launch!(
+                quant::matmul_q_wide::launch,
+                CubeCount::Static(groups(p.rows, quant::ROWS * quant::RPU), batch, 1),
+                quant_dim
             ),
-            MatmulKernel::Tiled => tiled::matmul_q_tiled::launch(
-                c,
+            MatmulKernel::Tiled => launch!(
+                tiled::matmul_q_tiled::launch,
                 CubeCount::Static(groups(p.rows, tiled::TM), groups(n, tiled::TN), 1),
-                CubeDim::new_2d(tiled::UX as u32, tiled::UY as u32),
-                args.0,
-                args.1,
-                args.2,
-                p.rows,
-                m.cols,
-                n,
-                m.rows,
-                off,
-                p.kind,
+                CubeDim::new_2d(tiled::UX as u32, tiled::UY as u32)
             ),
         }
         off += p.rows;
