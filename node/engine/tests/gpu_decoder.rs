@@ -192,3 +192,23 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
     assert!(c.logits.is_empty());
     assert_eq!(c.argmax.map(|a| a.len()), Some(3));
 }
+
+/// The device check's step anatomy (`GpuDecoder::anatomy`) runs every part
+/// it names — each kernel, each matmul kernel, the q8 arithmetic, the step
+/// eager and as a replayed graph — and times each as a positive, finite
+/// figure (on a GPU it says where a step's time goes).
+#[test]
+fn the_step_anatomy_times_every_part() {
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let client = cubecl::Device::Wgpu(Default::default()).client();
+    let dec = GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 4).unwrap();
+    let parts = dec.anatomy(3, 40, 1).unwrap();
+    let names: Vec<&str> = parts.iter().map(|p| p.part.as_str()).collect();
+    for want in ["step, eager", "attention", "lm_head Tiled", "gate_up q8", "step, graph replay"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for p in &parts {
+        assert!(p.us.is_finite() && p.us > 0.0 && p.enqueue_us <= p.us, "{p:?}");
+    }
+}

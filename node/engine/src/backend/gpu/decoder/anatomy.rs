@@ -1,7 +1,7 @@
 //! [`GpuDecoder::anatomy`]: where a decode step's time goes, for the
 //! device check (`devcheck/anatomy.rs`).
 
-use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
+use super::{BackendKind, GpuDecoder, GpuError, StepIo, BLOCK, STEP};
 use crate::backend::gpu::launch::{self, LayerPool};
 use crate::backend::rows::HostRows;
 use crate::llama::PagedSeq;
@@ -129,6 +129,22 @@ impl GpuDecoder {
                 Ok(())
             })?;
         }
+        // The CPU's arithmetic (`kernels::q8`, `GCS_GPU_Q8=1`): quantizing
+        // an input, and the matmuls over it.
+        let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
+        let wide_fma = self.kind == BackendKind::Wgpu;
+        time("quantize q8", &mut || {
+            launch::quantize_q8(&cl, &io.h, t, l.w_gate_up.cols, &acts);
+            Ok(())
+        })?;
+        time("gate_up q8", &mut || {
+            launch::matmul_q8(&cl, &l.w_gate_up, &acts, t, &io.gu, wide_fma);
+            Ok(())
+        })?;
+        time("lm_head q8", &mut || {
+            launch::matmul_q8(&cl, &self.lm_head, &acts, n, &io.logits, wide_fma);
+            Ok(())
+        })?;
         // The same step as a recorded graph (the decode path's replay).
         cl.graph_prepare().map_err(GpuError::server)?;
         self.launch_step(&io);
