@@ -242,6 +242,35 @@ fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
     check(&m, &rng.vec(5 * 64), 5, "stack");
 }
 
+/// RMSNorm in the CPU's arithmetic (`q8::add_rms_norm_exact`) equals
+/// `numerics::rms_norm_rows` bit for bit, with the residual added first
+/// and over a listed row without one; rows of wide dynamic range (tiny
+/// and large values) so the f64 sum's order matters.
+#[test]
+fn the_exact_rms_norm_equals_the_cpu_bit_for_bit() {
+    let c = client();
+    let mut rng = Rng(0x2_0f64);
+    let (n, hid) = (5, 576);
+    let mut x = rng.vec(n * hid);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= [1e-4, 1.0, 37.0][i % 3];
+    }
+    let (d, w) = (rng.vec(n * hid), rng.vec(hid));
+    let (hx, hd, hw) =
+        (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
+    let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
+    let idx: Vec<u32> = (0..n as u32).collect();
+    launch::add_rms_norm_exact(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5);
+    let sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
+    let mut want = sum.clone();
+    rms_norm_rows(&mut want, &w, 1e-5);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&hh.read(&c).unwrap()), bits(&want), "rows with the residual");
+    let hl = DeviceBuf::<f32>::uninit(&c, hid);
+    launch::add_rms_norm_exact(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[3u32]), 1e-5);
+    assert_eq!(bits(&hl.read(&c).unwrap()), bits(&want[3 * hid..4 * hid]), "row 3");
+}
+
 #[test]
 fn embedding_rows_match_the_cpu_rows() {
     let c = client();

@@ -371,6 +371,26 @@ impl GpuDecoder {
         }
     }
 
+    /// `x += delta`, then `h = RMSNorm(x) · w` over the rows `idx`: in the
+    /// CPU's arithmetic with the q8 matmuls, else the float kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn norm(
+        &self,
+        io: &StepIo,
+        x: &DeviceBuf<f32>,
+        delta: Option<&DeviceBuf<f32>>,
+        w: &DeviceBuf<f32>,
+        h: &DeviceBuf<f32>,
+        idx: &DeviceBuf<u32>,
+    ) {
+        let (cl, eps) = (&self.client, self.config.rms_eps);
+        if io.acts.is_some() {
+            launch::add_rms_norm_exact(cl, x, delta, w, h, idx, eps);
+        } else {
+            launch::add_rms_norm(cl, x, delta, w, h, idx, eps);
+        }
+    }
+
     /// The step's kernels, in order, over `io` (a step's own buffers or a
     /// bucket's: the same launches either way).
     fn launch_step(&self, io: &StepIo) {
@@ -383,27 +403,19 @@ impl GpuDecoder {
         for (li, l) in self.layers.iter().enumerate() {
             // x += previous layer's FFN output, fused with this norm.
             let prev = (li > 0).then_some(&io.d);
-            launch::add_rms_norm(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, c.rms_eps);
+            self.norm(io, &io.x, prev, &l.attn_norm, &io.h, &io.all);
             self.matmul(io, &l.wqkv, &io.h, total, &io.qkv);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
             launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta);
             launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0);
             self.matmul(io, &l.wo, &io.attn, total, &io.o);
-            launch::add_rms_norm(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, c.rms_eps);
+            self.norm(io, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all);
             self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu);
             launch::swiglu(cl, &io.gu, &io.act, c.intermediate);
             self.matmul(io, &l.w_down, &io.act, total, &io.d);
         }
         // Only each sequence's last row: its residual, the output norm, logits.
-        launch::add_rms_norm(
-            cl,
-            &io.x,
-            Some(&io.d),
-            &self.output_norm,
-            &io.hl,
-            &io.last,
-            c.rms_eps,
-        );
+        self.norm(io, &io.x, Some(&io.d), &self.output_norm, &io.hl, &io.last);
         self.matmul(io, &self.lm_head, &io.hl, n, &io.logits);
         if self.argmax {
             launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);

@@ -226,6 +226,33 @@ pub fn add_rms_norm(
     );
 }
 
+/// [`add_rms_norm`] in the CPU's arithmetic ([`q8::add_rms_norm_exact`]).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_exact(
+    c: &Client,
+    x: &DeviceBuf<f32>,
+    delta: Option<&DeviceBuf<f32>>,
+    w: &DeviceBuf<f32>,
+    h: &DeviceBuf<f32>,
+    idx: &DeviceBuf<u32>,
+    eps: f32,
+) {
+    let d = delta.unwrap_or(w);
+    q8::add_rms_norm_exact::launch(
+        c,
+        CubeCount::Static(idx.len() as u32, 1, 1),
+        CubeDim::new_1d(ops::ROW_THREADS as u32),
+        x.arg(),
+        d.arg(),
+        w.arg(),
+        h.arg(),
+        idx.arg(),
+        eps,
+        w.len(),
+        delta.is_some(),
+    );
+}
+
 /// `ids[r]` = argmax of row `r` of `logits[rows, vocab]` ([`ops::argmax_rows`]).
 pub fn argmax_rows(c: &Client, logits: &DeviceBuf<f32>, ids: &DeviceBuf<u32>, vocab: usize) {
     ops::argmax_rows::launch(

@@ -168,3 +168,55 @@ pub fn matmul_q8(
         out[j * out_stride + out_off + r] = acc;
     }
 }
+
+/// [`super::ops::add_rms_norm`] in the CPU's arithmetic
+/// (`numerics::rms_norm_rows`): the squares (f32) summed in f64 in row
+/// order, `mean = (Σ / hidden)` rounded to f32, `scale = 1 / √(mean + eps)`,
+/// `h = (x · scale) · w`. One unit sums (a row is `hidden` adds). Launch
+/// with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_exact(
+    x: &mut [f32],
+    delta: &[f32],
+    w: &[f32],
+    h: &mut [f32],
+    idx: &[u32],
+    eps: f32,
+    #[comptime] hidden: usize,
+    #[comptime] add: bool,
+) {
+    let c = CUBE_POS_X as usize;
+    let r = idx[c] as usize;
+    let tid = UNIT_POS_X as usize;
+    let threads = CUBE_DIM_X as usize;
+    let mut sq = Shared::new_slice(hidden);
+    let mut scale = Shared::new_slice(1usize);
+    let mut i = tid;
+    while i < hidden {
+        let mut v = x[r * hidden + i];
+        if comptime!(add) {
+            v += delta[r * hidden + i];
+            x[r * hidden + i] = v;
+        }
+        sq[i] = v * v;
+        i += threads;
+    }
+    sync_cube();
+    if tid == 0 {
+        let mut sum = 0.0f64;
+        for k in 0..hidden {
+            sum += f64::cast_from(sq[k]);
+        }
+        let mean = f32::cast_from(sum / f64::cast_from(hidden as u32));
+        scale[0] = 1.0f32 / f32::sqrt(mean + eps);
+    }
+    sync_cube();
+    let s = scale[0];
+    let mut i = tid;
+    while i < hidden {
+        // Each unit reads back only what it wrote itself above.
+        h[c * hidden + i] = (x[r * hidden + i] * s) * w[i];
+        i += threads;
+    }
+}
