@@ -260,14 +260,14 @@ fn the_exact_rms_norm_equals_the_cpu_bit_for_bit() {
         (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
     let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
     let idx: Vec<u32> = (0..n as u32).collect();
-    launch::add_rms_norm_exact(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5);
+    launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5, true);
     let sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
     let mut want = sum.clone();
     rms_norm_rows(&mut want, &w, 1e-5);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&hh.read(&c).unwrap()), bits(&want), "rows with the residual");
     let hl = DeviceBuf::<f32>::uninit(&c, hid);
-    launch::add_rms_norm_exact(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[3u32]), 1e-5);
+    launch::add_rms_norm(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[3u32]), 1e-5, true);
     assert_eq!(bits(&hl.read(&c).unwrap()), bits(&want[3 * hid..4 * hid]), "row 3");
 }
 
@@ -304,7 +304,7 @@ fn rms_norm_with_residual_and_swiglu_match_the_cpu() {
         (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
     let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
     let idx: Vec<u32> = (0..n as u32).collect();
-    launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5);
+    launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5, false);
     let mut sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
     assert_eq!(hx.read(&c).unwrap(), sum, "x += delta is one f32 add");
     rms_norm_rows(&mut sum, &w, 1e-5);
@@ -315,7 +315,7 @@ fn rms_norm_with_residual_and_swiglu_match_the_cpu() {
     assert!(e <= 1e-5, "rms_norm {e:e}");
     // Only the listed rows, without a residual (the output norm).
     let hl = DeviceBuf::<f32>::uninit(&c, hid);
-    launch::add_rms_norm(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[4u32]), 1e-5);
+    launch::add_rms_norm(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[4u32]), 1e-5, false);
     let e = max_rel(&hl.read(&c).unwrap(), &sum[4 * hid..5 * hid], &scale[4 * hid..5 * hid]);
     assert!(e <= 1e-5, "row 4: {e:e}");
 

@@ -384,11 +384,7 @@ impl GpuDecoder {
         idx: &DeviceBuf<u32>,
     ) {
         let (cl, eps) = (&self.client, self.config.rms_eps);
-        if io.acts.is_some() {
-            launch::add_rms_norm_exact(cl, x, delta, w, h, idx, eps);
-        } else {
-            launch::add_rms_norm(cl, x, delta, w, h, idx, eps);
-        }
+        launch::add_rms_norm(cl, x, delta, w, h, idx, eps, io.acts.is_some());
     }
 
     /// The step's kernels, in order, over `io` (a step's own buffers or a

@@ -197,7 +197,8 @@ pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f
 }
 
 /// [`ops::add_rms_norm`] over the rows `idx` (`delta`: the residual to
-/// add first, if any).
+/// add first, if any); with `exact`, [`q8::add_rms_norm_exact`] (the CPU's
+/// arithmetic).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm(
     c: &Client,
@@ -207,50 +208,31 @@ pub fn add_rms_norm(
     h: &DeviceBuf<f32>,
     idx: &DeviceBuf<u32>,
     eps: f32,
+    exact: bool,
 ) {
     // Without a delta the kernel never reads it; `w` stands in (read-only,
     // so no buffer is bound twice as writable).
     let d = delta.unwrap_or(w);
-    ops::add_rms_norm::launch(
-        c,
-        CubeCount::Static(idx.len() as u32, 1, 1),
-        CubeDim::new_1d(ops::ROW_THREADS as u32),
-        x.arg(),
-        d.arg(),
-        w.arg(),
-        h.arg(),
-        idx.arg(),
-        w.len(),
-        eps,
-        delta.is_some(),
-    );
-}
-
-/// [`add_rms_norm`] in the CPU's arithmetic ([`q8::add_rms_norm_exact`]).
-#[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm_exact(
-    c: &Client,
-    x: &DeviceBuf<f32>,
-    delta: Option<&DeviceBuf<f32>>,
-    w: &DeviceBuf<f32>,
-    h: &DeviceBuf<f32>,
-    idx: &DeviceBuf<u32>,
-    eps: f32,
-) {
-    let d = delta.unwrap_or(w);
-    q8::add_rms_norm_exact::launch(
-        c,
-        CubeCount::Static(idx.len() as u32, 1, 1),
-        CubeDim::new_1d(ops::ROW_THREADS as u32),
-        x.arg(),
-        d.arg(),
-        w.arg(),
-        h.arg(),
-        idx.arg(),
-        eps,
-        w.len(),
-        delta.is_some(),
-    );
+    let count = CubeCount::Static(idx.len() as u32, 1, 1);
+    let dim = CubeDim::new_1d(ops::ROW_THREADS as u32);
+    let (x, d, wa, h, idx) = (x.arg(), d.arg(), w.arg(), h.arg(), idx.arg());
+    if exact {
+        q8::add_rms_norm_exact::launch(
+            c,
+            count,
+            dim,
+            x,
+            d,
+            wa,
+            h,
+            idx,
+            eps,
+            w.len(),
+            delta.is_some(),
+        );
+    } else {
+        ops::add_rms_norm::launch(c, count, dim, x, d, wa, h, idx, w.len(), eps, delta.is_some());
+    }
 }
 
 /// `ids[r]` = argmax of row `r` of `logits[rows, vocab]` ([`ops::argmax_rows`]).

@@ -78,7 +78,16 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("add_rms_norm", &mut || {
-            launch::add_rms_norm(&cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, c.rms_eps);
+            launch::add_rms_norm(
+                &cl,
+                &io.x,
+                Some(&io.o),
+                &l.ffn_norm,
+                &io.h,
+                &io.all,
+                c.rms_eps,
+                false,
+            );
             Ok(())
         })?;
         time("matmul qkv", &mut || {
