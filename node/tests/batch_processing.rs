@@ -139,7 +139,11 @@ fn a_batch_runs_on_the_processing_queue_and_survives_a_worker_kill() {
     assert!(w1.is_none(), "w1 never finished a subtask");
     assert_eq!(done["request_counts"]["completed"], LINES, "{done}");
     assert_eq!(done["request_counts"]["failed"], 0, "{done}");
-    assert_eq!(metric(&gw, &key, "gcs_batch_runs_total{path=\"processing\"} "), Some(1));
+    // The restarted gateway counts its resumption (1), unless the answers
+    // were all in before it resumed: then it only finalizes (0). CI saw
+    // both; what must hold is that no run fell back to the handlers.
+    let resumed = metric(&gw, &key, "gcs_batch_runs_total{path=\"processing\"} ");
+    assert!(matches!(resumed, Some(0 | 1)), "{resumed:?}");
     assert_eq!(metric(&gw, &key, "gcs_batch_runs_total{path=\"gateway\"} "), Some(0));
     let out_id = done["output_file_id"].as_str().unwrap();
     let (status, text) = gw.request("GET", &format!("/v1/files/{out_id}/content"), &key, "");
