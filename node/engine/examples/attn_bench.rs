@@ -9,6 +9,8 @@ use gcs_engine::attn::{attend, AttnShape, KvPool, LayerKv, PagedSeqRef, Rope};
 
 fn main() {
     let ctx: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2000);
+    // `attn_bench CTX decode`: only the paged decode, 4096 steps (for perf: 4096 steps).
+    let decode_only = std::env::args().nth(2).as_deref() == Some("decode");
     // SmolLM2-135M and Gemma 3 270M attention shapes.
     for (name, sh) in [
         ("smollm2", AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 }),
@@ -35,6 +37,17 @@ fn main() {
             pool.attend(0, &rope, &mut rows, &seqs, &mut out);
         }
         let paged_prefill = t.elapsed().as_secs_f64();
+        if decode_only {
+            let t = Instant::now();
+            for s in 0..4096 {
+                let mut r = row(ctx + s % 64);
+                let seqs = [PagedSeqRef { past: ctx + s % 64, t: 1, table: &table, decode_from: 0 }];
+                let mut o = vec![0f32; qd];
+                pool.attend(0, &rope, &mut r, &seqs, &mut o);
+            }
+            println!("{name}: decode at {ctx} per layer paged {:.1} us", t.elapsed().as_secs_f64() * 1e6 / 4096.0);
+            continue;
+        }
         let t = Instant::now();
         let mut out = vec![0f32; ctx * qd];
         attend(sh, &rope, &mut all, 0, &mut kv, &mut out);

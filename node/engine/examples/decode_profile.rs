@@ -2,17 +2,19 @@
 //! step (quant::profile), the step itself and sampling, for the table in
 //! node/engine/README.md.
 //!
-//! usage: cargo run --release -p gcs-engine --example decode_profile -- [GGUF] [STEPS] [PAST]
+//! usage: cargo run --release -p gcs-engine --example decode_profile -- [GGUF] [STEPS] [PAST] [paged]
 //!
 //! Decodes STEPS tokens (default 128) after a PAST-token prompt (default
 //! 64) through `Llama::forward` with the contiguous cache (the
-//! `Engine::generate` path), alternating timed and untimed steps so the
-//! probes' own cost shows as the difference of the two step times.
+//! `Engine::generate` path), or with `paged` through `Llama::forward_paged`
+//! on a K/V pool (the batch engine's path), alternating timed and untimed
+//! steps so the probes' own cost shows as the difference of the two step
+//! times.
 
 use std::time::Instant;
 
 use gcs_engine::gguf::GgufFile;
-use gcs_engine::llama::{KvCache, Llama, SeqInput};
+use gcs_engine::llama::{KvCache, Llama, PagedSeq, SeqInput};
 use gcs_engine::quant::profile;
 use gcs_engine::sampling::{Sampler, SamplingOptions};
 
@@ -26,12 +28,30 @@ fn main() {
     });
     let steps: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(128);
     let past: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(64);
+    let paged = args.next().as_deref() == Some("paged");
     let g = GgufFile::open(&path).expect("open GGUF");
     let m = Llama::from_gguf(&g, &gcs_engine::cpu_device()).expect("load model");
-    println!("{path}: {} threads, {past}-token prompt, {steps} steps", rayon::current_num_threads());
+    let kind = if paged { "paged" } else { "contiguous" };
+    println!("{path}: {} threads, {past}-token prompt, {steps} steps, {kind} K/V", rayon::current_num_threads());
     let mut cache = KvCache::new();
+    let table: Vec<u32> = (0..(past + steps + 1).div_ceil(16) as u32).collect();
+    let mut pool = m.new_kv_pool(if paged { table.len() } else { 0 });
     let prompt: Vec<u32> = (0..past as u32).map(|i| 1000 + 7 * i).collect();
-    let _ = m.forward(&mut [SeqInput { tokens: &prompt, cache: &mut cache }]).expect("prefill");
+    let mut pos = 0;
+    // One step: the contiguous cache, or the pool's next position.
+    let mut step = |toks: &[u32]| -> Vec<f32> {
+        if paged {
+            let seq = PagedSeq { tokens: toks, past: pos, table: &table, decode_from: past };
+            pos += toks.len();
+            m.forward_paged(&mut pool, &[seq]).expect("paged step")
+        } else {
+            let logits = m.forward(&mut [SeqInput { tokens: toks, cache: &mut cache }]).expect("step");
+            logits.into_data().try_into_vec::<f32>().expect("f32 logits")
+        }
+    };
+    for chunk in prompt.chunks(512) {
+        let _ = step(chunk);
+    }
     let _ = profile::take();
     let mut sampler = Sampler::new(SamplingOptions {
         temperature: 0.8,
@@ -46,8 +66,7 @@ fn main() {
         let timed = i % 2 == 0;
         profile::enable(timed);
         let t = Instant::now();
-        let logits = m.forward(&mut [SeqInput { tokens: &[tok], cache: &mut cache }]).expect("step");
-        let logits = logits.into_data().try_into_vec::<f32>().expect("f32 logits");
+        let logits = step(&[tok]);
         let dt = t.elapsed().as_nanos();
         profile::enable(false);
         if timed {

@@ -552,6 +552,99 @@ mod tests {
         assert_eq!(bits(&all_prefill[..prompt * qd]), bits(&want[..prompt * qd]));
         assert_ne!(bits(&all_prefill[prompt * qd..]), bits(&want[prompt * qd..]));
     }
+    /// Long decode rows equal the contiguous cache's one-row decode steps
+    /// bit for bit: one sequence alone (its passes split over the threads
+    /// when it has few KV heads) and two together, with and without a
+    /// sliding window, over scattered blocks.
+    #[test]
+    fn long_paged_decode_equals_contiguous() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (sh, window) in [
+            (AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 }, None),
+            (AttnShape { n_heads: 4, n_kv_heads: 1, head_dim: 256 }, Some(300)),
+        ] {
+            let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
+            let (width, qd) = ((nh + 2 * nkv) * hd, nh * hd);
+            let rope =
+                Rope::new(hd, 10000.0, 1024).with_layout(false, window, 1.0 / (hd as f32).sqrt());
+            // Two sequences: prompts of 500 and 333 tokens, 12 decode steps each.
+            let (prompts, steps) = ([500usize, 333], 12);
+            let data: Vec<Vec<f32>> = (0..2)
+                .map(|q| {
+                    let len = (prompts[q] + steps) * width;
+                    (0..len)
+                        .map(|i| (((i * (7919 + 2 * q)) % 2003) as f32 / 1000.0) - 1.0)
+                        .collect()
+                })
+                .collect();
+            let row = |q: usize, i: usize| data[q][i * width..(i + 1) * width].to_vec();
+            // Contiguous: the prompt at once, then one row at a time.
+            let mut want = vec![Vec::new(); 2];
+            for q in 0..2 {
+                let mut kv = LayerKv::default();
+                let mut rows = data[q][..prompts[q] * width].to_vec();
+                let mut out = vec![0f32; prompts[q] * qd];
+                attend(sh, &rope, &mut rows, 0, &mut kv, &mut out);
+                for i in prompts[q]..prompts[q] + steps {
+                    let mut o = vec![0f32; qd];
+                    attend(sh, &rope, &mut row(q, i), i, &mut kv, &mut o);
+                    want[q].push(o);
+                }
+            }
+            // Paged: scattered blocks; prefill in chunks, then decode steps
+            // with both sequences, or each alone, in turn.
+            let nb = |q: usize| (prompts[q] + steps).div_ceil(16);
+            let mut pool = KvPool::new(1, sh, nb(0) + nb(1));
+            let perm: Vec<u32> =
+                (0..(nb(0) + nb(1)) as u32).map(|b| (b * 17) % (nb(0) + nb(1)) as u32).collect();
+            let tables = [&perm[..nb(0)], &perm[nb(0)..]];
+            for q in 0..2 {
+                for c0 in (0..prompts[q]).step_by(256) {
+                    let c1 = (c0 + 256).min(prompts[q]);
+                    let mut rows = data[q][c0 * width..c1 * width].to_vec();
+                    let seqs = [PagedSeqRef {
+                        past: c0,
+                        t: c1 - c0,
+                        table: tables[q],
+                        decode_from: prompts[q],
+                    }];
+                    let mut out = vec![0f32; (c1 - c0) * qd];
+                    pool.attend(0, &rope, &mut rows, &seqs, &mut out);
+                }
+            }
+            let mut pos = prompts;
+            for step in 0..steps {
+                let groups: Vec<Vec<usize>> =
+                    if step % 2 == 0 { vec![vec![0, 1]] } else { vec![vec![0], vec![1]] };
+                for g in groups {
+                    let mut rows: Vec<f32> = g.iter().flat_map(|&q| row(q, pos[q])).collect();
+                    let seqs: Vec<PagedSeqRef<'_>> = g
+                        .iter()
+                        .map(|&q| PagedSeqRef {
+                            past: pos[q],
+                            t: 1,
+                            table: tables[q],
+                            decode_from: prompts[q],
+                        })
+                        .collect();
+                    let mut out = vec![0f32; g.len() * qd];
+                    pool.attend(0, &rope, &mut rows, &seqs, &mut out);
+                    for (k, &q) in g.iter().enumerate() {
+                        let got = &out[k * qd..(k + 1) * qd];
+                        let w = &want[q][pos[q] - prompts[q]];
+                        assert_eq!(
+                            bits(got),
+                            bits(w),
+                            "heads {nh}/{nkv}, sequence {q}, position {}",
+                            pos[q]
+                        );
+                        pos[q] += 1;
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn sliding_window_masks_keys_before_it() {
         let sh = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 8 };

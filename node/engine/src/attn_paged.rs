@@ -13,10 +13,12 @@
 //!
 //! Work is split into tasks of (sequence, KV head, up to 16 rows): a task
 //! converts each f16 block it needs to f32 once and all its rows and query
-//! heads share it (a prefill of n rows used to convert Σ(1..n) blocks). A
-//! lone decode row streams its blocks through a small scratch buffer; when
-//! the batch is too small to keep every thread busy, its query heads become
-//! separate tasks.
+//! heads share it (a prefill of n rows used to convert Σ(1..n) blocks).
+//! Decode rows (one new position) take their own kernel, [`decode`]: K and
+//! V read once per KV head for all its query heads, P·V accumulated in
+//! registers, and a lone long row's keys and dimensions split over the
+//! threads. Other single rows, when the batch is too small to keep every
+//! thread busy, become one task per query head.
 
 use std::cell::RefCell;
 
@@ -24,6 +26,11 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::numerics::{dot16, ggml_expf, reduce16, vec_dot_f16_order};
+
+mod decode;
+mod isa;
+
+use isa::{Isa, Scalar};
 
 /// Positions per block = SIMD lanes.
 const L: usize = crate::paged::BLOCK_SIZE;
@@ -76,200 +83,22 @@ struct Task {
     h1: usize,
 }
 
-/// 16 f32 lanes (one block's positions) in the ISA's registers. Every
-/// operation is lane-wise and rounds exactly as the scalar one does (`fma`
-/// is fused), so each ISA gives the scalar kernel's bits.
-trait Isa {
-    type V: Copy;
-    fn ld(x: &[f32; L]) -> Self::V;
-    fn st(v: Self::V, x: &mut [f32; L]);
-    fn splat(x: f32) -> Self::V;
-    fn add(a: Self::V, b: Self::V) -> Self::V;
-    fn mul(a: Self::V, b: Self::V) -> Self::V;
-    /// `a * b + c`, one rounding.
-    fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// 16 halves, widened.
-    fn ld_f16(src: &[f16]) -> Self::V;
-    /// Rounded to f16 precision (nearest even) and back.
-    fn round_f16(v: Self::V) -> Self::V;
-    #[inline(always)]
-    fn zero() -> Self::V {
-        Self::splat(0.0)
-    }
-    /// Lanes `>= n` set to `+0.0` (rare: a row's last block).
-    #[inline(always)]
-    fn keep(v: Self::V, n: usize) -> Self::V {
-        let mut x = [0f32; L];
-        Self::st(v, &mut x);
-        x[n..].iter_mut().for_each(|l| *l = 0.0);
-        Self::ld(&x)
-    }
-}
-
-struct Scalar;
-impl Isa for Scalar {
-    type V = [f32; L];
-    #[inline(always)]
-    fn ld(x: &[f32; L]) -> [f32; L] {
-        *x
-    }
-    #[inline(always)]
-    fn st(v: [f32; L], x: &mut [f32; L]) {
-        *x = v;
-    }
-    #[inline(always)]
-    fn splat(x: f32) -> [f32; L] {
-        [x; L]
-    }
-    #[inline(always)]
-    fn add(a: [f32; L], b: [f32; L]) -> [f32; L] {
-        std::array::from_fn(|l| a[l] + b[l])
-    }
-    #[inline(always)]
-    fn mul(a: [f32; L], b: [f32; L]) -> [f32; L] {
-        std::array::from_fn(|l| a[l] * b[l])
-    }
-    #[inline(always)]
-    fn fma(a: [f32; L], b: [f32; L], c: [f32; L]) -> [f32; L] {
-        std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
-    }
-    #[inline(always)]
-    fn ld_f16(src: &[f16]) -> [f32; L] {
-        std::array::from_fn(|l| src[l].to_f32())
-    }
-    #[inline(always)]
-    fn round_f16(v: [f32; L]) -> [f32; L] {
-        std::array::from_fn(|l| f16::from_f32(v[l]).to_f32())
-    }
-}
-
-// The x86 methods call intrinsics from `#[inline(always)]` methods: they
-// are only ever inlined into `task_avx2` / `task_avx512`, whose target
-// features let LLVM inline the intrinsics in turn (checked by the
-// instruction mix of `task_avx512`, see the module's bench note).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Isa, L};
-    use half::f16;
-    use std::arch::x86_64::*;
-
-    pub(super) struct Avx2;
-    pub(super) struct Avx512;
-
-    // Rounding to nearest even, as `f16::from_f32` (F16C's immediate has
-    // 3 bits, AVX-512's 4: it also takes "no exceptions").
-    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
-    const RNE_SAE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-
-    // SAFETY (every method): only instantiated behind the feature checks of
-    // `super::kind` (avx2+fma+f16c; avx512f for `Avx512`); loads and stores
-    // are unaligned and bounds-checked by the slice indexing first.
-    impl Isa for Avx2 {
-        type V = [__m256; 2];
-        #[inline(always)]
-        fn ld(x: &[f32; L]) -> Self::V {
-            unsafe { [_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(x.as_ptr().add(8))] }
-        }
-        #[inline(always)]
-        fn st(v: Self::V, x: &mut [f32; L]) {
-            unsafe {
-                _mm256_storeu_ps(x.as_mut_ptr(), v[0]);
-                _mm256_storeu_ps(x.as_mut_ptr().add(8), v[1]);
-            }
-        }
-        #[inline(always)]
-        fn splat(x: f32) -> Self::V {
-            unsafe { [_mm256_set1_ps(x); 2] }
-        }
-        #[inline(always)]
-        fn add(a: Self::V, b: Self::V) -> Self::V {
-            unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
-        }
-        #[inline(always)]
-        fn mul(a: Self::V, b: Self::V) -> Self::V {
-            unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
-        }
-        #[inline(always)]
-        fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-            unsafe { [_mm256_fmadd_ps(a[0], b[0], c[0]), _mm256_fmadd_ps(a[1], b[1], c[1])] }
-        }
-        #[inline(always)]
-        fn ld_f16(src: &[f16]) -> Self::V {
-            let p = src[..L].as_ptr() as *const __m128i;
-            unsafe {
-                [_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(1)))]
-            }
-        }
-        #[inline(always)]
-        fn round_f16(v: Self::V) -> Self::V {
-            unsafe {
-                [
-                    _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(v[0])),
-                    _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(v[1])),
-                ]
-            }
-        }
-    }
-
-    impl Isa for Avx512 {
-        type V = __m512;
-        #[inline(always)]
-        fn ld(x: &[f32; L]) -> __m512 {
-            unsafe { _mm512_loadu_ps(x.as_ptr()) }
-        }
-        #[inline(always)]
-        fn st(v: __m512, x: &mut [f32; L]) {
-            unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) }
-        }
-        #[inline(always)]
-        fn splat(x: f32) -> __m512 {
-            unsafe { _mm512_set1_ps(x) }
-        }
-        #[inline(always)]
-        fn add(a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_add_ps(a, b) }
-        }
-        #[inline(always)]
-        fn mul(a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
-            unsafe { _mm512_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        fn ld_f16(src: &[f16]) -> __m512 {
-            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(src[..L].as_ptr() as *const __m256i)) }
-        }
-        #[inline(always)]
-        fn round_f16(v: __m512) -> __m512 {
-            unsafe { _mm512_cvtph_ps(_mm512_cvtps_ph::<RNE_SAE>(v)) }
-        }
-        #[inline(always)]
-        fn keep(v: __m512, n: usize) -> __m512 {
-            let m: __mmask16 = if n >= L { !0 } else { (1u16 << n) - 1 };
-            unsafe { _mm512_maskz_mov_ps(m, v) }
-        }
-    }
+    use super::isa::x86::{Avx2, Avx512};
 
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn task_avx512(
+    pub(super) unsafe fn job_avx512(
         b: &super::Batch<'_>,
-        t: &super::Task,
-        out: &mut [f32],
-        scratch: &mut Vec<f32>,
+        j: super::Job<'_>,
+        s: &mut super::Scratch,
     ) {
-        super::task::<Avx512>(b, t, out, scratch)
+        super::job::<Avx512>(b, j, s)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn task_avx2(
-        b: &super::Batch<'_>,
-        t: &super::Task,
-        out: &mut [f32],
-        scratch: &mut Vec<f32>,
-    ) {
-        super::task::<Avx2>(b, t, out, scratch)
+    pub(super) unsafe fn job_avx2(b: &super::Batch<'_>, j: super::Job<'_>, s: &mut super::Scratch) {
+        super::job::<Avx2>(b, j, s)
     }
 }
 
@@ -299,21 +128,64 @@ fn kind() -> Kind {
     Kind::Scalar
 }
 
-fn run_task(k: Kind, b: &Batch<'_>, t: &Task, out: &mut [f32]) {
+/// One unit of work on one thread.
+enum Job<'a> {
+    /// Rows of a sequence (see [`task`]); `out`: `[rows, heads, head_dim]`.
+    Task(&'a Task, &'a mut [f32]),
+    /// A decode row's scores over some of its blocks ([`decode::scores`]).
+    Scores {
+        r: &'a decode::Row,
+        blocks: std::ops::Range<usize>,
+        probs: &'a mut [f32],
+        max: &'a mut [f32; decode::MAX_HEADS],
+    },
+    /// A decode row's softmax and P·V of some dims ([`decode::pv`]).
+    Pv {
+        r: &'a decode::Row,
+        max: &'a [f32; decode::MAX_HEADS],
+        probs: &'a [f32],
+        dims: std::ops::Range<usize>,
+        out: &'a mut [f32],
+    },
+}
+
+/// Per-thread scratch, reused across layers and steps.
+#[derive(Default)]
+struct Scratch {
+    /// Probabilities, accumulators, converted blocks.
+    main: Vec<f32>,
+    /// A decode row's.
+    row: decode::RowScratch,
+}
+
+fn run_job(k: Kind, b: &Batch<'_>, j: Job<'_>) {
     // The scratch is borrowed out here: code inside `with`'s closure would
     // be compiled without the target features (`mul_add` as a libm call).
     SCRATCH.with(|s| {
         let s = &mut s.borrow_mut();
         match k {
-            Kind::Scalar => task::<Scalar>(b, t, out, s),
+            Kind::Scalar => job::<Scalar>(b, j, s),
             // SAFETY: the features were detected by `kind`.
             #[cfg(target_arch = "x86_64")]
-            Kind::Avx2 => unsafe { x86::task_avx2(b, t, out, s) },
+            Kind::Avx2 => unsafe { x86::job_avx2(b, j, s) },
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            Kind::Avx512 => unsafe { x86::task_avx512(b, t, out, s) },
+            Kind::Avx512 => unsafe { x86::job_avx512(b, j, s) },
         }
     })
+}
+
+#[inline(always)]
+fn job<I: Isa>(b: &Batch<'_>, j: Job<'_>, s: &mut Scratch) {
+    match j {
+        Job::Task(t, out) => task::<I>(b, t, out, s),
+        Job::Scores { r, blocks, probs, max } => {
+            decode::scores::<I>(b, r, blocks, probs, max, &mut s.row)
+        }
+        Job::Pv { r, max, probs, dims, out } => {
+            decode::pv::<I>(b, r, max, probs, dims, out, &mut s.row)
+        }
+    }
 }
 
 /// Attention of every batch row into `out` (`[rows, n_heads * head_dim]`).
@@ -326,8 +198,12 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
     let g = nh / nkv;
     let rows: usize = b.seqs.iter().map(|s| s.t).sum();
     let threads = rayon::current_num_threads().max(1);
+    if decode::wants_split(b, threads) {
+        return decode::split(k, b, out, threads);
+    }
     // Too few (row, KV head) pairs to keep the threads busy: one task per
-    // query head (each converts its blocks itself).
+    // query head (each converts its blocks itself). Decode rows are not
+    // split: they read each K/V block once for all the group's heads.
     let split_heads = rows * nkv < 4 * threads && g > 1;
     let mut tasks = Vec::new();
     let mut row0 = 0;
@@ -335,7 +211,7 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
         for i0 in (0..s.t).step_by(TILE) {
             let i1 = (i0 + TILE).min(s.t);
             for kvh in 0..nkv {
-                if split_heads && i1 - i0 == 1 {
+                if split_heads && i1 - i0 == 1 && !decode::eligible(b, s, i0, g) {
                     tasks.extend((0..g).map(|h| Task { si, row0, i0, i1, kvh, h0: h, h1: h + 1 }));
                 } else {
                     tasks.push(Task { si, row0, i0, i1, kvh, h0: 0, h1: g });
@@ -351,7 +227,7 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
             .par_iter()
             .map(|t| {
                 let mut o = vec![0f32; size(t)];
-                run_task(k, b, t, &mut o);
+                run_job(k, b, Job::Task(t, &mut o));
                 o
             })
             .collect()
@@ -360,7 +236,7 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
             .iter()
             .map(|t| {
                 let mut o = vec![0f32; size(t)];
-                run_task(k, b, t, &mut o);
+                run_job(k, b, Job::Task(t, &mut o));
                 o
             })
             .collect()
@@ -379,17 +255,29 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
 thread_local! {
     /// Per-thread scratch (probabilities, accumulators, converted blocks),
     /// reused across layers and steps.
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// One task: rows `i0..i1` of a sequence, query heads `h0..h1` of KV head
 /// `kvh`. `out`: `[rows, heads, head_dim]`.
 #[inline(always)]
-fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scratch: &mut Vec<f32>) {
+fn task<I: Isa>(b: &Batch<'_>, t: &Task, out: &mut [f32], scr: &mut Scratch) {
     let (nh, nkv, hd) = (b.sh.n_heads, b.sh.n_kv_heads, b.sh.head_dim);
     let g = nh / nkv;
     let width = (nh + 2 * nkv) * hd;
     let s = &b.seqs[t.si];
+    if t.i1 - t.i0 == 1 && decode::eligible(b, s, t.i0, t.h1 - t.h0) {
+        let r = decode::Row {
+            si: t.si,
+            row: t.row0 + t.i0,
+            kvh: t.kvh,
+            h0: t.h0,
+            nheads: t.h1 - t.h0,
+            keys: decode::Keys::of(b, s, t.i0),
+        };
+        return decode::row::<I>(b, &r, out, scr);
+    }
+    let scratch = &mut scr.main;
     let nrows = t.i1 - t.i0;
     let nheads = t.h1 - t.h0;
     // Keys of row i: positions lo(i)..n(i), n(i) = past + i + 1.
@@ -540,30 +428,20 @@ fn convert<I: Isa>(src: &[f16], dst: &mut [f32]) {
 /// key `p`, and the scalar tree reduction runs across the 16 vectors.
 #[inline(always)]
 fn block_scores<I: Isa>(single: bool, q: &[f32], kt: &[f32], hd: usize, out: &mut [f32; L]) {
-    let mut a = [I::zero(); L];
-    // Fixed-size chunks of q and of K's rows (dimension e: `kr[e]`), so
-    // the unrolled inner loops index without bounds checks.
+    // Fixed-size chunks of K's rows (dimension e: `kr[e]`), so the
+    // unrolled inner loops index without bounds checks.
     let kr: &[[f32; L]] = kt[..hd * L].as_chunks().0;
     if single && hd.is_multiple_of(64) {
-        // Four accumulators, chunk c of 16 dims to accumulator c % 4.
-        let (qm, km) = (q[..hd].as_chunks::<64>().0, kr.as_chunks::<64>().0);
-        for (i, ai) in a.iter_mut().enumerate() {
-            let mut s = [I::zero(); 4];
-            for (qm, km) in qm.iter().zip(km) {
-                for (j, sj) in s.iter_mut().enumerate() {
-                    let e = 16 * j + i;
-                    *sj = I::fma(I::splat(qm[e]), I::ld(&km[e]), *sj);
-                }
-            }
-            *ai = I::add(I::add(s[0], s[2]), I::add(s[1], s[3]));
-        }
+        I::st(scores_single::<I>(q, hd, |e| I::ld(&kr[e])), out);
     } else if !single && hd.is_multiple_of(16) {
+        let mut a = [I::zero(); L];
         let (qc, kc) = (q[..hd].as_chunks::<16>().0, kr.as_chunks::<16>().0);
         for (i, ai) in a.iter_mut().enumerate() {
             for (qc, kc) in qc.iter().zip(kc) {
                 *ai = I::fma(I::splat(qc[i]), I::ld(&kc[i]), *ai);
             }
         }
+        I::st(tree16::<I>(&a), out);
     } else {
         // Other head sizes: the reference dot per key.
         let mut k = vec![0f32; hd];
@@ -579,12 +457,35 @@ fn block_scores<I: Isa>(single: bool, q: &[f32], kt: &[f32], hd: usize, out: &mu
                 q.iter().zip(&k).map(|(x, y)| x * y).sum()
             };
         }
-        return;
     }
-    // reduce16's tree, for 16 keys at once.
+}
+
+/// A block's 16 scores in [`vec_dot_f16_order`] (`hd` a multiple of 64;
+/// `k(e)`: dimension `e` of the 16 keys): four accumulators, chunk `c` of
+/// 16 dims to accumulator `c % 4`.
+#[inline(always)]
+fn scores_single<I: Isa>(q: &[f32], hd: usize, k: impl Fn(usize) -> I::V) -> I::V {
+    let mut a = [I::zero(); L];
+    let qm = q[..hd].as_chunks::<64>().0;
+    for (i, ai) in a.iter_mut().enumerate() {
+        let mut s = [I::zero(); 4];
+        for (m, qm) in qm.iter().enumerate() {
+            for (j, sj) in s.iter_mut().enumerate() {
+                let e = 16 * j + i;
+                *sj = I::fma(I::splat(qm[e]), k(64 * m + e), *sj);
+            }
+        }
+        *ai = I::add(I::add(s[0], s[2]), I::add(s[1], s[3]));
+    }
+    tree16::<I>(&a)
+}
+
+/// [`reduce16`]'s tree, for 16 lanes at once.
+#[inline(always)]
+fn tree16<I: Isa>(a: &[I::V; L]) -> I::V {
     let t8: [I::V; 8] = std::array::from_fn(|i| I::add(a[8 + i], a[i]));
     let t4: [I::V; 4] = std::array::from_fn(|i| I::add(t8[4 + i], t8[i]));
-    I::st(I::add(I::add(t4[0], t4[2]), I::add(t4[1], t4[3])), out);
+    I::add(I::add(t4[0], t4[2]), I::add(t4[1], t4[3]))
 }
 
 /// `a[d][l] += v[d][l] * p[l]` for one block, lanes `>= valid` of `v` as 0.
@@ -606,7 +507,7 @@ fn softmax<I: Isa>(p: &mut [f32], max: f32) {
     let mut sum = 0f64;
     for ch in p.chunks_exact_mut(L) {
         let ch = lanes_mut(ch);
-        exp16(ch, max);
+        exp16::<I>(ch, max);
         sum += reduce16(ch) as f64;
     }
     let inv = I::splat((1.0 / sum) as f32);
@@ -615,32 +516,38 @@ fn softmax<I: Isa>(p: &mut [f32], max: f32) {
     }
 }
 
-/// `x[l] = ggml_expf(x[l] - max)`, lanes vectorised on the common range
-/// (the scalar routine's `scalef` fast branch), the rest by the routine.
+/// `x[l] = ggml_expf(x[l] - max)`, vectorised on the common range (the
+/// scalar routine's `scalef` fast branch, the same operations lane by
+/// lane), the lanes outside it (masked `-inf`, underflow) by the routine.
 #[inline(always)]
-fn exp16(x: &mut [f32; L], max: f32) {
-    let c = f32::from_bits;
+fn exp16<I: Isa>(x: &mut [f32; L], max: f32) {
+    let c = |bits: u32| I::splat(f32::from_bits(bits));
     let r = c(0x4b40_0000);
-    let mut nn = [0f32; L];
+    let xv = I::sub(I::ld(x), I::splat(max));
+    let z = I::fma(xv, c(0x3fb8_aa3b), r);
+    let n = I::sub(z, r);
+    // -n exactly (a multiplication by -1 keeps the sign of zero).
+    let mn = I::mul(n, I::splat(-1.0));
+    let b = I::fma(mn, c(0x35bf_be8e), I::fma(mn, c(0x3f31_7200), xv));
+    let u = I::mul(b, b);
+    let j = I::fma(
+        I::fma(
+            I::fma(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            I::fma(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        I::fma(c(0x3f7f_fff6), b, I::splat(1.0)),
+    );
     let mut y = [0f32; L];
-    for l in 0..L {
-        let xv = x[l] - max;
-        let z = xv.mul_add(c(0x3fb8_aa3b), r);
-        let n = z - r;
-        let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), xv));
-        let u = b * b;
-        let j = c(0x3c07_2010)
-            .mul_add(b, c(0x3d2b_9f17))
-            .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
-            .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
-        let ni = n.clamp(-126.0, 127.0) as i32;
-        y[l] = j * f32::from_bits(((ni + 127) as u32) << 23);
-        nn[l] = n;
-    }
-    for l in 0..L {
-        let n = nn[l];
-        if !(-126.0..=127.0).contains(&n) {
-            y[l] = ggml_expf(x[l] - max);
+    I::st(I::mul(j, I::pow2(n)), &mut y);
+    if I::outside(n, -126.0, 127.0) {
+        let mut nn = [0f32; L];
+        I::st(n, &mut nn);
+        for l in 0..L {
+            if !(-126.0..=127.0).contains(&nn[l]) {
+                y[l] = ggml_expf(x[l] - max);
+            }
         }
     }
     *x = y;
@@ -652,13 +559,38 @@ mod tests {
 
     #[test]
     fn exp16_equals_scalar_expf() {
-        let xs: Vec<f32> = (-4000..200).map(|i| i as f32 * 0.05).chain([f32::NEG_INFINITY]).collect();
+        let xs: Vec<f32> =
+            (-4000..200).map(|i| i as f32 * 0.05).chain([f32::NEG_INFINITY]).collect();
         for ch in xs.chunks(16) {
             let mut x = [0f32; L];
             x[..ch.len()].copy_from_slice(ch);
             let want: Vec<u32> = x.iter().map(|&v| ggml_expf(v - 0.5).to_bits()).collect();
-            exp16(&mut x, 0.5);
-            assert_eq!(x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+            let bits = |x: &[f32; L]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+                unsafe fn avx512(x: &mut [f32; L]) {
+                    exp16::<isa::x86::Avx512>(x, 0.5)
+                }
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn avx2(x: &mut [f32; L]) {
+                    exp16::<isa::x86::Avx2>(x, 0.5)
+                }
+                let mut y = x;
+                if kind() == Kind::Avx512 {
+                    // SAFETY: detected.
+                    unsafe { avx512(&mut y) };
+                    assert_eq!(bits(&y), want, "avx512");
+                }
+                let mut y = x;
+                if kind() != Kind::Scalar {
+                    // SAFETY: detected.
+                    unsafe { avx2(&mut y) };
+                    assert_eq!(bits(&y), want, "avx2");
+                }
+            }
+            exp16::<Scalar>(&mut x, 0.5);
+            assert_eq!(bits(&x), want);
         }
     }
 
