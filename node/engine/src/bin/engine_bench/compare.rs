@@ -210,7 +210,12 @@ fn model_report(
         (format!("decode 1 stream tok/s (tg{tokens})"), o(|x| x.decode_1), tg, true),
         ("decode 8 streams tok/s, vs 1 stream".into(), o(|x| x.decode_8), tg, true),
         ("decode 16 streams tok/s, vs 1 stream".into(), o(|x| x.decode_16), tg, true),
-        (format!("decode 1 stream at {ctx} context tok/s"), o(|x| x.decode_ctx), t(|x| x.tg_ctx), true),
+        (
+            format!("decode 1 stream at {ctx} context tok/s"),
+            o(|x| x.decode_ctx),
+            t(|x| x.tg_ctx),
+            true,
+        ),
         // Ours at long context over ours at short context, and theirs.
         (
             format!("decode at {ctx} / short context"),
@@ -264,6 +269,10 @@ fn print_table(m: &ModelReport, a: &Args) {
         format!("{lo:.1}–{hi:.1}")
     };
     for (i, (k, [o, t, r])) in m.medians.iter().enumerate() {
+        // `--ctx 0`: the long-context rows were not measured.
+        if a.ctx == 0 && k.contains(" context") {
+            continue;
+        }
         if theirs {
             println!("  {k:<40} {o:>12.1} {t:>12.1} {r:>7.2}x   (ours {})", spread(i));
         } else {
@@ -288,8 +297,8 @@ fn ours_metric(r: &ours::Round, i: usize) -> f64 {
         r.peak_rss_mib,
     ]
     .get(i)
-        .copied()
-        .unwrap_or(f64::NAN)
+    .copied()
+    .unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]
