@@ -175,7 +175,11 @@ fn request(temperature: f64) -> Value {
     serde_json::json!({
         "model": "smollm2-135m-instruct",
         "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}],
-        "max_tokens": 120,
+        // Long enough that the holder is still decoding through the whole
+        // 500 ms sampling window after KILL_AFTER tokens: at ~200 tok/s, 120
+        // tokens ended inside it and the holder looked no busier than the
+        // idle worker ([35, 14] CPU ticks, seen once in CI).
+        "max_tokens": 400,
         "temperature": temperature,
         "seed": 1234,
         "stream": true,
@@ -216,7 +220,7 @@ fn killed_mid_stream_equals_reference(gw: &Node, key: &str, body: &Value, worker
         // The holder is the worker that is computing: workers serve no
         // HTTP (no /metrics), and an idle worker only heartbeats.
         let before: Vec<u64> = workers.iter().map(cpu_ticks).collect();
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(500));
         let busy: Vec<u64> =
             workers.iter().zip(&before).map(|(w, b)| cpu_ticks(w).saturating_sub(*b)).collect();
         let i = (0..workers.len()).max_by_key(|&i| busy[i]).unwrap();
