@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use gcs_engine::gguf::GgufFile;
 use gcs_engine::llama::{KvCache, Llama, PagedSeq, SeqInput};
+use gcs_engine::par::SpinPool;
 use gcs_engine::quant::profile;
 use gcs_engine::sampling::{Sampler, SamplingOptions};
 
@@ -32,27 +33,44 @@ fn main() {
     let g = GgufFile::open(&path).expect("open GGUF");
     let m = Llama::from_gguf(&g, &gcs_engine::cpu_device()).expect("load model");
     let kind = if paged { "paged" } else { "contiguous" };
-    println!("{path}: {} threads, {past}-token prompt, {steps} steps, {kind} K/V", rayon::current_num_threads());
+    println!(
+        "{path}: {} threads, {past}-token prompt, {steps} steps, {kind} K/V",
+        rayon::current_num_threads()
+    );
     let mut cache = KvCache::new();
     let table: Vec<u32> = (0..(past + steps + 1).div_ceil(16) as u32).collect();
     let mut pool = m.new_kv_pool(if paged { table.len() } else { 0 });
     let prompt: Vec<u32> = (0..past as u32).map(|i| 1000 + 7 * i).collect();
     let mut pos = 0;
+    // As the batch engine's step loop runs a forward pass.
+    let threads = SpinPool::for_rayon();
     // One step: the contiguous cache, or the pool's next position.
     let mut step = |toks: &[u32]| -> Vec<f32> {
         if paged {
             let seq = PagedSeq { tokens: toks, past: pos, table: &table, decode_from: past };
             pos += toks.len();
-            m.forward_paged(&mut pool, &[seq]).expect("paged step")
+            rayon::scope(|_| threads.install(|| m.forward_paged(&mut pool, &[seq])))
+                .expect("paged step")
         } else {
-            let logits = m.forward(&mut [SeqInput { tokens: toks, cache: &mut cache }]).expect("step");
+            let logits =
+                m.forward(&mut [SeqInput { tokens: toks, cache: &mut cache }]).expect("step");
             logits.into_data().try_into_vec::<f32>().expect("f32 logits")
         }
     };
+    // The prompt (prefill) with the probes on, as its own table.
+    profile::enable(true);
+    let t = Instant::now();
     for chunk in prompt.chunks(512) {
         let _ = step(chunk);
     }
-    let _ = profile::take();
+    let prefill_ns = t.elapsed().as_nanos();
+    profile::enable(false);
+    println!(
+        "prefill of {past} tokens: {:.1} ms ({:.1} tok/s)",
+        prefill_ns as f64 / 1e6,
+        past as f64 * 1e9 / prefill_ns as f64
+    );
+    print_table(profile::take(), prefill_ns, 1.0, "prefill (timed)");
     let mut sampler = Sampler::new(SamplingOptions {
         temperature: 0.8,
         top_p: 0.95,
@@ -82,27 +100,39 @@ fn main() {
     let n_timed = steps.div_ceil(2) as f64;
     let per = |ns: u128| ns as f64 / 1e6 / n_timed;
     let step = per(timed_ns);
-    let mut rows = profile::take();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
-    let booked: u64 = rows.iter().map(|r| r.1).sum();
-    println!("| op | ms / token | share of the step | calls / token |");
-    println!("|---|---:|---:|---:|");
-    for (name, ns, calls) in &rows {
-        println!(
-            "| {name} | {:.3} | {:.1}% | {:.0} |",
-            per(*ns as u128),
-            100.0 * *ns as f64 / timed_ns as f64,
-            *calls as f64 / n_timed
-        );
-    }
-    let rest = timed_ns.saturating_sub(booked as u128);
-    println!("| unbooked (logits to host, allocation, loop) | {:.3} | {:.1}% | |", per(rest), 100.0 * rest as f64 / timed_ns as f64);
-    println!("| **decode step (timed)** | **{step:.3}** | 100% | |");
-    println!("| sampling (T 0.8, top-k 40, top-p 0.95), after the step | {:.3} | | 1 |", per(sample_ns));
+    print_table(profile::take(), timed_ns, n_timed, "decode step (timed)");
+    println!(
+        "| sampling (T 0.8, top-k 40, top-p 0.95), after the step | {:.3} | | 1 |",
+        per(sample_ns)
+    );
     let plain = plain_ns as f64 / 1e6 / (steps / 2).max(1) as f64;
     println!(
         "untimed steps: {plain:.3} ms ({:.1} tok/s); timed steps {step:.3} ms; probe cost ≈ {:.3} ms",
         1e3 / plain,
         step - plain
     );
+}
+
+/// The profile's rows over `total_ns` of wall time, per `per` passes.
+fn print_table(mut rows: Vec<(String, u64, u64)>, total_ns: u128, per: f64, what: &str) {
+    let ms = |ns: u128| ns as f64 / 1e6 / per;
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
+    let booked: u64 = rows.iter().map(|r| r.1).sum();
+    println!("| op | ms / pass | share | calls / pass |");
+    println!("|---|---:|---:|---:|");
+    for (name, ns, calls) in &rows {
+        println!(
+            "| {name} | {:.3} | {:.1}% | {:.0} |",
+            ms(*ns as u128),
+            100.0 * *ns as f64 / total_ns as f64,
+            *calls as f64 / per
+        );
+    }
+    let rest = total_ns.saturating_sub(booked as u128);
+    println!(
+        "| unbooked (logits to host, allocation, loop) | {:.3} | {:.1}% | |",
+        ms(rest),
+        100.0 * rest as f64 / total_ns as f64
+    );
+    println!("| **{what}** | **{:.3}** | 100% | |", ms(total_ns));
 }

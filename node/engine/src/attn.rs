@@ -7,7 +7,6 @@
 //! f16 dot products, f32 accumulation) so that greedy decoding agrees with it.
 
 use half::f16;
-use rayon::prelude::*;
 
 use crate::attn_paged;
 use crate::numerics::{
@@ -242,7 +241,7 @@ pub fn attend(
     };
     // out rows are [t, nh, hd]: one chunk per (row, head).
     if t * len * nh >= 2048 {
-        out.par_chunks_mut(hd).enumerate().for_each(work);
+        crate::par::for_each_chunk_mut(out, hd, |i, o| work((i, o)));
     } else {
         out.chunks_mut(hd).enumerate().for_each(work);
     }

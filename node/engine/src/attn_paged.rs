@@ -23,7 +23,6 @@
 use std::cell::RefCell;
 
 use half::f16;
-use rayon::prelude::*;
 
 use crate::numerics::{dot16, ggml_expf, reduce16, vec_dot_f16_order};
 
@@ -197,7 +196,7 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
     let (nh, nkv, hd) = (b.sh.n_heads, b.sh.n_kv_heads, b.sh.head_dim);
     let g = nh / nkv;
     let rows: usize = b.seqs.iter().map(|s| s.t).sum();
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::par::threads();
     if decode::wants_split(b, threads) {
         return decode::split(k, b, out, threads);
     }
@@ -223,14 +222,12 @@ fn attend_with(k: Kind, b: &Batch<'_>, out: &mut [f32]) {
     let size = |t: &Task| (t.i1 - t.i0) * (t.h1 - t.h0) * hd;
     let cost: usize = b.seqs.iter().map(|s| (s.past + s.t) * s.t).sum::<usize>() * nh;
     let results: Vec<Vec<f32>> = if cost >= 2048 && tasks.len() > 1 {
-        tasks
-            .par_iter()
-            .map(|t| {
-                let mut o = vec![0f32; size(t)];
-                run_job(k, b, Job::Task(t, &mut o));
-                o
-            })
-            .collect()
+        crate::par::map_indices(tasks.len(), |i| {
+            let t = &tasks[i];
+            let mut o = vec![0f32; size(t)];
+            run_job(k, b, Job::Task(t, &mut o));
+            o
+        })
     } else {
         tasks
             .iter()

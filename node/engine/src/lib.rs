@@ -14,6 +14,7 @@
 //! - [`constraint`]: grammar-constrained decoding (JSON / JSON Schema) with llguidance.
 //! - [`generate`]: [`Engine`], one chat generation at a time with streaming deltas.
 //! - [`paged`]: the paged KV block manager with prefix caching.
+//! - [`par`]: the spinning fork-join pool a forward pass's parallel regions run on.
 //! - [`scheduler`]: continuous batching ([`BatchEngine`]) over a paged KV pool,
 //!   run by one engine thread's step loop.
 //! - [`card`]: what a GGUF chat file says about itself (name, format, context).
@@ -39,6 +40,8 @@ pub mod gguf;
 pub mod llama;
 #[allow(unsafe_code)]
 pub mod numerics;
+#[allow(unsafe_code)]
+pub mod par;
 pub mod paged;
 #[allow(unsafe_code)]
 pub mod quant;

@@ -20,7 +20,6 @@
 use std::ops::Range;
 
 use half::f16;
-use rayon::prelude::*;
 
 use super::{
     lanes, lanes_mut, run_job, scores_single, softmax, Batch, Isa, Job, Kind, Scratch, Seq, L,
@@ -317,7 +316,8 @@ pub(super) fn split(k: Kind, b: &Batch<'_>, out: &mut [f32], threads: usize) {
             jobs.push((r, b0..b1, mine, [f32::NEG_INFINITY; MAX_HEADS]));
         }
     }
-    jobs.par_iter_mut().for_each(|(r, blocks, probs, max)| {
+    crate::par::for_each_chunk_mut(&mut jobs, 1, |_, j| {
+        let (r, blocks, probs, max) = &mut j[0];
         run_job(k, b, Job::Scores { r, blocks: blocks.clone(), probs, max })
     });
     let mut maxes = vec![[f32::NEG_INFINITY; MAX_HEADS]; pairs.len()];
@@ -334,15 +334,13 @@ pub(super) fn split(k: Kind, b: &Batch<'_>, out: &mut [f32], threads: usize) {
     let jobs: Vec<(usize, Range<usize>)> = (0..pairs.len())
         .flat_map(|pi| (0..hd).step_by(per).map(move |d0| (pi, d0..(d0 + per).min(hd))))
         .collect();
-    let results: Vec<Vec<f32>> = jobs
-        .par_iter()
-        .map(|(pi, dims)| {
-            let mut o = vec![0f32; g * dims.len()];
-            let (max, probs) = (&maxes[*pi], &probs[*pi]);
-            run_job(k, b, Job::Pv { r: &pairs[*pi], max, probs, dims: dims.clone(), out: &mut o });
-            o
-        })
-        .collect();
+    let results: Vec<Vec<f32>> = crate::par::map_indices(jobs.len(), |i| {
+        let (pi, dims) = &jobs[i];
+        let mut o = vec![0f32; g * dims.len()];
+        let (max, probs) = (&maxes[*pi], &probs[*pi]);
+        run_job(k, b, Job::Pv { r: &pairs[*pi], max, probs, dims: dims.clone(), out: &mut o });
+        o
+    });
     let qd = nh * hd;
     for ((pi, dims), o) in jobs.iter().zip(&results) {
         let r = &pairs[*pi];

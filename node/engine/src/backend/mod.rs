@@ -19,11 +19,12 @@ pub mod select;
 use crate::attn::KvPool;
 use crate::error::Result;
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
+use crate::par::SpinPool;
 
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
-    check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running, kv_bytes_per_token,
-    paged_decoder, weight_bytes, GpuInfo,
+    check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
+    kv_bytes_per_token, paged_decoder, weight_bytes, GpuInfo,
 };
 
 /// The device a decoder computes on.
@@ -175,7 +176,11 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// need their logits: a GPU computes every sequence's argmax on the
     /// device and copies logits back only when one is wanted (a greedy
     /// sequence needs its argmax alone). Default: every row's logits.
-    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], want_logits: &[bool]) -> Result<StepLogits> {
+    fn forward_select(
+        &mut self,
+        seqs: &[PagedSeq<'_>],
+        want_logits: &[bool],
+    ) -> Result<StepLogits> {
         let _ = want_logits;
         Ok(StepLogits { logits: self.forward_paged(seqs)?, argmax: None })
     }
@@ -186,12 +191,14 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
 pub struct CpuDecoder {
     model: Llama,
     pool: KvPool,
+    /// The threads of each forward pass (rayon's count, the caller included).
+    threads: SpinPool,
 }
 
 impl CpuDecoder {
     pub fn new(model: Llama, kv_blocks: usize) -> Self {
         let pool = model.new_kv_pool(kv_blocks);
-        Self { model, pool }
+        Self { model, pool, threads: SpinPool::for_rayon() }
     }
 
     pub fn model(&self) -> &Llama {
@@ -219,9 +226,10 @@ impl PagedDecoder for CpuDecoder {
         self.pool.copy_block(src, dst);
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
-        let (model, pool) = (&self.model, &mut self.pool);
-        // On a rayon worker, so the calling thread takes part in the matmuls.
-        rayon::scope(|_| model.forward_paged(pool, seqs))
+        let (model, pool, threads) = (&self.model, &mut self.pool, &self.threads);
+        // The matmuls and attention run on the spinning pool (the calling
+        // thread takes part); on a rayon worker still for burn's own ops.
+        rayon::scope(|_| threads.install(|| model.forward_paged(pool, seqs)))
     }
 }
 

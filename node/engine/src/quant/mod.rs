@@ -13,11 +13,10 @@
 //! as in llama.cpp's `vec_dot_q4_1_q8_1`.
 
 use half::f16;
-use rayon::prelude::*;
 
 pub mod blocks;
-mod kernels;
 mod k_common;
+mod kernels;
 pub mod profile;
 pub mod rows;
 #[cfg(target_arch = "x86_64")]
@@ -456,7 +455,7 @@ impl QMatrix {
         let qb = kind.qbytes();
         // One task per thread for decode-sized work (fewer wake-ups); finer
         // tasks when there is more work so all threads stay balanced.
-        let threads = rayon::current_num_threads().max(1);
+        let threads = crate::par::threads();
         let per_task =
             if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
         // tmp: [groups, n, 8] so each task writes a contiguous slice.
@@ -483,26 +482,78 @@ impl QMatrix {
                 }
             }
         };
-        tmp.par_chunks_mut(per_task * n * GROUP)
-            .enumerate()
-            .for_each(|(ti, o)| profile::Region::task(&region, || group_task(ti, o)));
-        for g in 0..groups {
-            for t in 0..n {
-                for i in 0..GROUP {
-                    let r = g * GROUP + i;
-                    if r < self.rows {
-                        out[t * self.rows + r] = tmp[(g * n + t) * GROUP + i];
+        let outc = OutColumns::new(out, n, self.rows);
+        crate::par::for_each_chunk_mut(&mut tmp, per_task * n * GROUP, |ti, o| {
+            profile::Region::task(&region, || {
+                group_task(ti, o);
+                // The task's groups, `[group, n, 8]`, into their columns of `out`.
+                for (gi, og) in o.chunks(n * GROUP).enumerate() {
+                    let r0 = (ti * per_task + gi) * GROUP;
+                    let w = GROUP.min(self.rows - r0);
+                    for (t, v) in og.chunks(GROUP).enumerate() {
+                        // SAFETY: columns r0..r0 + w belong to this task only.
+                        unsafe { outc.put_row(t, r0, &v[..w]) };
                     }
                 }
+            })
+        });
+        profile::Region::finish(region, quant_ns);
+    }
+}
+
+/// A `[n, rows]` output that parallel tasks fill column range by column
+/// range (each task owns some rows of the weight matrix), so no task's
+/// results need a serial transpose afterwards.
+pub(crate) struct OutColumns<'a> {
+    ptr: *mut f32,
+    n: usize,
+    rows: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: tasks write disjoint columns (the contract of `put_*`).
+unsafe impl Send for OutColumns<'_> {}
+unsafe impl Sync for OutColumns<'_> {}
+
+impl<'a> OutColumns<'a> {
+    pub(crate) fn new(out: &'a mut [f32], n: usize, rows: usize) -> Self {
+        assert_eq!(out.len(), n * rows, "output shape");
+        Self { ptr: out.as_mut_ptr(), n, rows, _out: std::marker::PhantomData }
+    }
+
+    /// `out[t, r0..r0 + v.len()] = v`.
+    ///
+    /// # Safety
+    /// No other thread writes these columns while this runs.
+    pub(crate) unsafe fn put_row(&self, t: usize, r0: usize, v: &[f32]) {
+        assert!(t < self.n && r0 + v.len() <= self.rows, "output columns");
+        std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(t * self.rows + r0), v.len());
+    }
+
+    /// `out[t, r0 + i] = part[i * n + t]`: a task's `[nr, n]` results for
+    /// weight rows `r0..r0 + nr`.
+    ///
+    /// # Safety
+    /// As [`OutColumns::put_row`], for columns `r0..r0 + nr`.
+    pub(crate) unsafe fn put_rows(&self, r0: usize, part: &[f32]) {
+        let n = self.n;
+        let nr = part.len() / n;
+        assert!(part.len() == nr * n && r0 + nr <= self.rows, "output columns");
+        if n == 1 {
+            return self.put_row(0, r0, part);
+        }
+        for t in 0..n {
+            let dst = self.ptr.add(t * self.rows + r0);
+            for i in 0..nr {
+                *dst.add(i) = part[i * n + t];
             }
         }
-        profile::Region::finish(region, quant_ns);
     }
 }
 
 fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
     let mut tmp = vec![0f32; rows * n];
-    tmp.par_chunks_mut(n).enumerate().for_each(|(r, o)| {
+    crate::par::for_each_chunk_mut(&mut tmp, n, |r, o| {
         let wr = &w[r * cols..][..cols];
         for (t, ov) in o.iter_mut().enumerate() {
             *ov = wr.iter().zip(&x[t * cols..][..cols]).map(|(a, b)| a * b).sum();

@@ -178,7 +178,7 @@ impl Region {
     pub(crate) fn finish(r: Option<Region>, quant_ns: u64) {
         let Some(r) = r else { return };
         let wall = r.t0.elapsed().as_nanos() as u64;
-        let threads = rayon::current_num_threads().max(1) as u64;
+        let threads = crate::par::threads() as u64;
         let kernel = r.busy.load(Relaxed) / threads;
         add(r.op, kernel);
         if quant_ns > 0 {

@@ -22,17 +22,15 @@
 //! the float steps.
 
 use half::f16;
-use rayon::prelude::*;
 
 use super::{GgmlType, QActs, QK};
 
-pub use super::k_common::{Q8K, QK_K};
 pub(crate) use super::k_common::scale_min_k4;
+pub use super::k_common::{Q8K, QK_K};
 
 fn h(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
-
 
 /// Whether `ty` is stored by this module.
 pub(crate) fn is_row_type(ty: GgmlType) -> bool {
@@ -244,7 +242,8 @@ pub fn matmul_rows(
     let mut quant_ns = 0;
     // tmp: [rows, n] so each task writes a contiguous slice.
     let mut tmp = vec![0f32; rows * n];
-    let threads = rayon::current_num_threads().max(1);
+    let outc = super::OutColumns::new(out, n, rows);
+    let threads = crate::par::threads();
     let per_task = if n * rows <= 8192 { rows.div_ceil(threads) } else { 16 };
     #[cfg(target_arch = "x86_64")]
     let avx2 = std::is_x86_feature_detected!("avx2")
@@ -289,13 +288,17 @@ pub fn matmul_rows(
                     unsafe { super::rows_avx2::k_row(ty, w, nb, a, orow) }
                 }
             };
-            tmp.par_chunks_mut(per_task * n)
-                .enumerate()
-                .for_each(|(ti, o)| super::profile::Region::task(&region, || task(ti, o)));
+            crate::par::for_each_chunk_mut(&mut tmp, per_task * n, |ti, o| {
+                super::profile::Region::task(&region, || {
+                    task(ti, o);
+                    // SAFETY: rows ti * per_task.. are this task's alone.
+                    unsafe { outc.put_rows(ti * per_task, o) }
+                })
+            });
         }
     } else if ty == GgmlType::Q5_0 {
         let acts = QActs::quantize(x, n, cols);
-        tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
+        crate::par::for_each_chunk_mut(&mut tmp, per_task * n, |ti, o| {
             let mut q = [0i8; QK];
             let mut acc = vec![[0f32; 8]; n];
             for (ri, orow) in o.chunks_mut(n).enumerate() {
@@ -317,10 +320,12 @@ pub fn matmul_rows(
                     *o = hsum8(a);
                 }
             }
+            // SAFETY: rows ti * per_task.. are this task's alone.
+            unsafe { outc.put_rows(ti * per_task, o) }
         });
     } else {
         let acts = Q8K::quantize(x);
-        tmp.par_chunks_mut(per_task * n).enumerate().for_each(|(ti, o)| {
+        crate::par::for_each_chunk_mut(&mut tmp, per_task * n, |ti, o| {
             let mut kb = KBlock { q: [0; QK_K], scales: [0; 16], mins: [0; 8], d: 0.0, dmin: 0.0 };
             for (ri, orow) in o.chunks_mut(n).enumerate() {
                 let r = ti * per_task + ri;
@@ -333,12 +338,9 @@ pub fn matmul_rows(
                     }
                 }
             }
+            // SAFETY: as above.
+            unsafe { outc.put_rows(ti * per_task, o) }
         });
-    }
-    for r in 0..rows {
-        for t in 0..n {
-            out[t * rows + r] = tmp[r * n + t];
-        }
     }
     super::profile::Region::finish(region, quant_ns);
 }
