@@ -555,11 +555,13 @@ impl Llama {
             blk.q.w_gate_up.matmul(&h, total, &mut gu);
             let t = prof::start();
             let mut act = vec![0f32; total * c.intermediate];
-            if c.gemma3.is_some() {
-                geglu_rows(&gu, &mut act, c.intermediate);
-            } else {
-                swiglu_rows(&gu, &mut act, c.intermediate);
-            }
+            let inter = c.intermediate;
+            let glu = if c.gemma3.is_some() { geglu_rows } else { swiglu_rows };
+            // Rows in parallel in a prefill (each element alone: same bits).
+            let per = if total >= 8 { total.div_ceil(crate::par::threads()) } else { total }.max(1);
+            crate::par::for_each_chunk_mut(&mut act, per * inter, |i, a| {
+                glu(&gu[i * per * 2 * inter..][..2 * a.len()], a, inter)
+            });
             prof::stop(t, Op::Act);
             let mut d = vec![0f32; total * c.hidden];
             blk.q.w_down.matmul(&act, total, &mut d);

@@ -26,28 +26,45 @@ pub struct Q8K {
 }
 
 impl Q8K {
+    /// Super-blocks in parallel when there are many (a prefill); each is
+    /// quantized alone, so the split does not change a bit.
     pub fn quantize(x: &[f32]) -> Self {
+        let nb = x.len() / QK_K;
+        let mut out =
+            Self { d: vec![0f32; nb], qs: vec![0i8; nb * QK_K], bsums: vec![0i32; nb * 16] };
+        let per = if nb >= 32 { nb.div_ceil(crate::par::threads()) } else { nb }.max(1);
+        let mut parts: Vec<_> = x
+            .chunks(per * QK_K)
+            .zip(out.d.chunks_mut(per))
+            .zip(out.qs.chunks_mut(per * QK_K))
+            .zip(out.bsums.chunks_mut(per * 16))
+            .map(|(((x, d), qs), bsums)| (x, d, qs, bsums))
+            .collect();
+        crate::par::for_each_chunk_mut(&mut parts, 1, |_, p| {
+            let (x, d, qs, bsums) = &mut p[0];
+            Self::quantize_blocks(x, d, qs, bsums)
+        });
+        out
+    }
+
+    fn quantize_blocks(x: &[f32], d: &mut [f32], qs: &mut [i8], bsums: &mut [i32]) {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("sse4.1") {
             // SAFETY: SSE4.1 support was detected above.
-            return unsafe { Self::quantize_sse41(x) };
+            return unsafe { Self::quantize_sse41(x, d, qs, bsums) };
         }
-        Self::quantize_impl(x)
+        Self::quantize_impl(x, d, qs, bsums)
     }
 
     /// Compiled with SSE4.1 so rounding is one instruction, not a libm call.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "sse4.1")]
-    unsafe fn quantize_sse41(x: &[f32]) -> Self {
-        Self::quantize_impl(x)
+    unsafe fn quantize_sse41(x: &[f32], d: &mut [f32], qs: &mut [i8], bsums: &mut [i32]) {
+        Self::quantize_impl(x, d, qs, bsums)
     }
 
     #[inline(always)]
-    fn quantize_impl(x: &[f32]) -> Self {
-        let nb = x.len() / QK_K;
-        let mut d = vec![0f32; nb];
-        let mut qs = vec![0i8; nb * QK_K];
-        let mut bsums = vec![0i32; nb * 16];
+    fn quantize_impl(x: &[f32], d: &mut [f32], qs: &mut [i8], bsums: &mut [i32]) {
         for (i, xb) in x.chunks_exact(QK_K).enumerate() {
             let (mut max, mut amax) = (0f32, 0f32);
             for &v in xb {
@@ -70,7 +87,6 @@ impl Q8K {
             }
             d[i] = 1.0 / iscale;
         }
-        Self { d, qs, bsums }
     }
 }
 

@@ -21,6 +21,8 @@ pub mod profile;
 pub mod rows;
 #[cfg(target_arch = "x86_64")]
 mod rows_avx2;
+#[cfg(target_arch = "x86_64")]
+mod rows_avx512;
 
 pub const QK: usize = 32;
 /// Rows per packed group (one f32 lane per row in a 256-bit vector).
@@ -422,24 +424,33 @@ impl QMatrix {
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input shape");
         assert_eq!(out.len(), n * self.rows, "matmul output shape");
+        self.matmul_cols(x, n, &OutColumns::new(out, n, self.rows), 0)
+    }
+
+    /// [`QMatrix::matmul`] into columns `c0..c0 + rows` of a wider output
+    /// (a part of a [`QData::Stack`] writes its own columns).
+    fn matmul_cols(&self, x: &[f32], n: usize, outc: &OutColumns<'_>, c0: usize) {
+        assert!(c0 + self.rows <= outc.rows && n == outc.n, "matmul output columns");
         let (kind, d, m, qs) = match &self.data {
             QData::F32(w) => {
                 let region = profile::Region::begin(GgmlType::F32);
-                profile::Region::task(&region, || matmul_f32(w, self.rows, self.cols, x, n, out));
+                let mut out = vec![0f32; n * self.rows];
+                profile::Region::task(&region, || {
+                    matmul_f32(w, self.rows, self.cols, x, n, &mut out)
+                });
+                for (t, o) in out.chunks(self.rows).enumerate() {
+                    // SAFETY: no task of this matmul is running.
+                    unsafe { outc.put_row(t, c0, o) };
+                }
                 return profile::Region::finish(region, 0);
             }
             QData::Rows { ty, bytes } => {
-                return rows::matmul_rows(*ty, bytes, self.rows, self.cols, x, n, out)
+                return rows::matmul_rows(*ty, bytes, self.rows, self.cols, x, n, outc, c0)
             }
             QData::Stack(parts) => {
-                let mut off = 0;
+                let mut off = c0;
                 for p in parts {
-                    let mut tmp = vec![0f32; n * p.rows];
-                    p.matmul(x, n, &mut tmp);
-                    for t in 0..n {
-                        out[t * self.rows + off..][..p.rows]
-                            .copy_from_slice(&tmp[t * p.rows..][..p.rows]);
-                    }
+                    p.matmul_cols(x, n, outc, off);
                     off += p.rows;
                 }
                 return;
@@ -458,8 +469,6 @@ impl QMatrix {
         let threads = crate::par::threads();
         let per_task =
             if n * groups <= 4096 { groups.div_ceil(threads) } else { (groups / 16).clamp(1, 64) };
-        // tmp: [groups, n, 8] so each task writes a contiguous slice.
-        let mut tmp = vec![0f32; groups * n * GROUP];
         let rows: Vec<kernels::ActBlock<'_>> = (0..n)
             .map(|t| kernels::ActBlock {
                 d: &acts.d[t * nb..][..nb],
@@ -482,23 +491,42 @@ impl QMatrix {
                 }
             }
         };
-        let outc = OutColumns::new(out, n, self.rows);
-        crate::par::for_each_chunk_mut(&mut tmp, per_task * n * GROUP, |ti, o| {
-            profile::Region::task(&region, || {
-                group_task(ti, o);
-                // The task's groups, `[group, n, 8]`, into their columns of `out`.
-                for (gi, og) in o.chunks(n * GROUP).enumerate() {
-                    let r0 = (ti * per_task + gi) * GROUP;
-                    let w = GROUP.min(self.rows - r0);
-                    for (t, v) in og.chunks(GROUP).enumerate() {
-                        // SAFETY: columns r0..r0 + w belong to this task only.
-                        unsafe { outc.put_row(t, r0, &v[..w]) };
+        crate::par::for_each_index(groups.div_ceil(per_task), |ti| {
+            let ng = per_task.min(groups - ti * per_task);
+            // The task's results `[group, n, 8]`, then into their columns.
+            with_scratch(ng * n * GROUP, |o| {
+                profile::Region::task(&region, || {
+                    group_task(ti, o);
+                    for (gi, og) in o.chunks(n * GROUP).enumerate() {
+                        let r0 = (ti * per_task + gi) * GROUP;
+                        let w = GROUP.min(self.rows - r0);
+                        for (t, v) in og.chunks(GROUP).enumerate() {
+                            // SAFETY: columns c0 + r0.. (w of them) are this task's.
+                            unsafe { outc.put_row(t, c0 + r0, &v[..w]) };
+                        }
                     }
-                }
+                })
             })
         });
         profile::Region::finish(region, quant_ns);
     }
+}
+
+thread_local! {
+    /// Each thread's buffer for its matmul task's results, reused (a fresh
+    /// `[rows, n]` buffer a matmul cost page faults and zeroing of
+    /// megabytes in a prefill).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` on this thread's zeroed scratch of `len` floats.
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        s.clear();
+        s.resize(len, 0.0);
+        f(&mut s)
+    })
 }
 
 /// A `[n, rows]` output that parallel tasks fill column range by column
@@ -579,29 +607,56 @@ pub struct QActs {
 }
 
 impl QActs {
+    /// Rows in parallel when there are several (a prefill); each block is
+    /// quantized alone, so the split does not change a bit.
     pub fn quantize(x: &[f32], n: usize, cols: usize) -> Self {
+        let nb = cols / QK;
+        let mut out = Self {
+            d: vec![0f32; n * nb],
+            s: vec![0f32; n * nb],
+            sum_q: vec![0i32; n * nb],
+            qs: vec![0i8; n * cols],
+        };
+        let per = if n >= 8 { n.div_ceil(crate::par::threads()) } else { n }.max(1);
+        let mut parts: Vec<_> = x
+            .chunks(per * cols)
+            .zip(out.d.chunks_mut(per * nb))
+            .zip(out.s.chunks_mut(per * nb))
+            .zip(out.sum_q.chunks_mut(per * nb))
+            .zip(out.qs.chunks_mut(per * cols))
+            .map(|((((x, d), s), sum_q), qs)| (x, d, s, sum_q, qs))
+            .collect();
+        crate::par::for_each_chunk_mut(&mut parts, 1, |_, p| {
+            let (x, d, s, sum_q, qs) = &mut p[0];
+            Self::quantize_rows(x, d, s, sum_q, qs)
+        });
+        out
+    }
+
+    fn quantize_rows(x: &[f32], d: &mut [f32], s: &mut [f32], sum_q: &mut [i32], qs: &mut [i8]) {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("sse4.1") {
             // SAFETY: SSE4.1 support was detected above.
-            return unsafe { Self::quantize_sse41(x, n, cols) };
+            return unsafe { Self::quantize_sse41(x, d, s, sum_q, qs) };
         }
-        Self::quantize_impl(x, n, cols)
+        Self::quantize_impl(x, d, s, sum_q, qs)
     }
 
     /// Compiled with SSE4.1 so rounding is one instruction, not a libm call.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "sse4.1")]
-    unsafe fn quantize_sse41(x: &[f32], n: usize, cols: usize) -> Self {
-        Self::quantize_impl(x, n, cols)
+    unsafe fn quantize_sse41(
+        x: &[f32],
+        d: &mut [f32],
+        s: &mut [f32],
+        sum_q: &mut [i32],
+        qs: &mut [i8],
+    ) {
+        Self::quantize_impl(x, d, s, sum_q, qs)
     }
 
     #[inline(always)]
-    fn quantize_impl(x: &[f32], n: usize, cols: usize) -> Self {
-        let nb = n * cols / QK;
-        let mut d = vec![0f32; nb];
-        let mut s = vec![0f32; nb];
-        let mut sum_q = vec![0i32; nb];
-        let mut qs = vec![0i8; n * cols];
+    fn quantize_impl(x: &[f32], d: &mut [f32], s: &mut [f32], sum_q: &mut [i32], qs: &mut [i8]) {
         for (b, (xb, qb)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
             let amax = xb.iter().fold(0f32, |a, &v| a.max(v.abs()));
             let db = amax / 127.0;
@@ -620,7 +675,6 @@ impl QActs {
             s[b] = f16::from_f32(db * sum as f32).to_f32();
             sum_q[b] = sum;
         }
-        Self { d, s, sum_q, qs }
     }
 }
 

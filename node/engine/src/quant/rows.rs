@@ -224,25 +224,46 @@ fn force_scalar() -> bool {
     tests::FORCE_SCALAR.with(|f| f.get())
 }
 
-/// `out[t * rows + r] = Σ_c w[r, c] · x[t, c]` for a row-major matrix of a
-/// row type, multithreaded over rows.
-pub fn matmul_rows(
+/// `GCS_ENGINE_NO_AVX512=1` runs the AVX2 kernels where AVX-512 ones
+/// would run (side-by-side runs of one binary).
+#[cfg(not(test))]
+pub(super) fn force_avx2() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("GCS_ENGINE_NO_AVX512").is_ok_and(|v| v == "1"))
+}
+
+/// Tests run the AVX2 kernels where AVX-512 ones would run, to compare them.
+#[cfg(test)]
+pub(super) fn force_avx2() -> bool {
+    tests::FORCE_AVX2.with(|f| f.get())
+}
+
+/// `f(ti, out)` for each task of `per_task` weight rows, in parallel, on
+/// the thread's scratch of `[rows of the task, n]` results.
+fn for_each_task(rows: usize, per_task: usize, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    crate::par::for_each_index(rows.div_ceil(per_task), |ti| {
+        let nr = per_task.min(rows - ti * per_task);
+        super::with_scratch(nr * n, |o| f(ti, o))
+    })
+}
+
+/// `out[t, c0 + r] = Σ_c w[r, c] · x[t, c]` for a row-major matrix of a
+/// row type, multithreaded over rows, into columns `c0..c0 + rows` of `outc`.
+pub(crate) fn matmul_rows(
     ty: GgmlType,
     bytes: &[u8],
     rows: usize,
     cols: usize,
     x: &[f32],
     n: usize,
-    out: &mut [f32],
+    outc: &super::OutColumns<'_>,
+    c0: usize,
 ) {
     let (per, bsz) = ty.block_layout();
     let nb = cols / per;
     let row_bytes = nb * bsz;
     let region = super::profile::Region::begin(ty);
     let mut quant_ns = 0;
-    // tmp: [rows, n] so each task writes a contiguous slice.
-    let mut tmp = vec![0f32; rows * n];
-    let outc = super::OutColumns::new(out, n, rows);
     let threads = crate::par::threads();
     let per_task = if n * rows <= 8192 { rows.div_ceil(threads) } else { 16 };
     #[cfg(target_arch = "x86_64")]
@@ -288,17 +309,17 @@ pub fn matmul_rows(
                     unsafe { super::rows_avx2::k_row(ty, w, nb, a, orow) }
                 }
             };
-            crate::par::for_each_chunk_mut(&mut tmp, per_task * n, |ti, o| {
+            for_each_task(rows, per_task, n, |ti, o| {
                 super::profile::Region::task(&region, || {
                     task(ti, o);
                     // SAFETY: rows ti * per_task.. are this task's alone.
-                    unsafe { outc.put_rows(ti * per_task, o) }
+                    unsafe { outc.put_rows(c0 + ti * per_task, o) }
                 })
             });
         }
     } else if ty == GgmlType::Q5_0 {
         let acts = QActs::quantize(x, n, cols);
-        crate::par::for_each_chunk_mut(&mut tmp, per_task * n, |ti, o| {
+        for_each_task(rows, per_task, n, |ti, o| {
             let mut q = [0i8; QK];
             let mut acc = vec![[0f32; 8]; n];
             for (ri, orow) in o.chunks_mut(n).enumerate() {
@@ -321,11 +342,11 @@ pub fn matmul_rows(
                 }
             }
             // SAFETY: rows ti * per_task.. are this task's alone.
-            unsafe { outc.put_rows(ti * per_task, o) }
+            unsafe { outc.put_rows(c0 + ti * per_task, o) }
         });
     } else {
         let acts = Q8K::quantize(x);
-        crate::par::for_each_chunk_mut(&mut tmp, per_task * n, |ti, o| {
+        for_each_task(rows, per_task, n, |ti, o| {
             let mut kb = KBlock { q: [0; QK_K], scales: [0; 16], mins: [0; 8], d: 0.0, dmin: 0.0 };
             for (ri, orow) in o.chunks_mut(n).enumerate() {
                 let r = ti * per_task + ri;
@@ -339,7 +360,7 @@ pub fn matmul_rows(
                 }
             }
             // SAFETY: as above.
-            unsafe { outc.put_rows(ti * per_task, o) }
+            unsafe { outc.put_rows(c0 + ti * per_task, o) }
         });
     }
     super::profile::Region::finish(region, quant_ns);

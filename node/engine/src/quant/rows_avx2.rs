@@ -9,13 +9,13 @@ use super::{GgmlType, QK};
 
 /// An f16 at `p` as f32 with F16C (exact, like any conversion).
 #[inline(always)]
-unsafe fn h16(p: *const u8) -> f32 {
+pub(super) unsafe fn h16(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
 }
 
 /// tinyBLAS's `hsum`: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 #[inline(always)]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     let x = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
     let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
@@ -30,7 +30,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 
 /// One Q5_0 block as 32 signed bytes (-16..16), ggml's `bytes_from_bits_32` way.
 #[inline(always)]
-unsafe fn q5_0_block(blk: *const u8) -> __m256i {
+pub(super) unsafe fn q5_0_block(blk: *const u8) -> __m256i {
     let qs = _mm_loadu_si128(blk.add(6) as *const __m128i);
     let m4 = _mm_set1_epi8(0x0F);
     let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
@@ -82,7 +82,9 @@ pub unsafe fn q5_0_rows<const R: usize>(
     ) {
         q5_0_impl::<false, R>(w, rb, nb, d, qs, out)
     }
-    if std::is_x86_feature_detected!("avxvnni") {
+    if out.len() > R && !super::rows::force_avx2() && super::rows_avx512::available() {
+        super::rows_avx512::q5_0_tiled::<R>(w, row_bytes, nb, d, qs, out)
+    } else if std::is_x86_feature_detected!("avxvnni") {
         vnni::<R>(w, row_bytes, nb, d, qs, out)
     } else {
         avx2::<R>(w, row_bytes, nb, d, qs, out)
@@ -269,7 +271,8 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
             }
             // Each min twice: sub-block j covers the 16-sums 2j and 2j + 1.
             let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(sm.as_ptr().add(8) as *const __m128i));
-            u.mins16 = _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
+            u.mins16 =
+                _mm256_set_m128i(_mm_unpackhi_epi16(mins, mins), _mm_unpacklo_epi16(mins, mins));
             let five = ty == GgmlType::Q5_K;
             let ql = p.add(if five { 48 } else { 16 });
             for k in 0..4 {
@@ -295,10 +298,8 @@ unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
             let mut s16 = [0i16; 16];
             _mm256_storeu_si256(s16.as_mut_ptr() as *mut __m256i, u.sc16);
             for v in 0..8 {
-                u.sc[v] = _mm256_set_m128i(
-                    _mm_set1_epi16(s16[2 * v + 1]),
-                    _mm_set1_epi16(s16[2 * v]),
-                );
+                u.sc[v] =
+                    _mm256_set_m128i(_mm_set1_epi16(s16[2 * v + 1]), _mm_set1_epi16(s16[2 * v]));
             }
             let m2 = _mm256_set1_epi8(3);
             for n in 0..2 {

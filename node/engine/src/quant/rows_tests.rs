@@ -9,6 +9,8 @@ use crate::quant::{dequantize, QMatrix};
 thread_local! {
     /// Set by a test to run [`matmul_rows`]' scalar path on this thread.
     pub(super) static FORCE_SCALAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set by a test to run the AVX2 kernels instead of the AVX-512 ones.
+    pub(super) static FORCE_AVX2: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn lcg(seed: &mut u64) -> u32 {
@@ -210,6 +212,14 @@ fn matmul_follows_ggml_order_and_approximates_f32() {
         FORCE_SCALAR.with(|f| f.set(false));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&out), bits(&scalar), "{ty:?}: SIMD and scalar paths differ");
+        // And the AVX2 kernels where the AVX-512 ones ran (n > 1, Q5_0).
+        let mut avx2 = vec![0f32; n * rows];
+        rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
+            FORCE_AVX2.with(|f| f.set(true));
+            m.matmul(&x, n, &mut avx2);
+            FORCE_AVX2.with(|f| f.set(false));
+        });
+        assert_eq!(bits(&out), bits(&avx2), "{ty:?}: AVX-512 and AVX2 paths differ");
         let wf = dequantize(ty, &bytes);
         let row_bytes = cols / per * bsz;
         let mut row = vec![0f32; cols];
