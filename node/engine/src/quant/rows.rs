@@ -305,8 +305,15 @@ pub(crate) fn matmul_rows(
                 let Some(a) = &q8k else { return };
                 for (ri, orow) in o.chunks_mut(n).enumerate() {
                     let w = &bytes[(r0 + ri) * row_bytes..][..row_bytes];
-                    // SAFETY: the CPU features were detected above.
-                    unsafe { super::rows_avx2::k_row(ty, w, nb, a, orow) }
+                    // SAFETY: the CPU features were detected above (and
+                    // AVX-512's by `available`).
+                    unsafe {
+                        if n > 1 && !force_avx2() && super::rows_avx512::available() {
+                            super::rows_avx512::k_row(ty, w, nb, a, orow)
+                        } else {
+                            super::rows_avx2::k_row(ty, w, nb, a, orow)
+                        }
+                    }
                 }
             };
             for_each_task(rows, per_task, n, |ti, o| {

@@ -209,9 +209,9 @@ unsafe fn q5_0_one<const VNNI: bool, const R: usize>(
 /// `v`'s two 16-element halves; `sc16`/`mins16`: the 16 sub-block scales
 /// (Q6_K) or each sub-block's min twice (Q4_K/Q5_K), for one `madd` against
 /// the activations' 16 sums.
-struct Unpacked {
-    q: [__m256i; 8],
-    sc: [__m256i; 8],
+pub(super) struct Unpacked {
+    pub(super) q: [__m256i; 8],
+    pub(super) sc: [__m256i; 8],
     sc16: __m256i,
     mins16: __m256i,
     off: i32,
@@ -248,7 +248,7 @@ pub(super) fn scales_mins_k4(x: &[u8]) -> [u8; 16] {
 }
 
 #[inline(always)]
-unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
+pub(super) unsafe fn unpack(ty: GgmlType, x: &[u8]) -> Unpacked {
     let p = x.as_ptr();
     let m4 = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
@@ -347,20 +347,35 @@ pub unsafe fn k_row(ty: GgmlType, w: &[u8], nb: usize, a: &Q8K, out: &mut [f32])
                 let p = _mm256_maddubs_epi16(u.q[v], x);
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u.sc[v]));
             }
-            let bs = bsums16(a.bsums.as_ptr().add(tb * 16));
-            if u.off != 0 {
-                // Σ scale·(q − off)·x = Σ scale·q·x − off·Σ scale·bsum.
-                let corr = _mm256_madd_epi16(u.sc16, bs);
-                acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));
-                debug_assert_eq!(u.off, 32);
-            }
-            let isum = hsum_epi32(acc);
-            let dx = a.d[tb];
-            *o = (isum as f32).mul_add(u.d * dx, *o);
-            if ty != GgmlType::Q6_K {
-                let msum = hsum_epi32(_mm256_madd_epi16(u.mins16, bs));
-                *o = (-(msum as f32)).mul_add(u.dmin * dx, *o);
-            }
+            k_finish(ty, &u, a, tb, acc, o);
         }
+    }
+}
+
+/// One (weight row, activation row) super-block after its 8 vectors:
+/// `acc`'s lanes are Σ scale·q·x; the offset and min corrections, the
+/// exact `isum`, then the two `fma`s into `o`.
+#[inline(always)]
+pub(super) unsafe fn k_finish(
+    ty: GgmlType,
+    u: &Unpacked,
+    a: &Q8K,
+    tb: usize,
+    mut acc: __m256i,
+    o: &mut f32,
+) {
+    let bs = bsums16(a.bsums.as_ptr().add(tb * 16));
+    if u.off != 0 {
+        // Σ scale·(q − off)·x = Σ scale·q·x − off·Σ scale·bsum.
+        let corr = _mm256_madd_epi16(u.sc16, bs);
+        acc = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));
+        debug_assert_eq!(u.off, 32);
+    }
+    let isum = hsum_epi32(acc);
+    let dx = a.d[tb];
+    *o = (isum as f32).mul_add(u.d * dx, *o);
+    if ty != GgmlType::Q6_K {
+        let msum = hsum_epi32(_mm256_madd_epi16(u.mins16, bs));
+        *o = (-(msum as f32)).mul_add(u.dmin * dx, *o);
     }
 }

@@ -8,11 +8,15 @@
 //! byte `sign`, so the weights go in unsigned as q + 16 (0..31) and each
 //! lane's 16·Σy (one `vpdpbusd` per activation block, shared by all weight
 //! rows) is subtracted: Σ(q + 16)·y − 16·Σy = Σ q·y, exactly.
+//!
+//! [`k_row`] does the same for `rows_avx2::k_row` (the K-quants): two
+//! activation rows per vector through the same `maddubs`/`madd` lanes.
 
 use std::arch::x86_64::*;
 
-use super::rows_avx2::{h16, hsum_ps, q5_0_block};
-use super::QK;
+use super::k_common::{Q8K, QK_K};
+use super::rows_avx2::{h16, hsum_ps, k_finish, q5_0_block, unpack};
+use super::{GgmlType, QK};
 
 /// Activation rows per tile (pairs of rows per vector): each unpacked
 /// weight block serves all of them.
@@ -200,6 +204,46 @@ unsafe fn tile<const R: usize, const P: usize, S: Blocks<R>>(
             out[k * n + t] = hsum_ps(_mm512_castps512_ps256(*a));
             if 2 * p + 1 < tn {
                 out[k * n + t + 1] = hsum_ps(_mm512_extractf32x8_ps::<1>(*a));
+            }
+        }
+    }
+}
+
+/// `rows_avx2::k_row` with two activation rows in each 512-bit vector: the
+/// low half of every lane is row t's, bit for bit what the AVX2 kernel
+/// computes, and the high half row t + 1's.
+///
+/// # Safety
+/// The CPU has the features of [`available`]; `w` holds `nb` super-blocks
+/// of `ty`, `a` holds `out.len()` activation rows of `nb` super-blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+pub unsafe fn k_row(ty: GgmlType, w: &[u8], nb: usize, a: &Q8K, out: &mut [f32]) {
+    let bsz = ty.block_layout().1;
+    let n = out.len();
+    assert!(w.len() >= nb * bsz && a.qs.len() >= n * nb * QK_K && a.d.len() >= n * nb);
+    assert!(a.bsums.len() >= n * nb * 16);
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for b in 0..nb {
+        let u = unpack(ty, &w[b * bsz..][..bsz]);
+        let q: [__m512i; 8] = std::array::from_fn(|v| _mm512_broadcast_i64x4(u.q[v]));
+        let sc: [__m512i; 8] = std::array::from_fn(|v| _mm512_broadcast_i64x4(u.sc[v]));
+        for t in (0..n).step_by(2) {
+            let two = t + 1 < n;
+            let tb0 = t * nb + b;
+            // A lone last row is paired with itself (its copy is dropped).
+            let tb1 = if two { tb0 + nb } else { tb0 };
+            let (x0, x1) = (a.qs.as_ptr().add(tb0 * QK_K), a.qs.as_ptr().add(tb1 * QK_K));
+            let mut acc = _mm512_setzero_si512();
+            for v in 0..8 {
+                let lo = _mm256_loadu_si256(x0.add(32 * v) as *const __m256i);
+                let hi = _mm256_loadu_si256(x1.add(32 * v) as *const __m256i);
+                let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                let p = _mm512_maddubs_epi16(q[v], x);
+                acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc[v]));
+            }
+            k_finish(ty, &u, a, tb0, _mm512_castsi512_si256(acc), &mut out[t]);
+            if two {
+                k_finish(ty, &u, a, tb1, _mm512_extracti64x4_epi64::<1>(acc), &mut out[t + 1]);
             }
         }
     }
