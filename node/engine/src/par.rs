@@ -49,6 +49,9 @@ struct Shared {
     /// before it returns (see `Pool::run`).
     job: std::cell::UnsafeCell<Option<&'static Job<'static>>>,
     panicked: AtomicBool,
+    /// A job is being published or run: a second caller (the pool
+    /// installed on two threads at once) runs its job alone instead.
+    busy: AtomicBool,
     stop: AtomicBool,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
@@ -110,6 +113,7 @@ impl SpinPool {
             state: AtomicU64::new(CLOSED),
             job: std::cell::UnsafeCell::new(None),
             panicked: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -152,6 +156,12 @@ impl SpinPool {
     /// returns when all that started it have finished.
     fn run(&self, job: &Job<'_>) {
         let s = &*self.shared;
+        if s.busy.swap(true, Acquire) {
+            IN_JOB.with(|f| f.set(true));
+            let r = catch_unwind(AssertUnwindSafe(job));
+            IN_JOB.with(|f| f.set(false));
+            return r.unwrap_or_else(|p| resume_unwind(p));
+        }
         let epoch = (s.state.load(Acquire) >> EPOCH_SHIFT).wrapping_add(1);
         // SAFETY: the previous epoch is closed and no worker is inside it
         // (the previous `run` waited for that), so nobody reads `job`; the
@@ -175,6 +185,7 @@ impl SpinPool {
                 }
                 // SAFETY: closed and empty: no worker reads `job` any more.
                 unsafe { *self.0.job.get() = None };
+                self.0.busy.store(false, Release);
             }
         }
         let close = Close(s);

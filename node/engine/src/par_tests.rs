@@ -93,3 +93,25 @@ fn one_thread_and_the_rayon_fallback_give_the_same_results() {
     assert_eq!(SpinPool::with_spin(1, Duration::ZERO).install(run), want);
     assert_eq!(SpinPool::with_spin(4, Duration::ZERO).install(run), want);
 }
+
+/// The pool installed on two threads at once: each region still runs every
+/// index once (the second caller runs its own alone).
+#[test]
+fn two_callers_at_once_stay_correct() {
+    let pool = SpinPool::with_spin(2, Duration::from_micros(100));
+    std::thread::scope(|sc| {
+        for _ in 0..2 {
+            sc.spawn(|| {
+                pool.install(|| {
+                    for _ in 0..2000 {
+                        let mut v = vec![0u32; 37];
+                        for_each_chunk_mut(&mut v, 3, |i, c| {
+                            c.iter_mut().enumerate().for_each(|(k, x)| *x = (3 * i + k) as u32)
+                        });
+                        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32));
+                    }
+                })
+            });
+        }
+    });
+}
