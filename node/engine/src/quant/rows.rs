@@ -227,14 +227,14 @@ fn force_scalar() -> bool {
 /// `GCS_ENGINE_NO_AVX512=1` runs the AVX2 kernels where AVX-512 ones
 /// would run (side-by-side runs of one binary).
 #[cfg(not(test))]
-pub(super) fn force_avx2() -> bool {
+fn force_avx2() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("GCS_ENGINE_NO_AVX512").is_ok_and(|v| v == "1"))
 }
 
 /// Tests run the AVX2 kernels where AVX-512 ones would run, to compare them.
 #[cfg(test)]
-pub(super) fn force_avx2() -> bool {
+fn force_avx2() -> bool {
     tests::FORCE_AVX2.with(|f| f.get())
 }
 
@@ -279,6 +279,9 @@ pub(crate) fn matmul_rows(
             let q5 = (ty == GgmlType::Q5_0).then(|| QActs::quantize(x, n, cols));
             let q8k = (ty != GgmlType::Q5_0).then(|| Q8K::quantize(x));
             quant_ns = tq.map_or(0, |t| t.elapsed().as_nanos() as u64);
+            // Several activation rows (a prefill) take the AVX-512 kernels
+            // where the CPU has them.
+            let wide = n > 1 && !force_avx2() && super::rows_avx512::available();
             let task = |ti: usize, o: &mut [f32]| {
                 let r0 = ti * per_task;
                 if let Some(a) = &q5 {
@@ -289,7 +292,13 @@ pub(crate) fn matmul_rows(
                         let w = &bytes[(r0 + 4 * gi) * row_bytes..][..4 * row_bytes];
                         // SAFETY: the CPU features were detected above.
                         unsafe {
-                            super::rows_avx2::q5_0_rows::<4>(w, row_bytes, nb, &a.d, &a.qs, og)
+                            if wide {
+                                super::rows_avx512::q5_0_tiled::<4>(
+                                    w, row_bytes, nb, &a.d, &a.qs, og,
+                                )
+                            } else {
+                                super::rows_avx2::q5_0_rows::<4>(w, row_bytes, nb, &a.d, &a.qs, og)
+                            }
                         }
                     }
                     for (ri, orow) in o1.chunks_mut(n).enumerate() {
@@ -297,7 +306,15 @@ pub(crate) fn matmul_rows(
                         let w = &bytes[r * row_bytes..][..row_bytes];
                         // SAFETY: as above.
                         unsafe {
-                            super::rows_avx2::q5_0_rows::<1>(w, row_bytes, nb, &a.d, &a.qs, orow)
+                            if wide {
+                                super::rows_avx512::q5_0_tiled::<1>(
+                                    w, row_bytes, nb, &a.d, &a.qs, orow,
+                                )
+                            } else {
+                                super::rows_avx2::q5_0_rows::<1>(
+                                    w, row_bytes, nb, &a.d, &a.qs, orow,
+                                )
+                            }
                         }
                     }
                     return;
@@ -308,7 +325,7 @@ pub(crate) fn matmul_rows(
                     // SAFETY: the CPU features were detected above (and
                     // AVX-512's by `available`).
                     unsafe {
-                        if n > 1 && !force_avx2() && super::rows_avx512::available() {
+                        if wide {
                             super::rows_avx512::k_row(ty, w, nb, a, orow)
                         } else {
                             super::rows_avx2::k_row(ty, w, nb, a, orow)

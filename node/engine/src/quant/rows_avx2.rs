@@ -82,9 +82,7 @@ pub unsafe fn q5_0_rows<const R: usize>(
     ) {
         q5_0_impl::<false, R>(w, rb, nb, d, qs, out)
     }
-    if out.len() > R && !super::rows::force_avx2() && super::rows_avx512::available() {
-        super::rows_avx512::q5_0_tiled::<R>(w, row_bytes, nb, d, qs, out)
-    } else if std::is_x86_feature_detected!("avxvnni") {
+    if std::is_x86_feature_detected!("avxvnni") {
         vnni::<R>(w, row_bytes, nb, d, qs, out)
     } else {
         avx2::<R>(w, row_bytes, nb, d, qs, out)
