@@ -32,7 +32,13 @@ impl Q8K {
         let nb = x.len() / QK_K;
         let mut out =
             Self { d: vec![0f32; nb], qs: vec![0i8; nb * QK_K], bsums: vec![0i32; nb * 16] };
-        let per = if nb >= 32 { nb.div_ceil(crate::par::threads()) } else { nb }.max(1);
+        if nb < 32 {
+            // A decode step: one part, no list of parts to build.
+            let Self { d, qs, bsums } = &mut out;
+            Self::quantize_blocks(x, d, qs, bsums);
+            return out;
+        }
+        let per = nb.div_ceil(crate::par::threads());
         let mut parts: Vec<_> = x
             .chunks(per * QK_K)
             .zip(out.d.chunks_mut(per))

@@ -617,7 +617,13 @@ impl QActs {
             sum_q: vec![0i32; n * nb],
             qs: vec![0i8; n * cols],
         };
-        let per = if n >= 8 { n.div_ceil(crate::par::threads()) } else { n }.max(1);
+        if n < 8 {
+            // A decode step: one part, no list of parts to build.
+            let Self { d, s, sum_q, qs } = &mut out;
+            Self::quantize_rows(x, d, s, sum_q, qs);
+            return out;
+        }
+        let per = n.div_ceil(crate::par::threads());
         let mut parts: Vec<_> = x
             .chunks(per * cols)
             .zip(out.d.chunks_mut(per * nb))
