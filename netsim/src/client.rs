@@ -277,6 +277,39 @@ pub fn request_json(
     Ok((status, v))
 }
 
+/// A request with any content type whose answer is read whole as text
+/// (a JSONL file's content, a multipart upload's answer).
+pub fn request_text(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, String), Error> {
+    let mut s = connect(addr, None)?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut all = vec![];
+    s.read_to_end(&mut all)?;
+    let end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| Error::Http("no response head".into()))?;
+    let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let rest = &all[end + 4..];
+    let body =
+        if head.contains("transfer-encoding: chunked") { Dechunker::default().push(rest) } else { rest.to_vec() };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
 /// Incremental decoder of a chunked HTTP/1.1 body.
 #[derive(Default)]
 struct Dechunker {

@@ -346,6 +346,22 @@ fn admit(by: &Path, dir: &Path, a: &crate::scenario::Admission, out: &Path) -> R
     Ok(())
 }
 
+/// The id of `tenant`'s membership key in the gateway data directory `by`
+/// (made if missing): what a worker's `--trust-tenant` names.
+fn tenant_issuer(by: &Path, tenant: &str) -> Result<String, Error> {
+    use gcs_node::tenants::{Group, TenantError, TenantStore};
+    let setup = |e: String| Error::Setup(format!("tenant {tenant} of {}: {e}", by.display()));
+    let store = TenantStore::new(by);
+    let group = Group::Tenant(tenant.into());
+    match store.create(&group) {
+        Ok(id) => Ok(id.to_string()),
+        Err(TenantError::Exists(_)) => {
+            Ok(store.key(&group).map_err(|e| setup(e.to_string()))?.node_id().to_string())
+        }
+        Err(e) => Err(setup(e.to_string())),
+    }
+}
+
 /// The tenants every HTTP node of a cluster holds API keys of.
 pub const SHARED_TENANTS: [&str; 2] = ["netsim", "netsim-reference"];
 
@@ -486,6 +502,10 @@ impl Cluster {
                 let cert = dir.join(format!("membership-{k}.cert"));
                 admit(&root.join(&a.by), &dir, a, &cert)?;
                 args.extend(["--membership".into(), cert.to_string_lossy().into_owned()]);
+            }
+            for t in &s.trusts {
+                let issuer = tenant_issuer(&root.join(&t.by), &t.tenant)?;
+                args.extend(["--trust-tenant".into(), format!("{}={issuer}", t.tenant)]);
             }
             for b in &s.bootstrap {
                 let peer = c.nodes.get(b).ok_or_else(|| {

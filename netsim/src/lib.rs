@@ -7,6 +7,7 @@ pub mod adversary;
 pub mod adversary_flood;
 pub mod adversary_sybil;
 pub mod adversary_trust;
+pub mod batch;
 pub mod checks;
 pub mod client;
 pub mod cluster;

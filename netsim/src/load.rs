@@ -85,6 +85,7 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
         clock_skew_s: None,
         registers: true,
         admitted: vec![],
+        trusts: vec![],
     }];
     for i in 0..spec.workers {
         nodes.push(NodeSpec {
@@ -95,6 +96,7 @@ pub fn run(spec: &LoadSpec, bin: &Path, workdir: &Path) -> Result<LoadReport, Er
             clock_skew_s: None,
             registers: true,
             admitted: vec![],
+            trusts: vec![],
         });
     }
     let cluster = Cluster::start(bin, workdir, &nodes)?;

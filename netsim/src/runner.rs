@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::batch;
 use crate::client::{self, progress, ChatRequest, Record, Shared, Terminal};
 use crate::cluster::{registering_workers, Cluster, ClusterOpts, Node, Views};
 use crate::history::{Check, Entry};
@@ -30,6 +31,9 @@ pub struct FaultEvent {
     /// Content frames the triggering request had received when the node
     /// was frozen (for `after_tokens` triggers).
     pub frames_at_fault: Option<u64>,
+    /// The processing subtask a `lock_holder` target held when it was hit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subtask: Option<String>,
 }
 
 /// The outcome of a scenario.
@@ -137,15 +141,18 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     let opts = ClusterOpts { network: s.network, netsim_bin: None };
     let mut cluster = Cluster::start_with(bin, workdir, &s.node_specs(), &opts)?;
     let references = take_references(s, &cluster, workdir)?;
-    settle(&cluster, !references.is_empty());
+    let batch_references = batch::references(s, &cluster)?;
+    settle(&cluster, !references.is_empty() || !batch_references.is_empty());
     start_adversaries(s, &mut cluster)?;
     let mut rss = RssWatch::start(&cluster);
     let t0 = Instant::now();
     let running = start_clients(s, &cluster)?;
-    let faults = play_faults(s, &mut cluster, &running, &mut rss, t0)?;
+    let batches = batch::start(s, &cluster)?;
+    let faults = play_faults(s, &mut cluster, (&running, &batches), &mut rss, t0)?;
     let traffic_end = Instant::now();
     let entries = collect_history(s, &cluster, running, &faults.died, &references)?;
     let mut run_checks = cluster_checks(s, &cluster, traffic_end, &entries);
+    run_checks.extend(batch::judge(s, &cluster, batches, &batch_references, &faults.events));
     run_checks.extend(faults.checks());
     let rss_growth_mib = rss.growth_mib();
     run_checks.push(rss_check(s, &rss_growth_mib));
@@ -318,26 +325,30 @@ fn spawn_client(
     })
 }
 
+/// The clients and the batch pollers of a run.
+type Traffic<'a> = (&'a [Running], &'a [batch::Running]);
+
 /// Plays the fault schedule and samples memory while the clients run,
-/// until every request has ended and every hold is over, or the longest
-/// request timeout plus a minute has passed (a hung client must not hang
+/// until every request and batch has ended and every hold is over, or the
+/// longest timeout plus a minute has passed (a hung client must not hang
 /// the run).
 fn play_faults(
     s: &Scenario,
     cluster: &mut Cluster,
-    running: &[Running],
+    traffic: Traffic<'_>,
     rss: &mut RssWatch,
     t0: Instant,
 ) -> Result<Faults, Error> {
     let mut faults = Faults::new(s);
     let longest = s.requests.iter().map(|r| r.timeout_s).max().unwrap_or(60);
-    let hard_stop = t0 + Duration::from_secs(longest + 60);
+    let hard_stop = t0 + Duration::from_secs(longest.max(batch::longest_s(s)) + 60);
     loop {
-        let all_done = running.iter().all(|r| progress(&r.shared).ended);
+        let all_done = traffic.0.iter().all(|r| progress(&r.shared).ended)
+            && traffic.1.iter().all(|b| b.progress().ended);
         if (all_done && !faults.holds_left()) || Instant::now() > hard_stop {
             break;
         }
-        faults.step(cluster, s, running, t0)?;
+        faults.step(cluster, s, traffic, t0)?;
         rss.sample(cluster);
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -412,7 +423,7 @@ impl Faults {
         &mut self,
         cluster: &mut Cluster,
         s: &Scenario,
-        running: &[Running],
+        traffic: Traffic<'_>,
         t0: Instant,
     ) -> Result<(), Error> {
         for f in self.pending.iter_mut() {
@@ -422,7 +433,7 @@ impl Faults {
             if f.fired {
                 continue;
             }
-            let Some(ev) = try_fire(cluster, &f.spec, s, running, t0)? else { continue };
+            let Some(ev) = try_fire(cluster, &f.spec, s, traffic, t0)? else { continue };
             f.fired_on(&ev.node);
             if matches!(f.spec.action, Action::Kill | Action::Restart) {
                 self.died.push(ev.node.clone());
@@ -728,7 +739,7 @@ fn try_fire(
     cluster: &mut Cluster,
     f: &FaultSpec,
     s: &Scenario,
-    running: &[Running],
+    (running, batches): Traffic<'_>,
     t0: Instant,
 ) -> Result<Option<FaultEvent>, Error> {
     let at_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -739,6 +750,11 @@ fn try_fire(
     });
     if let Some(at) = t.at_ms {
         if at_ms < at {
+            return Ok(None);
+        }
+    } else if let (Some(name), Some(k)) = (&t.batch, t.after_done) {
+        let p = batches.iter().find(|b| &b.name == name).map(batch::Running::progress);
+        if p.is_none_or(|p| p.done < k || p.ended) {
             return Ok(None);
         }
     } else {
@@ -753,12 +769,13 @@ fn try_fire(
         cluster.cut(a, b, false)?;
         let node = format!("{}|{}", a.join(","), b.join(","));
         let frames_at_fault = watched.map(|w| progress(&w).content_frames);
-        return Ok(Some(FaultEvent { at_ms, action: "partition".into(), node, frames_at_fault }));
+        let action = "partition".into();
+        return Ok(Some(FaultEvent { at_ms, action, node, frames_at_fault, subtask: None }));
     }
-    let target = if f.target == "busy_worker" {
-        lease_holder(cluster, watched.as_ref())
-    } else {
-        Some(f.target.clone())
+    let (target, subtask) = match f.target.as_str() {
+        "busy_worker" => (lease_holder(cluster, watched.as_ref()), None),
+        "lock_holder" => batch::lock_holder(cluster).map_or((None, None), |(n, t)| (Some(n), Some(t))),
+        _ => (Some(f.target.clone()), None),
     };
     let Some(node) = target else { return Ok(None) };
     if f.action == Action::Isolate {
@@ -766,7 +783,8 @@ fn try_fire(
         cluster.cut(std::slice::from_ref(&node), &others, false)?;
         std::thread::sleep(Duration::from_millis(50));
         let frames_at_fault = watched.map(|w| progress(&w).content_frames);
-        return Ok(Some(FaultEvent { at_ms, action: "isolate".into(), node, frames_at_fault }));
+        let action = "isolate".into();
+        return Ok(Some(FaultEvent { at_ms, action, node, frames_at_fault, subtask }));
     }
     // Freeze first, then read the client's progress: what it had when the
     // node stopped is what the fault "landed after".
@@ -779,7 +797,7 @@ fn try_fire(
         _ => {}
     }
     let action = format!("{:?}", f.action).to_lowercase();
-    Ok(Some(FaultEvent { at_ms, action, node, frames_at_fault }))
+    Ok(Some(FaultEvent { at_ms, action, node, frames_at_fault, subtask }))
 }
 
 /// The worker holding the watched request's job, if one is busy. A worker

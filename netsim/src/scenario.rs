@@ -20,7 +20,11 @@ pub struct Scenario {
     /// Nodes, started in order; `bootstrap` names earlier nodes.
     pub nodes: Vec<NodeSpec>,
     /// Client requests.
+    #[serde(default)]
     pub requests: Vec<RequestSpec>,
+    /// Batches (`/v1/files` + `/v1/batches`), run beside the requests.
+    #[serde(default)]
+    pub batches: Vec<crate::batch::BatchSpec>,
     /// Faults.
     #[serde(default)]
     pub faults: Vec<FaultSpec>,
@@ -240,6 +244,9 @@ pub struct NodeSpec {
     /// given as `--membership`.
     #[serde(default)]
     pub admitted: Vec<Admission>,
+    /// Tenants whose processing tasks this worker takes.
+    #[serde(default)]
+    pub trusts: Vec<TrustSpec>,
 }
 
 /// One admission of a node by a tenant's or swarm's key.
@@ -257,6 +264,18 @@ pub struct Admission {
     /// A tenant-gateway certificate instead of a member's.
     #[serde(default)]
     pub gateway: bool,
+}
+
+/// A tenant whose gateways' processing tasks a worker takes
+/// (`--trust-tenant TENANT=ISSUER`, the issuer being the tenant key that
+/// gateway `by` holds, made if missing).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustSpec {
+    /// The gateway whose data directory holds the tenant's key.
+    pub by: String,
+    /// The tenant.
+    pub tenant: String,
 }
 
 /// What a request group must end as, beyond the universal checks.
@@ -381,6 +400,12 @@ pub struct Trigger {
     /// holds the job, no token yet).
     #[serde(default)]
     pub after_tokens: Option<u64>,
+    /// Or: once this batch ...
+    #[serde(default)]
+    pub batch: Option<String>,
+    /// ... has this many requests answered (completed + failed).
+    #[serde(default)]
+    pub after_done: Option<u64>,
 }
 
 /// What a fault does.
@@ -407,8 +432,9 @@ pub enum Action {
 pub struct FaultSpec {
     /// What.
     pub action: Action,
-    /// A node name, or `busy_worker`: the `all` node whose worker runs a job
-    /// (not used by `partition`).
+    /// A node name, or `busy_worker`: the `all` node whose worker runs a job,
+    /// or `lock_holder`: a worker holding a processing subtask's lock (its
+    /// log says so; not used by `partition`).
     #[serde(default)]
     pub target: String,
     /// The two sides of a `partition`.
@@ -509,6 +535,19 @@ impl Scenario {
                 return bad(format!("request {} names no HTTP node {}", r.name, r.gateway));
             }
         }
+        for b in &self.batches {
+            if !self.nodes.iter().any(|x| x.name == b.gateway && x.role.serves_http()) {
+                return bad(format!("batch {} names no HTTP node {}", b.name, b.gateway));
+            }
+            if !(1..=1000).contains(&b.lines) {
+                return bad(format!("batch {}: lines must be 1..=1000", b.name));
+            }
+        }
+        for n in &self.nodes {
+            if let Some(t) = n.trusts.iter().find(|t| !node(&t.by)) {
+                return bad(format!("{} trusts a tenant of {}, which is not a node", n.name, t.by));
+            }
+        }
         for f in &self.faults {
             let cuts = matches!(f.action, Action::Isolate | Action::Partition);
             if cuts && self.network != NetworkMode::Netns {
@@ -518,12 +557,21 @@ impl Scenario {
                 if f.sides.len() != 2 || f.sides.iter().flatten().any(|n| !node(n)) {
                     return bad("a partition needs sides = [[nodes...], [nodes...]]".into());
                 }
-            } else if f.target != "busy_worker" && !node(&f.target) {
+            } else if !matches!(f.target.as_str(), "busy_worker" | "lock_holder") && !node(&f.target) {
                 return bad(format!("fault target {} is not a node", f.target));
             }
             let t = &f.trigger;
-            if t.at_ms.is_none() && (t.request.is_none() || t.after_tokens.is_none()) {
-                return bad("a trigger needs at_ms, or request and after_tokens".into());
+            let on_request = t.request.is_some() && t.after_tokens.is_some();
+            let on_batch = t.batch.is_some() && t.after_done.is_some();
+            if t.at_ms.is_none() && !on_request && !on_batch {
+                return bad(
+                    "a trigger needs at_ms, request and after_tokens, or batch and after_done".into(),
+                );
+            }
+            if let Some(b) = &t.batch {
+                if !self.batches.iter().any(|x| &x.name == b) {
+                    return bad(format!("trigger names no batch {b}"));
+                }
             }
             if let Some(r) = &t.request {
                 if !self.requests.iter().any(|x| &x.name == r) {

@@ -334,7 +334,7 @@ fn fire(
     }
     let at_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
     let action = format!("{:?}", f.action).to_lowercase();
-    p.event = Some(FaultEvent { at_ms, action, node, frames_at_fault });
+    p.event = Some(FaultEvent { at_ms, action, node, frames_at_fault, subtask: None });
     Ok(p)
 }
 

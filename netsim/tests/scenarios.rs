@@ -260,3 +260,12 @@ fn a_poisoned_catalogue_and_a_fake_gateways_flood_change_nothing_honest() {
 fn a_fake_private_member_never_serves_the_tenants_jobs() {
     run_all(&["adversary_membership"]);
 }
+
+/// Batches on the processing queue (issue 20 §4): a worker holding a
+/// subtask's lock killed mid-batch while interactive streams run, and the
+/// gateway restarted mid-batch; each batch completes with every line
+/// answered once, equal to the request sent alone, metered once.
+#[test]
+fn a_batch_survives_a_killed_worker_and_a_restarted_gateway() {
+    run_all(&["batch_worker_killed", "batch_gateway_restart"]);
+}

@@ -165,6 +165,9 @@ impl Processor<'_> {
                 self.ks, &task_id, self.key, self.lease_ms, &avoid, self.trust, now,
             )?;
             let Some(mut held) = got else { continue };
+            // Operators (and netsim's `lock_holder` target) read what a
+            // worker holds from this line and the one that ends it.
+            tracing::info!(subtask = %held.0.task_key, lock_id = %held.0.lock_id, lease_ms = self.lease_ms, "processing subtask locked");
             publish(held.1.clone());
             let r = self.run(&t, &mut held, src, cancel, clock, publish);
             self.give_back(&held.0, &r, clock(), publish);
