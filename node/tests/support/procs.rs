@@ -55,7 +55,7 @@ impl Node {
             .args(["--listen", &format!("/ip4/127.0.0.1/tcp/{p2p}")])
             .args(["--heartbeat-ms", &heartbeat_ms.to_string()])
             .args(args)
-            .env("RUST_LOG", "info,libp2p=warn")
+            .env("RUST_LOG", std::env::var("GCS_TEST_NODE_LOG").unwrap_or_else(|_| "info,libp2p=warn".into()))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
