@@ -181,17 +181,21 @@ pub mod keys {
     pub fn processing_task(task_id: &str) -> String {
         key(N::ProcessingTasks, format_args!("{task_id}"))
     }
-    /// The live lock on one subtask (`<task_id>/<subtask_id>`).
-    pub fn processing_lock(task_key: &str) -> String {
-        key(N::ProcessingLocks, format_args!("{task_key}"))
+    /// One lock (its latest renewal) on one subtask (`<task_id>/<subtask_id>`):
+    /// each lock under its own key, so replicas keep every contender and the
+    /// queue's rules, not the register's last writer, pick the holder.
+    pub fn processing_lock(task_key: &str, lock_id: &str) -> String {
+        key(N::ProcessingLocks, format_args!("{task_key}/{lock_id}"))
     }
     /// Every lock of a task.
     pub fn processing_locks(task_id: &str) -> String {
         key(N::ProcessingLocks, format_args!("{task_id}/"))
     }
-    /// The signed result of one subtask (`<task_id>/<subtask_id>`).
-    pub fn processing_result(task_key: &str) -> String {
-        key(N::ProcessingResults, format_args!("{task_key}"))
+    /// A signed result of one subtask (`<task_id>/<subtask_id>`) by one
+    /// node: a contest's loser and winner may both answer, and only the
+    /// holder's counts.
+    pub fn processing_result(task_key: &str, node_id: &str) -> String {
+        key(N::ProcessingResults, format_args!("{task_key}/{node_id}"))
     }
     /// Every result of a task.
     pub fn processing_results(task_id: &str) -> String {
@@ -344,7 +348,10 @@ mod tests {
             assert_eq!(Namespace::of_key(&k).unwrap(), ns, "{k}");
         }
         assert!(keys::stream_chunk("j", 7).starts_with(&keys::stream("j")));
-        assert!(keys::stream_chunk("j", 10) > keys::stream_chunk("j", 9), "scans in sequence order");
+        assert!(
+            keys::stream_chunk("j", 10) > keys::stream_chunk("j", 9),
+            "scans in sequence order"
+        );
         assert!(keys::job_of_tenant("t", "j").starts_with(&keys::jobs_of_tenant("t")));
         assert!(keys::confined_job("j").starts_with(&keys::confined_jobs()));
         assert!(keys::open_job("j").starts_with(keys::open_jobs()));

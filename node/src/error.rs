@@ -170,4 +170,13 @@ pub enum RefusedDelta {
     /// Usage filed under another tenant than its API key's.
     #[error("API key {0} belongs to another tenant")]
     ForeignKey(String),
+    /// A processing record the queue state replayed here refuses: a lock
+    /// on a subtask already done or held, a late copy of a released lock,
+    /// a release of a lock no longer live, a result whose lock has not
+    /// reached this node, a record of a task not here yet. Honest replicas
+    /// race into these, so a gossiped one is dropped, not penalised (the
+    /// peer that forwarded it, or wrote it from a view a moment old, did
+    /// nothing wrong); its bytes still count against its author's quota.
+    #[error("{0} (stale here)")]
+    Stale(gcs_protocol::ProtocolError),
 }

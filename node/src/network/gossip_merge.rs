@@ -63,6 +63,9 @@ pub(super) fn acceptance(
         Ok(()) => MessageAcceptance::Accept,
         Err(Refused::Quota(_)) if author == source => MessageAcceptance::Reject,
         Err(Refused::Quota(_) | Refused::Clock(_)) => MessageAcceptance::Ignore,
+        // Replicas race (a lock on a subtask finished a moment ago): not
+        // forwarded, and no one's score pays for it.
+        Err(Refused::Delta(crate::error::RefusedDelta::Stale(_))) => MessageAcceptance::Ignore,
         Err(Refused::Delta(_)) => MessageAcceptance::Reject,
     }
 }
@@ -205,5 +208,14 @@ mod tests {
         );
         let clock = Refused::Clock("ahead".into());
         assert!(matches!(acceptance(&Err(&clock), &a, &a), MessageAcceptance::Ignore));
+        // A processing record the replica's queue state refuses: replicas
+        // race, so neither its author nor a relay is penalised; a forged
+        // or misfiled record still is.
+        let why = gcs_protocol::ProtocolError::Field { field: "lock", reason: "done".into() };
+        let stale = Refused::Delta(crate::error::RefusedDelta::Stale(why));
+        assert!(matches!(acceptance(&Err(&stale), &a, &a), MessageAcceptance::Ignore));
+        assert!(matches!(acceptance(&Err(&stale), &a, &b), MessageAcceptance::Ignore));
+        let forged = Refused::Delta(crate::error::RefusedDelta::NotTheAuthor("processing.locks"));
+        assert!(matches!(acceptance(&Err(&forged), &a, &b), MessageAcceptance::Reject));
     }
 }

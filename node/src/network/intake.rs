@@ -112,7 +112,9 @@ impl Intake {
         // Usage refused before its own checks still counts as a refused
         // usage record (`gcs_usage_refused_total`).
         let usage = |why| {
-            if gcs_keyspace::Namespace::of_key(&d.key).ok() == Some(gcs_keyspace::Namespace::ApiUsage) {
+            if gcs_keyspace::Namespace::of_key(&d.key).ok()
+                == Some(gcs_keyspace::Namespace::ApiUsage)
+            {
                 self.trust.count_refused_usage(why);
             }
         };
@@ -127,11 +129,13 @@ impl Intake {
             usage(UsageRefusal::Quota);
             return Err(e.into());
         }
-        let out = replication::merge_scoped(&self.keyspace, d, served, &self.trust, now_ms)?;
-        if matches!(out, MergeOutcome::Changed(_)) {
+        let out = replication::merge_scoped(&self.keyspace, d, served, &self.trust, now_ms);
+        // A stale record cost a replay and is not penalised: its author's
+        // quota bounds how many a peer can send.
+        if matches!(out, Ok(MergeOutcome::Changed(_)) | Err(RefusedDelta::Stale(_))) {
             self.quotas().charge(peer, size, now_ms);
         }
-        Ok(out)
+        Ok(out?)
     }
 }
 
@@ -173,7 +177,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let deltas = jobs(30, 1_000);
         let size = deltas[0].len() as u64;
-        let i = intake(&dir, QuotaConfig { window_ms: 60_000, max_bytes: 10 * size, max_keys: 1000 });
+        let i =
+            intake(&dir, QuotaConfig { window_ms: 60_000, max_bytes: 10 * size, max_keys: 1000 });
         let (flooder, honest) = (PeerId::random(), PeerId::random());
         let mut accepted = 0;
         for d in &deltas[..20] {
@@ -225,7 +230,11 @@ mod tests {
         let peer_dir = tempfile::tempdir().unwrap();
         let peer = Keyspace::open(peer_dir.path(), "peer", Default::default()).unwrap();
         let mut set = peer
-            .set_add(&gcs_keyspace::keys::claims(&c.job_id), &gcs_protocol::encode(&c).unwrap(), 1_000)
+            .set_add(
+                &gcs_keyspace::keys::claims(&c.job_id),
+                &gcs_protocol::encode(&c).unwrap(),
+                1_000,
+            )
             .unwrap();
         if let CrdtValue::Set(s) = &mut set.value {
             s.clock.dots.insert("me".into(), u64::MAX);

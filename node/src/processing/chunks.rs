@@ -451,8 +451,9 @@ pub fn check_input(
 }
 
 /// The gateway's side of a delivery: an output from the holder of the lock
-/// it names (the subtask's stored lock), made before that lock expired,
-/// answering the stored input; kept once per chunk and lock.
+/// it names (the subtask's holder when the output was made, replayed from
+/// the stored records), made before that lock expired, answering the
+/// stored input; kept once per chunk and lock.
 pub fn accept_output(
     ks: &Keyspace,
     bytes: &[u8],
@@ -461,8 +462,8 @@ pub fn accept_output(
     let o: OutputChunk = decode(bytes, MAX_OUTPUT_BYTES + 4096)?;
     let s = records::stored(ks, &o.task_id)?.ok_or(ProcessingError::Unknown)?;
     let sub = subtask_of(&s, &o.chunk_id).ok_or(ProcessingError::Unknown)?;
-    let task_key = format!("{}/{}", o.task_id, sub.subtask_id);
-    let lock = s.locks.iter().find(|l| l.task_key == task_key).ok_or(ProcessingError::NotHolder)?;
+    let q = records::replay_at(&s, o.created_at_ms);
+    let lock = q.holder(&o.task_id, &sub.subtask_id).ok_or(ProcessingError::NotHolder)?;
     if lock.lock_id != o.lock_id
         || lock.node_id != o.node_id
         || o.created_at_ms >= lock.expires_at_ms
@@ -501,7 +502,8 @@ fn check_metering(input: &InputChunk, o: &OutputChunk) -> Result<(), ProcessingE
         Ok(JobRequest::Generation(g)) => u64::from(g.max_tokens),
         Ok(JobRequest::Embedding(_)) | Err(_) => 0,
     };
-    let max_in = (input.body.len() as u64).saturating_add(crate::lifecycle::tracker::TEMPLATE_TOKENS);
+    let max_in =
+        (input.body.len() as u64).saturating_add(crate::lifecycle::tracker::TEMPLATE_TOKENS);
     if o.input_tokens > max_in || o.output_tokens > max_out {
         return Err(ProcessingError::TooLarge("metered tokens past the request's bounds"));
     }
@@ -509,7 +511,8 @@ fn check_metering(input: &InputChunk, o: &OutputChunk) -> Result<(), ProcessingE
         let body: serde_json::Value = serde_json::from_str(&o.body).unwrap_or_default();
         let said = |k: &str| body.get("usage").and_then(|u| u.get(k)).and_then(|v| v.as_u64());
         let differs = |k: &str, n: u64| said(k).is_some_and(|v| v != n);
-        if differs("prompt_tokens", o.input_tokens) || differs("completion_tokens", o.output_tokens) {
+        if differs("prompt_tokens", o.input_tokens) || differs("completion_tokens", o.output_tokens)
+        {
             return Err(ProcessingError::Mismatch("the answer's usage differs from its metering"));
         }
     }

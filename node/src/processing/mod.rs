@@ -13,6 +13,17 @@
 pub mod batch;
 pub mod chunks;
 pub mod queue;
+#[cfg(test)]
+mod queue_tests;
+pub mod records;
+#[cfg(test)]
+mod records_tests;
+pub mod release;
+#[cfg(test)]
+mod release_tests;
+pub mod replay;
+#[cfg(test)]
+mod replay_tests;
 pub mod serve;
 #[cfg(test)]
 mod serve_tests;
@@ -20,11 +31,3 @@ pub mod shell;
 pub mod worker;
 #[cfg(test)]
 mod worker_tests;
-#[cfg(test)]
-mod queue_tests;
-pub mod records;
-pub mod release;
-#[cfg(test)]
-mod release_tests;
-#[cfg(test)]
-mod records_tests;

@@ -190,6 +190,16 @@ fn task_of(task_key: &str) -> &str {
     task_key.split('/').next().unwrap_or_default()
 }
 
+/// When a lock was first made: a renewal keeps the lock id (a ULID of its
+/// first creation) and moves `created_at_ms`, so the id's time orders a
+/// lock and its renewals alike (contests, and the records' replay). A lock
+/// id that is not a ULID of an earlier time (tests' short ids) is ordered
+/// by `created_at_ms`.
+pub fn origin_ms(l: &TaskLock) -> u64 {
+    gcs_protocol::ids::id_time_ms(&l.lock_id, gcs_protocol::ids::LOCK)
+        .map_or(l.created_at_ms, |t| t.min(l.created_at_ms))
+}
+
 fn refused(reason: &'static str) -> Vec<Effect> {
     vec![Effect::Refused { reason }]
 }
@@ -260,13 +270,10 @@ impl TaskQueue {
                 return refused("duplicate subtask id");
             }
         }
-        self.tasks
-            .insert(t.task_id, Task {
-            created_at_ms: t.created_at_ms,
-            subs: map,
-            complete: false,
-            cancelled: false,
-        });
+        self.tasks.insert(
+            t.task_id,
+            Task { created_at_ms: t.created_at_ms, subs: map, complete: false, cancelled: false },
+        );
         vec![]
     }
 
@@ -332,11 +339,11 @@ impl TaskQueue {
             cur.expires_at_ms = l.expires_at_ms;
             return vec![Effect::Renewed { lock_id: l.lock_id, expires_at_ms: l.expires_at_ms }];
         }
-        let earlier = (l.created_at_ms, &l.lock_id) < (cur.created_at_ms, &cur.lock_id);
+        let earlier = (origin_ms(&l), &l.lock_id) < (origin_ms(cur), &cur.lock_id);
         if !earlier {
             return refused("subtask locked by an earlier lock");
         }
-        if l.created_at_ms + CONTEST_MS < cur.created_at_ms {
+        if origin_ms(&l) + CONTEST_MS < origin_ms(cur) {
             return refused("lock created too long before the held one");
         }
         let lost = std::mem::replace(cur, l);

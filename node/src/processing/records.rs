@@ -1,9 +1,10 @@
 //! The processing queue in the keyspace (26.2, 26.22; specs/batch.md,
 //! "Processing queue records"): a task is one signed [`TaskRecord`] under
 //! `/gcs/processing/tasks/<task_id>` (its subtasks inside it), the live lock
-//! of a subtask a signed `TaskLock` under `/gcs/processing/locks/<task>/<sub>`
-//! and its result a signed `TaskResult` (one subtask) under
-//! `/gcs/processing/results/<task>/<sub>`.
+//! each lock of a subtask a signed `TaskLock` under
+//! `/gcs/processing/locks/<task>/<sub>/<lock_id>` and a result a signed
+//! `TaskResult` (one subtask) under `/gcs/processing/results/<task>/<sub>/<node>`
+//! (the task's state is replayed from them: [`super::replay`]).
 //!
 //! Authority, checked on every record before it is stored, the node's own
 //! as much as a peer's (the record-authority rows of specs/network.md):
@@ -12,8 +13,9 @@
 //! - a lock only signed by the worker it names (its signer), and only if
 //!   the queue rules take it (first valid lock wins, renewal by the holder,
 //!   expiry), replayed from the stored records;
-//! - a result only from the holder of the subtask's stored lock, created
-//!   before that lock expired, covering the subtask's chunks, once;
+//! - at most [`MAX_LOCKS_PER_SUBTASK`] locks a subtask;
+//! - a result only from the node that held the subtask's lock when it was
+//!   made (replayed), covering the subtask's chunks, once per node;
 //! - a release (with or without a failure) only from the holder of the
 //!   lock it carries, within that lock's lease, once per lock, at most
 //!   [`MAX_RELEASES_PER_SUBTASK`] per subtask, and only if the queue rules,
@@ -31,13 +33,19 @@ use gcs_protocol::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::queue::{Effect, Input, TaskQueue, MAX_SUBTASKS};
+use super::queue::{Effect, Input, MAX_SUBTASKS};
 use super::release::{TaskCancel, TaskRelease, MAX_RELEASES_PER_SUBTASK};
+use super::replay::replay_watching;
+pub use super::replay::{replay, replay_at, stored, Stored};
 use crate::error::RefusedDelta;
 use crate::tenants::TenantTrust;
 
 /// Largest encoded task record (a task of [`MAX_SUBTASKS`] small subtasks).
 pub const MAX_TASK_RECORD_BYTES: usize = 1024 * 1024;
+/// Locks one subtask may have: each is taken only while the subtask is
+/// free (or wins a contest), so honest work uses a handful; a node that
+/// locks and releases in a loop is stopped by the release bound first.
+pub const MAX_LOCKS_PER_SUBTASK: usize = 64;
 /// Largest encoded lock or result record.
 pub const MAX_ENTRY_BYTES: usize = 64 * 1024;
 /// Chunk ids one subtask may name.
@@ -224,7 +232,8 @@ fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
             };
             l.check_fields(&limits())?;
             gcs_protocol::verify(&l)?;
-            if keys::processing_lock(&l.task_key) != key {
+            let two = l.task_key.split('/').count() == 2;
+            if !two || keys::processing_lock(&l.task_key, &l.lock_id) != key {
                 return Err(misfiled(MessageType::TaskLock, &l.task_key, key));
             }
             Ok(Record::Lock(l))
@@ -240,7 +249,7 @@ fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
                 return Err(RefusedDelta::Envelope(field("subtask_results", "exactly one")));
             };
             let task_key = format!("{}/{}", r.task_id, one.subtask_id);
-            if keys::processing_result(&task_key) != key {
+            if keys::processing_result(&task_key, &r.node_id.to_string()) != key {
                 return Err(misfiled(MessageType::TaskResult, &task_key, key));
             }
             Ok(Record::Result(r))
@@ -302,94 +311,6 @@ fn admitted_gateway(
     Ok(())
 }
 
-/// The task, locks and results stored for `task_id`.
-#[derive(Clone, Debug)]
-pub struct Stored {
-    /// The task record.
-    pub task: TaskRecord,
-    /// Its subtasks' live locks.
-    pub locks: Vec<TaskLock>,
-    /// Its subtasks' results.
-    pub results: Vec<TaskResult>,
-    /// Locks their holders gave back (some with a failure).
-    pub releases: Vec<TaskRelease>,
-    /// Its gateway's cancel.
-    pub cancel: Option<TaskCancel>,
-}
-
-/// Reads what this node holds of a task.
-pub fn stored(ks: &Keyspace, task_id: &str) -> Result<Option<Stored>, RefusedDelta> {
-    let Some(task) = ks.find_cbor::<TaskRecord>(&keys::processing_task(task_id))? else {
-        return Ok(None);
-    };
-    let locks = ks.scan_cbor::<TaskLock>(&keys::processing_locks(task_id))?;
-    let results = ks.scan_cbor::<TaskResult>(&keys::processing_results(task_id))?;
-    let releases = ks.scan_cbor::<TaskRelease>(&keys::processing_releases(task_id))?;
-    Ok(Some(Stored {
-        task,
-        locks: locks.into_iter().map(|(_, l)| l).collect(),
-        results: results.into_iter().map(|(_, r)| r).collect(),
-        releases: releases.into_iter().map(|(_, r)| r).collect(),
-        cancel: ks.find_cbor::<TaskCancel>(&keys::processing_cancel(task_id))?,
-    }))
-}
-
-/// Rebuilds a task's queue from its records (task; every released lock
-/// and its release, in lock order; every live lock; every result under
-/// its subtask's lock; the cancel), then lets time pass to `now_ms`.
-pub fn replay(s: &Stored, now_ms: u64) -> TaskQueue {
-    replay_watching(s, now_ms, None).0
-}
-
-/// [`replay`], and whether the release of lock `watch` freed its subtask.
-fn replay_watching(s: &Stored, now_ms: u64, watch: Option<&str>) -> (TaskQueue, bool) {
-    let mut q = TaskQueue::default();
-    let mut took = false;
-    if let Some(t) = s.task.task() {
-        q.handle(Input::Enqueue(t.clone(), s.task.subtasks.clone()), s.task.created_at_ms);
-    }
-    let mut released: Vec<&TaskRelease> = s.releases.iter().collect();
-    released.sort_by(|a, b| {
-        (a.lock.created_at_ms, &a.lock.lock_id).cmp(&(b.lock.created_at_ms, &b.lock.lock_id))
-    });
-    for r in &released {
-        q.handle(Input::Lock(r.lock.clone()), r.lock.created_at_ms);
-        let (node, lock_id) = (r.node_id.clone(), r.lock.lock_id.clone());
-        let input = match &r.failure {
-            Some(reason) => Input::Failed { node, lock_id, reason: reason.clone() },
-            None => Input::Release { node, lock_id },
-        };
-        let effects = q.handle(input, r.created_at_ms);
-        if watch == Some(r.lock.lock_id.as_str()) {
-            took = effects.iter().any(|e| matches!(e, Effect::Freed { .. } | Effect::MarkedBad { .. }));
-        }
-    }
-    // The lock key keeps a released lock until the next one replaces it.
-    for l in s.locks.iter().filter(|l| !released.iter().any(|r| r.lock.lock_id == l.lock_id)) {
-        q.handle(Input::Lock(l.clone()), l.created_at_ms);
-    }
-    for r in &s.results {
-        let (Some(one), Some(tid)) = (r.subtask_results.first(), s.task.task().map(|t| &t.task_id))
-        else {
-            continue;
-        };
-        let task_key = format!("{tid}/{}", one.subtask_id);
-        let Some(l) = s.locks.iter().find(|l| l.task_key == task_key) else { continue };
-        let input = Input::Result {
-            node: r.node_id.clone(),
-            lock_id: l.lock_id.clone(),
-            task_id: tid.clone(),
-            result: one.clone(),
-        };
-        q.handle(input, r.created_at_ms.min(l.expires_at_ms));
-    }
-    if let Some(c) = &s.cancel {
-        q.handle(Input::Cancel { task_id: c.task_id.clone() }, c.created_at_ms);
-    }
-    q.handle(Input::Tick, now_ms);
-    (q, took)
-}
-
 fn task_of(task_key: &str) -> &str {
     task_key.split('/').next().unwrap_or_default()
 }
@@ -399,7 +320,7 @@ fn rule(field_name: &'static str, effects: &[Effect]) -> RefusedDelta {
         Effect::Refused { reason } => Some(*reason),
         _ => None,
     });
-    RefusedDelta::Envelope(field(field_name, why.unwrap_or("refused by the queue rules")))
+    RefusedDelta::Stale(field(field_name, why.unwrap_or("refused by the queue rules")))
 }
 
 /// Checks a processing record against what this node holds, then stores
@@ -415,7 +336,15 @@ pub fn merge(
     if ks.get_bytes(&d.key)?.as_deref() == Some(bytes) {
         return Ok(MergeOutcome::Unchanged);
     }
-    check(ks, &d.key, bytes, trust, now_ms)?;
+    if let Err(e) = check(ks, &d.key, bytes, trust, now_ms) {
+        // A concurrent merge of the same record stored it meanwhile (a
+        // lock comes both by gossip and presented with a fetch): a copy,
+        // not a refusal, so gossip still forwards it.
+        if ks.get_bytes(&d.key)?.as_deref() == Some(bytes) {
+            return Ok(MergeOutcome::Unchanged);
+        }
+        return Err(e);
+    }
     Ok(ks.merge(d, now_ms)?)
 }
 
@@ -437,12 +366,20 @@ fn check(
         }
         Record::Lock(l) => {
             let Some(s) = stored(ks, task_of(&l.task_key))? else {
-                return Err(RefusedDelta::Envelope(field("task_key", "no such task here")));
+                return Err(RefusedDelta::Stale(field("task_key", "no such task here")));
             };
             // Released is final: a late copy of the lock (or a renewal)
             // must not take the subtask back from its next holder.
             if s.releases.iter().any(|r| r.lock.lock_id == l.lock_id) {
-                return Err(RefusedDelta::Envelope(field("lock", "lock already released")));
+                return Err(RefusedDelta::Stale(field("lock", "lock already released")));
+            }
+            let others = s
+                .locks
+                .iter()
+                .filter(|x| x.task_key == l.task_key && x.lock_id != l.lock_id)
+                .count();
+            if others >= MAX_LOCKS_PER_SUBTASK {
+                return Err(RefusedDelta::Envelope(field("lock", "too many locks of the subtask")));
             }
             let mut q = replay(&s, now_ms);
             let effects = q.handle(Input::Lock(l.clone()), now_ms);
@@ -461,19 +398,23 @@ fn check(
                 return Err(RefusedDelta::NotTheAuthor("processing.results"));
             }
             let Some(s) = stored(ks, &r.task_id)? else {
-                return Err(RefusedDelta::Envelope(field("task_id", "no such task here")));
+                return Err(RefusedDelta::Stale(field("task_id", "no such task here")));
             };
             let one = &r.subtask_results[0];
-            let task_key = format!("{}/{}", r.task_id, one.subtask_id);
-            let Some(l) = s.locks.iter().find(|l| l.task_key == task_key).cloned() else {
-                return Err(RefusedDelta::NotTheAuthor("processing.results"));
+            // Judged when it was made: a result replicated after its lock
+            // expired still counts, one made after does not, and only from
+            // the node the queue rules made the holder then.
+            let mut q = replay_at(&Stored { results: vec![], ..s }, r.created_at_ms);
+            // No holder, or another: its lock may not have reached this
+            // node yet (a forged result is refused the same way).
+            let not_holder =
+                || RefusedDelta::Stale(field("node_id", "not the subtask's holder then"));
+            let Some(l) = q.holder(&r.task_id, &one.subtask_id).cloned() else {
+                return Err(not_holder());
             };
             if l.node_id != r.node_id {
-                return Err(RefusedDelta::NotTheAuthor("processing.results"));
+                return Err(not_holder());
             }
-            // Judged when it was made under the lock: a result replicated
-            // after the lock expired still counts, one made after does not.
-            let mut q = replay(&Stored { results: vec![], ..s }, r.created_at_ms);
             let input = Input::Result {
                 node: r.node_id.clone(),
                 lock_id: l.lock_id.clone(),
@@ -490,15 +431,18 @@ fn check(
                 return Err(RefusedDelta::NotTheAuthor("processing.releases"));
             }
             let Some(mut s) = stored(ks, task_of(&r.lock.task_key))? else {
-                return Err(RefusedDelta::Envelope(field("lock", "no such task here")));
+                return Err(RefusedDelta::Stale(field("lock", "no such task here")));
             };
             let of_sub = s.releases.iter().filter(|x| x.lock.task_key == r.lock.task_key).count();
             if of_sub >= MAX_RELEASES_PER_SUBTASK {
-                return Err(RefusedDelta::Envelope(field("lock", "too many releases of the subtask")));
+                return Err(RefusedDelta::Envelope(field(
+                    "lock",
+                    "too many releases of the subtask",
+                )));
             }
             s.releases.push(r.clone());
-            if !replay_watching(&s, now_ms, Some(&r.lock.lock_id)).1 {
-                return Err(RefusedDelta::Envelope(field("lock", "not a live lock of its holder")));
+            if !replay_watching(&s, now_ms, &r.lock.lock_id).1 {
+                return Err(RefusedDelta::Stale(field("lock", "not a live lock of its holder")));
             }
         }
         Record::Cancel(c) => {
@@ -506,7 +450,7 @@ fn check(
                 return Err(RefusedDelta::NotTheAuthor("processing.cancels"));
             }
             let Some(s) = stored(ks, &c.task_id)? else {
-                return Err(RefusedDelta::Envelope(field("task_id", "no such task here")));
+                return Err(RefusedDelta::Stale(field("task_id", "no such task here")));
             };
             if s.task.gateway_node_id != c.gateway_node_id {
                 return Err(RefusedDelta::NotTheAuthor("processing.cancels"));
@@ -576,8 +520,8 @@ pub fn grab_avoiding(
         expires_at_ms,
         signature: None,
     };
-    let d =
-        write(ks, &keys::processing_lock(&lock.task_key), lock.clone(), node_key, trust, now_ms)?;
+    let key = keys::processing_lock(&lock.task_key, &lock.lock_id);
+    let d = write(ks, &key, lock.clone(), node_key, trust, now_ms)?;
     let mut signed = lock;
     gcs_protocol::sign(&mut signed, node_key)?;
     Ok(Some((signed, d)))
@@ -593,7 +537,10 @@ pub fn complete(
     trust: &TenantTrust,
     now_ms: u64,
 ) -> Result<Delta, RefusedDelta> {
-    let key = keys::processing_result(&format!("{task_id}/{}", result.subtask_id));
+    let key = keys::processing_result(
+        &format!("{task_id}/{}", result.subtask_id),
+        &node_key.node_id().to_string(),
+    );
     let r = TaskResult {
         message_type: MessageType::TaskResult,
         version: PROTOCOL_VERSION,

@@ -197,7 +197,7 @@ fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     let (_dc, scratch) = store();
     let early = signed_delta(
         &scratch,
-        &keys::processing_lock(&format!("{TASK}/s0")),
+        &keys::processing_lock(&format!("{TASK}/s0"), L1),
         lock("s0", L1, &worker, NOW),
         &worker,
     );
@@ -205,7 +205,7 @@ fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     merge_scoped(&b, t, &[], &trust, NOW).unwrap();
     let l1 = write(
         &a,
-        &keys::processing_lock(&format!("{TASK}/s0")),
+        &keys::processing_lock(&format!("{TASK}/s0"), L1),
         lock("s0", L1, &worker, NOW),
         &worker,
         &trust,
@@ -217,7 +217,7 @@ fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     let other = NodeKey::from_seed([9; 32]);
     let late = signed_delta(
         &a,
-        &keys::processing_lock(&format!("{TASK}/s0")),
+        &keys::processing_lock(&format!("{TASK}/s0"), L2),
         lock("s0", L2, &other, NOW + 10_000),
         &other,
     );
@@ -228,7 +228,7 @@ fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     forged.node_id = other.node_id();
     let fd = a
         .put(
-            &keys::processing_lock(&format!("{TASK}/s1")),
+            &keys::processing_lock(&format!("{TASK}/s1"), L2),
             gcs_protocol::encode(&forged).unwrap(),
             NOW,
         )
@@ -238,7 +238,7 @@ fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     let after = NOW + 70_000;
     let take = signed_delta(
         &a,
-        &keys::processing_lock(&format!("{TASK}/s0")),
+        &keys::processing_lock(&format!("{TASK}/s0"), L2),
         lock("s0", L2, &other, after),
         &other,
     );
@@ -256,7 +256,7 @@ fn a_result_comes_only_from_the_lock_holder_and_once() {
             .unwrap();
         write(
             ks,
-            &keys::processing_lock(&format!("{TASK}/s0")),
+            &keys::processing_lock(&format!("{TASK}/s0"), L1),
             lock("s0", L1, &worker, NOW),
             &worker,
             &trust,
@@ -265,15 +265,19 @@ fn a_result_comes_only_from_the_lock_holder_and_once() {
         .unwrap();
     }
     let other = NodeKey::from_seed([9; 32]);
-    let key = keys::processing_result(&format!("{TASK}/s0"));
-    let stolen = signed_delta(&a, &key, result("s0", &other, NOW + 5), &other);
+    let key_of =
+        |n: &NodeKey| keys::processing_result(&format!("{TASK}/s0"), &n.node_id().to_string());
+    let key = key_of(&worker);
+    let stolen = signed_delta(&a, &key_of(&other), result("s0", &other, NOW + 5), &other);
+    // Not the holder: refused, and not penalised (its lock may be on its
+    // way), so gossip only drops it.
     assert!(matches!(
         merge_scoped(&b, stolen, &[], &trust, NOW + 5).unwrap_err(),
-        RefusedDelta::NotTheAuthor(_)
+        RefusedDelta::Stale(_)
     ));
     let unlocked = signed_delta(
         &a,
-        &keys::processing_result(&format!("{TASK}/s1")),
+        &keys::processing_result(&format!("{TASK}/s1"), &worker.node_id().to_string()),
         result("s1", &worker, NOW + 5),
         &worker,
     );
@@ -311,7 +315,7 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
     deltas.push(
         write(
             &a,
-            &keys::processing_lock(&k("s0")),
+            &keys::processing_lock(&k("s0"), L1),
             lock("s0", L1, &worker, NOW),
             &worker,
             &trust,
@@ -322,7 +326,7 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
     deltas.push(
         write(
             &a,
-            &keys::processing_lock(&k("s1")),
+            &keys::processing_lock(&k("s1"), L2),
             lock("s1", L2, &other, NOW + 1),
             &other,
             &trust,
@@ -333,7 +337,7 @@ fn a_tasks_state_rebuilt_from_its_records_on_another_node_is_the_same() {
     deltas.push(
         write(
             &a,
-            &keys::processing_result(&k("s0")),
+            &keys::processing_result(&k("s0"), &worker.node_id().to_string()),
             result("s0", &worker, NOW + 2),
             &worker,
             &trust,

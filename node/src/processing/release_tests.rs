@@ -21,14 +21,19 @@ fn held_on_both(
     let mut signed = lock("s0", L1, worker, NOW);
     for ks in [a, b] {
         write(ks, &keys::processing_task(TASK), record(gateway, 2), gateway, trust, NOW).unwrap();
-        let k = keys::processing_lock(&format!("{TASK}/s0"));
+        let k = keys::processing_lock(&format!("{TASK}/s0"), L1);
         write(ks, &k, lock("s0", L1, worker, NOW), worker, trust, NOW).unwrap();
     }
     gcs_protocol::sign(&mut signed, worker).unwrap();
     signed
 }
 
-fn release_of(l: &gcs_protocol::TaskLock, by: &NodeKey, failure: Option<&str>, at: u64) -> TaskRelease {
+fn release_of(
+    l: &gcs_protocol::TaskLock,
+    by: &NodeKey,
+    failure: Option<&str>,
+    at: u64,
+) -> TaskRelease {
     TaskRelease {
         message_type: MessageType::TaskRelease,
         version: PROTOCOL_VERSION,
@@ -83,7 +88,7 @@ fn a_release_comes_only_from_the_holder_within_its_lease_and_once() {
     got.sort();
     assert_eq!(got, [l.task_key.clone(), format!("{TASK}/s1")]);
     // The old holder's result under its released lock is refused.
-    let rk = keys::processing_result(&l.task_key);
+    let rk = keys::processing_result(&l.task_key, &worker.node_id().to_string());
     let late = signed_delta(&scratch, &rk, result("s0", &worker, NOW + 9), &worker);
     assert!(merge_scoped(&b, late, &[], &trust, NOW + 9).is_err());
 }
@@ -100,7 +105,7 @@ fn three_failure_records_mark_a_subtask_bad_on_every_replica() {
         let at = NOW + 10 * i as u64;
         // Each worker locks s0, freed by the last failure.
         let mut l = lock("s0", &format!("lock_01JDZ0000000000000000000B{i}"), w, at);
-        let k = keys::processing_lock(&l.task_key);
+        let k = keys::processing_lock(&l.task_key, &l.lock_id);
         let d = write(&a, &k, l.clone(), w, &trust, at).unwrap();
         gcs_protocol::sign(&mut l, w).unwrap();
         merge_scoped(&b, d, &[], &trust, at).unwrap();
@@ -115,7 +120,10 @@ fn three_failure_records_mark_a_subtask_bad_on_every_replica() {
     let _ = crate::tenants::records::admit_sample_gateway(&[&c], &gateway);
     merge_scoped(&c, t, &[], &trust, NOW).unwrap();
     for r in releases.iter().rev() {
-        assert!(matches!(merge_scoped(&c, r.clone(), &[], &trust, NOW + 30).unwrap(), MergeOutcome::Changed(_)));
+        assert!(matches!(
+            merge_scoped(&c, r.clone(), &[], &trust, NOW + 30).unwrap(),
+            MergeOutcome::Changed(_)
+        ));
     }
     for ks in [&a, &b, &c] {
         let q = replay(&stored(ks, TASK).unwrap().unwrap(), NOW + 40);
@@ -175,9 +183,14 @@ fn a_cancel_comes_only_from_the_tasks_gateway_and_ends_new_locks() {
         assert!(grab(ks, TASK, &worker, 30_000, &trust, NOW + 5).unwrap().is_none());
     }
     // A lock on the free subtask, signed elsewhere: refused.
-    let k1 = keys::processing_lock(&format!("{TASK}/s1"));
+    let k1 = keys::processing_lock(&format!("{TASK}/s1"), "lock_01JDZ0000000000000000000A3");
     let other = NodeKey::from_seed([9; 32]);
-    let late = signed_delta(&scratch, &k1, lock("s1", "lock_01JDZ0000000000000000000A3", &other, NOW + 6), &other);
+    let late = signed_delta(
+        &scratch,
+        &k1,
+        lock("s1", "lock_01JDZ0000000000000000000A3", &other, NOW + 6),
+        &other,
+    );
     assert!(merge_scoped(&b, late, &[], &trust, NOW + 6).is_err(), "no lock after the cancel");
     // The holder of s0 may still give it back (it stops between requests).
     let d = give_back(&a, &l, None, &worker, &trust, NOW + 7).unwrap();

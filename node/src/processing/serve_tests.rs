@@ -11,7 +11,9 @@ use gcs_keyspace::{keys, Keyspace};
 use gcs_protocol::{samples, ApiType, Hash32, MessageType, NodeKey, SubTaskResult};
 
 use super::batch;
-use super::chunks::{self, Line, OutputChunk, ProcessingError, TaskParams, TaskSpec, CHUNK_VERSION};
+use super::chunks::{
+    self, Line, OutputChunk, ProcessingError, TaskParams, TaskSpec, CHUNK_VERSION,
+};
 use super::records;
 use super::serve;
 use crate::jobs::wire::{ChunkFetch, OutputDelivery, PROCESSING_WIRE_VERSION};
@@ -47,7 +49,11 @@ fn task(n: &Net) -> String {
     let spec = TaskSpec {
         tenant_id: "tenant_123".into(),
         batch_id: Some("batch_00112233445566778899aabb".into()),
-        params: TaskParams { v: CHUNK_VERSION, model: "m".into(), api_type: ApiType::ChatCompletion },
+        params: TaskParams {
+            v: CHUNK_VERSION,
+            model: "m".into(),
+            api_type: ApiType::ChatCompletion,
+        },
         cache_salt: "salt".into(),
         per_subtask: 2,
     };
@@ -93,7 +99,10 @@ fn metered(
     (input_tokens, output_tokens): (u64, u64),
     said: (u64, u64),
 ) -> Vec<u8> {
-    let input = n.stores[0].get_bytes(&keys::processing_chunk(task, &format!("c{index}"))).unwrap().unwrap();
+    let input = n.stores[0]
+        .get_bytes(&keys::processing_chunk(task, &format!("c{index}")))
+        .unwrap()
+        .unwrap();
     let mut o = OutputChunk {
         message_type: MessageType::TaskResult,
         version: CHUNK_VERSION,
@@ -120,14 +129,29 @@ fn only_the_lock_signer_fetches_and_a_lock_not_yet_gossiped_is_merged_from_the_r
     let n = net();
     let task = task(&n);
     // The worker's lock, stored only on its own side so far.
-    let (lock, d) = records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
-    let f = ChunkFetch { version: PROCESSING_WIRE_VERSION, lock: d.encode(), task_id: task.clone(), chunk_id: "c1".into() };
+    let (lock, d) =
+        records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
+    let f = ChunkFetch {
+        version: PROCESSING_WIRE_VERSION,
+        lock: d.encode(),
+        task_id: task.clone(),
+        chunk_id: "c1".into(),
+    };
     // Another peer presenting the holder's lock gets nothing.
     let r = serve::fetch(&n.stores[0], &n.trust, peer(&n.other), &f, NOW + 1);
     assert!(matches!(r, Err(ProcessingError::NotHolder)), "{r:?}");
     let bytes = serve::fetch(&n.stores[0], &n.trust, peer(&n.worker), &f, NOW + 1).unwrap();
-    assert_eq!(bytes, n.stores[0].get_bytes(&keys::processing_chunk(&task, "c1")).unwrap().unwrap());
-    assert!(n.stores[0].get_bytes(&keys::processing_lock(&lock.task_key)).unwrap().is_some(), "the lock was merged");
+    assert_eq!(
+        bytes,
+        n.stores[0].get_bytes(&keys::processing_chunk(&task, "c1")).unwrap().unwrap()
+    );
+    assert!(
+        n.stores[0]
+            .get_bytes(&keys::processing_lock(&lock.task_key, &lock.lock_id))
+            .unwrap()
+            .is_some(),
+        "the lock was merged"
+    );
     // Another version of the request, or a record that is no lock, is refused.
     let v2 = ChunkFetch { version: 2, ..f.clone() };
     assert!(serve::fetch(&n.stores[0], &n.trust, peer(&n.worker), &v2, NOW + 1).is_err());
@@ -144,9 +168,14 @@ fn only_the_lock_signer_fetches_and_a_lock_not_yet_gossiped_is_merged_from_the_r
 fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metered_once() {
     let n = net();
     let task = task(&n);
-    let (lock, d) = records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
+    let (lock, d) =
+        records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
     let deliver = |by: &NodeKey, from: &NodeKey, index: u64| {
-        let o = OutputDelivery { version: PROCESSING_WIRE_VERSION, lock: d.encode(), output: output(&n, by, &task, &lock.lock_id, index) };
+        let o = OutputDelivery {
+            version: PROCESSING_WIRE_VERSION,
+            lock: d.encode(),
+            output: output(&n, by, &task, &lock.lock_id, index),
+        };
         serve::deliver(&n.stores[0], &n.trust, peer(from), &o, NOW + 2)
     };
     // Signed by another node than the lock's, or sent by one: refused.
@@ -157,7 +186,11 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
         deliver(&n.worker, &n.worker, i).unwrap();
         hashes.push(Hash32::of(&output(&n, &n.worker, &task, &lock.lock_id, i)));
     }
-    let result = SubTaskResult { subtask_id: "s0".into(), result_hash: chunks::block_hash(&hashes), chunk_hashes: hashes };
+    let result = SubTaskResult {
+        subtask_id: "s0".into(),
+        result_hash: chunks::block_hash(&hashes),
+        chunk_hashes: hashes,
+    };
     let rd = records::complete(&n.stores[1], &task, result, &n.worker, &n.trust, NOW + 3).unwrap();
     merge_scoped(&n.stores[0], rd, &[], &n.trust, NOW + 3).unwrap();
     let meter = ProcessingMeter {
@@ -169,7 +202,8 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
         model: "m".into(),
         price_percent: Some(50),
     };
-    let (p, deltas) = batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, NOW + 4).unwrap();
+    let (p, deltas) =
+        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, NOW + 4).unwrap();
     assert_eq!((p.answered.len(), p.open, p.bad.len(), deltas.len()), (2, 0, 0, 2));
     assert_eq!(p.answered[1].index, 1);
     assert_eq!(p.answered[1].body["usage"]["completion_tokens"], 2);
@@ -179,9 +213,12 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
     assert_eq!((u.price_percent, u.input_tokens, u.output_tokens_generated), (Some(50), 3, 2));
     assert_eq!(u.node_id, Some(n.worker.node_id()));
     // Collected again (a restart): the same ids, nothing metered twice.
-    let (again, deltas) = batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, NOW + 9).unwrap();
+    let (again, deltas) =
+        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, NOW + 9).unwrap();
     assert!(deltas.is_empty());
-    let ids = |p: &gcs_gateway::backend::TaskProgress| p.answered.iter().map(|a| a.request_id.clone()).collect::<Vec<_>>();
+    let ids = |p: &gcs_gateway::backend::TaskProgress| {
+        p.answered.iter().map(|a| a.request_id.clone()).collect::<Vec<_>>()
+    };
     assert_eq!(ids(&again), ids(&p));
 }
 
@@ -194,7 +231,8 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
 fn an_output_metering_past_the_requests_bounds_is_refused() {
     let n = net();
     let task = task(&n);
-    let (lock, d) = records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
+    let (lock, d) =
+        records::grab(&n.stores[1], &task, &n.worker, 10_000, &n.trust, NOW + 1).unwrap().unwrap();
     let deliver = |m: (u64, u64), said: (u64, u64)| {
         let output = metered(&n, &n.worker, &task, &lock.lock_id, 0, m, said);
         let o = OutputDelivery { version: PROCESSING_WIRE_VERSION, lock: d.encode(), output };

@@ -129,11 +129,12 @@ impl Processor<'_> {
             let Some(id) = t.task().map(|x| x.task_id.clone()) else { continue };
             if let Some(s) = records::stored(self.ks, &id)? {
                 let q = records::replay(&s, now_ms);
-                let free = !q.cancelled(&id) && s.task.subtasks.iter().any(|st| {
-                    q.result(&id, &st.subtask_id).is_none()
-                        && q.bad(&id, &st.subtask_id).is_none()
-                        && q.holder(&id, &st.subtask_id).is_none()
-                });
+                let free = !q.cancelled(&id)
+                    && s.task.subtasks.iter().any(|st| {
+                        q.result(&id, &st.subtask_id).is_none()
+                            && q.bad(&id, &st.subtask_id).is_none()
+                            && q.holder(&id, &st.subtask_id).is_none()
+                    });
                 if free {
                     open.push(t);
                 }
@@ -162,7 +163,13 @@ impl Processor<'_> {
                 a.keys().cloned().collect()
             };
             let got = records::grab_avoiding(
-                self.ks, &task_id, self.key, self.lease_ms, &avoid, self.trust, now,
+                self.ks,
+                &task_id,
+                self.key,
+                self.lease_ms,
+                &avoid,
+                self.trust,
+                now,
             )?;
             let Some(mut held) = got else { continue };
             // Operators (and netsim's `lock_holder` target) read what a
@@ -325,7 +332,7 @@ impl Processor<'_> {
         next.created_at_ms = now_ms;
         next.expires_at_ms = now_ms + self.lease_ms.clamp(1, gcs_protocol::MAX_TASK_LOCK_MS);
         next.signature = None;
-        let key = keys::processing_lock(&next.task_key);
+        let key = keys::processing_lock(&next.task_key, &next.lock_id);
         let d = records::write(self.ks, &key, next.clone(), self.key, self.trust, now_ms)?;
         publish(d.clone());
         *lock = next;

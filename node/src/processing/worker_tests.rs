@@ -501,7 +501,10 @@ fn a_request_failing_in_every_engine_marks_its_subtask_bad_after_three_tries() {
     assert_eq!(c.outputs.iter().map(|o| o.index).collect::<Vec<_>>(), vec![2]);
     let bad: Vec<u64> = c.bad.iter().map(|(i, _)| *i).collect();
     assert_eq!(bad, vec![0, 1]);
-    assert_eq!(c.bad[0].1, "engine: kernel fault", "the worker's reason, without control characters");
+    assert_eq!(
+        c.bad[0].1, "engine: kernel fault",
+        "the worker's reason, without control characters"
+    );
     for ks in &net.stores {
         let q = records::replay(&records::stored(ks, &task).unwrap().unwrap(), now());
         assert!(q.bad(&task, "s0").is_some(), "every replica agrees");
@@ -564,12 +567,16 @@ fn a_cancelled_task_stops_between_requests_and_is_offered_to_no_one() {
     let live = AtomicBool::new(false);
     let src = CancelsOnFirst { inner: &gw, net: &net };
     // Gossip carries each record as it is stored.
-    let r = net.processor(0, &ea, &models).step(&src, &live, &now, &mut |d| net.spread(1, &d, now()));
+    let r =
+        net.processor(0, &ea, &models).step(&src, &live, &now, &mut |d| net.spread(1, &d, now()));
     assert_eq!(r.unwrap(), None, "stopped by the cancel");
     assert_eq!(ea.runs.load(Ordering::SeqCst), 1, "no request after the cancel");
     // The other worker takes nothing: neither the released s0 nor the free s1.
     let mut out = vec![];
-    assert_eq!(net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap(), None);
+    assert_eq!(
+        net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap(),
+        None
+    );
     assert_eq!(eb.runs.load(Ordering::SeqCst), 0);
     assert!(out.is_empty());
     // And the gateway serves a cancelled task's chunks to no one.
@@ -587,8 +594,11 @@ fn a_subtask_whose_gateway_names_another_holder_is_passed_over_for_a_lease() {
     let gw =
         Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
     let now = || clock.load(Ordering::SeqCst);
-    // The gateway holds worker B's lock on s0; A's store never heard of it.
-    records::grab(&net.stores[0], &task, &net.workers[1], LEASE, &net.trust, now()).unwrap().unwrap();
+    // The gateway holds worker B's lock on s0 (taken first, so it wins the
+    // contest A's lock starts there); A's store never heard of it.
+    records::grab(&net.stores[0], &task, &net.workers[1], LEASE, &net.trust, now() - 1)
+        .unwrap()
+        .unwrap();
     let live = AtomicBool::new(false);
     let mut out = vec![];
     let r = net.processor(0, &e, &models).step(&gw, &live, &now, &mut |d| out.push(d));
