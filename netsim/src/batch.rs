@@ -15,79 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::client::{request_json, request_text};
-use crate::cluster::Cluster;
+use crate::cluster::{endpoint, Cluster};
 use crate::history::Check;
-use crate::runner::{endpoint, FaultEvent};
-use crate::scenario::{Role, Scenario};
+use crate::scenario::{BatchSpec, Role, Scenario};
 use crate::Error;
-
-/// One batch of chat requests.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BatchSpec {
-    /// Name (fault triggers use it).
-    pub name: String,
-    /// The node whose HTTP API receives it.
-    pub gateway: String,
-    /// Requests in the file (1..=1000), `custom_id` `b<i>`.
-    pub lines: u32,
-    /// The model each line asks for (a processing task is one model's).
-    #[serde(default = "default_model")]
-    pub model: String,
-    /// Each line's user message; `{i}` becomes the line's index, so the
-    /// prompts differ.
-    #[serde(default = "default_prompt")]
-    pub prompt: String,
-    /// `max_tokens` of every line (greedy).
-    #[serde(default = "default_tokens")]
-    pub max_tokens: u32,
-    /// Start offset from the beginning of traffic.
-    #[serde(default)]
-    pub start_ms: u64,
-    /// How long the batch may take, from its start.
-    #[serde(default = "default_timeout")]
-    pub timeout_s: u64,
-    /// Send every line alone before the faults and require each answer of
-    /// the batch to equal it.
-    #[serde(default)]
-    pub reference: bool,
-}
-
-fn default_model() -> String {
-    "smollm2-135m-instruct".into()
-}
-fn default_prompt() -> String {
-    "Question {i}: name a colour and a number.".into()
-}
-fn default_tokens() -> u32 {
-    16
-}
-fn default_timeout() -> u64 {
-    300
-}
-
-impl BatchSpec {
-    /// The request body of line `i`.
-    pub fn body(&self, i: u32) -> Value {
-        json!({"model": self.model, "max_tokens": self.max_tokens, "temperature": 0,
-               "messages": [{"role": "user", "content": self.prompt.replace("{i}", &i.to_string())}]})
-    }
-
-    fn file(&self) -> String {
-        let lines: Vec<String> = (0..self.lines)
-            .map(|i| {
-                json!({"custom_id": format!("b{i}"), "method": "POST",
-                       "url": "/v1/chat/completions", "body": self.body(i)})
-                .to_string()
-            })
-            .collect();
-        lines.join("\n")
-    }
-}
 
 /// What a batch's poller has seen so far.
 #[derive(Clone, Debug, Default)]
@@ -299,13 +234,14 @@ fn subtask_of(line: &str) -> Option<String> {
     Some(v.trim_matches('"').to_string())
 }
 
-/// Judges every batch once its poller has ended.
+/// Judges every batch once its poller has ended; `killed_holders` are the
+/// (node, subtask) of every `lock_holder` fault.
 pub fn judge(
     s: &Scenario,
     cluster: &Cluster,
     running: Vec<Running>,
     references: &BTreeMap<String, Vec<String>>,
-    faults: &[FaultEvent],
+    killed_holders: &[(String, String)],
 ) -> Vec<Check> {
     let mut out = vec![];
     for r in running {
@@ -321,10 +257,8 @@ pub fn judge(
         }
         out.push(metered_check(s, spec, cluster, &rec));
     }
-    for f in faults {
-        if let Some(sub) = &f.subtask {
-            out.push(taken_over(cluster, &f.node, sub));
-        }
+    for (node, sub) in killed_holders {
+        out.push(taken_over(cluster, node, sub));
     }
     out
 }

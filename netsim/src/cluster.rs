@@ -304,6 +304,17 @@ impl Node {
     }
 }
 
+/// A gateway's address and the API key `keys` holds for it (the traffic's
+/// tenant or the reference tenant).
+pub fn endpoint(
+    cluster: &Cluster,
+    keys: &BTreeMap<String, String>,
+    gateway: &str,
+) -> Result<(SocketAddr, String), Error> {
+    let node = cluster.nodes.get(gateway).ok_or_else(|| Error::Setup(gateway.to_string()))?;
+    Ok((node.http, keys.get(gateway).cloned().unwrap_or_default()))
+}
+
 /// Creates an API key of `tenant` in a gateway's data directory with
 /// `gcs-node keys create`.
 pub fn create_key(bin: &Path, dir: &Path, tenant: &str) -> Result<String, Error> {

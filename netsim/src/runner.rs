@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::batch;
 use crate::client::{self, progress, ChatRequest, Record, Shared, Terminal};
+pub(crate) use crate::cluster::endpoint;
 use crate::cluster::{registering_workers, Cluster, ClusterOpts, Node, Views};
 use crate::history::{Check, Entry};
 use crate::scenario::{Action, FaultSpec, NetworkMode, RequestSpec, Role, Scenario};
@@ -120,17 +121,6 @@ pub fn usage_of(addr: SocketAddr, key: &str, job: &str) -> Option<Value> {
     v["data"].as_array()?.iter().find(|u| u["job_id"].as_str() == Some(job)).cloned()
 }
 
-/// A gateway's address and the API key `keys` holds for it (the traffic's
-/// tenant or the reference tenant).
-pub(crate) fn endpoint(
-    cluster: &Cluster,
-    keys: &BTreeMap<String, String>,
-    gateway: &str,
-) -> Result<(SocketAddr, String), Error> {
-    let node = cluster.nodes.get(gateway).ok_or_else(|| Error::Setup(gateway.to_string()))?;
-    Ok((node.http, keys.get(gateway).cloned().unwrap_or_default()))
-}
-
 /// Runs one scenario in `workdir` with the given binary.
 pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     let started = Instant::now();
@@ -152,7 +142,12 @@ pub fn run(s: &Scenario, bin: &Path, workdir: &Path) -> Result<Outcome, Error> {
     let traffic_end = Instant::now();
     let entries = collect_history(s, &cluster, running, &faults.died, &references)?;
     let mut run_checks = cluster_checks(s, &cluster, traffic_end, &entries);
-    run_checks.extend(batch::judge(s, &cluster, batches, &batch_references, &faults.events));
+    let killed: Vec<(String, String)> = faults
+        .events
+        .iter()
+        .filter_map(|f| Some((f.node.clone(), f.subtask.clone()?)))
+        .collect();
+    run_checks.extend(batch::judge(s, &cluster, batches, &batch_references, &killed));
     run_checks.extend(faults.checks());
     let rss_growth_mib = rss.growth_mib();
     run_checks.push(rss_check(s, &rss_growth_mib));

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::{json, Value};
 
 use crate::Error;
 
@@ -24,7 +25,7 @@ pub struct Scenario {
     pub requests: Vec<RequestSpec>,
     /// Batches (`/v1/files` + `/v1/batches`), run beside the requests.
     #[serde(default)]
-    pub batches: Vec<crate::batch::BatchSpec>,
+    pub batches: Vec<BatchSpec>,
     /// Faults.
     #[serde(default)]
     pub faults: Vec<FaultSpec>,
@@ -580,5 +581,70 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+}
+
+/// One batch of chat requests.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Name (fault triggers use it).
+    pub name: String,
+    /// The node whose HTTP API receives it.
+    pub gateway: String,
+    /// Requests in the file (1..=1000), `custom_id` `b<i>`.
+    pub lines: u32,
+    /// The model each line asks for (a processing task is one model's).
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Each line's user message; `{i}` becomes the line's index, so the
+    /// prompts differ.
+    #[serde(default = "default_batch_prompt")]
+    pub prompt: String,
+    /// `max_tokens` of every line (greedy).
+    #[serde(default = "default_tokens")]
+    pub max_tokens: u32,
+    /// Start offset from the beginning of traffic.
+    #[serde(default)]
+    pub start_ms: u64,
+    /// How long the batch may take, from its start.
+    #[serde(default = "default_batch_timeout")]
+    pub timeout_s: u64,
+    /// Send every line alone before the faults and require each answer of
+    /// the batch to equal it.
+    #[serde(default)]
+    pub reference: bool,
+}
+
+fn default_model() -> String {
+    "smollm2-135m-instruct".into()
+}
+fn default_batch_prompt() -> String {
+    "Question {i}: name a colour and a number.".into()
+}
+fn default_tokens() -> u32 {
+    16
+}
+fn default_batch_timeout() -> u64 {
+    300
+}
+
+impl BatchSpec {
+    /// The request body of line `i`.
+    pub fn body(&self, i: u32) -> Value {
+        json!({"model": self.model, "max_tokens": self.max_tokens, "temperature": 0,
+               "messages": [{"role": "user", "content": self.prompt.replace("{i}", &i.to_string())}]})
+    }
+
+    /// The JSONL file: line `i` has `custom_id` `b<i>`.
+    pub fn file(&self) -> String {
+        let lines: Vec<String> = (0..self.lines)
+            .map(|i| {
+                json!({"custom_id": format!("b{i}"), "method": "POST",
+                       "url": "/v1/chat/completions", "body": self.body(i)})
+                .to_string()
+            })
+            .collect();
+        lines.join("\n")
     }
 }

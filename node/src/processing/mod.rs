@@ -28,6 +28,7 @@ pub mod serve;
 #[cfg(test)]
 mod serve_tests;
 pub mod shell;
+pub mod task;
 pub mod worker;
 #[cfg(test)]
 mod worker_tests;

@@ -17,11 +17,14 @@
 //! free there, and that worker grabbed finished subtasks again and again
 //! (found by `batch_bench` at 400 requests: 27–66 refused grabs a run).
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use gcs_keyspace::{keys, Keyspace};
 use gcs_protocol::{TaskLock, TaskResult};
 
 use super::queue::{origin_ms, Effect, Input, TaskQueue};
-use super::records::TaskRecord;
+use super::task::TaskRecord;
 use super::release::{TaskCancel, TaskRelease};
 use crate::error::RefusedDelta;
 
@@ -118,6 +121,10 @@ fn run(s: &Stored, now_ms: u64, upto: Option<u64>, watch: Option<&str>) -> (Task
     let evs = events(s);
     let mut applied = vec![false; evs.len()];
     let mut locked: std::collections::BTreeSet<&str> = Default::default();
+    // The expiries of the locks replayed so far, soonest first: a `Tick`
+    // walks every subtask, so it runs only when a lock that still holds
+    // its subtask has expired (rare), not before every record.
+    let mut due: BinaryHeap<Reverse<(u64, &str, &str)>> = BinaryHeap::new();
     for i in 0..evs.len() {
         let (at, _, _, ev) = &evs[i];
         let at = *at;
@@ -129,7 +136,17 @@ fn run(s: &Stored, now_ms: u64, upto: Option<u64>, watch: Option<&str>) -> (Task
         }
         // MoveExpiredTaskLock as time passes: every lock that expired
         // before this record counts once, on every replica alike.
-        q.handle(Input::Tick, at);
+        let mut expired = false;
+        while let Some(Reverse((until, sub, lock_id))) = due.peek().copied() {
+            if until > at {
+                break;
+            }
+            due.pop();
+            expired |= q.holder(&tid, sub).is_some_and(|h| h.lock_id == lock_id);
+        }
+        if expired {
+            q.handle(Input::Tick, at);
+        }
         match ev {
             Event::Lock(l) => {
                 // A lock made, used and released within this millisecond
@@ -149,6 +166,8 @@ fn run(s: &Stored, now_ms: u64, upto: Option<u64>, watch: Option<&str>) -> (Task
                 }
                 q.handle(Input::Lock((*l).clone()), at);
                 locked.insert(l.lock_id.as_str());
+                let sub = l.task_key.split_once('/').map_or("", |(_, s)| s);
+                due.push(Reverse((l.expires_at_ms, sub, l.lock_id.as_str())));
             }
             Event::Release(r) => took |= release(&mut q, r, at, watch),
             Event::Result(r) => {
