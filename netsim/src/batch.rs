@@ -341,7 +341,7 @@ fn metered_check(s: &Scenario, spec: &BatchSpec, cluster: &Cluster, rec: &Record
 }
 
 /// The subtask the killed worker held was locked again by another worker
-/// (after its lock expired) or by the same one after a restart.
+/// (after its lock expired).
 fn taken_over(cluster: &Cluster, victim: &str, subtask: &str) -> Check {
     let by: Vec<&str> = cluster
         .nodes
