@@ -202,7 +202,7 @@ fn connect(addr: SocketAddr, rcvbuf: Option<u32>) -> Result<TcpStream, Error> {
 /// Status, headers, the socket, and the body bytes read with the head.
 type Head = (u16, Vec<(String, String)>, TcpStream, Vec<u8>);
 
-/// Sends one request and reads the response head.
+/// Sends one JSON request and reads the response head.
 fn send(
     addr: SocketAddr,
     method: &str,
@@ -211,10 +211,23 @@ fn send(
     body: &[u8],
     rcvbuf: Option<u32>,
 ) -> Result<Head, Error> {
+    send_as(addr, method, path, key, "application/json", body, rcvbuf)
+}
+
+/// [`send`] with any content type (a multipart upload).
+fn send_as(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    content_type: &str,
+    body: &[u8],
+    rcvbuf: Option<u32>,
+) -> Result<Head, Error> {
     let mut s = connect(addr, rcvbuf)?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+         Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;
@@ -264,17 +277,8 @@ pub fn request_json(
     key: &str,
     body: &[u8],
 ) -> Result<(u16, Value), Error> {
-    let (status, headers, mut s, mut rest) = send(addr, method, path, key, body, None)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    s.read_to_end(&mut rest)?;
-    let body = if header(&headers, "transfer-encoding") == Some("chunked") {
-        let mut d = Dechunker::default();
-        d.push(&rest)
-    } else {
-        rest
-    };
-    let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    Ok((status, v))
+    let (status, body) = request_bytes(addr, method, path, key, "application/json", body)?;
+    Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
 }
 
 /// A request with any content type whose answer is read whole as text
@@ -287,27 +291,27 @@ pub fn request_text(
     content_type: &str,
     body: &[u8],
 ) -> Result<(u16, String), Error> {
-    let mut s = connect(addr, None)?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
-         Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut all = vec![];
-    s.read_to_end(&mut all)?;
-    let end = all
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| Error::Http("no response head".into()))?;
-    let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let rest = &all[end + 4..];
-    let body =
-        if head.contains("transfer-encoding: chunked") { Dechunker::default().push(rest) } else { rest.to_vec() };
+    let (status, body) = request_bytes(addr, method, path, key, content_type, body)?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The status and the whole (de-chunked) body.
+fn request_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, Vec<u8>), Error> {
+    let (status, headers, mut s, mut rest) =
+        send_as(addr, method, path, key, content_type, body, None)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.read_to_end(&mut rest)?;
+    if header(&headers, "transfer-encoding") == Some("chunked") {
+        return Ok((status, Dechunker::default().push(&rest)));
+    }
+    Ok((status, rest))
 }
 
 /// Incremental decoder of a chunked HTTP/1.1 body.

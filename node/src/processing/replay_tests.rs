@@ -82,3 +82,25 @@ fn every_expiry_of_a_subtasks_locks_counts_on_every_replica() {
     assert_eq!(sb.locks.len(), 3, "b holds every lock");
     assert_eq!(replay(&sb, end).bad(TASK, "s0"), qa.bad(TASK, "s0"));
 }
+
+#[test]
+fn a_subtask_takes_at_most_its_bound_of_locks() {
+    // Each lock made 1 ms before the held one wins the contest, so a
+    // hostile node could store contenders without end: the bound stops it.
+    let (_da, a, _db, _b, trust, w, gateway) = two();
+    write(&a, &keys::processing_task(TASK), record(&gateway, 1), &gateway, &trust, NOW).unwrap();
+    let at = NOW + 10_000;
+    for i in 0..=MAX_LOCKS_PER_SUBTASK as u64 {
+        let id = gcs_protocol::ids::id_from_parts(gcs_protocol::ids::LOCK, at - i, u128::from(i));
+        let k = keys::processing_lock(&format!("{TASK}/s0"), &id);
+        let r = write(&a, &k, lock("s0", &id, &w, at - i), &w, &trust, at);
+        if i < MAX_LOCKS_PER_SUBTASK as u64 {
+            assert!(r.is_ok(), "lock {i}: {r:?}");
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("too many locks"), "{e}");
+        }
+    }
+    let s = stored(&a, TASK).unwrap().unwrap();
+    assert_eq!(s.locks.len(), MAX_LOCKS_PER_SUBTASK);
+}
