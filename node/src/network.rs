@@ -26,6 +26,7 @@ mod dispatch;
 mod gossip_merge;
 pub mod intake;
 mod rounds;
+mod cursors;
 mod swarm;
 
 use swarm::{build_swarm, check_port_free, Behaviour};

@@ -30,6 +30,7 @@ pub const MAX_TENANTS: usize = 64;
 /// Digests and resume points one request may carry.
 pub const MAX_DIGESTS: usize = 64;
 pub use super::rounds::MAX_PAGES_PER_ROUND;
+use super::cursors::Cursors;
 use super::rounds::{Next, Rounds};
 /// Answers one peer gets per anti-entropy interval: two rounds' pages.
 pub const REQUESTS_PER_INTERVAL: u32 = 2 * (MAX_PAGES_PER_ROUND + 1);
@@ -54,10 +55,18 @@ const MAX_CURSORS: usize = 4096;
 pub(super) enum Done {
     /// An answer to send on the inbound request `id`.
     Answer { id: u64, response: DigestResponse },
-    /// A request to send to `peer` (None: the digests could not be read).
-    Built { peer: PeerId, request: Option<DigestRequest> },
+    /// A request to send to `peer` (None: the digests could not be read),
+    /// built under cursor generation `generation`.
+    Built { peer: PeerId, request: Option<DigestRequest>, generation: u64 },
     /// A page from `peer` was merged.
-    Merged { peer: PeerId, last_seq: Option<u64>, resume: Vec<(String, String)>, more: bool, over_quota: bool },
+    Merged {
+        peer: PeerId,
+        generation: u64,
+        last_seq: Option<u64>,
+        resume: Vec<(String, String)>,
+        more: bool,
+        over_quota: bool,
+    },
 }
 
 /// The loop's anti-entropy state.
@@ -68,9 +77,11 @@ pub(super) struct AntiEntropy {
     next_answer: u64,
     channels: HashMap<u64, ResponseChannel<DigestResponse>>,
     rounds: Rounds<PeerId>,
-    outbound: HashMap<OutboundRequestId, PeerId>,
+    /// Our rounds' requests in flight: the peer, and the cursor generation
+    /// the request was built under.
+    outbound: HashMap<OutboundRequestId, (PeerId, u64)>,
     /// Per peer: its delta-log position we have everything up to.
-    pub(super) cursor: HashMap<PeerId, u64>,
+    cursors: Cursors<PeerId>,
     requests: crate::quota::RateLimit<PeerId>,
     round_robin: usize,
     /// Requests sent as given by [`super::Network::anti_entropy_request`].
@@ -89,11 +100,18 @@ impl AntiEntropy {
             channels: HashMap::new(),
             rounds: Rounds::new(interval_ms, MAX_ROUNDS_IN_FLIGHT, MAX_CURSORS),
             outbound: HashMap::new(),
-            cursor: HashMap::new(),
+            cursors: Cursors::new(MAX_CURSORS),
             requests: crate::quota::RateLimit::new(REQUESTS_PER_INTERVAL, interval_ms),
             round_robin: 0,
             raw: HashMap::new(),
         }
+    }
+
+    /// Drops every peer's cursor: the next round with each compares
+    /// digests in full. Rounds already under way keep their pages but not
+    /// their cursors.
+    pub(super) fn reset_cursors(&mut self) {
+        self.cursors.reset();
     }
 
     /// Forgets a disconnected peer's rounds and rate (its cursor stays, so
@@ -101,9 +119,7 @@ impl AntiEntropy {
     pub(super) fn forget(&mut self, peer: &PeerId) {
         self.rounds.forget(peer);
         self.requests.forget(peer);
-        if self.cursor.len() > MAX_CURSORS {
-            self.cursor.remove(peer);
-        }
+        self.cursors.forget(peer);
     }
 }
 
@@ -139,16 +155,18 @@ impl EventLoop {
         self.start_round(peers[self.ae.round_robin % peers.len()]);
     }
 
+    /// The round failed (an error, a busy answer): the cursor stays.
     fn end_round(&mut self, peer: &PeerId) {
         self.ae.rounds.end(peer);
+        self.ae.cursors.end(peer, false);
     }
 
     /// Builds the digests on a blocking task; the loop sends the request.
     fn build_request(&mut self, peer: PeerId, after: Vec<(String, String)>) {
         let ks = self.keyspace.clone();
         let served = self.served_tenants.clone();
-        let since = self.ae.cursor.get(&peer).copied();
-        let tx = self.ae.done_tx.clone();
+        let since = self.ae.cursors.since(&peer);
+        let (tx, generation) = (self.ae.done_tx.clone(), self.ae.cursors.generation());
         tokio::task::spawn_blocking(move || {
             let request = match replication::digest_request(&ks, &served) {
                 Ok(mut r) => {
@@ -161,7 +179,7 @@ impl EventLoop {
                     None
                 }
             };
-            let _ = tx.blocking_send(Done::Built { peer, request });
+            let _ = tx.blocking_send(Done::Built { peer, request, generation });
         });
     }
 
@@ -173,19 +191,26 @@ impl EventLoop {
                     let _ = self.swarm.behaviour_mut().anti_entropy.send_response(ch, response);
                 }
             }
-            Done::Built { peer, request: Some(req) } if self.ae.rounds.is_active(&peer) => {
+            Done::Built { peer, request: Some(req), generation }
+                if self.ae.rounds.is_active(&peer) =>
+            {
                 let id = self.swarm.behaviour_mut().anti_entropy.send_request(&peer, req);
-                self.ae.outbound.insert(id, peer);
+                self.ae.outbound.insert(id, (peer, generation));
             }
             Done::Built { peer, .. } => self.end_round(&peer),
-            Done::Merged { peer, last_seq, resume, more, over_quota } => {
-                if let Some(seq) = last_seq {
-                    self.ae.cursor.insert(peer, seq);
-                }
+            Done::Merged { peer, generation, last_seq, resume, more, over_quota } => {
+                self.ae.cursors.page(&peer, generation, last_seq);
                 match self.ae.rounds.page(&peer, more, over_quota, resume) {
                     Next::Ask(resume) => self.build_request(peer, resume),
-                    Next::Capped => NetStats::bump(&self.stats.ae_rounds_capped),
-                    Next::Done => {}
+                    // The next round resumes the snapshot pages where this
+                    // one stopped (a log round has none: it asks from here).
+                    Next::Capped => {
+                        NetStats::bump(&self.stats.ae_rounds_capped);
+                        self.ae.cursors.end(&peer, true);
+                    }
+                    // Cut short by the quota, or more was left when the
+                    // round ended (the peer went away): not all was taken.
+                    Next::Done => self.ae.cursors.end(&peer, !over_quota && !more),
                 }
             }
         }
@@ -226,11 +251,14 @@ impl EventLoop {
                     let _ = reply.send(Ok(response));
                     return;
                 }
-                if self.ae.outbound.remove(&request_id).is_none() || response.busy {
-                    self.end_round(&peer);
-                    return;
-                }
-                self.merge_page(peer, response);
+                let generation = match self.ae.outbound.remove(&request_id) {
+                    Some((_, generation)) if !response.busy => generation,
+                    _ => {
+                        self.end_round(&peer);
+                        return;
+                    }
+                };
+                self.merge_page(peer, generation, response);
             }
             Event::OutboundFailure { peer, request_id, error, .. } => {
                 tracing::debug!(%peer, %error, "anti-entropy request failed");
@@ -247,7 +275,7 @@ impl EventLoop {
     }
 
     /// Merges a page on a blocking task, through the peer's quota.
-    fn merge_page(&mut self, peer: PeerId, response: DigestResponse) {
+    fn merge_page(&mut self, peer: PeerId, generation: u64, response: DigestResponse) {
         let intake = self.intake.clone();
         let served = self.served_tenants.clone();
         let tx = self.ae.done_tx.clone();
@@ -272,6 +300,7 @@ impl EventLoop {
             let more = !response.resume.is_empty() || !response.truncated.is_empty();
             let done = Done::Merged {
                 peer,
+                generation,
                 last_seq: response.last_seq,
                 resume: response.resume,
                 more,

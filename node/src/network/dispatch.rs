@@ -43,7 +43,7 @@ impl EventLoop {
                 if tenants.iter().any(|t| !self.served_tenants.contains(t)) {
                     // The log pulls so far skipped the new tenants' records:
                     // compare digests with every peer again.
-                    self.ae.cursor.clear();
+                    self.ae.reset_cursors();
                 }
                 tracing::info!(?tenants, "usage records kept for these tenants");
                 self.served_tenants = tenants;
