@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,8 +84,14 @@ pub fn models_present() -> bool {
     model_dir().join("smollm2-135m-instruct").is_dir()
 }
 
+#[path = "../../tests/support/ports.rs"]
+mod ports;
+
 fn free_port() -> Result<u16, Error> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    match ports::spare_port() {
+        0 => Err(Error::Setup("no free local port".into())),
+        p => Ok(p),
+    }
 }
 
 /// One node process and how to start it again.

@@ -12,11 +12,13 @@
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../../tests/support/ports.rs"]
+mod ports;
 #[path = "../../tests/support/prereq.rs"]
 mod prereq;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,9 +28,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_gcs-node");
 /// preallocated log and a few hundred small jobs.
 const TMPFS_MB: u32 = 192;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use ports::spare_port as free_port;
 
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);

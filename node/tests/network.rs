@@ -11,6 +11,8 @@ use gcs_protocol::{sign, NodeKey, NodeRegistration};
 
 #[path = "../../tests/support/loopback.rs"]
 mod loopback;
+#[path = "../../tests/support/ports.rs"]
+mod ports;
 use loopback::addr;
 use loopback::config;
 
@@ -253,7 +255,8 @@ async fn a_port_in_use_is_a_startup_error() {
 async fn a_restarted_bootstrap_node_is_rejoined_while_other_peers_remain() {
     let (db, dc, da) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // Restarted on the same port: one no outgoing connect takes meanwhile.
+    let port = ports::spare_port();
     let b_addr: libp2p::Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap();
     let b_config = || {
         let mut c = config(Role::Gateway, &db, vec![]);

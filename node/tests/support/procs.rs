@@ -6,7 +6,7 @@
 #![allow(dead_code)] // each test uses its own part
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -15,9 +15,9 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gcs-node");
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+#[path = "../../../tests/support/ports.rs"]
+mod ports;
+pub use ports::spare_port as free_port;
 
 /// Where scripts/fetch-models.sh put the models (`GCS_MODEL_DIR` or the cache).
 pub fn model_dir() -> PathBuf {
