@@ -103,6 +103,7 @@ fn main() -> ExitCode {
     #[cfg(target_os = "linux")]
     bound_malloc_arenas();
     let cli = Cli::parse();
+    gcs_engine::par::name_global_threads();
     init_logging(cli.run.log_format);
     let result = data_dir(cli.data_dir).and_then(|dir| match cli.command {
         Some(Command::Keys { action }) => cmd::keys::keys(dir, action),

@@ -302,6 +302,15 @@ fn current() -> Option<&'static SpinPool> {
     CURRENT.with(Cell::get).map(|p| unsafe { &*p })
 }
 
+/// Names rayon's global threads `gcs-rayon-N`. Unnamed, they take the name
+/// of the thread that first used rayon (a forward pass showed up in `top`
+/// as `tokio-rt-worker`). Call before anything uses rayon; after that it
+/// does nothing. The thread count stays rayon's (`RAYON_NUM_THREADS`).
+pub fn name_global_threads() {
+    let named = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("gcs-rayon-{i}"));
+    let _ = named.build_global();
+}
+
 /// The threads a parallel helper called here will use.
 pub fn threads() -> usize {
     match current() {

@@ -43,6 +43,9 @@ pub struct BatchConfig {
     /// Most prompt tokens prefilled per step, so decoding sequences keep
     /// streaming while a long prompt is processed.
     pub prefill_chunk: usize,
+    /// Most batch prompt tokens per step (within `prefill_chunk`): the
+    /// step an arriving interactive request waits for stays short.
+    pub batch_prefill_chunk: usize,
     /// Events buffered per stream before deltas are merged.
     pub stream_capacity: usize,
     /// Whether a GPU decoder replays decode steps as recorded graphs
@@ -57,6 +60,7 @@ impl Default for BatchConfig {
             max_waiting: 64,
             kv_blocks: 1024,
             prefill_chunk: 256,
+            batch_prefill_chunk: 64,
             stream_capacity: 64,
             gpu_graphs: None,
         }
@@ -82,6 +86,7 @@ impl BatchConfig {
         BatchConfig {
             max_running: self.max_running.max(1),
             prefill_chunk: self.prefill_chunk.max(1),
+            batch_prefill_chunk: self.batch_prefill_chunk.max(1),
             kv_blocks: self.kv_blocks.max(1),
             stream_capacity: self.stream_capacity.max(1),
             ..self

@@ -18,6 +18,7 @@ use crate::stop::StopMatcher;
 use crate::tokenizer::GgufTokenizer;
 
 mod admission;
+mod plan;
 
 /// A sequence owned by the engine thread.
 #[derive(Debug)]
@@ -119,14 +120,6 @@ type End = std::result::Result<FinishReason, String>;
 struct Row<'a> {
     logits: Option<&'a [f32]>,
     argmax: Option<u32>,
-}
-
-/// One sequence's share of a forward step.
-#[derive(Debug, Clone, Copy)]
-struct Work {
-    idx: usize,
-    start: usize,
-    n: usize,
 }
 
 /// The state of the engine thread: the decoder (the model and its K/V
@@ -346,25 +339,14 @@ impl StepLoop {
 
     /// One forward pass over every running sequence.
     fn step(&mut self) {
-        let mut work = Vec::with_capacity(self.running.len());
-        let mut budget = self.cfg.prefill_chunk;
-        for (idx, s) in self.running.iter().enumerate() {
-            let need = s.tokens.len() - s.computed;
-            if need == 1 {
-                work.push(Work { idx, start: s.computed, n: 1 });
-            }
-        }
-        // Prompt chunks: interactive sequences' first (their first token
-        // waits on them), then batch ones with what is left.
-        for class in [Priority::Interactive, Priority::Batch] {
-            for (idx, s) in self.running.iter().enumerate() {
-                let need = s.tokens.len() - s.computed;
-                if s.priority == class && need > 1 && budget > 0 {
-                    let n = need.min(budget);
-                    budget -= n;
-                    work.push(Work { idx, start: s.computed, n });
-                }
-            }
+        let states: Vec<plan::State> = self
+            .running
+            .iter()
+            .map(|s| plan::State { priority: s.priority, computed: s.computed, len: s.tokens.len() })
+            .collect();
+        let work = plan::plan(&states, self.cfg.prefill_chunk, self.cfg.batch_prefill_chunk);
+        if work.is_empty() {
+            return;
         }
         let vocab = self.dec.vocab();
         // A sequence that samples greedily from the raw logits needs only
