@@ -94,14 +94,19 @@ pub async fn cancel(
     Ok(())
 }
 
-/// The usage record of one output: filed under an id derived from the
-/// task, chunk and lock, so collecting it again (a restart) finds it.
-fn usage_of(o: &OutputChunk, m: &ProcessingMeter, key: &NodeKey, now: u64) -> Result<UsageRecord, ProcessingError> {
+/// The id an output's usage record is filed under: derived from the task,
+/// chunk and lock, so collecting it again (a restart) finds it.
+fn usage_job_id(o: &OutputChunk) -> String {
     let h = blake3::hash(format!("{}/{}/{}", o.task_id, o.chunk_id, o.lock_id).as_bytes());
     let mut r = [0u8; 16];
     r[..10].copy_from_slice(&h.as_bytes()[..10]);
     let random = u128::from_le_bytes(r);
-    let job_id = format!("{}{}", gcs_protocol::ids::JOB, ulid::Ulid::from_parts(o.created_at_ms, random));
+    format!("{}{}", gcs_protocol::ids::JOB, ulid::Ulid::from_parts(o.created_at_ms, random))
+}
+
+/// The signed usage record of one output, under [`usage_job_id`].
+fn usage_of(o: &OutputChunk, m: &ProcessingMeter, key: &NodeKey, now: u64) -> Result<UsageRecord, ProcessingError> {
+    let job_id = usage_job_id(o);
     let embedding = m.api_type == ApiType::Embedding;
     let mut u = UsageRecord {
         message_type: MessageType::UsageRecord,
@@ -179,13 +184,16 @@ pub fn collect_here(
     let mut deltas = vec![];
     let mut answered = vec![];
     for o in c.outputs {
-        let u = usage_of(&o, m, key, now)?;
-        if o.status == 200 && ks.get_bytes(&keys::usage(&u.job_id))?.is_none() {
+        // The batch is polled every 500 ms: only an answer not metered
+        // yet costs a signature.
+        let job_id = usage_job_id(&o);
+        if o.status == 200 && ks.get_bytes(&keys::usage(&job_id))?.is_none() {
+            let u = usage_of(&o, m, key, now)?;
             deltas.push(crate::replication::record_usage(ks, &u, now).map_err(runtime)?);
         }
         let body = serde_json::from_str(&o.body)
             .unwrap_or_else(|_| serde_json::Value::String(o.body.clone()));
-        answered.push(ProcessedLine { index: o.index, status: o.status, body, request_id: u.job_id });
+        answered.push(ProcessedLine { index: o.index, status: o.status, body, request_id: job_id });
     }
     Ok((TaskProgress { answered, bad: c.bad, open: c.open + c.missing }, deltas))
 }
