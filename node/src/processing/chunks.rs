@@ -186,29 +186,6 @@ fn labelled(label: &[u8], v: &ciborium::value::Value) -> Result<Vec<u8>, Protoco
     Ok(out)
 }
 
-macro_rules! signed_common {
-    ($signer:ident) => {
-        fn signer(&self) -> &NodeId {
-            &self.$signer
-        }
-        fn message_type(&self) -> MessageType {
-            self.message_type
-        }
-        fn version(&self) -> u16 {
-            self.version
-        }
-        fn signature(&self) -> Option<&Signature> {
-            self.signature.as_ref()
-        }
-        fn set_signature(&mut self, sig: Option<Signature>) {
-            self.signature = sig;
-        }
-        fn created_at_ms(&self) -> u64 {
-            self.created_at_ms
-        }
-    };
-}
-
 impl SignedMessage for InputChunk {
     const TYPE: MessageType = MessageType::QueueJob;
     signed_common!(gateway_node_id);

@@ -10,6 +10,32 @@
 //! [`release`] the records that end work early (a holder's release, a
 //! gateway's cancel).
 
+/// The `SignedMessage` accessors every processing record shares, for a
+/// record whose signer is the field `$signer` (textual scope: the modules
+/// below see it).
+macro_rules! signed_common {
+    ($signer:ident) => {
+        fn signer(&self) -> &NodeId {
+            &self.$signer
+        }
+        fn message_type(&self) -> MessageType {
+            self.message_type
+        }
+        fn version(&self) -> u16 {
+            self.version
+        }
+        fn signature(&self) -> Option<&Signature> {
+            self.signature.as_ref()
+        }
+        fn set_signature(&mut self, sig: Option<Signature>) {
+            self.signature = sig;
+        }
+        fn created_at_ms(&self) -> u64 {
+            self.created_at_ms
+        }
+    };
+}
+
 pub mod batch;
 pub mod chunks;
 pub mod queue;

@@ -56,24 +56,7 @@ pub struct TaskRelease {
 
 impl SignedMessage for TaskRelease {
     const TYPE: MessageType = MessageType::TaskRelease;
-    fn signer(&self) -> &NodeId {
-        &self.node_id
-    }
-    fn message_type(&self) -> MessageType {
-        self.message_type
-    }
-    fn version(&self) -> u16 {
-        self.version
-    }
-    fn signature(&self) -> Option<&Signature> {
-        self.signature.as_ref()
-    }
-    fn set_signature(&mut self, sig: Option<Signature>) {
-        self.signature = sig;
-    }
-    fn created_at_ms(&self) -> u64 {
-        self.created_at_ms
-    }
+    signed_common!(node_id);
     fn check_fields(&self, limits: &Limits) -> Result<(), ProtocolError> {
         if self.message_type != Self::TYPE || self.version != PROTOCOL_VERSION {
             return Err(field("message_type", "not a GCS_PROCESSING_TASK_RELEASE of this version"));

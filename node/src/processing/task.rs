@@ -80,24 +80,7 @@ impl TaskRecord {
 
 impl SignedMessage for TaskRecord {
     const TYPE: MessageType = MessageType::QueueJob;
-    fn signer(&self) -> &NodeId {
-        &self.gateway_node_id
-    }
-    fn message_type(&self) -> MessageType {
-        self.message_type
-    }
-    fn version(&self) -> u16 {
-        self.version
-    }
-    fn signature(&self) -> Option<&Signature> {
-        self.signature.as_ref()
-    }
-    fn set_signature(&mut self, sig: Option<Signature>) {
-        self.signature = sig;
-    }
-    fn created_at_ms(&self) -> u64 {
-        self.created_at_ms
-    }
+    signed_common!(gateway_node_id);
     fn check_fields(&self, _: &Limits) -> Result<(), ProtocolError> {
         if self.message_type != MessageType::QueueJob || self.version != PROTOCOL_VERSION {
             return Err(field("message_type", "not a GCS_QUEUE_JOB of this version"));
