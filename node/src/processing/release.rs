@@ -101,24 +101,7 @@ pub struct TaskCancel {
 
 impl SignedMessage for TaskCancel {
     const TYPE: MessageType = MessageType::TaskCancel;
-    fn signer(&self) -> &NodeId {
-        &self.gateway_node_id
-    }
-    fn message_type(&self) -> MessageType {
-        self.message_type
-    }
-    fn version(&self) -> u16 {
-        self.version
-    }
-    fn signature(&self) -> Option<&Signature> {
-        self.signature.as_ref()
-    }
-    fn set_signature(&mut self, sig: Option<Signature>) {
-        self.signature = sig;
-    }
-    fn created_at_ms(&self) -> u64 {
-        self.created_at_ms
-    }
+    signed_common!(gateway_node_id);
     fn check_fields(&self, _: &Limits) -> Result<(), ProtocolError> {
         if self.message_type != Self::TYPE || self.version != PROTOCOL_VERSION {
             return Err(field("message_type", "not a GCS_PROCESSING_TASK_CANCEL of this version"));
