@@ -8,7 +8,9 @@
 //! starts. Each stream must equal its reference byte for byte (text,
 //! `finish_reason`, the usage object), end without an SSE error event and
 //! pass the runner's universal checks; its fault must have fired and
-//! started a continuation. The gateway's seam histogram
+//! started a continuation. A fault that landed only after the holder had
+//! streamed every token (the stream ends `gnus_worker_lost` with all its
+//! content: nothing is left to continue) is drawn again, earlier. The gateway's seam histogram
 //! (`gcs_continuation_seam_seconds`) is read before and after each stream,
 //! so the difference of its sums is that stream's seam, part by part.
 
@@ -200,7 +202,24 @@ pub fn run(s: &Scenario, plan: &Plan, bin: &Path, workdir: &Path) -> Result<Seri
         wait_idle(&cluster);
         let spec = stream_spec(&template, d);
         let reference = references.get(&d.seed).ok_or(setup("a reference is missing"))?;
-        let st = one_stream(&mut cluster, s, &spec, &fault, d, reference)?;
+        let mut st = one_stream(&mut cluster, s, &spec, &fault, d, reference)?;
+        let mut draw = *d;
+        // A fault that landed after the holder had streamed every token
+        // tests nothing this series is about (no engine continues past
+        // max_tokens; the gateway ends it with `gnus_worker_lost`, as
+        // `continuation_tests` pin): drawn again, earlier, at most twice.
+        for _ in 0..2 {
+            if !too_late(&st, reference) {
+                break;
+            }
+            eprintln!("{} (void: the fault landed after the last token; drawn again)", line(&st));
+            if let Some(f) = st.fault.as_ref().filter(|f| f.action == "kill") {
+                wait_restarted(&cluster, &f.node)?;
+            }
+            wait_idle(&cluster);
+            draw.after_tokens = (draw.after_tokens / 2).max(1);
+            st = one_stream(&mut cluster, s, &spec, &fault, &draw, reference)?;
+        }
         eprintln!("{}", line(&st));
         streams.push(st);
     }
@@ -474,6 +493,19 @@ fn billed(usage: Option<&serde_json::Value>) -> Option<serde_json::Value> {
 /// Beyond the text (the runner's `reference` check): the same finish
 /// reason and the same usage object (bar cached tokens) as the
 /// uninterrupted run.
+/// Whether a failed stream's fault came after its holder had streamed
+/// every token: all of the reference's content arrived, no continuation
+/// started, and the stream ended with `gnus_worker_lost`.
+fn too_late(st: &Stream, reference: &Record) -> bool {
+    let r = &st.entry.record;
+    let code = r.error.as_ref().and_then(|e| e.get("code")).and_then(|c| c.as_str());
+    !st.ok()
+        && st.fault.is_some()
+        && st.continuations == 0
+        && r.content == reference.content
+        && code == Some("gnus_worker_lost")
+}
+
 fn same_ending(got: &Record, reference: &Record) -> Check {
     let ok = got.finish_reason == reference.finish_reason
         && got.usage.is_some()
@@ -664,6 +696,50 @@ mod tests {
         assert_eq!(s.count, 1);
         assert!((s.detect_ms - 2000.0).abs() < 1e-6 && (s.claim_ms - 100.0).abs() < 1e-6);
         assert!((s.resume_ms - 200.0).abs() < 1e-6 && (s.total_ms - 2300.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn only_a_fault_after_every_token_is_drawn_again() {
+        let mut reference = Record::lost("");
+        reference.content = "all eighty tokens".into();
+        let mut got = reference.clone();
+        got.error = Some(serde_json::json!({"code": "gnus_worker_lost"}));
+        let fault = FaultEvent {
+            at_ms: 369,
+            action: "isolate".into(),
+            node: "w1".into(),
+            frames_at_fault: Some(80),
+            subtask: None,
+        };
+        let entry = Entry {
+            group: "seeded-17".into(),
+            index: 17,
+            record: got,
+            usage: None,
+            gateway_died: false,
+            checks: vec![Check { name: "continued", ok: false, detail: String::new() }],
+            notes: vec![],
+        };
+        let st = Stream {
+            draw: Draw { index: 17, seed: Some(1), after_tokens: 34 },
+            fault: Some(fault),
+            entry,
+            seam: SeamParts::default(),
+            continuations: 0,
+        };
+        assert!(too_late(&st, &reference));
+        let mut short = st.clone();
+        short.entry.record.content = "all eighty".into();
+        assert!(!too_late(&short, &reference), "a stream cut short is a failure, not a void draw");
+        let mut continued = st.clone();
+        continued.continuations = 1;
+        assert!(!too_late(&continued, &reference));
+        let mut other = st.clone();
+        other.entry.record.error = Some(serde_json::json!({"code": "gnus_stream_broken"}));
+        assert!(!too_late(&other, &reference));
+        let mut passed = st.clone();
+        passed.entry.checks[0].ok = true;
+        assert!(!too_late(&passed, &reference));
     }
 
     #[test]
