@@ -10,7 +10,10 @@
 //!   result, is not bad and holds no live lock; a competing lock created
 //!   earlier (by at most [`CONTEST_MS`]) replaces it, so replicas that saw
 //!   the two in either order agree; one older than that is refused (a
-//!   backdated lock cannot steal a held subtask);
+//!   backdated lock cannot steal a held subtask), and a new lock created
+//!   more than that before the subtask's newest lock is refused even on a
+//!   free subtask (replayed at its origin it would erase that lock's
+//!   expiry or failure);
 //! - renewal: the holder's lock with the same `lock_id` extends the expiry;
 //! - results and releases are fenced by lock id and holder: anyone else's
 //!   is refused;
@@ -160,6 +163,8 @@ struct Sub {
     result: Option<SubTaskResult>,
     failures: u32,
     bad: Option<String>,
+    /// The latest origin of a lock this subtask took.
+    newest_origin: u64,
 }
 
 impl Sub {
@@ -324,8 +329,17 @@ impl TaskQueue {
         if !sub.open() {
             return refused("subtask already done or bad");
         }
+        let renewal = sub.lock.as_ref().is_some_and(|c| c.lock_id == l.lock_id);
+        // A lock taken before the subtask's newest lock (beyond the contest
+        // window) would, replayed at its origin, have held the subtask
+        // through that lock's term and erased its expiry or failure: a
+        // backdated lock id must not reset the subtask's history.
+        if !renewal && origin_ms(&l).saturating_add(CONTEST_MS) < sub.newest_origin {
+            return refused("lock created too long before the subtask's newest lock");
+        }
         let Some(cur) = sub.lock.as_mut() else {
             let e = Effect::Locked { task_key: l.task_key.clone(), lock_id: l.lock_id.clone() };
+            sub.newest_origin = sub.newest_origin.max(origin_ms(&l));
             sub.lock = Some(l);
             return vec![e];
         };
@@ -346,6 +360,7 @@ impl TaskQueue {
         if origin_ms(&l) + CONTEST_MS < origin_ms(cur) {
             return refused("lock created too long before the held one");
         }
+        sub.newest_origin = sub.newest_origin.max(origin_ms(&l));
         let lost = std::mem::replace(cur, l);
         vec![
             Effect::Superseded { lock_id: lost.lock_id },

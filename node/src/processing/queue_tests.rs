@@ -148,6 +148,23 @@ fn an_earlier_competing_lock_replaces_the_held_one_within_the_contest_window() {
 }
 
 #[test]
+fn a_new_lock_may_not_predate_the_subtasks_newest_lock_beyond_the_window() {
+    let (a, b) = nodes();
+    let mut q = queue(1);
+    q.handle(Input::Lock(lock("task_a/s0", "lock_1", &a, 10_000, 11_000)), 10_000);
+    q.handle(Input::Tick, 11_000);
+    assert!(q.holder("task_a", "s0").is_none(), "expired: free");
+    let old = lock("task_a/s0", "lock_0", &b, 10_000 - CONTEST_MS - 1, 30_000);
+    assert!(refused(&q.handle(Input::Lock(old), 12_000)));
+    // Within the window, or later: taken.
+    let near = lock("task_a/s0", "lock_2", &b, 10_000 - CONTEST_MS, 30_000);
+    assert!(matches!(q.handle(Input::Lock(near), 12_000).as_slice(), [Effect::Locked { .. }]));
+    // Its holder still renews it.
+    let renewed = lock("task_a/s0", "lock_2", &b, 10_000 - CONTEST_MS, 40_000);
+    assert!(matches!(q.handle(Input::Lock(renewed), 13_000).as_slice(), [Effect::Renewed { .. }]));
+}
+
+#[test]
 fn expired_or_unknown_locks_are_refused() {
     let (a, _) = nodes();
     let mut q = queue(1);

@@ -248,6 +248,38 @@ fn a_lock_is_the_signers_and_obeys_first_valid_lock_wins() {
     ));
 }
 
+/// A lock whose ULID id claims a time before the subtask's earlier lock
+/// would, replayed at that origin, hold the subtask through that lock's
+/// term and erase its expiry: refused, so three expiries still make the
+/// subtask bad.
+#[test]
+fn a_backdated_lock_id_cannot_erase_a_subtasks_failures() {
+    let (_da, a, _db, b, trust, worker, gateway) = two();
+    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 1), &gateway, &trust, NOW)
+        .unwrap();
+    merge_scoped(&b, t, &[], &trust, NOW).unwrap();
+    let other = NodeKey::from_seed([9; 32]);
+    let sub = format!("{TASK}/s0");
+    // Three locks, each left to expire (60 s) unanswered.
+    for (i, at) in [NOW, NOW + 70_000, NOW + 140_000].into_iter().enumerate() {
+        let id = gcs_protocol::ids::id_from_parts(gcs_protocol::ids::LOCK, at, i as u128);
+        let l = lock("s0", &id, &worker, at);
+        let d = signed_delta(&a, &keys::processing_lock(&sub, &id), l, &worker);
+        merge_scoped(&b, d, &[], &trust, at).unwrap();
+        // Between expiries the subtask is free; a lock whose id dates from
+        // before the first one is refused.
+        let at = at + 65_000;
+        let back = gcs_protocol::ids::id_from_parts(gcs_protocol::ids::LOCK, NOW - 10_000, 99);
+        let l = lock("s0", &back, &other, at);
+        let d = signed_delta(&a, &keys::processing_lock(&sub, &back), l, &other);
+        let e = merge_scoped(&b, d, &[], &trust, at);
+        assert!(e.is_err(), "backdated lock accepted after expiry {i}: {e:?}");
+    }
+    let s = super::replay::stored(&b, TASK).unwrap().unwrap();
+    let q = super::replay::replay(&s, NOW + 205_000);
+    assert_eq!(q.bad(TASK, "s0"), Some("lock expired without a result"));
+}
+
 #[test]
 fn a_result_comes_only_from_the_lock_holder_and_once() {
     let (_da, a, _db, b, trust, worker, gateway) = two();
