@@ -231,14 +231,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
     }
 
-    /// What a task's workers answered so far. Each answer's usage record
-    /// (`batch_id`, the batch price) is stored, once, before it is returned.
+    /// What a task's workers answered so far, but the requests in `skip`
+    /// (answers the caller holds already: their outputs are not read
+    /// again). Each answer's usage record (`batch_id`, the batch price) is
+    /// stored, once, before it is returned.
     fn collect(
         &self,
         task_id: String,
         meter: ProcessingMeter,
+        skip: std::sync::Arc<std::collections::HashSet<u64>>,
     ) -> BoxFuture<'_, Result<TaskProgress, BackendError>> {
-        let _ = (task_id, meter);
+        let _ = (task_id, meter, skip);
         Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
     }
 }

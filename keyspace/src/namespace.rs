@@ -226,6 +226,10 @@ pub mod keys {
     pub fn processing_output(task_id: &str, chunk_id: &str, lock_id: &str) -> String {
         key(N::ProcessingOutputs, format_args!("{task_id}/{chunk_id}/{lock_id}"))
     }
+    /// Every output of one request of a task (one per lock it ran under).
+    pub fn processing_outputs_of_chunk(task_id: &str, chunk_id: &str) -> String {
+        key(N::ProcessingOutputs, format_args!("{task_id}/{chunk_id}/"))
+    }
     /// Every output of a task.
     pub fn processing_outputs(task_id: &str) -> String {
         key(N::ProcessingOutputs, format_args!("{task_id}/"))

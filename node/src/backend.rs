@@ -225,10 +225,11 @@ impl Backend for NodeClient {
         &self,
         task_id: String,
         meter: ProcessingMeter,
+        skip: Arc<std::collections::HashSet<u64>>,
     ) -> BoxFuture<'_, Result<TaskProgress, BackendError>> {
         Box::pin(async move {
             let (ks, key) = (self.keyspace.clone(), self.key.clone());
-            crate::processing::batch::collect(ks, key, &self.network, task_id, meter)
+            crate::processing::batch::collect(ks, key, &self.network, task_id, meter, skip)
                 .await
                 .map_err(processing_error)
         })

@@ -172,11 +172,14 @@ async fn collect(
     tasks: &[TaskRef],
 ) -> Result<(), ApiError> {
     let rec = a.snapshot();
+    // What the backend need not read again; shared with each call, and
+    // grown in place once the call has dropped its copy.
+    let mut skip = Arc::new(done.clone());
     loop {
         let mut fresh: Vec<Entry> = vec![];
         for t in tasks {
             let m = meter(state, &rec, api, &t.model);
-            let p = match state.backend.collect(t.task_id.clone(), m).await {
+            let p = match state.backend.collect(t.task_id.clone(), m, skip.clone()).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(batch_id = %rec.id, task_id = %t.task_id, error = %e, "task not collected");
@@ -197,6 +200,7 @@ async fn collect(
             }
         }
         if !fresh.is_empty() {
+            Arc::make_mut(&mut skip).extend(fresh.iter().map(|e| e.i));
             state.batches.store.append(&rec, &fresh).map_err(crate::files::api_error)?;
             a.update(|r| fresh.iter().for_each(|e| r.count(e)));
             a.persist(&state.batches.store).await?;

@@ -5,6 +5,7 @@
 //! [`collect`] (the answers of accepted results, each metered once by a
 //! usage record naming the batch, its price and the worker that ran it).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use gcs_gateway::backend::{ProcessedLine, ProcessingBatch, ProcessingMeter, TaskProgress};
@@ -146,19 +147,20 @@ fn usage_of(o: &OutputChunk, m: &ProcessingMeter, key: &NodeKey, now: u64) -> Re
     Ok(u)
 }
 
-/// The task's answers so far; the usage record of each answer with status
-/// 200 is stored (synced) and gossiped to the tenant's gateways before the
-/// answer is returned.
+/// The task's answers so far but those of the requests in `skip`; the
+/// usage record of each answer with status 200 is stored (synced) and
+/// gossiped to the tenant's gateways before the answer is returned.
 pub async fn collect(
     ks: Arc<Keyspace>,
     key: Arc<NodeKey>,
     net: &Network,
     task_id: String,
     m: ProcessingMeter,
+    skip: Arc<HashSet<u64>>,
 ) -> Result<TaskProgress, ProcessingError> {
     let tenant = m.tenant_id.clone();
     let (progress, deltas) =
-        tokio::task::spawn_blocking(move || collect_here(&ks, &key, &task_id, &m, now_ms()))
+        tokio::task::spawn_blocking(move || collect_here(&ks, &key, &task_id, &m, &skip, now_ms()))
             .await
             .map_err(runtime)??;
     if topics::valid_tenant(&tenant) {
@@ -178,14 +180,16 @@ pub fn collect_here(
     key: &NodeKey,
     task_id: &str,
     m: &ProcessingMeter,
+    skip: &HashSet<u64>,
     now: u64,
 ) -> Result<(TaskProgress, Vec<gcs_keyspace::Delta>), ProcessingError> {
-    let c = chunks::collect(ks, task_id, now)?;
+    let c = chunks::collect(ks, task_id, now, skip)?;
     let mut deltas = vec![];
     let mut answered = vec![];
     for o in c.outputs {
-        // The batch is polled every 500 ms: only an answer not metered
-        // yet costs a signature.
+        // An answer returned by an earlier poll is in `skip`; one returned
+        // before a restart (and not in the runner's results) is metered
+        // already: only an answer not metered yet costs a signature.
         let job_id = usage_job_id(&o);
         if o.status == 200 && ks.get_bytes(&keys::usage(&job_id))?.is_none() {
             let u = usage_of(&o, m, key, now)?;

@@ -510,30 +510,43 @@ pub struct Collected {
 }
 
 /// The outputs standing for each accepted result (by the hashes it names),
-/// and the requests of bad subtasks.
-pub fn collect(ks: &Keyspace, task_id: &str, now_ms: u64) -> Result<Collected, ProcessingError> {
+/// and the requests of bad subtasks; requests in `skip` (collected before)
+/// are left out, and their outputs are not read, so a poll costs the
+/// answers that are new, not the whole task.
+pub fn collect(
+    ks: &Keyspace,
+    task_id: &str,
+    now_ms: u64,
+    skip: &std::collections::HashSet<u64>,
+) -> Result<Collected, ProcessingError> {
     let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
     let q = records::replay(&s, now_ms);
-    let mut held: std::collections::HashMap<Hash32, Vec<u8>> = Default::default();
-    for (_, v) in ks.scan_prefix(&keys::processing_outputs(task_id))? {
-        if let Some(b) = v.as_register().and_then(|r| r.value()) {
-            held.insert(Hash32::of(b), b.to_vec());
-        }
-    }
+    let index = |c: &str| c.strip_prefix('c').and_then(|n| n.parse::<u64>().ok());
     let mut out = Collected::default();
     for sub in &s.task.subtasks {
-        let index = |c: &str| c.strip_prefix('c').and_then(|n| n.parse::<u64>().ok());
+        let wanted = || {
+            let new = |c: &&String| index(c).is_none_or(|i| !skip.contains(&i));
+            sub.chunk_ids.iter().enumerate().filter(move |(_, c)| new(c))
+        };
         if let Some(r) = q.result(task_id, &sub.subtask_id) {
-            for h in &r.chunk_hashes {
-                match held.get(h).map(|b| decode::<OutputChunk>(b, MAX_OUTPUT_BYTES + 4096)) {
-                    Some(Ok(o)) => out.outputs.push(o),
-                    _ => out.missing += 1,
+            for (at, c) in wanted() {
+                // The outputs held for this request (one per lock it ran
+                // under): the one whose hash the result names in its place.
+                let mut found = None;
+                for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(task_id, c))? {
+                    let Some(b) = v.as_register().and_then(|r| r.value()) else { continue };
+                    if r.chunk_hashes.get(at) == Some(&Hash32::of(b)) {
+                        found = decode::<OutputChunk>(b, MAX_OUTPUT_BYTES + 4096).ok();
+                        break;
+                    }
+                }
+                match found {
+                    Some(o) => out.outputs.push(o),
+                    None => out.missing += 1,
                 }
             }
         } else if let Some(reason) = q.bad(task_id, &sub.subtask_id) {
-            out.bad.extend(
-                sub.chunk_ids.iter().filter_map(|c| index(c)).map(|i| (i, reason.to_string())),
-            );
+            out.bad.extend(wanted().filter_map(|(_, c)| index(c)).map(|i| (i, reason.to_string())));
         } else {
             out.open += sub.chunk_ids.len();
         }

@@ -202,8 +202,9 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
         model: "m".into(),
         price_percent: Some(50),
     };
+    let none = Default::default();
     let (p, deltas) =
-        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, NOW + 4).unwrap();
+        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, &none, NOW + 4).unwrap();
     assert_eq!((p.answered.len(), p.open, p.bad.len(), deltas.len()), (2, 0, 0, 2));
     assert_eq!(p.answered[1].index, 1);
     assert_eq!(p.answered[1].body["usage"]["completion_tokens"], 2);
@@ -214,12 +215,18 @@ fn a_delivery_is_kept_only_from_the_lock_holder_and_collected_answers_are_metere
     assert_eq!(u.node_id, Some(n.worker.node_id()));
     // Collected again (a restart): the same ids, nothing metered twice.
     let (again, deltas) =
-        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, NOW + 9).unwrap();
+        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, &none, NOW + 9).unwrap();
     assert!(deltas.is_empty());
     let ids = |p: &gcs_gateway::backend::TaskProgress| {
         p.answered.iter().map(|a| a.request_id.clone()).collect::<Vec<_>>()
     };
     assert_eq!(ids(&again), ids(&p));
+    // A request the caller holds already is left out, and only it.
+    let skip = [0u64].into_iter().collect();
+    let (rest, _) =
+        batch::collect_here(&n.stores[0], &n.gateway, &task, &meter, &skip, NOW + 9).unwrap();
+    let idx: Vec<u64> = rest.answered.iter().map(|a| a.index).collect();
+    assert_eq!((idx, rest.open, rest.bad.len()), (vec![1], 0, 0));
 }
 
 /// A worker that over-reports what an answer cost is refused before its

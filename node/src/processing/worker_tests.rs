@@ -191,7 +191,8 @@ fn two_workers_drain_a_task_and_every_request_is_answered_once() {
     assert_eq!(done, 10);
     assert!(execs.iter().all(|e| e.runs.load(Ordering::SeqCst) > 0), "both workers ran some");
     assert_eq!(execs.iter().map(|e| e.runs.load(Ordering::SeqCst)).sum::<u64>(), 10);
-    let c = chunks::collect(&net.stores[0], &task, clock.load(Ordering::SeqCst)).unwrap();
+    let now = clock.load(Ordering::SeqCst);
+    let c = chunks::collect(&net.stores[0], &task, now, &Default::default()).unwrap();
     assert_eq!((c.missing, c.open, c.bad.len()), (0, 0, 0));
     let idx: Vec<u64> = c.outputs.iter().map(|o| o.index).collect();
     assert_eq!(idx, (0..10).collect::<Vec<_>>());
@@ -271,7 +272,7 @@ fn a_dead_workers_subtask_is_taken_over_after_its_lock_expires() {
     let r = net.processor(1, &eb, &models).step(&gw, &live, &now, &mut |d| out.push(d)).unwrap();
     assert_eq!(r.map(|d| d.lines), Some(4));
     out.iter().for_each(|d| net.spread(2, d, now()));
-    let c = chunks::collect(&net.stores[0], &task, now()).unwrap();
+    let c = chunks::collect(&net.stores[0], &task, now(), &Default::default()).unwrap();
     let idx: Vec<u64> = c.outputs.iter().map(|o| o.index).collect();
     assert_eq!(idx, vec![0, 1, 2, 3], "each request once, A's two outputs not counted");
     assert!(c.outputs.iter().all(|o| o.node_id == net.workers[1].node_id()));
@@ -312,7 +313,7 @@ fn a_long_subtask_renews_its_lock_and_its_result_counts() {
     // The lock and early renewals have expired by now (gossip would have
     // carried them in time): the latest renewal and the result suffice.
     out[out.len() - 2..].iter().for_each(|d| net.spread(1, d, now()));
-    let c = chunks::collect(&net.stores[0], &task, now()).unwrap();
+    let c = chunks::collect(&net.stores[0], &task, now(), &Default::default()).unwrap();
     assert_eq!(c.outputs.len(), 6);
 }
 
@@ -330,7 +331,7 @@ fn a_refused_request_is_a_400_line_and_the_rest_run() {
     let cancel = AtomicBool::new(false);
     net.processor(0, &e, &models).step(&gw, &cancel, &now, &mut |d| out.push(d)).unwrap().unwrap();
     out.iter().for_each(|d| net.spread(1, d, now()));
-    let c = chunks::collect(&net.stores[0], &task, now()).unwrap();
+    let c = chunks::collect(&net.stores[0], &task, now(), &Default::default()).unwrap();
     let status: Vec<u16> = c.outputs.iter().map(|o| o.status).collect();
     assert_eq!(status, vec![200, 400, 200]);
     assert!(c.outputs[1].body.contains("prompt too long"));
@@ -466,7 +467,8 @@ fn a_worker_stopped_at_shutdown_gives_its_subtask_back_at_once() {
     out.iter().for_each(|d| net.spread(2, d, now()));
     let q = records::replay(&records::stored(&net.stores[0], &task).unwrap().unwrap(), now());
     assert!(q.bad(&task, "s0").is_none(), "a stop is not a failure");
-    assert_eq!(chunks::collect(&net.stores[0], &task, now()).unwrap().outputs.len(), 4);
+    let c = chunks::collect(&net.stores[0], &task, now(), &Default::default()).unwrap();
+    assert_eq!(c.outputs.len(), 4);
 }
 
 #[test]
@@ -496,7 +498,7 @@ fn a_request_failing_in_every_engine_marks_its_subtask_bad_after_three_tries() {
     // Three tries of s0 (each released with its failure, no lease waited
     // out), one of s1; then nothing is left to take.
     assert_eq!(errors, 3);
-    let c = chunks::collect(&net.stores[0], &task, now()).unwrap();
+    let c = chunks::collect(&net.stores[0], &task, now(), &Default::default()).unwrap();
     assert_eq!((c.open, c.missing), (0, 0));
     assert_eq!(c.outputs.iter().map(|o| o.index).collect::<Vec<_>>(), vec![2]);
     let bad: Vec<u64> = c.bad.iter().map(|(i, _)| *i).collect();
@@ -613,4 +615,50 @@ fn a_subtask_whose_gateway_names_another_holder_is_passed_over_for_a_lease() {
     let r = net.processor(0, &e, &models).step(&gw, &live, &now, &mut |d| again.push(d)).unwrap();
     assert_eq!(r.map(|d| d.lines), Some(2));
     assert_eq!(e.runs.load(Ordering::SeqCst), 2);
+}
+
+/// A bench, not a test (`cargo test -p gcs-node --lib collect_cost --
+/// --ignored --nocapture`): one poll of a drained 1,000-request task,
+/// reading every answer vs. skipping all but 4 (what the batch runner
+/// holds already). It asserts only what each poll returns.
+#[test]
+#[ignore]
+fn collect_cost_with_and_without_skip() {
+    let net = net();
+    let n = 1000u64;
+    let b: Vec<Vec<u8>> =
+        (0..n).map(|i| format!("request {i} {}", "x".repeat(2000)).into_bytes()).collect();
+    let refs: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
+    let task = net.enqueue(&refs, 4);
+    let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
+    let exec = Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() };
+    let models = vec!["m".to_string()];
+    let gw =
+        Gateway { ks: &net.stores[0], trust: &net.trust, clock: &clock, delivered: Mutex::new(0) };
+    let cancel = AtomicBool::new(false);
+    loop {
+        let p = net.processor(0, &exec, &models);
+        let mut out = vec![];
+        let now = || clock.load(Ordering::SeqCst);
+        let r = p.step(&gw, &cancel, &now, &mut |d| out.push(d)).unwrap();
+        for d in &out {
+            net.spread(1, d, clock.load(Ordering::SeqCst));
+        }
+        if r.is_none() {
+            break;
+        }
+    }
+    let now = clock.load(Ordering::SeqCst);
+    let held: std::collections::HashSet<u64> = (0..n - 4).collect();
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let c = chunks::collect(&net.stores[0], &task, now, &Default::default()).unwrap();
+        let full = t.elapsed();
+        assert_eq!(c.outputs.len() as u64, n);
+        let t = std::time::Instant::now();
+        let c = chunks::collect(&net.stores[0], &task, now, &held).unwrap();
+        let skip = t.elapsed();
+        assert_eq!(c.outputs.iter().map(|o| o.index).collect::<Vec<_>>(), [996, 997, 998, 999]);
+        eprintln!("collect of {n} answers: every one {full:?}, all but 4 skipped {skip:?}");
+    }
 }
