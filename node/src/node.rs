@@ -287,6 +287,8 @@ struct Env {
     jobs_heard: Arc<std::sync::atomic::AtomicU64>,
     /// A worker's processing slots (None: it takes no subtasks).
     processing: Option<crate::processing::shell::Shell>,
+    /// A gateway's mirror of its tenants' tasks.
+    mirror: Option<crate::processing::mirror::Mirror>,
 }
 
 /// Starts a node.
@@ -359,6 +361,9 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         })),
         _ => None,
     };
+    let mirror = (config.role != Role::Worker).then(|| {
+        crate::processing::mirror::start(keyspace.clone(), trust.clone(), node_id.clone(), network.clone())
+    });
     let jobs_heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let client = NodeClient::new(
         cmd_tx,
@@ -374,6 +379,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         worker,
         env: Env {
             processing,
+            mirror,
             jobs_heard: jobs_heard.clone(),
             registration_id,
             identity,
@@ -528,6 +534,9 @@ impl Runtime {
         }
         if let Some(p) = &self.env.processing {
             p.stop();
+        }
+        if let Some(m) = &self.env.mirror {
+            m.stop();
         }
         if is_worker {
             self.env.publish_registration(NodeStatus::Offline, self.worker.as_ref()).await;

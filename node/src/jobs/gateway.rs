@@ -538,8 +538,11 @@ impl GatewayState {
                     _ => JobResponse::Refused("only the lease holder may fetch the payload".into()),
                 }
             }
-            // A processing lock holder's chunk fetch or delivery (processing/serve.rs).
-            JobRequest::FetchChunk(_) | JobRequest::DeliverOutput(_) => {
+            // A processing lock holder's chunk fetch or delivery, or a
+            // tenant gateway's mirror pull (processing/serve.rs).
+            JobRequest::FetchChunk(_)
+            | JobRequest::DeliverOutput(_)
+            | JobRequest::MirrorPull(_) => {
                 crate::processing::serve::answer(ctx.keyspace, ctx.trust, peer, &req)
             }
             JobRequest::Envelope(bytes) => {

@@ -101,6 +101,9 @@ pub enum JobRequest {
     FetchChunk(Box<ChunkFetch>),
     /// A processing lock holder hands in one signed output.
     DeliverOutput(Box<OutputDelivery>),
+    /// A gateway of a task's tenant pulls what it lacks of the task
+    /// (specs/batch.md, "Mirrors").
+    MirrorPull(Box<MirrorPull>),
 }
 
 /// Version of [`ChunkFetch`] and [`OutputDelivery`].
@@ -137,6 +140,35 @@ pub struct OutputDelivery {
     pub output: Vec<u8>,
 }
 
+/// Version of [`MirrorPull`].
+pub const MIRROR_VERSION: u16 = 1;
+/// A gateway's pull of what it lacks of one task (specs/batch.md,
+/// "Mirrors"; `processing::mirror`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MirrorPull {
+    /// [`MIRROR_VERSION`].
+    pub version: u16,
+    /// The asking gateway (its peer id must be the request's sender).
+    pub asker: gcs_protocol::NodeId,
+    /// Task.
+    pub task_id: String,
+    /// Chunk ids whose input the asker lacks.
+    pub inputs: Vec<String>,
+    /// Chunk ids whose accepted output the asker lacks.
+    pub outputs: Vec<String>,
+}
+
+/// What the asked gateway holds of them: encoded, signed records, inputs
+/// first; a record past the budget (`processing::mirror::PULL_BUDGET`)
+/// waits for the next pull.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MirrorPage {
+    /// Input chunks.
+    pub inputs: Vec<serde_bytes::ByteBuf>,
+    /// Output chunks (every lock's, the asker keeps what it accepts).
+    pub outputs: Vec<serde_bytes::ByteBuf>,
+}
+
 /// The answer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum JobResponse {
@@ -148,6 +180,8 @@ pub enum JobResponse {
     Payload(Box<LeasedPayload>),
     /// An encoded, signed input chunk, to a processing lock holder.
     Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// What a mirror pull asked for, as held here.
+    Mirror(Box<MirrorPage>),
     /// Refused, with the reason.
     Refused(String),
 }

@@ -315,7 +315,9 @@ impl WorkerState {
                 },
                 Ok(JobResponse::Payload(p)) => Answer::Payload(p),
                 Ok(JobResponse::Refused(r)) => Answer::Refused(r),
-                Ok(JobResponse::Chunk(_)) => Answer::Failed("a processing answer to a job request".into()),
+                Ok(JobResponse::Chunk(_) | JobResponse::Mirror(_)) => {
+                    Answer::Failed("a processing answer to a job request".into())
+                }
                 Err(e) => Answer::Failed(e.to_string()),
             };
             // The job may be over already; then nobody waits for it.

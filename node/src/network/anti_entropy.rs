@@ -281,9 +281,19 @@ impl EventLoop {
         let tx = self.ae.done_tx.clone();
         tokio::task::spawn_blocking(move || {
             let (mut changed, mut refused, mut over_quota) = (0usize, 0usize, false);
+            // Which namespaces a round had to repair (the log says where
+            // gossip falls short).
+            let mut by_ns: std::collections::BTreeMap<&'static str, usize> = Default::default();
             for d in &response.deltas {
                 match intake.merge(&peer, d, &served, now_ms()) {
-                    Ok(gcs_keyspace::MergeOutcome::Changed(_)) => changed += 1,
+                    Ok(gcs_keyspace::MergeOutcome::Changed(_)) => {
+                        changed += 1;
+                        let ns = gcs_keyspace::Delta::decode(d)
+                            .ok()
+                            .and_then(|x| gcs_keyspace::Namespace::of_key(&x.key).ok())
+                            .map_or("?", |n| n.cf());
+                        *by_ns.entry(ns).or_default() += 1;
+                    }
                     Ok(_) => {}
                     Err(super::intake::Refused::Quota(e)) => {
                         // The rest of the page would be refused too.
@@ -295,7 +305,7 @@ impl EventLoop {
                 }
             }
             if changed > 0 || refused > 0 {
-                tracing::info!(%peer, changed, refused, "anti-entropy merged");
+                tracing::info!(%peer, changed, refused, namespaces = ?by_ns, "anti-entropy merged");
             }
             let more = !response.resume.is_empty() || !response.truncated.is_empty();
             let done = Done::Merged {

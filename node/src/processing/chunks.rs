@@ -438,9 +438,12 @@ pub fn accept_output(
 ) -> Result<OutputChunk, ProcessingError> {
     let o: OutputChunk = decode(bytes, MAX_OUTPUT_BYTES + 4096)?;
     let s = records::stored(ks, &o.task_id)?.ok_or(ProcessingError::Unknown)?;
-    let sub = subtask_of(&s, &o.chunk_id).ok_or(ProcessingError::Unknown)?;
-    let q = records::replay_at(&s, o.created_at_ms);
-    let lock = q.holder(&o.task_id, &sub.subtask_id).ok_or(ProcessingError::NotHolder)?;
+    let sub_id = subtask_of(&s, &o.chunk_id).ok_or(ProcessingError::Unknown)?.subtask_id.clone();
+    // Judged by the locks alone: the holder's own result, made in the
+    // same millisecond as its last output, ends its hold (a mirror pulls
+    // that output after the result has replicated).
+    let q = records::replay_at(&Stored { results: vec![], ..s }, o.created_at_ms);
+    let lock = q.holder(&o.task_id, &sub_id).ok_or(ProcessingError::NotHolder)?;
     if lock.lock_id != o.lock_id
         || lock.node_id != o.node_id
         || o.created_at_ms >= lock.expires_at_ms

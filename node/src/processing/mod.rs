@@ -8,7 +8,8 @@
 //! [`shell`] the worker's processing slots in the running node, [`batch`]
 //! the gateway's side of a batch (enqueue, collect, usage records),
 //! [`release`] the records that end work early (a holder's release, a
-//! gateway's cancel).
+//! gateway's cancel), [`mirror`] the copies of a task's data on the
+//! tenant's other gateways.
 
 /// The `SignedMessage` accessors every processing record shares, for a
 /// record whose signer is the field `$signer` (textual scope: the modules
@@ -38,6 +39,9 @@ macro_rules! signed_common {
 
 pub mod batch;
 pub mod chunks;
+pub mod mirror;
+#[cfg(test)]
+mod mirror_tests;
 pub mod queue;
 #[cfg(test)]
 mod queue_tests;

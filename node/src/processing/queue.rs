@@ -210,6 +210,11 @@ fn refused(reason: &'static str) -> Vec<Effect> {
 }
 
 impl TaskQueue {
+    /// Whether every subtask of the task has a result or is bad.
+    pub fn is_complete(&self, task_id: &str) -> bool {
+        self.tasks.get(task_id).is_some_and(|t| t.complete)
+    }
+
     /// The result of a subtask, once accepted.
     pub fn result(&self, task_id: &str, subtask_id: &str) -> Option<&SubTaskResult> {
         self.tasks.get(task_id)?.subs.get(subtask_id)?.result.as_ref()

@@ -169,7 +169,7 @@ fn validate_bytes(key: &str, bytes: &[u8]) -> Result<Record, RefusedDelta> {
 }
 
 /// Whether `node` holds a live `tenant_gateway` certificate of `tenant`.
-fn admitted_gateway(
+pub(crate) fn admitted_gateway(
     ks: &Keyspace,
     trust: &TenantTrust,
     tenant: &str,

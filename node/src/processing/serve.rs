@@ -87,6 +87,9 @@ pub fn answer(ks: &Keyspace, trust: &TenantTrust, peer: PeerId, req: &JobRequest
     let r = match req {
         JobRequest::FetchChunk(f) => fetch(ks, trust, Some(peer), f, now).map(JobResponse::Chunk),
         JobRequest::DeliverOutput(o) => deliver(ks, trust, Some(peer), o, now).map(|_| JobResponse::Ack),
+        JobRequest::MirrorPull(p) => {
+            super::mirror::answer(ks, trust, Some(peer), p, now).map(|p| JobResponse::Mirror(Box::new(p)))
+        }
         _ => return JobResponse::Refused("not a processing request".into()),
     };
     r.unwrap_or_else(|e| {

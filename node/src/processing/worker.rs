@@ -89,6 +89,47 @@ pub struct Processor<'a> {
 /// A worker's list of subtasks to pass over, and until when.
 pub type Avoid = std::sync::Mutex<std::collections::BTreeMap<String, u64>>;
 
+/// The gateways a subtask's requests go to, in order: the task's own,
+/// then the tenant's others. The one that answered last is asked first.
+struct Via {
+    gateways: Vec<NodeId>,
+    last_good: std::cell::Cell<usize>,
+}
+
+impl Via {
+    fn new(gateways: Vec<NodeId>) -> Self {
+        Via { gateways, last_good: std::cell::Cell::new(0) }
+    }
+
+    /// `f` on each gateway in turn until one answers. The task's own
+    /// gateway's refusal is final (it decides who holds what); another's
+    /// (it has not mirrored the input yet) passes to the next. The first
+    /// error is returned when none answers.
+    fn call<T>(
+        &self,
+        mut f: impl FnMut(&NodeId) -> Result<T, ProcessingError>,
+    ) -> Result<T, ProcessingError> {
+        let n = self.gateways.len();
+        let start = self.last_good.get();
+        let mut first = None;
+        for i in (0..n).map(|k| (start + k) % n) {
+            match f(&self.gateways[i]) {
+                Err(ProcessingError::GatewayRefused(r)) if i == 0 => {
+                    return Err(ProcessingError::GatewayRefused(r))
+                }
+                Err(e @ (ProcessingError::Gateway(_) | ProcessingError::GatewayRefused(_))) => {
+                    first.get_or_insert(e);
+                }
+                other => {
+                    self.last_good.set(i);
+                    return other;
+                }
+            }
+        }
+        Err(first.unwrap_or(ProcessingError::Unknown))
+    }
+}
+
 /// A failure as a release carries it: at most 256 bytes, no control
 /// characters.
 fn failure_reason(s: &str) -> String {
@@ -247,10 +288,13 @@ impl Processor<'_> {
             Ok(cancel.load(Ordering::Relaxed)
                 || self.ks.get_bytes(&keys::processing_cancel(&task_id))?.is_some())
         };
+        // The task's gateway first; while it cannot be reached, the
+        // tenant's other gateways, which mirror its tasks (mirror.rs).
+        let gateways = Via::new(super::mirror::tenant_gateways(self.ks, self.trust, t, clock()));
         let mut inputs = vec![];
         let mut hashes = vec![];
         for c in &sub.chunk_ids {
-            let bytes = src.fetch(&me, &t.gateway_node_id, lock_delta, &task_id, c)?;
+            let bytes = gateways.call(|g| src.fetch(&me, g, lock_delta, &task_id, c))?;
             hashes.push(Hash32::of(&bytes));
             inputs.push((chunks::check_input(t, c, &bytes)?, Hash32::of(&bytes)));
         }
@@ -301,7 +345,7 @@ impl Processor<'_> {
             gcs_protocol::sign(&mut o, self.key)?;
             let bytes = gcs_protocol::encode(&o)?;
             out_hashes.push(Hash32::of(&bytes));
-            src.deliver(&t.gateway_node_id, lock_delta, bytes)?;
+            gateways.call(|g| src.deliver(g, lock_delta, bytes.clone()))?;
         }
         let result = SubTaskResult {
             subtask_id: sub_id,

@@ -25,10 +25,10 @@ const LEASE: u64 = 10_000;
 /// Answers each request with its own bytes' length, counting runs; a
 /// body of `bad` is refused as invalid, and each run moves `clock` on.
 #[derive(Debug, Default)]
-struct Echo {
-    runs: AtomicU64,
-    step_ms: u64,
-    clock: std::sync::Arc<AtomicU64>,
+pub(super) struct Echo {
+    pub(super) runs: AtomicU64,
+    pub(super) step_ms: u64,
+    pub(super) clock: std::sync::Arc<AtomicU64>,
 }
 
 impl Executor for Echo {

@@ -95,19 +95,31 @@ pub(crate) fn admit_sample_gateway(
     stores: &[&Keyspace],
     gateway: &gcs_protocol::NodeKey,
 ) -> super::TrustHandle {
+    admit_sample_gateways(stores, &[gateway])
+}
+
+/// [`admit_sample_gateway`] for each of `gateways`.
+#[cfg(test)]
+pub(crate) fn admit_sample_gateways(
+    stores: &[&Keyspace],
+    gateways: &[&gcs_protocol::NodeKey],
+) -> super::TrustHandle {
     use gcs_protocol::samples::{self, Params};
     let t = samples::tenant_key();
-    let mut c = samples::membership(&t, gateway, &Params::default());
-    c.scope = MembershipScope::TenantGateway;
-    c.issued_at_ms = 0;
-    c.expires_at_ms = gcs_protocol::MAX_MEMBERSHIP_TTL_MS;
-    gcs_protocol::sign(&mut c, &t).unwrap();
-    let m: Message = c.into();
-    // Written once and merged into the others: the same CRDT state
-    // everywhere, as replication leaves it.
-    let delta = stores[0].put(&super::statement_key(&m).unwrap(), m.encode().unwrap(), 1).unwrap();
-    for ks in &stores[1..] {
-        ks.merge(delta.clone(), 1).unwrap();
+    for gateway in gateways {
+        let mut c = samples::membership(&t, gateway, &Params::default());
+        c.scope = MembershipScope::TenantGateway;
+        c.issued_at_ms = 0;
+        c.expires_at_ms = gcs_protocol::MAX_MEMBERSHIP_TTL_MS;
+        gcs_protocol::sign(&mut c, &t).unwrap();
+        let m: Message = c.into();
+        // Written once and merged into the others: the same CRDT state
+        // everywhere, as replication leaves it.
+        let key = super::statement_key(&m).unwrap();
+        let delta = stores[0].put(&key, m.encode().unwrap(), 1).unwrap();
+        for ks in &stores[1..] {
+            ks.merge(delta.clone(), 1).unwrap();
+        }
     }
     let mut trust = super::Trust::default();
     trust.tenants.insert("tenant_123".into(), t.node_id());

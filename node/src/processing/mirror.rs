@@ -1,0 +1,345 @@
+//! Mirrors of a task's data on the tenant's other gateways (specs/batch.md,
+//! "Mirrors"). The task record replicates everywhere, but its input chunks
+//! and its workers' outputs are job-participant records: held by the
+//! gateway that enqueued it, so while that gateway is down no worker can
+//! fetch an input or hand in an answer, and a gateway lost with its disk
+//! loses them. Here each gateway the task's tenant admitted pulls what it
+//! lacks of the tenant's tasks from the others ([`wanted`], [`answer`],
+//! [`store`]): inputs as signed by the task's gateway, outputs under the
+//! same rules as a worker's delivery (`chunks::accept_output`). A worker
+//! then fetches from, and delivers to, any of them (`serve::NetSource`),
+//! and the task's gateway pulls back what was delivered elsewhere.
+//!
+//! Nothing is cursor-based: what a node lacks is read from its store (the
+//! chunk ids its task record names without an input here; those whose
+//! accepted result names an output not here), so a pull that failed or a
+//! page cut short is simply asked again.
+
+use gcs_keyspace::{keys, Keyspace};
+use gcs_protocol::{Hash32, NodeId};
+use libp2p::PeerId;
+
+use super::chunks::{self, ProcessingError, MAX_INPUT_BYTES};
+use super::records::{self, TaskRecord};
+pub use crate::jobs::wire::{MirrorPage, MirrorPull, MIRROR_VERSION};
+use crate::tenants::TenantTrust;
+
+/// Chunk ids one pull may name.
+pub const MAX_PULL_CHUNKS: usize = 256;
+/// Record bytes one answer carries at most (the job protocol refuses
+/// answers over 10 MiB; one output is at most 1 MiB).
+pub const PULL_BUDGET: usize = 4 << 20;
+
+/// What this node lacks of a task: chunk ids without an input here, and
+/// chunk ids whose accepted result names an output not here.
+pub fn wanted(
+    ks: &Keyspace,
+    task_id: &str,
+    now_ms: u64,
+) -> Result<(Vec<String>, Vec<String>), ProcessingError> {
+    let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
+    let mut inputs = vec![];
+    for sub in &s.task.subtasks {
+        for c in &sub.chunk_ids {
+            if ks.get_bytes(&keys::processing_chunk(task_id, c))?.is_none() {
+                inputs.push(c.clone());
+            }
+        }
+    }
+    let q = records::replay(&s, now_ms);
+    let mut outputs = vec![];
+    for sub in &s.task.subtasks {
+        let Some(r) = q.result(task_id, &sub.subtask_id) else { continue };
+        for (at, c) in sub.chunk_ids.iter().enumerate() {
+            let mut held = false;
+            for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(task_id, c))? {
+                let b = v.as_register().and_then(|r| r.value()).unwrap_or_default();
+                held |= r.chunk_hashes.get(at) == Some(&Hash32::of(b));
+            }
+            if !held {
+                outputs.push(c.clone());
+            }
+        }
+    }
+    Ok((inputs, outputs))
+}
+
+/// Whether `node` is a gateway `task`'s tenant admitted (a live
+/// `tenant_gateway` certificate from the tenant's issuer this node trusts).
+pub fn tenant_gateway(
+    ks: &Keyspace,
+    trust: &TenantTrust,
+    task: &TaskRecord,
+    node: &NodeId,
+    now_ms: u64,
+) -> bool {
+    records::admitted_gateway(ks, trust, &task.tenant_id, node, now_ms).is_ok()
+}
+
+/// Every gateway `task`'s tenant admitted, as this node's store holds
+/// their certificates; the task's own gateway first.
+pub fn tenant_gateways(
+    ks: &Keyspace,
+    trust: &TenantTrust,
+    task: &TaskRecord,
+    now_ms: u64,
+) -> Vec<NodeId> {
+    let mut out = vec![task.gateway_node_id.clone()];
+    let Some(issuer) = trust.with(|t| t.tenants.get(&task.tenant_id).cloned()) else {
+        return out;
+    };
+    let scope = gcs_protocol::MembershipScope::TenantGateway;
+    let prefix = keys::membership(issuer.as_str(), scope.as_str(), "");
+    for (k, _) in ks.scan_prefix(&prefix).unwrap_or_default() {
+        let Ok(node) = k[prefix.len()..].parse::<NodeId>() else { continue };
+        if !out.contains(&node) && tenant_gateway(ks, trust, task, &node, now_ms) {
+            out.push(node);
+        }
+    }
+    out
+}
+
+/// The answer to a pull from `peer`: only to a gateway the task's tenant
+/// admitted, only records of that task, within the budget.
+pub fn answer(
+    ks: &Keyspace,
+    trust: &TenantTrust,
+    peer: Option<PeerId>,
+    p: &MirrorPull,
+    now_ms: u64,
+) -> Result<MirrorPage, ProcessingError> {
+    if p.version != MIRROR_VERSION {
+        return Err(ProcessingError::Mismatch("unsupported mirror request version"));
+    }
+    if p.inputs.len() + p.outputs.len() > MAX_PULL_CHUNKS {
+        return Err(ProcessingError::TooLarge("chunk ids in one pull"));
+    }
+    if peer.is_some() && crate::jobs::peer_of(&p.asker) != peer {
+        return Err(ProcessingError::NotHolder);
+    }
+    let s = records::stored(ks, &p.task_id)?.ok_or(ProcessingError::Unknown)?;
+    records::admitted_gateway(ks, trust, &s.task.tenant_id, &p.asker, now_ms)?;
+    let named = |c: &str| s.task.subtasks.iter().any(|st| st.chunk_ids.iter().any(|x| x == c));
+    let mut page = MirrorPage::default();
+    let mut bytes = 0usize;
+    let mut room = |b: &[u8]| {
+        let fits = bytes == 0 || bytes + b.len() <= PULL_BUDGET;
+        bytes += b.len();
+        fits
+    };
+    for c in p.inputs.iter().filter(|c| named(c)) {
+        if let Some(b) = ks.get_bytes(&keys::processing_chunk(&p.task_id, c))? {
+            if !room(&b) {
+                return Ok(page);
+            }
+            page.inputs.push(serde_bytes::ByteBuf::from(b));
+        }
+    }
+    for c in p.outputs.iter().filter(|c| named(c)) {
+        for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(&p.task_id, c))? {
+            let Some(b) = v.as_register().and_then(|r| r.value()) else { continue };
+            if !room(b) {
+                return Ok(page);
+            }
+            page.outputs.push(serde_bytes::ByteBuf::from(b.to_vec()));
+        }
+    }
+    Ok(page)
+}
+
+/// Stores a page pulled for `task_id`: an input only if signed by the
+/// task's gateway for this task, chunk and tenant (`chunks::check_input`);
+/// an output only as a delivery would be (`chunks::accept_output`: the
+/// lock's holder, before it expired, answering the stored input). Returns
+/// how many of each were new here.
+pub fn store(
+    ks: &Keyspace,
+    task_id: &str,
+    page: &MirrorPage,
+    now_ms: u64,
+) -> Result<(usize, usize), ProcessingError> {
+    let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
+    let mut new = (0, 0);
+    for b in &page.inputs {
+        if b.len() > MAX_INPUT_BYTES {
+            continue;
+        }
+        let c: chunks::InputChunk = chunks::decode(b, MAX_INPUT_BYTES)?;
+        let c = chunks::check_input(&s.task, &c.chunk_id, b)?;
+        let key = keys::processing_chunk(task_id, &c.chunk_id);
+        if ks.get_bytes(&key)?.is_none() {
+            ks.put(&key, b.to_vec(), now_ms)?;
+            new.0 += 1;
+        }
+    }
+    for b in &page.outputs {
+        let o: chunks::OutputChunk = match chunks::decode(b, chunks::MAX_OUTPUT_BYTES + 4096) {
+            Ok(o) => o,
+            Err(_) => continue,
+        };
+        let key = keys::processing_output(task_id, &o.chunk_id, &o.lock_id);
+        if o.task_id != task_id || ks.get_bytes(&key)?.is_some() {
+            continue;
+        }
+        // An output its task's rules would refuse from a worker is
+        // refused from a mirror too (another lock's late answer, say).
+        if chunks::accept_output(ks, b, now_ms).is_ok() {
+            new.1 += 1;
+        }
+    }
+    Ok(new)
+}
+
+/// How often a gateway looks for what it lacks of its tenants' tasks.
+pub const MIRROR_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The running mirror of a gateway node.
+#[allow(missing_debug_implementations)]
+pub struct Mirror {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Mirror {
+    /// Stops pulling (the next round does not start).
+    pub fn stop(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One task to pull for, and where from.
+struct Want {
+    task_id: String,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    sources: Vec<NodeId>,
+}
+
+/// The tasks this node should mirror and lacks something of; a task that is
+/// complete with nothing lacking is added to `settled` and not read again.
+fn round_plan(
+    ks: &Keyspace,
+    trust: &TenantTrust,
+    me: &NodeId,
+    settled: &mut std::collections::HashSet<String>,
+    now_ms: u64,
+) -> Result<Vec<Want>, ProcessingError> {
+    let mut out = vec![];
+    for (key, v) in ks.scan_prefix(gcs_keyspace::Namespace::ProcessingTasks.prefix())? {
+        let task_id = &key[gcs_keyspace::Namespace::ProcessingTasks.prefix().len()..];
+        if settled.contains(task_id) {
+            continue;
+        }
+        let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
+        let Ok(t) = gcs_protocol::codec::from_cbor_bytes::<TaskRecord>(bytes) else { continue };
+        if !tenant_gateway(ks, trust, &t, me, now_ms) {
+            settled.insert(task_id.to_string());
+            continue;
+        }
+        let sources: Vec<NodeId> =
+            tenant_gateways(ks, trust, &t, now_ms).into_iter().filter(|n| n != me).collect();
+        if sources.is_empty() {
+            // The tenant's only gateway: nothing to pull from (asked again
+            // next round: another may be admitted meanwhile).
+            continue;
+        }
+        let (inputs, outputs) = wanted(ks, task_id, now_ms)?;
+        if inputs.is_empty() && outputs.is_empty() {
+            let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
+            if records::replay(&s, now_ms).is_complete(task_id) {
+                settled.insert(task_id.to_string());
+            }
+            continue;
+        }
+        out.push(Want { task_id: task_id.to_string(), inputs, outputs, sources });
+    }
+    Ok(out)
+}
+
+/// Starts pulling, every [`MIRROR_EVERY`], what this gateway lacks of the
+/// tasks of the tenants that admitted it.
+pub fn start(
+    ks: std::sync::Arc<Keyspace>,
+    trust: crate::tenants::TrustHandle,
+    me: NodeId,
+    network: crate::network::Network,
+) -> Mirror {
+    use std::sync::atomic::Ordering;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        let mut settled = std::collections::HashSet::new();
+        let mut every = tokio::time::interval(MIRROR_EVERY);
+        while !flag.load(Ordering::Relaxed) {
+            every.tick().await;
+            let (k, t, m) = (ks.clone(), trust.clone(), me.clone());
+            let plan = tokio::task::spawn_blocking(move || {
+                let r = round_plan(&k, &t, &m, &mut settled, gcs_protocol::now_ms());
+                (r, settled)
+            })
+            .await;
+            let Ok((plan, s)) = plan else { break };
+            settled = s;
+            let plan = match plan {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!(error = %e, "mirror round not planned");
+                    continue;
+                }
+            };
+            for w in plan {
+                pull(&ks, &me, &network, w).await;
+            }
+        }
+    });
+    Mirror { stop }
+}
+
+/// Asks each source in turn for (up to [`MAX_PULL_CHUNKS`] of) what `w`
+/// lacks, and stores what comes back.
+async fn pull(
+    ks: &std::sync::Arc<Keyspace>,
+    me: &NodeId,
+    network: &crate::network::Network,
+    w: Want,
+) {
+    use crate::jobs::wire::{JobRequest, JobResponse};
+    let inputs: Vec<String> = w.inputs.into_iter().take(MAX_PULL_CHUNKS).collect();
+    let room = MAX_PULL_CHUNKS - inputs.len();
+    let outputs: Vec<String> = w.outputs.into_iter().take(room).collect();
+    for source in &w.sources {
+        let Some(peer) = crate::jobs::peer_of(source) else { continue };
+        let req = JobRequest::MirrorPull(Box::new(MirrorPull {
+            version: MIRROR_VERSION,
+            asker: me.clone(),
+            task_id: w.task_id.clone(),
+            inputs: inputs.clone(),
+            outputs: outputs.clone(),
+        }));
+        let page = match network.request(peer, req).await {
+            Ok(JobResponse::Mirror(p)) => p,
+            Ok(other) => {
+                tracing::debug!(%source, answer = ?std::mem::discriminant(&other), "mirror pull refused");
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(%source, error = %e, "mirror pull failed");
+                continue;
+            }
+        };
+        let (k, id) = (ks.clone(), w.task_id.clone());
+        let stored =
+            tokio::task::spawn_blocking(move || store(&k, &id, &page, gcs_protocol::now_ms()))
+                .await;
+        match stored {
+            Ok(Ok((0, 0))) => continue,
+            Ok(Ok((i, o))) => {
+                tracing::info!(task_id = %w.task_id, %source, inputs = i, outputs = o, "task mirrored");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(task_id = %w.task_id, %source, error = %e, "mirror page refused")
+            }
+            Err(_) => return,
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Mirrors across four stores (two gateways of one tenant, a worker, and
+//! a gateway of no tenant), records carried between them as replication
+//! carries them: the second gateway pulls a task's inputs, a worker runs a
+//! subtask through it while the task's gateway cannot be reached, and the
+//! task's gateway pulls those answers back and collects them.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use gcs_keyspace::{keys, Delta, Keyspace};
+use gcs_protocol::{samples, ApiType, MessageType, NodeId, NodeKey};
+
+use super::chunks::{self, Line, ProcessingError, TaskParams, TaskSpec, CHUNK_VERSION};
+use super::mirror::{self, MirrorPull, MIRROR_VERSION};
+use super::worker::{ChunkSource, Processor};
+use super::worker_tests::Echo;
+use crate::replication::merge_scoped;
+use crate::tenants::TrustHandle;
+
+const NOW: u64 = 1_000_000;
+
+struct Net {
+    _dirs: Vec<tempfile::TempDir>,
+    /// gateway A (the task's), gateway B (same tenant), worker, outsider.
+    stores: Vec<Keyspace>,
+    trust: TrustHandle,
+    a: NodeKey,
+    b: NodeKey,
+    worker: NodeKey,
+}
+
+fn net() -> Net {
+    let mut dirs = vec![];
+    let mut stores = vec![];
+    for name in ["ga", "gb", "w", "x"] {
+        let d = tempfile::tempdir().unwrap();
+        stores.push(Keyspace::open(d.path(), name, Default::default()).unwrap());
+        dirs.push(d);
+    }
+    let (worker, a) = samples::keys();
+    let b = NodeKey::from_seed([77; 32]);
+    let refs: Vec<&Keyspace> = stores.iter().collect();
+    let trust = crate::tenants::records::admit_sample_gateways(&refs, &[&a, &b]);
+    Net { _dirs: dirs, stores, trust, a, b, worker }
+}
+
+impl Net {
+    fn spread(&self, from: usize, d: &Delta, now: u64) {
+        for (i, ks) in self.stores.iter().enumerate() {
+            if i != from {
+                merge_scoped(ks, d.clone(), &[], &self.trust, now).unwrap();
+            }
+        }
+    }
+
+    /// A task of `n` requests enqueued by gateway A, 2 to a subtask.
+    fn enqueue(&self, n: usize) -> String {
+        let spec = TaskSpec {
+            tenant_id: "tenant_123".into(),
+            batch_id: Some("batch_00112233445566778899aabb".into()),
+            params: TaskParams { v: 1, model: "m".into(), api_type: ApiType::ChatCompletion },
+            cache_salt: "salt".into(),
+            per_subtask: 2,
+        };
+        let lines: Vec<Line> = (0..n)
+            .map(|i| Line { index: i as u64, body: format!("request {i}").into_bytes() })
+            .collect();
+        let (id, d) =
+            chunks::enqueue(&self.stores[0], &self.a, &self.trust, &spec, &lines, NOW).unwrap();
+        self.spread(0, &d, NOW);
+        id
+    }
+
+    /// Store `to` pulls from store `from` as gateway `asker`.
+    fn pull(
+        &self,
+        from: usize,
+        to: usize,
+        asker: &NodeKey,
+        task: &str,
+        now: u64,
+    ) -> (usize, usize) {
+        let (inputs, outputs) = mirror::wanted(&self.stores[to], task, now).unwrap();
+        let p = MirrorPull {
+            version: MIRROR_VERSION,
+            asker: asker.node_id(),
+            task_id: task.into(),
+            inputs,
+            outputs,
+        };
+        let page = mirror::answer(&self.stores[from], &self.trust, None, &p, now).unwrap();
+        mirror::store(&self.stores[to], task, &page, now).unwrap()
+    }
+}
+
+/// Gateways by node id; one of them cannot be reached.
+struct Gateways<'a> {
+    net: &'a Net,
+    down: NodeId,
+    clock: &'a AtomicU64,
+}
+
+impl Gateways<'_> {
+    fn store(&self, g: &NodeId) -> Result<&Keyspace, ProcessingError> {
+        if *g == self.down {
+            return Err(ProcessingError::Gateway("connection refused".into()));
+        }
+        let i = if *g == self.net.a.node_id() { 0 } else { 1 };
+        Ok(&self.net.stores[i])
+    }
+}
+
+impl ChunkSource for Gateways<'_> {
+    fn fetch(
+        &self,
+        me: &NodeId,
+        g: &NodeId,
+        lock: &Delta,
+        task: &str,
+        chunk: &str,
+    ) -> Result<Vec<u8>, ProcessingError> {
+        let ks = self.store(g)?;
+        let now = self.clock.load(Ordering::SeqCst);
+        chunks::present_lock(ks, lock.clone(), &self.net.trust, now)?;
+        chunks::serve_chunk(ks, me, task, chunk, now)
+            .map_err(|e| ProcessingError::GatewayRefused(e.to_string()))
+    }
+    fn deliver(&self, g: &NodeId, lock: &Delta, output: Vec<u8>) -> Result<(), ProcessingError> {
+        let ks = self.store(g)?;
+        let now = self.clock.load(Ordering::SeqCst);
+        chunks::present_lock(ks, lock.clone(), &self.net.trust, now)?;
+        chunks::accept_output(ks, &output, now)
+            .map(|_| ())
+            .map_err(|e| ProcessingError::GatewayRefused(e.to_string()))
+    }
+}
+
+#[test]
+fn only_a_gateway_of_the_tenant_pulls_and_it_gets_the_inputs_as_signed() {
+    let n = net();
+    let task = n.enqueue(6);
+    let (inputs, outputs) = mirror::wanted(&n.stores[1], &task, NOW).unwrap();
+    assert_eq!((inputs.len(), outputs.len()), (6, 0));
+    assert_eq!(n.pull(0, 1, &n.b, &task, NOW), (6, 0));
+    assert_eq!(mirror::wanted(&n.stores[1], &task, NOW).unwrap().0.len(), 0, "nothing left");
+    assert_eq!(n.pull(0, 1, &n.b, &task, NOW), (0, 0), "the same pull again stores nothing");
+    // The worker, a gateway presenting another's id, and an oversized
+    // pull get nothing.
+    let pull = |asker: &NodeKey, inputs: Vec<String>| MirrorPull {
+        version: MIRROR_VERSION,
+        asker: asker.node_id(),
+        task_id: task.clone(),
+        inputs,
+        outputs: vec![],
+    };
+    let all: Vec<String> = (0..6).map(|i| format!("c{i}")).collect();
+    let answer = |p: &MirrorPull, peer| mirror::answer(&n.stores[0], &n.trust, peer, p, NOW);
+    assert!(answer(&pull(&n.worker, all.clone()), None).is_err(), "not a tenant gateway");
+    let other_peer = crate::jobs::peer_of(&n.worker.node_id());
+    assert!(answer(&pull(&n.b, all.clone()), other_peer).is_err(), "the sender is not the asker");
+    let many: Vec<String> = (0..300).map(|i| format!("c{i}")).collect();
+    assert!(answer(&pull(&n.b, many), None).is_err(), "over the pull bound");
+    // Chunk ids of no subtask of the task are ignored.
+    let page = answer(&pull(&n.b, vec!["c99".into(), "c1".into()]), None).unwrap();
+    assert_eq!(page.inputs.len(), 1);
+}
+
+/// An input a mirror serves must be the task's gateway's: one signed by
+/// the other gateway, even of the same tenant, is refused.
+#[test]
+fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
+    let n = net();
+    let task = n.enqueue(2);
+    let mut c = chunks::InputChunk {
+        message_type: MessageType::QueueJob,
+        version: CHUNK_VERSION,
+        task_id: task.clone(),
+        chunk_id: "c0".into(),
+        index: 0,
+        tenant_id: "tenant_123".into(),
+        gateway_node_id: n.b.node_id(),
+        api_type: ApiType::ChatCompletion,
+        model: "m".into(),
+        body: b"something else".to_vec(),
+        cache_salt: "salt".into(),
+        created_at_ms: NOW,
+        signature: None,
+    };
+    gcs_protocol::sign(&mut c, &n.b).unwrap();
+    let page = mirror::MirrorPage {
+        inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
+        outputs: vec![],
+    };
+    assert!(mirror::store(&n.stores[2], &task, &page, NOW).is_err());
+    assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c0")).unwrap().is_none());
+}
+
+/// The task's gateway cannot be reached: the worker fetches and delivers
+/// through the tenant's other gateway, which mirrored the inputs; the
+/// task's gateway, back, pulls the answers and collects every one.
+#[test]
+fn a_subtask_runs_through_the_other_gateway_and_its_answers_come_back() {
+    let n = net();
+    let task = n.enqueue(4);
+    assert_eq!(n.pull(0, 1, &n.b, &task, NOW), (4, 0));
+    let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
+    let exec = Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() };
+    let models = vec!["m".to_string()];
+    let avoid = Default::default();
+    let p = Processor {
+        ks: &n.stores[2],
+        key: &n.worker,
+        trust: &n.trust,
+        executor: &exec,
+        models: &models,
+        lease_ms: 10_000,
+        avoid: &avoid,
+    };
+    let src = Gateways { net: &n, down: n.a.node_id(), clock: &clock };
+    let cancel = AtomicBool::new(false);
+    let mut ran = 0;
+    for _ in 0..2 {
+        let mut out = vec![];
+        let now = || clock.load(Ordering::SeqCst);
+        let done = p.step(&src, &cancel, &now, &mut |d| out.push(d)).unwrap();
+        ran += done.map_or(0, |d| d.lines);
+        for d in &out {
+            n.spread(2, d, clock.load(Ordering::SeqCst));
+        }
+    }
+    assert_eq!(ran, 4, "both subtasks ran with gateway A down");
+    let now = clock.load(Ordering::SeqCst);
+    let none = Default::default();
+    assert_eq!(chunks::collect(&n.stores[1], &task, now, &none).unwrap().outputs.len(), 4);
+    let before = chunks::collect(&n.stores[0], &task, now, &none).unwrap();
+    assert_eq!(
+        (before.outputs.len(), before.missing),
+        (0, 4),
+        "A holds the results, not the answers"
+    );
+    assert_eq!(mirror::wanted(&n.stores[0], &task, now).unwrap().1.len(), 4);
+    assert_eq!(n.pull(1, 0, &n.a, &task, now), (0, 4));
+    let after = chunks::collect(&n.stores[0], &task, now, &none).unwrap();
+    let idx: Vec<u64> = after.outputs.iter().map(|o| o.index).collect();
+    assert_eq!((idx, after.missing, after.open), (vec![0, 1, 2, 3], 0, 0));
+    assert_eq!(after.outputs[2].body, r#"{"echo":"request 2"}"#);
+    // The outsider store (no gateway of the tenant) was never asked; a
+    // gateway that is the tenant's only one has no one to pull from.
+    assert!(mirror::tenant_gateways(&n.stores[3], &n.trust, &task_record(&n, &task), now)
+        .contains(&n.b.node_id()));
+}
+
+fn task_record(n: &Net, task: &str) -> super::records::TaskRecord {
+    super::records::stored(&n.stores[0], task).unwrap().unwrap().task
+}
