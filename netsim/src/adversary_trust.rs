@@ -311,8 +311,10 @@ impl Rogue {
                     salt,
                 ))))
             }
-            // It enqueues no processing tasks.
-            JobRequest::FetchChunk(_) | JobRequest::DeliverOutput(_) => None,
+            // It enqueues no processing tasks and mirrors none.
+            JobRequest::FetchChunk(_) | JobRequest::DeliverOutput(_) | JobRequest::MirrorPull(_) => {
+                None
+            }
             JobRequest::Envelope(b) => match open(b, now_ms(), &self.limits).ok()? {
                 Message::JobClaim(c) if lock(&self.jobs).contains_key(&c.job_id) => {
                     let now = now_ms();

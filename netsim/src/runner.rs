@@ -739,6 +739,12 @@ fn try_fire(
 ) -> Result<Option<FaultEvent>, Error> {
     let at_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
     let t = &f.trigger;
+    if let Some(l) = &t.log {
+        let text = cluster.nodes.get(&l.node).map(Node::logs).unwrap_or_default();
+        if !text.contains(l.contains.as_str()) {
+            return Ok(None);
+        }
+    }
     let watched = t.request.as_ref().and_then(|name| {
         let gi = s.requests.iter().position(|r| &r.name == name)?;
         running.iter().find(|r| r.group == gi).map(|r| r.shared.clone())

@@ -407,6 +407,11 @@ pub struct Trigger {
     /// ... has this many requests answered (completed + failed).
     #[serde(default)]
     pub after_done: Option<u64>,
+    /// And (with any of the above): once this node has logged a line
+    /// with this text (what must have happened before the fault, such as
+    /// a mirror's first pull).
+    #[serde(default)]
+    pub log: Option<LogCheck>,
 }
 
 /// What a fault does.
@@ -550,6 +555,9 @@ impl Scenario {
             }
         }
         for f in &self.faults {
+            if let Some(l) = f.trigger.log.as_ref().filter(|l| !node(&l.node)) {
+                return bad(format!("a fault's trigger waits for the log of {}, not a node", l.node));
+            }
             let cuts = matches!(f.action, Action::Isolate | Action::Partition);
             if cuts && self.network != NetworkMode::Netns {
                 return bad(format!("{:?} needs network = \"netns\"", f.action));

@@ -358,6 +358,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
                 .collect(),
             network: network.clone(),
             avoid: Default::default(),
+            unreachable: Default::default(),
         })),
         _ => None,
     };

@@ -98,11 +98,14 @@ struct Gateways<'a> {
     net: &'a Net,
     down: NodeId,
     clock: &'a AtomicU64,
+    /// Requests that went to the gateway that is down.
+    tried_down: AtomicU64,
 }
 
 impl Gateways<'_> {
     fn store(&self, g: &NodeId) -> Result<&Keyspace, ProcessingError> {
         if *g == self.down {
+            self.tried_down.fetch_add(1, Ordering::SeqCst);
             return Err(ProcessingError::Gateway("connection refused".into()));
         }
         let i = if *g == self.net.a.node_id() { 0 } else { 1 };
@@ -206,7 +209,7 @@ fn a_subtask_runs_through_the_other_gateway_and_its_answers_come_back() {
     let clock = std::sync::Arc::new(AtomicU64::new(NOW + 1));
     let exec = Echo { clock: clock.clone(), step_ms: 1, ..Echo::default() };
     let models = vec!["m".to_string()];
-    let avoid = Default::default();
+    let (avoid, unreachable) = Default::default();
     let p = Processor {
         ks: &n.stores[2],
         key: &n.worker,
@@ -215,8 +218,10 @@ fn a_subtask_runs_through_the_other_gateway_and_its_answers_come_back() {
         models: &models,
         lease_ms: 10_000,
         avoid: &avoid,
+        unreachable: &unreachable,
     };
-    let src = Gateways { net: &n, down: n.a.node_id(), clock: &clock };
+    let src =
+        Gateways { net: &n, down: n.a.node_id(), clock: &clock, tried_down: AtomicU64::new(0) };
     let cancel = AtomicBool::new(false);
     let mut ran = 0;
     for _ in 0..2 {
@@ -229,6 +234,8 @@ fn a_subtask_runs_through_the_other_gateway_and_its_answers_come_back() {
         }
     }
     assert_eq!(ran, 4, "both subtasks ran with gateway A down");
+    // 4 fetches and 4 deliveries; A was asked once, then passed over for a lease.
+    assert_eq!(src.tried_down.load(Ordering::SeqCst), 1);
     let now = clock.load(Ordering::SeqCst);
     let none = Default::default();
     assert_eq!(chunks::collect(&n.stores[1], &task, now, &none).unwrap().outputs.len(), 4);

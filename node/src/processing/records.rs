@@ -211,6 +211,38 @@ fn rule(field_name: &'static str, effects: &[Effect]) -> RefusedDelta {
     RefusedDelta::Stale(field(field_name, why.unwrap_or("refused by the queue rules")))
 }
 
+/// Whether `effects` took (or renewed) lock `l`.
+fn took(effects: &[Effect], l: &TaskLock) -> bool {
+    effects.iter().any(|e| match e {
+        Effect::Locked { lock_id, .. } | Effect::Renewed { lock_id, .. } => lock_id == &l.lock_id,
+        _ => false,
+    })
+}
+
+/// A lock that expired before it reached this node (the node was down, or
+/// cut off, while its holder ran): judged when it was made, as a result
+/// is, and kept only if counting it undoes nothing the records decided by
+/// now (no result and no bad mark goes). Without it, its holder's result
+/// would be refused here for good, and the task would never complete on
+/// this node.
+fn late_lock_fits(s: &Stored, l: &TaskLock, now_ms: u64) -> bool {
+    let at = l.created_at_ms.min(now_ms);
+    if !took(&replay_at(s, at).handle(Input::Lock(l.clone()), at), l) {
+        return false;
+    }
+    let Some(task_id) = s.task.task().map(|t| t.task_id.clone()) else { return false };
+    let before = replay(s, now_ms);
+    let mut with = s.clone();
+    with.locks.push(l.clone());
+    let after = replay(&with, now_ms);
+    s.task.subtasks.iter().all(|st| {
+        let id = st.subtask_id.as_str();
+        let kept =
+            before.result(&task_id, id).is_none_or(|r| after.result(&task_id, id) == Some(r));
+        kept && (before.bad(&task_id, id).is_none() || after.bad(&task_id, id).is_some())
+    })
+}
+
 /// Checks a processing record against what this node holds, then stores
 /// it: the authority rows of the module comment. The same record again
 /// changes nothing.
@@ -271,13 +303,7 @@ fn check(
             }
             let mut q = replay(&s, now_ms);
             let effects = q.handle(Input::Lock(l.clone()), now_ms);
-            let took = effects.iter().any(|e| match e {
-                Effect::Locked { lock_id, .. } | Effect::Renewed { lock_id, .. } => {
-                    lock_id == &l.lock_id
-                }
-                _ => false,
-            });
-            if !took {
+            if !took(&effects, l) && !(l.expires_at_ms <= now_ms && late_lock_fits(&s, l, now_ms)) {
                 return Err(rule("lock", &effects));
             }
         }

@@ -280,6 +280,74 @@ fn a_backdated_lock_id_cannot_erase_a_subtasks_failures() {
     assert_eq!(q.bad(TASK, "s0"), Some("lock expired without a result"));
 }
 
+/// A node down while a worker held a subtask and answered it gets the lock
+/// only after it expired: judged when it was made, it is kept, and so is
+/// its result (else the task never completes there). A late lock that
+/// would take a result away is refused.
+#[test]
+fn a_lock_that_arrives_after_it_expired_counts_unless_it_undoes_a_result() {
+    let (_da, a, _db, b, trust, worker, gateway) = two();
+    let t = write(&a, &keys::processing_task(TASK), record(&gateway, 2), &gateway, &trust, NOW)
+        .unwrap();
+    merge_scoped(&b, t, &[], &trust, NOW).unwrap();
+    let k0 = format!("{TASK}/s0");
+    let l1 = write(
+        &a,
+        &keys::processing_lock(&k0, L1),
+        lock("s0", L1, &worker, NOW),
+        &worker,
+        &trust,
+        NOW,
+    )
+    .unwrap();
+    let r = write(
+        &a,
+        &keys::processing_result(&k0, &worker.node_id().to_string()),
+        result("s0", &worker, NOW + 10),
+        &worker,
+        &trust,
+        NOW + 10,
+    )
+    .unwrap();
+    // b hears of both only 100 s later, when the lock has expired.
+    let late = NOW + 100_000;
+    merge_scoped(&b, l1, &[], &trust, late).unwrap();
+    merge_scoped(&b, r, &[], &trust, late).unwrap();
+    let q = super::replay::replay(&super::replay::stored(&b, TASK).unwrap().unwrap(), late);
+    assert!(q.result(TASK, "s0").is_some(), "the late lock's result counts");
+    // s1 answered under L2; a lock dated just before it, expired by now,
+    // would have held s1 through L2's grab and erased L2's result.
+    let other = NodeKey::from_seed([9; 32]);
+    let k1 = format!("{TASK}/s1");
+    let l2 = write(
+        &a,
+        &keys::processing_lock(&k1, L2),
+        lock("s1", L2, &worker, NOW + 200),
+        &worker,
+        &trust,
+        NOW + 200,
+    )
+    .unwrap();
+    merge_scoped(&b, l2, &[], &trust, NOW + 200).unwrap();
+    let r2 = write(
+        &a,
+        &keys::processing_result(&k1, &worker.node_id().to_string()),
+        result("s1", &worker, NOW + 300),
+        &worker,
+        &trust,
+        NOW + 300,
+    )
+    .unwrap();
+    merge_scoped(&b, r2, &[], &trust, NOW + 300).unwrap();
+    let back = gcs_protocol::ids::id_from_parts(gcs_protocol::ids::LOCK, NOW + 100, 5);
+    let mut x = lock("s1", &back, &other, NOW + 100);
+    x.expires_at_ms = NOW + 400;
+    let d = signed_delta(&a, &keys::processing_lock(&k1, &back), x, &other);
+    assert!(merge_scoped(&b, d, &[], &trust, late).is_err(), "it would undo s1's result");
+    let q = super::replay::replay(&super::replay::stored(&b, TASK).unwrap().unwrap(), late);
+    assert!(q.result(TASK, "s1").is_some());
+}
+
 #[test]
 fn a_result_comes_only_from_the_lock_holder_and_once() {
     let (_da, a, _db, b, trust, worker, gateway) = two();

@@ -72,6 +72,8 @@ pub struct Parts {
     pub network: Network,
     /// Subtasks the slots pass over for now (shared by the slots).
     pub avoid: super::worker::Avoid,
+    /// Gateways that could not be reached, asked last for now.
+    pub unreachable: super::worker::Avoid,
 }
 
 /// The running shell.
@@ -168,6 +170,7 @@ fn step(
         models: &p.models,
         lease_ms: p.lease_ms,
         avoid: &p.avoid,
+        unreachable: &p.unreachable,
     };
     let clock = now_ms;
     let mut publish = |d: Delta| {

@@ -84,21 +84,41 @@ pub struct Processor<'a> {
     /// store refused in a contest it decided otherwise), so grabbing them
     /// again would only be refused again until that holder's lease ends.
     pub avoid: &'a Avoid,
+    /// Gateways (by node id) that could not be reached, and until when
+    /// they are asked last: a gateway that is down costs one failed
+    /// request a lease, not one per request.
+    pub unreachable: &'a Avoid,
 }
 
 /// A worker's list of subtasks to pass over, and until when.
 pub type Avoid = std::sync::Mutex<std::collections::BTreeMap<String, u64>>;
 
-/// The gateways a subtask's requests go to, in order: the task's own,
-/// then the tenant's others. The one that answered last is asked first.
-struct Via {
+/// The gateways a subtask's requests go to, in order: the one that
+/// answered last, the task's own, then the tenant's others; one that could
+/// not be reached lately goes last.
+struct Via<'a> {
     gateways: Vec<NodeId>,
-    last_good: std::cell::Cell<usize>,
+    last_good: std::cell::Cell<Option<usize>>,
+    unreachable: &'a Avoid,
+    hold_ms: u64,
+    clock: &'a dyn Fn() -> u64,
 }
 
-impl Via {
-    fn new(gateways: Vec<NodeId>) -> Self {
-        Via { gateways, last_good: std::cell::Cell::new(0) }
+impl Via<'_> {
+    fn order(&self) -> Vec<usize> {
+        let now = (self.clock)();
+        let down = {
+            let mut u = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
+            u.retain(|_, until| *until > now);
+            u.keys().cloned().collect::<std::collections::BTreeSet<String>>()
+        };
+        let mut order: Vec<usize> = (0..self.gateways.len()).collect();
+        // Stable: among the reachable (and among the others) the task's
+        // own gateway stays first.
+        order.sort_by_key(|&i| {
+            (Some(i) != self.last_good.get(), down.contains(self.gateways[i].as_str()))
+        });
+        order
     }
 
     /// `f` on each gateway in turn until one answers. The task's own
@@ -109,19 +129,25 @@ impl Via {
         &self,
         mut f: impl FnMut(&NodeId) -> Result<T, ProcessingError>,
     ) -> Result<T, ProcessingError> {
-        let n = self.gateways.len();
-        let start = self.last_good.get();
         let mut first = None;
-        for i in (0..n).map(|k| (start + k) % n) {
-            match f(&self.gateways[i]) {
+        for i in self.order() {
+            let g = &self.gateways[i];
+            match f(g) {
                 Err(ProcessingError::GatewayRefused(r)) if i == 0 => {
                     return Err(ProcessingError::GatewayRefused(r))
                 }
-                Err(e @ (ProcessingError::Gateway(_) | ProcessingError::GatewayRefused(_))) => {
+                Err(e @ ProcessingError::Gateway(_)) => {
+                    let until = (self.clock)().saturating_add(self.hold_ms);
+                    let mut u = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
+                    u.insert(g.to_string(), until);
+                    first.get_or_insert(e);
+                }
+                Err(e @ ProcessingError::GatewayRefused(_)) => {
                     first.get_or_insert(e);
                 }
                 other => {
-                    self.last_good.set(i);
+                    self.last_good.set(Some(i));
+                    self.unreachable.lock().unwrap_or_else(|p| p.into_inner()).remove(g.as_str());
                     return other;
                 }
             }
@@ -290,7 +316,13 @@ impl Processor<'_> {
         };
         // The task's gateway first; while it cannot be reached, the
         // tenant's other gateways, which mirror its tasks (mirror.rs).
-        let gateways = Via::new(super::mirror::tenant_gateways(self.ks, self.trust, t, clock()));
+        let gateways = Via {
+            gateways: super::mirror::tenant_gateways(self.ks, self.trust, t, clock()),
+            last_good: Default::default(),
+            unreachable: self.unreachable,
+            hold_ms: self.lease_ms,
+            clock,
+        };
         let mut inputs = vec![];
         let mut hashes = vec![];
         for c in &sub.chunk_ids {

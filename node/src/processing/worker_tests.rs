@@ -151,6 +151,7 @@ impl Net {
             models,
             lease_ms: LEASE,
             avoid: &self.avoid[w],
+            unreachable: &self.avoid[w],
         }
     }
 }
