@@ -30,20 +30,34 @@ pub const MAX_PULL_CHUNKS: usize = 256;
 /// answers over 10 MiB; one output is at most 1 MiB).
 pub const PULL_BUDGET: usize = 4 << 20;
 
+/// Chunk ids of one task whose input, and whose accepted output, this node
+/// was found to hold: both only grow (an input is never replaced, an
+/// accepted result never undone), so a round reads the rest only.
+#[derive(Debug, Default)]
+pub struct Held {
+    inputs: std::collections::HashSet<String>,
+    outputs: std::collections::HashSet<String>,
+}
+
 /// What this node lacks of a task: chunk ids without an input here, and
-/// chunk ids whose accepted result names an output not here.
+/// chunk ids whose accepted result names an output not here. `held` is
+/// what an earlier call found, and grows.
 pub fn wanted(
     ks: &Keyspace,
     task_id: &str,
     now_ms: u64,
+    held: &mut Held,
 ) -> Result<(Vec<String>, Vec<String>), ProcessingError> {
     let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
     let mut inputs = vec![];
-    for sub in &s.task.subtasks {
-        for c in &sub.chunk_ids {
-            if ks.get_bytes(&keys::processing_chunk(task_id, c))?.is_none() {
-                inputs.push(c.clone());
-            }
+    for c in s.task.subtasks.iter().flat_map(|st| &st.chunk_ids) {
+        if held.inputs.contains(c) {
+            continue;
+        }
+        if ks.get_bytes(&keys::processing_chunk(task_id, c))?.is_some() {
+            held.inputs.insert(c.clone());
+        } else {
+            inputs.push(c.clone());
         }
     }
     let q = records::replay(&s, now_ms);
@@ -51,12 +65,17 @@ pub fn wanted(
     for sub in &s.task.subtasks {
         let Some(r) = q.result(task_id, &sub.subtask_id) else { continue };
         for (at, c) in sub.chunk_ids.iter().enumerate() {
-            let mut held = false;
+            if held.outputs.contains(c) {
+                continue;
+            }
+            let mut found = false;
             for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(task_id, c))? {
                 let b = v.as_register().and_then(|r| r.value()).unwrap_or_default();
-                held |= r.chunk_hashes.get(at) == Some(&Hash32::of(b));
+                found |= r.chunk_hashes.get(at) == Some(&Hash32::of(b));
             }
-            if !held {
+            if found {
+                held.outputs.insert(c.clone());
+            } else {
                 outputs.push(c.clone());
             }
         }
@@ -119,7 +138,9 @@ pub fn answer(
     }
     let s = records::stored(ks, &p.task_id)?.ok_or(ProcessingError::Unknown)?;
     records::admitted_gateway(ks, trust, &s.task.tenant_id, &p.asker, now_ms)?;
-    let named = |c: &str| s.task.subtasks.iter().any(|st| st.chunk_ids.iter().any(|x| x == c));
+    let ids: std::collections::HashSet<&str> =
+        s.task.subtasks.iter().flat_map(|st| st.chunk_ids.iter().map(String::as_str)).collect();
+    let named = |c: &str| ids.contains(c);
     let mut page = MirrorPage::default();
     let mut bytes = 0usize;
     let mut room = |b: &[u8]| {
@@ -214,25 +235,35 @@ struct Want {
     sources: Vec<NodeId>,
 }
 
-/// The tasks this node should mirror and lacks something of; a task that is
-/// complete with nothing lacking is added to `settled` and not read again.
+/// Tasks a round passes over, and until when: one complete with nothing
+/// lacking while its records are kept, one of a tenant that has not admitted this node for
+/// [`NOT_ADMITTED_SKIP_MS`] (a certificate may come later).
+type Skip = std::collections::HashMap<String, u64>;
+
+/// How long a task of a tenant that has not admitted this node is passed
+/// over.
+const NOT_ADMITTED_SKIP_MS: u64 = 60_000;
+
+/// The tasks this node should mirror and lacks something of.
 fn round_plan(
     ks: &Keyspace,
     trust: &TenantTrust,
     me: &NodeId,
-    settled: &mut std::collections::HashSet<String>,
+    (skip, held): &mut (Skip, std::collections::HashMap<String, Held>),
     now_ms: u64,
 ) -> Result<Vec<Want>, ProcessingError> {
     let mut out = vec![];
+    skip.retain(|_, until| *until > now_ms);
+    held.retain(|t, _| !skip.contains_key(t));
     for (key, v) in ks.scan_prefix(gcs_keyspace::Namespace::ProcessingTasks.prefix())? {
         let task_id = &key[gcs_keyspace::Namespace::ProcessingTasks.prefix().len()..];
-        if settled.contains(task_id) {
+        if skip.contains_key(task_id) {
             continue;
         }
         let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
         let Ok(t) = gcs_protocol::codec::from_cbor_bytes::<TaskRecord>(bytes) else { continue };
         if !tenant_gateway(ks, trust, &t, me, now_ms) {
-            settled.insert(task_id.to_string());
+            skip.insert(task_id.to_string(), now_ms + NOT_ADMITTED_SKIP_MS);
             continue;
         }
         let sources: Vec<NodeId> =
@@ -242,11 +273,14 @@ fn round_plan(
             // next round: another may be admitted meanwhile).
             continue;
         }
-        let (inputs, outputs) = wanted(ks, task_id, now_ms)?;
+        let (inputs, outputs) =
+            wanted(ks, task_id, now_ms, held.entry(task_id.to_string()).or_default())?;
         if inputs.is_empty() && outputs.is_empty() {
             let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
             if records::replay(&s, now_ms).is_complete(task_id) {
-                settled.insert(task_id.to_string());
+                // Until its records are compacted away (then it is gone).
+                let kept = gcs_keyspace::Namespace::ProcessingTasks.retention_ms();
+                skip.insert(task_id.to_string(), now_ms.saturating_add(kept.unwrap_or(u64::MAX)));
             }
             continue;
         }
@@ -267,18 +301,18 @@ pub fn start(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stop.clone();
     tokio::spawn(async move {
-        let mut settled = std::collections::HashSet::new();
+        let mut state = (Skip::new(), std::collections::HashMap::new());
         let mut every = tokio::time::interval(MIRROR_EVERY);
         while !flag.load(Ordering::Relaxed) {
             every.tick().await;
             let (k, t, m) = (ks.clone(), trust.clone(), me.clone());
             let plan = tokio::task::spawn_blocking(move || {
-                let r = round_plan(&k, &t, &m, &mut settled, gcs_protocol::now_ms());
-                (r, settled)
+                let r = round_plan(&k, &t, &m, &mut state, gcs_protocol::now_ms());
+                (r, state)
             })
             .await;
             let Ok((plan, s)) = plan else { break };
-            settled = s;
+            state = s;
             let plan = match plan {
                 Ok(p) => p,
                 Err(e) => {
