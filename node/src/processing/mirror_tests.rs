@@ -80,7 +80,8 @@ impl Net {
         task: &str,
         now: u64,
     ) -> (usize, usize) {
-        let (inputs, outputs) = mirror::wanted(&self.stores[to], task, now, &mut Default::default()).unwrap();
+        let (inputs, outputs) =
+            mirror::wanted(&self.stores[to], task, now, &mut Default::default()).unwrap();
         let p = MirrorPull {
             version: MIRROR_VERSION,
             asker: asker.node_id(),
@@ -142,10 +143,15 @@ impl ChunkSource for Gateways<'_> {
 fn only_a_gateway_of_the_tenant_pulls_and_it_gets_the_inputs_as_signed() {
     let n = net();
     let task = n.enqueue(6);
-    let (inputs, outputs) = mirror::wanted(&n.stores[1], &task, NOW, &mut Default::default()).unwrap();
+    let (inputs, outputs) =
+        mirror::wanted(&n.stores[1], &task, NOW, &mut Default::default()).unwrap();
     assert_eq!((inputs.len(), outputs.len()), (6, 0));
     assert_eq!(n.pull(0, 1, &n.b, &task, NOW), (6, 0));
-    assert_eq!(mirror::wanted(&n.stores[1], &task, NOW, &mut Default::default()).unwrap().0.len(), 0, "nothing left");
+    assert_eq!(
+        mirror::wanted(&n.stores[1], &task, NOW, &mut Default::default()).unwrap().0.len(),
+        0,
+        "nothing left"
+    );
     assert_eq!(n.pull(0, 1, &n.b, &task, NOW), (0, 0), "the same pull again stores nothing");
     // The worker, a gateway presenting another's id, and an oversized
     // pull get nothing.
@@ -245,7 +251,10 @@ fn a_subtask_runs_through_the_other_gateway_and_its_answers_come_back() {
         (0, 4),
         "A holds the results, not the answers"
     );
-    assert_eq!(mirror::wanted(&n.stores[0], &task, now, &mut Default::default()).unwrap().1.len(), 4);
+    assert_eq!(
+        mirror::wanted(&n.stores[0], &task, now, &mut Default::default()).unwrap().1.len(),
+        4
+    );
     assert_eq!(n.pull(1, 0, &n.a, &task, now), (0, 4));
     let after = chunks::collect(&n.stores[0], &task, now, &none).unwrap();
     let idx: Vec<u64> = after.outputs.iter().map(|o| o.index).collect();
