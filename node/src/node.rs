@@ -536,8 +536,8 @@ impl Runtime {
         if let Some(p) = &self.env.processing {
             p.stop();
         }
-        if let Some(m) = &self.env.mirror {
-            m.stop();
+        if let Some(m) = self.env.mirror.take() {
+            m.stop().await;
         }
         if is_worker {
             self.env.publish_registration(NodeStatus::Offline, self.worker.as_ref()).await;

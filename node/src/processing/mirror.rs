@@ -217,13 +217,17 @@ pub const MIRROR_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// The running mirror of a gateway node.
 #[allow(missing_debug_implementations)]
 pub struct Mirror {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Mirror {
-    /// Stops pulling (the next round does not start).
-    pub fn stop(&self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    /// Stops pulling, and waits until the loop has let go of the store (a
+    /// node restarted in the same process opens it again at once). A pull
+    /// waiting on a peer is given up.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
     }
 }
 
@@ -297,21 +301,30 @@ pub fn start(
     me: NodeId,
     network: crate::network::Network,
 ) -> Mirror {
-    use std::sync::atomic::Ordering;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stop.clone();
-    tokio::spawn(async move {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
         let mut state = (Skip::new(), std::collections::HashMap::new());
         let mut every = tokio::time::interval(MIRROR_EVERY);
-        while !flag.load(Ordering::Relaxed) {
-            every.tick().await;
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stopped.changed() => break,
+            }
             let (k, t, m) = (ks.clone(), trust.clone(), me.clone());
             let plan = tokio::task::spawn_blocking(move || {
                 let r = round_plan(&k, &t, &m, &mut state, gcs_protocol::now_ms());
                 (r, state)
             })
             .await;
-            let Ok((plan, s)) = plan else { break };
+            let (plan, s) = match plan {
+                Ok(x) => x,
+                Err(e) => {
+                    // A panic in the round: start over, nothing known.
+                    tracing::warn!(error = %e, "mirror round failed");
+                    state = (Skip::new(), std::collections::HashMap::new());
+                    continue;
+                }
+            };
             state = s;
             let plan = match plan {
                 Ok(p) => p,
@@ -321,21 +334,24 @@ pub fn start(
                 }
             };
             for w in plan {
-                pull(&ks, &me, &network, w).await;
+                if !pull(&ks, &me, &network, w, &mut stopped).await {
+                    return;
+                }
             }
         }
     });
-    Mirror { stop }
+    Mirror { stop, task }
 }
 
 /// Asks each source in turn for (up to [`MAX_PULL_CHUNKS`] of) what `w`
-/// lacks, and stores what comes back.
+/// lacks, and stores what comes back; `false` once the node stops.
 async fn pull(
     ks: &std::sync::Arc<Keyspace>,
     me: &NodeId,
     network: &crate::network::Network,
     w: Want,
-) {
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
     use crate::jobs::wire::{JobRequest, JobResponse};
     let inputs: Vec<String> = w.inputs.into_iter().take(MAX_PULL_CHUNKS).collect();
     let room = MAX_PULL_CHUNKS - inputs.len();
@@ -349,7 +365,11 @@ async fn pull(
             inputs: inputs.clone(),
             outputs: outputs.clone(),
         }));
-        let page = match network.request(peer, req).await {
+        let answer = tokio::select! {
+            a = network.request(peer, req) => a,
+            _ = stopped.changed() => return false,
+        };
+        let page = match answer {
             Ok(JobResponse::Mirror(p)) => p,
             Ok(other) => {
                 tracing::debug!(%source, answer = ?std::mem::discriminant(&other), "mirror pull refused");
@@ -368,12 +388,13 @@ async fn pull(
             Ok(Ok((0, 0))) => continue,
             Ok(Ok((i, o))) => {
                 tracing::info!(task_id = %w.task_id, %source, inputs = i, outputs = o, "task mirrored");
-                return;
+                return true;
             }
             Ok(Err(e)) => {
                 tracing::debug!(task_id = %w.task_id, %source, error = %e, "mirror page refused")
             }
-            Err(_) => return,
+            Err(e) => tracing::warn!(task_id = %w.task_id, error = %e, "mirror page not stored"),
         }
     }
+    true
 }
