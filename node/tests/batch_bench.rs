@@ -189,9 +189,11 @@ fn batch_throughput_and_interactive_ttft() {
     });
     let interactive = t0.elapsed();
 
-    // (b) TTFT: `samples` sequential streamed requests alone, then as many
-    // while a batch of n runs.
-    let mut alone: Vec<Duration> = (0..samples).map(|i| ttft(gw.http, &key, i)).collect();
+    // (b) TTFT: `samples` sequential streamed requests alone, half before
+    // and half after a batch of n, and as many while it runs. Alone on
+    // both sides of the batch, the machine's drift over the run (as wide
+    // as the effect on this VM) falls on both figures alike.
+    let mut alone: Vec<Duration> = (0..samples / 2).map(|i| ttft(gw.http, &key, i)).collect();
     let mut during = vec![];
     std::thread::scope(|s| {
         let (gw_ref, key_ref) = (&gw, &key);
@@ -203,6 +205,10 @@ fn batch_throughput_and_interactive_ttft() {
         h.join().unwrap();
     });
     assert!(!during.is_empty(), "the batch ended before any interactive request");
+    let mut after: Vec<Duration> =
+        (samples / 2..samples).map(|i| ttft(gw.http, &key, 1000 + i)).collect();
+    let mut before = alone.clone();
+    alone.extend(after.iter().copied());
     let rps = |d: Duration| n as f64 / d.as_secs_f64();
     println!(
         "batch_bench n={n} max_tokens=16 workers=2: batch {:.1} s = {:.2} req/s; \
@@ -213,12 +219,18 @@ fn batch_throughput_and_interactive_ttft() {
         rps(interactive)
     );
     println!(
-        "batch_bench TTFT ms: alone p50 {:.0} p99 {:.0} ({samples}); with a batch running p50 {:.0} p99 {:.0} ({})",
+        "batch_bench TTFT ms: alone p50 {:.0} p90 {:.0} p99 {:.0} ({samples}: p99 before {:.0}, after {:.0}); \
+         with a batch running p50 {:.0} p90 {:.0} p99 {:.0} ({}); p99 ratio {:.2}",
         pct(&mut alone, 0.5),
+        pct(&mut alone, 0.9),
         pct(&mut alone, 0.99),
+        pct(&mut before, 0.99),
+        pct(&mut after, 0.99),
         pct(&mut during, 0.5),
+        pct(&mut during, 0.9),
         pct(&mut during, 0.99),
-        during.len()
+        during.len(),
+        pct(&mut during, 0.99) / pct(&mut alone, 0.99)
     );
     let (_, m) = gw.request("GET", "/metrics", &key, "");
     let runs: Vec<&str> = m.lines().filter(|l| l.starts_with("gcs_batch_runs_total{")).collect();
