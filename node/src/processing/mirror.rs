@@ -239,13 +239,15 @@ struct Want {
     sources: Vec<NodeId>,
 }
 
-/// Tasks a round passes over, and until when: one complete with nothing
-/// lacking while its records are kept, one of a tenant that has not admitted this node for
-/// [`NOT_ADMITTED_SKIP_MS`] (a certificate may come later).
+/// Tasks a round passes over, and until when: one with nothing more to
+/// come (complete or cancelled, nothing lacking) while its records are
+/// kept; one of a tenant that has not admitted this node, or admitted no
+/// other gateway to pull from, for [`NOT_ADMITTED_SKIP_MS`] (a certificate
+/// may come later).
 type Skip = std::collections::HashMap<String, u64>;
 
-/// How long a task of a tenant that has not admitted this node is passed
-/// over.
+/// How long a task of a tenant that has not admitted this node (or has
+/// admitted no other gateway to pull from) is passed over.
 const NOT_ADMITTED_SKIP_MS: u64 = 60_000;
 
 /// The tasks this node should mirror and lacks something of.
@@ -273,15 +275,19 @@ fn round_plan(
         let sources: Vec<NodeId> =
             tenant_gateways(ks, trust, &t, now_ms).into_iter().filter(|n| n != me).collect();
         if sources.is_empty() {
-            // The tenant's only gateway: nothing to pull from (asked again
-            // next round: another may be admitted meanwhile).
+            // The tenant's only gateway: nothing to pull from (another may
+            // be admitted later).
+            skip.insert(task_id.to_string(), now_ms + NOT_ADMITTED_SKIP_MS);
             continue;
         }
         let (inputs, outputs) =
             wanted(ks, task_id, now_ms, held.entry(task_id.to_string()).or_default())?;
         if inputs.is_empty() && outputs.is_empty() {
             let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
-            if records::replay(&s, now_ms).is_complete(task_id) {
+            let q = records::replay(&s, now_ms);
+            // Nothing more will come of it: every subtask answered or bad,
+            // or its gateway cancelled it.
+            if q.is_complete(task_id) || q.cancelled(task_id) {
                 // Until its records are compacted away (then it is gone).
                 let kept = gcs_keyspace::Namespace::ProcessingTasks.retention_ms();
                 skip.insert(task_id.to_string(), now_ms.saturating_add(kept.unwrap_or(u64::MAX)));
