@@ -1,9 +1,9 @@
 //! Mirrors of a task's data on the tenant's other gateways (specs/batch.md,
 //! "Mirrors"). The task record replicates everywhere, but its input chunks
-//! and its workers' outputs are job-participant records: held by the
-//! gateway that enqueued it, so while that gateway is down no worker can
-//! fetch an input or hand in an answer, and a gateway lost with its disk
-//! loses them. Here each gateway the task's tenant admitted pulls what it
+//! and its workers' outputs are job-participant records. Held only by the
+//! gateway that enqueued the task, no worker could fetch an input or hand
+//! in an answer while that gateway was down, and a gateway lost with its
+//! disk would lose them. Here each gateway the task's tenant admitted pulls what it
 //! lacks of the tenant's tasks from the others ([`wanted`], [`answer`],
 //! [`store`]): inputs as signed by the task's gateway, outputs under the
 //! same rules as a worker's delivery (`chunks::accept_output`). A worker
@@ -180,12 +180,17 @@ pub fn store(
     now_ms: u64,
 ) -> Result<(usize, usize), ProcessingError> {
     let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
+    let ids: std::collections::HashSet<&str> =
+        s.task.subtasks.iter().flat_map(|st| st.chunk_ids.iter().map(String::as_str)).collect();
     let mut new = (0, 0);
     for b in &page.inputs {
         if b.len() > MAX_INPUT_BYTES {
             continue;
         }
         let c: chunks::InputChunk = chunks::decode(b, MAX_INPUT_BYTES)?;
+        if !ids.contains(c.chunk_id.as_str()) {
+            continue;
+        }
         let c = chunks::check_input(&s.task, &c.chunk_id, b)?;
         let key = keys::processing_chunk(task_id, &c.chunk_id);
         if ks.get_bytes(&key)?.is_none() {

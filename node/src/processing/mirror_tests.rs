@@ -174,8 +174,9 @@ fn only_a_gateway_of_the_tenant_pulls_and_it_gets_the_inputs_as_signed() {
     assert_eq!(page.inputs.len(), 1);
 }
 
-/// An input a mirror serves must be the task's gateway's: one signed by
-/// the other gateway, even of the same tenant, is refused.
+/// An input a mirror serves must be the task's gateway's, for a chunk the
+/// task names: one signed by the other gateway, even of the same tenant,
+/// is refused, and one for another chunk is not stored.
 #[test]
 fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
     let n = net();
@@ -202,6 +203,17 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
     };
     assert!(mirror::store(&n.stores[2], &task, &page, NOW).is_err());
     assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c0")).unwrap().is_none());
+    // Signed by the task's gateway, but for a chunk the task does not name:
+    // not stored.
+    c.gateway_node_id = n.a.node_id();
+    (c.chunk_id, c.index, c.signature) = ("c9".into(), 9, None);
+    gcs_protocol::sign(&mut c, &n.a).unwrap();
+    let page = mirror::MirrorPage {
+        inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
+        outputs: vec![],
+    };
+    assert_eq!(mirror::store(&n.stores[2], &task, &page, NOW).unwrap(), (0, 0));
+    assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c9")).unwrap().is_none());
 }
 
 /// The task's gateway cannot be reached: the worker fetches and delivers
