@@ -512,6 +512,30 @@ pub struct Collected {
     pub open: usize,
 }
 
+/// The stored output of `chunk_id` whose record hashes to `want` (a
+/// result names one per request, in its place), among the outputs held
+/// for it (one per lock it ran under).
+pub fn held_output(
+    ks: &Keyspace,
+    task_id: &str,
+    chunk_id: &str,
+    want: Option<&Hash32>,
+) -> Result<Option<Vec<u8>>, KeyspaceError> {
+    let Some(want) = want else { return Ok(None) };
+    for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(task_id, chunk_id))? {
+        let Some(b) = v.as_register().and_then(|r| r.value()) else { continue };
+        if Hash32::of(b) == *want {
+            return Ok(Some(b.to_vec()));
+        }
+    }
+    Ok(None)
+}
+
+/// Every chunk id a task's subtasks name.
+pub fn chunk_ids(s: &Stored) -> std::collections::HashSet<&str> {
+    s.task.subtasks.iter().flat_map(|st| st.chunk_ids.iter().map(String::as_str)).collect()
+}
+
 /// The outputs standing for each accepted result (by the hashes it names),
 /// and the requests of bad subtasks; requests in `skip` (collected before)
 /// are left out, and their outputs are not read, so a poll costs the
@@ -533,16 +557,8 @@ pub fn collect(
         };
         if let Some(r) = q.result(task_id, &sub.subtask_id) {
             for (at, c) in wanted() {
-                // The outputs held for this request (one per lock it ran
-                // under): the one whose hash the result names in its place.
-                let mut found = None;
-                for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(task_id, c))? {
-                    let Some(b) = v.as_register().and_then(|r| r.value()) else { continue };
-                    if r.chunk_hashes.get(at) == Some(&Hash32::of(b)) {
-                        found = decode::<OutputChunk>(b, MAX_OUTPUT_BYTES + 4096).ok();
-                        break;
-                    }
-                }
+                let found = held_output(ks, task_id, c, r.chunk_hashes.get(at))?
+                    .and_then(|b| decode::<OutputChunk>(&b, MAX_OUTPUT_BYTES + 4096).ok());
                 match found {
                     Some(o) => out.outputs.push(o),
                     None => out.missing += 1,

@@ -16,7 +16,7 @@
 //! page cut short is simply asked again.
 
 use gcs_keyspace::{keys, Keyspace};
-use gcs_protocol::{Hash32, NodeId};
+use gcs_protocol::NodeId;
 use libp2p::PeerId;
 
 use super::chunks::{self, ProcessingError, MAX_INPUT_BYTES};
@@ -68,12 +68,7 @@ pub fn wanted(
             if held.outputs.contains(c) {
                 continue;
             }
-            let mut found = false;
-            for (_, v) in ks.scan_prefix(&keys::processing_outputs_of_chunk(task_id, c))? {
-                let b = v.as_register().and_then(|r| r.value()).unwrap_or_default();
-                found |= r.chunk_hashes.get(at) == Some(&Hash32::of(b));
-            }
-            if found {
+            if chunks::held_output(ks, task_id, c, r.chunk_hashes.get(at))?.is_some() {
                 held.outputs.insert(c.clone());
             } else {
                 outputs.push(c.clone());
@@ -138,8 +133,7 @@ pub fn answer(
     }
     let s = records::stored(ks, &p.task_id)?.ok_or(ProcessingError::Unknown)?;
     records::admitted_gateway(ks, trust, &s.task.tenant_id, &p.asker, now_ms)?;
-    let ids: std::collections::HashSet<&str> =
-        s.task.subtasks.iter().flat_map(|st| st.chunk_ids.iter().map(String::as_str)).collect();
+    let ids = chunks::chunk_ids(&s);
     let named = |c: &str| ids.contains(c);
     let mut page = MirrorPage::default();
     let mut bytes = 0usize;
@@ -180,8 +174,7 @@ pub fn store(
     now_ms: u64,
 ) -> Result<(usize, usize), ProcessingError> {
     let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
-    let ids: std::collections::HashSet<&str> =
-        s.task.subtasks.iter().flat_map(|st| st.chunk_ids.iter().map(String::as_str)).collect();
+    let ids = chunks::chunk_ids(&s);
     let mut new = (0, 0);
     for b in &page.inputs {
         if b.len() > MAX_INPUT_BYTES {
