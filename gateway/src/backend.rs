@@ -231,6 +231,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
         Box::pin(async { Err(BackendError::NoCapableNodes("no processing queue".into())) })
     }
 
+    /// The batch `batch_id` of `tenant_id` that another gateway of the
+    /// tenant enqueued, if this node holds its manifest and every input
+    /// of its tasks (specs/batch.md, "Adoption").
+    fn find_batch(
+        &self,
+        tenant_id: String,
+        batch_id: String,
+    ) -> BoxFuture<'_, Result<Option<FoundBatch>, BackendError>> {
+        let _ = (tenant_id, batch_id);
+        Box::pin(async { Ok(None) })
+    }
+
     /// What a task's workers answered so far, but the requests in `skip`
     /// (answers the caller holds already: their outputs are not read
     /// again). Each answer's usage record (`batch_id`, the batch price) is
@@ -270,8 +282,37 @@ pub struct ProcessingMeter {
 pub struct ProcessingBatch {
     /// Metering and the model.
     pub meter: ProcessingMeter,
-    /// `(place in the batch, the job payload the request sent alone carries)`.
-    pub lines: Vec<(u64, Vec<u8>)>,
+    /// Its requests.
+    pub lines: Vec<ProcessingLine>,
+    /// The batch as another gateway of the tenant would take it over
+    /// (`batch::adopt`): kept with the task and mirrored to the tenant's
+    /// gateways, opaque to the network.
+    pub manifest: Vec<u8>,
+}
+
+/// One request of a batch on the processing queue.
+#[derive(Clone, Debug)]
+pub struct ProcessingLine {
+    /// Its place in the batch.
+    pub index: u64,
+    /// The client's `custom_id`.
+    pub custom_id: String,
+    /// The job payload the request sent alone carries.
+    pub body: Vec<u8>,
+}
+
+/// A batch another gateway of the tenant created, as this node holds it
+/// (`Backend::find_batch`).
+#[derive(Clone, Debug)]
+pub struct FoundBatch {
+    /// The creating gateway's node id.
+    pub creator: String,
+    /// [`ProcessingBatch::manifest`].
+    pub manifest: Vec<u8>,
+    /// `(model, task id)` of each of its tasks held here.
+    pub tasks: Vec<(String, String)>,
+    /// `(place in the batch, custom_id)` of every request of those tasks.
+    pub custom_ids: Vec<(u64, String)>,
 }
 
 /// One request a worker answered.
@@ -296,6 +337,8 @@ pub struct TaskProgress {
     pub bad: Vec<(u64, String)>,
     /// Requests not answered yet.
     pub open: usize,
+    /// Whether a gateway of the tenant cancelled the task.
+    pub cancelled: bool,
 }
 
 #[cfg(test)]

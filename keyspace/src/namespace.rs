@@ -110,6 +110,7 @@ namespaces! {
     LocalJobs => ("/gcs/local/jobs/", "local.jobs", Register, Local, Some(DAY)),
     LocalOpenJobs => ("/gcs/local/open_jobs/", "local.open_jobs", Register, Local, Some(DAY)),
     LocalUsageByKey => ("/gcs/local/usage_by_key/", "local.usage_by_key", Register, Local, Some(USAGE_RETENTION_MS)),
+    LocalBatchManifests => ("/gcs/local/batch_manifests/", "local.batch_manifests", Register, Local, Some(DAY)),
     Local => ("/gcs/local/", "local", Register, Local, None),
 }
 
@@ -258,6 +259,16 @@ pub mod keys {
     pub fn confined_jobs() -> String {
         N::LocalJobs.prefix().to_string()
     }
+    /// A batch's manifest for one of its tasks, signed by the task's
+    /// gateway and mirrored to the tenant's other gateways (local: never
+    /// gossiped), so one of them can take the batch over.
+    pub fn batch_manifest(batch_id: &str, task_id: &str) -> String {
+        key(N::LocalBatchManifests, format_args!("{batch_id}/{task_id}"))
+    }
+    /// Every manifest of a batch.
+    pub fn batch_manifests(batch_id: &str) -> String {
+        key(N::LocalBatchManifests, format_args!("{batch_id}/"))
+    }
     /// A job this gateway submitted and has not yet metered (local): the
     /// index restart recovery reads instead of every job record. Its value
     /// is the job record's key.
@@ -347,6 +358,7 @@ mod tests {
             (keys::open_job("j"), Namespace::LocalOpenJobs),
             (keys::usage_of_key("k", 5, "j"), Namespace::LocalUsageByKey),
             (keys::usage_index_marker(), Namespace::Local),
+            (keys::batch_manifest("b", "t"), Namespace::LocalBatchManifests),
         ];
         for (k, ns) in cases {
             assert_eq!(Namespace::of_key(&k).unwrap(), ns, "{k}");

@@ -101,11 +101,12 @@ pub fn start(s: &Scenario, cluster: &Cluster) -> Result<Vec<Running>, Error> {
     let mut out = vec![];
     for b in &s.batches {
         let (gw, key) = endpoint(cluster, &cluster.keys, &b.gateway)?;
+        let (poll, _) = endpoint(cluster, &cluster.keys, b.poll.as_ref().unwrap_or(&b.gateway))?;
         let shared = Arc::new(Mutex::new(Progress::default()));
         let (spec, sh) = (b.clone(), shared.clone());
         let handle = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(spec.start_ms));
-            let rec = run_one(&spec, gw, &key, &sh);
+            let rec = run_one(&spec, (gw, poll), &key, &sh);
             sh.lock().unwrap_or_else(|p| p.into_inner()).ended = true;
             rec
         });
@@ -119,7 +120,13 @@ pub fn longest_s(s: &Scenario) -> u64 {
     s.batches.iter().map(|b| b.start_ms / 1000 + b.timeout_s).max().unwrap_or(0)
 }
 
-fn run_one(spec: &BatchSpec, gw: SocketAddr, key: &str, shared: &Mutex<Progress>) -> Record {
+/// `gw` creates the batch, `poll` answers for it afterwards.
+fn run_one(
+    spec: &BatchSpec,
+    (gw, poll): (SocketAddr, SocketAddr),
+    key: &str,
+    shared: &Mutex<Progress>,
+) -> Record {
     let t0 = Instant::now();
     let mut rec = Record::default();
     let fail = |mut rec: Record, why: String| {
@@ -139,7 +146,7 @@ fn run_one(spec: &BatchSpec, gw: SocketAddr, key: &str, shared: &Mutex<Progress>
             return fail(rec, format!("not ended after {} s", spec.timeout_s));
         }
         // A gateway down (restarting) answers nothing: ask again.
-        if let Ok((200, v)) = request_json(gw, "GET", &format!("/v1/batches/{id}"), key, b"") {
+        if let Ok((200, v)) = request_json(poll, "GET", &format!("/v1/batches/{id}"), key, b"") {
             let status = v["status"].as_str().unwrap_or("").to_string();
             let c = &v["request_counts"];
             let done = c["completed"].as_u64().unwrap_or(0) + c["failed"].as_u64().unwrap_or(0);
@@ -158,7 +165,7 @@ fn run_one(spec: &BatchSpec, gw: SocketAddr, key: &str, shared: &Mutex<Progress>
     for field in ["output_file_id", "error_file_id"] {
         let Some(file) = last[field].as_str() else { continue };
         let path = format!("/v1/files/{file}/content");
-        match request_text(gw, "GET", &path, key, "application/json", b"") {
+        match request_text(poll, "GET", &path, key, "application/json", b"") {
             Ok((200, text)) => read_answers(&text, &mut rec.answers),
             Ok((status, text)) => return fail(rec, format!("{path}: {status} {text}")),
             Err(e) => return fail(rec, format!("{path}: {e}")),
@@ -316,7 +323,10 @@ fn metered_check(s: &Scenario, spec: &BatchSpec, cluster: &Cluster, rec: &Record
         rec.answers.values().flatten().map(|a| a.request_id.as_str()).collect();
     let mut detail = String::new();
     while !rec.id.is_empty() {
-        let ep = endpoint(cluster, &cluster.keys, &spec.gateway);
+        let ep = endpoint(cluster, &cluster.keys, &spec.gateway).and_then(|(_, key)| {
+            let (poll, _) = endpoint(cluster, &cluster.keys, spec.poll.as_ref().unwrap_or(&spec.gateway))?;
+            Ok((poll, key))
+        });
         let path = format!("/v1/usage?limit=1000&batch_id={}", rec.id);
         let got = ep.ok().and_then(|(gw, key)| request_json(gw, "GET", &path, &key, b"").ok());
         let recs = got.as_ref().and_then(|(_, v)| v["data"].as_array().cloned()).unwrap_or_default();

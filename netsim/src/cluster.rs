@@ -510,6 +510,16 @@ impl Cluster {
             let dir = root.join(&s.name);
             std::fs::create_dir_all(&dir)?;
             if s.role.serves_http() {
+                // Every gateway of the tenants takes the first one's API
+                // keys, as an operator provisions them: a client may use
+                // any of its tenant's gateways with one key.
+                let first = specs.iter().find(|f| f.role.serves_http()).map(|f| root.join(&f.name));
+                if let Some(first) = first.filter(|f| *f != dir) {
+                    let file = first.join(gcs_gateway::keys::KEY_FILE);
+                    if file.exists() {
+                        std::fs::copy(&file, dir.join(gcs_gateway::keys::KEY_FILE))?;
+                    }
+                }
                 c.keys.insert(s.name.clone(), create_key(bin, &dir, "netsim")?);
                 c.reference_keys.insert(s.name.clone(), create_key(bin, &dir, "netsim-reference")?);
             }

@@ -545,6 +545,9 @@ impl Scenario {
             if !self.nodes.iter().any(|x| x.name == b.gateway && x.role.serves_http()) {
                 return bad(format!("batch {} names no HTTP node {}", b.name, b.gateway));
             }
+            if let Some(p) = b.poll.as_ref().filter(|p| !self.nodes.iter().any(|x| &x.name == *p && x.role.serves_http())) {
+                return bad(format!("batch {} is polled on no HTTP node {p}", b.name));
+            }
             if !(1..=1000).contains(&b.lines) {
                 return bad(format!("batch {}: lines must be 1..=1000", b.name));
             }
@@ -600,6 +603,11 @@ pub struct BatchSpec {
     pub name: String,
     /// The node whose HTTP API receives it.
     pub gateway: String,
+    /// The node whose HTTP API it is polled on once created (its status,
+    /// its output files, its usage), with the creating gateway's key:
+    /// another gateway of the tenant takes the batch over. Default: `gateway`.
+    #[serde(default)]
+    pub poll: Option<String>,
     /// Requests in the file (1..=1000), `custom_id` `b<i>`.
     pub lines: u32,
     /// The model each line asks for (a processing task is one model's).

@@ -264,10 +264,16 @@ fn a_fake_private_member_never_serves_the_tenants_jobs() {
 /// Batches on the processing queue (issue 20 §4): a worker holding a
 /// subtask's lock killed mid-batch while interactive streams run, the
 /// gateway restarted mid-batch, and the gateway down for 20 s while the
-/// workers go on through the tenant's other gateway; each batch completes
+/// workers go on through the tenant's other gateway, and the gateway lost
+/// for good while the other takes the batch over; each batch completes
 /// with every line answered once, equal to the request sent alone,
 /// metered once.
 #[test]
 fn a_batch_survives_a_killed_worker_and_a_restarted_gateway() {
-    run_all(&["batch_worker_killed", "batch_gateway_restart", "batch_gateway_down"]);
+    run_all(&[
+        "batch_worker_killed",
+        "batch_gateway_restart",
+        "batch_gateway_down",
+        "batch_gateway_lost",
+    ]);
 }

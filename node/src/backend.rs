@@ -221,6 +221,19 @@ impl Backend for NodeClient {
         })
     }
 
+    fn find_batch(
+        &self,
+        tenant_id: String,
+        batch_id: String,
+    ) -> BoxFuture<'_, Result<Option<gcs_gateway::backend::FoundBatch>, BackendError>> {
+        Box::pin(async move {
+            let (ks, trust) = (self.keyspace.clone(), self.trust.clone());
+            crate::processing::batch::find(ks, trust, tenant_id, batch_id)
+                .await
+                .map_err(processing_error)
+        })
+    }
+
     fn collect(
         &self,
         task_id: String,

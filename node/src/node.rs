@@ -465,6 +465,12 @@ impl Runtime {
         }
         let resp = match self.gateway.as_mut() {
             Some(g) => g.on_request(peer, req, &env.ctx(self.worker.as_ref())).await,
+            // A worker keeps the outputs it made: a tenant's gateway that
+            // lost them with another gateway pulls them here (mirror.rs).
+            None if matches!(req, JobRequest::MirrorPull(_)) => {
+                let ctx = env.ctx(self.worker.as_ref());
+                crate::processing::serve::answer(ctx.keyspace, ctx.trust, peer, &req)
+            }
             None => JobResponse::Refused("not a gateway".into()),
         };
         let _ = env.network.respond(id, resp).await;

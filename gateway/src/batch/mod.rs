@@ -3,6 +3,7 @@
 //! A batch's requests run on this gateway as ordinary requests of the key
 //! that created it ([`run`]), below interactive traffic.
 
+pub mod adopt;
 pub mod queue;
 pub mod run;
 pub mod store;
@@ -100,6 +101,9 @@ pub struct Batches {
     pub(crate) slots: Arc<Semaphore>,
     /// Bounds.
     pub limits: BatchLimits,
+    /// Held while a batch of another gateway is looked for, with the ids
+    /// looked for in vain lately (`adopt`).
+    adopting: tokio::sync::Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Batches {
@@ -112,6 +116,7 @@ impl Batches {
             active: Mutex::default(),
             slots: Arc::new(Semaphore::new(slots)),
             limits,
+            adopting: tokio::sync::Mutex::default(),
         }
     }
 
@@ -296,6 +301,8 @@ async fn create_inner(state: &Arc<AppState>, req: Request) -> Result<Response, A
         error_file_id: None,
         errors: vec![],
         processing: None,
+        adopted_from: None,
+        price_percent: None,
     };
     let (store, saved, keep) =
         (state.batches.store.clone(), rec.clone(), limits.max_records_per_tenant);
@@ -334,7 +341,11 @@ pub(crate) async fn retrieve(
 ) -> Response {
     let r = async {
         let key = authenticate(&state, &headers)?;
-        let b = state.batches.record(&key.tenant_id, &id).map_err(crate::files::api_error)?;
+        let mut b = state.batches.record(&key.tenant_id, &id).map_err(crate::files::api_error)?;
+        if b.is_none() {
+            // Another gateway of the tenant may have created it.
+            b = adopt::adopt(&state, &key.tenant_id, &id).await?;
+        }
         b.map(|b| json_body(&b.to_json())).ok_or_else(|| not_found(&id))
     }
     .await;
@@ -381,7 +392,10 @@ pub(crate) async fn cancel(
 ) -> Response {
     let r = async {
         let key = authenticate(&state, &headers)?;
-        let b = state.batches.record(&key.tenant_id, &id).map_err(crate::files::api_error)?;
+        let mut b = state.batches.record(&key.tenant_id, &id).map_err(crate::files::api_error)?;
+        if b.is_none() {
+            b = adopt::adopt(&state, &key.tenant_id, &id).await?;
+        }
         let b = b.ok_or_else(|| not_found(&id))?;
         if b.status.terminal() {
             return Err(not_cancellable(b.status));

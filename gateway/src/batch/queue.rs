@@ -24,7 +24,7 @@ use serde_json::json;
 use super::store::{BatchRecord, Entry, TaskRef};
 use super::validate::Line;
 use super::Active;
-use crate::backend::{ProcessingBatch, ProcessingMeter};
+use crate::backend::{ProcessingBatch, ProcessingLine, ProcessingMeter};
 use crate::error::ApiError;
 use crate::payload::JobRequest;
 use crate::request::Parsed;
@@ -42,7 +42,7 @@ fn render(
     api: ApiType,
     lines: &[Line],
     pending: &[usize],
-) -> Result<BTreeMap<String, Vec<(u64, Vec<u8>)>>, &'static str> {
+) -> Result<BTreeMap<String, Vec<ProcessingLine>>, &'static str> {
     let key = super::live_key(state, &rec.api_key_id).ok_or("the creating key is not live")?;
     if key.budget_tokens.is_some() {
         return Err("the key has a token budget");
@@ -50,7 +50,7 @@ fn render(
     if !(key.routing.is_empty() || key.routing.contains(&RoutingMode::Public)) {
         return Err("the key may not route publicly");
     }
-    let mut by_model: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    let mut by_model: BTreeMap<String, Vec<ProcessingLine>> = BTreeMap::new();
     for &i in pending {
         let line = &lines[i];
         if !(key.models.is_empty() || key.models.contains(&line.model)) {
@@ -74,13 +74,20 @@ fn render(
             Parsed::Embedding(_) => return Err("a request asks for base64 embeddings"),
         };
         let bytes = job.encode().map_err(|_| "a payload does not encode")?;
-        by_model.entry(line.model.clone()).or_default().push((i as u64, bytes));
+        let l = ProcessingLine { index: i as u64, custom_id: line.custom_id.clone(), body: bytes };
+        by_model.entry(line.model.clone()).or_default().push(l);
     }
     if let Some(m) = by_model.keys().find(|m| !state.backend.processing_capacity(m)) {
         tracing::debug!(batch_id = %rec.id, model = %m, "no worker advertises processing slots");
         return Err("no worker advertises processing slots for a model");
     }
     Ok(by_model)
+}
+
+/// The batch price: the creator's for a batch taken over, else this
+/// gateway's.
+fn price(state: &AppState, rec: &BatchRecord) -> u8 {
+    rec.price_percent.unwrap_or(state.config.batch_price_percent).clamp(1, 100)
 }
 
 fn meter(state: &AppState, rec: &BatchRecord, api: ApiType, model: &str) -> ProcessingMeter {
@@ -91,7 +98,7 @@ fn meter(state: &AppState, rec: &BatchRecord, api: ApiType, model: &str) -> Proc
         api_key_id: rec.api_key_id.clone(),
         api_type: api,
         model: model.into(),
-        price_percent: Some(state.config.batch_price_percent.clamp(1, 100)),
+        price_percent: Some(price(state, rec)),
     }
 }
 
@@ -122,8 +129,10 @@ pub(crate) async fn run(
                 }
             };
             let mut tasks = vec![];
+            let manifest = super::adopt::manifest(&rec, by_model.len(), price(state, &rec));
             for (model, lines) in by_model {
-                let batch = ProcessingBatch { meter: meter(state, &rec, api, &model), lines };
+                let m = meter(state, &rec, api, &model);
+                let batch = ProcessingBatch { meter: m, lines, manifest: manifest.clone() };
                 // A task already enqueued stays: its answers are collected
                 // with the others; the rest of the batch runs here.
                 match state.backend.enqueue(batch).await {
@@ -177,6 +186,7 @@ async fn collect(
     let mut skip = Arc::new(done.clone());
     loop {
         let mut fresh: Vec<Entry> = vec![];
+        let mut cancelled = 0;
         for t in tasks {
             let m = meter(state, &rec, api, &t.model);
             let p = match state.backend.collect(t.task_id.clone(), m, skip.clone()).await {
@@ -186,6 +196,7 @@ async fn collect(
                     continue;
                 }
             };
+            cancelled += usize::from(p.cancelled);
             for l in p.answered {
                 let Some(line) = lines.get(l.index as usize) else { continue };
                 if done.insert(l.index) {
@@ -206,6 +217,20 @@ async fn collect(
             a.persist(&state.batches.store).await?;
         }
         if done.len() >= lines.len() || a.cancel.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Cancelled in the network by another gateway of the tenant (one
+        // that took the batch over, or its creator): the batch ends
+        // cancelled here too, with what was answered.
+        if !tasks.is_empty() && cancelled == tasks.len() {
+            tracing::info!(batch_id = %rec.id, "batch's tasks cancelled by another gateway");
+            a.update(|r| {
+                if r.status == super::Status::InProgress {
+                    r.status = super::Status::Cancelling;
+                    r.cancelling_at = Some(now_ms() / 1000);
+                }
+            });
+            a.cancel.store(true, Ordering::Relaxed);
             return Ok(());
         }
         if now_ms() / 1000 >= rec.expires_at {

@@ -73,16 +73,30 @@ fn known(state: &AppState, model: &str) -> bool {
 async fn drive(state: &Arc<AppState>, a: &Arc<Active>) -> Result<(), ApiError> {
     let rec = a.snapshot();
     if matches!(rec.status, Status::Validating | Status::InProgress) {
-        let (files, t, f) = (state.files.clone(), rec.tenant_id.clone(), rec.input_file_id.clone());
-        let Some(input) = blocking(move || files.content(&t, &f)).await? else {
-            let e = LineError::whole("input_file_not_found", "the input file was deleted");
-            return fail(state, a, vec![e]).await;
+        let lines = if rec.adopted_from.is_some() {
+            // Taken over from another gateway: its input file is there.
+            match super::adopt::lines(state, &rec).await? {
+                Some(l) => l,
+                None => {
+                    let e = LineError::whole(
+                        "batch_records_lost",
+                        "this gateway no longer holds the batch's requests",
+                    );
+                    return fail(state, a, vec![e]).await;
+                }
+            }
+        } else {
+            let (files, t, f) =
+                (state.files.clone(), rec.tenant_id.clone(), rec.input_file_id.clone());
+            let Some(input) = blocking(move || files.content(&t, &f)).await? else {
+                let e = LineError::whole("input_file_not_found", "the input file was deleted");
+                return fail(state, a, vec![e]).await;
+            };
+            match validate::lines(&input, &rec.endpoint) {
+                Ok(l) => l,
+                Err(errors) => return fail(state, a, errors).await,
+            }
         };
-        let lines = match validate::lines(&input, &rec.endpoint) {
-            Ok(l) => l,
-            Err(errors) => return fail(state, a, errors).await,
-        };
-        drop(input);
         if rec.status == Status::Validating {
             let errors = validate::models(&lines, |m| known(state, m));
             if !errors.is_empty() {

@@ -112,6 +112,15 @@ pub struct BatchRecord {
     /// model); absent while it runs through the gateway's handlers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processing: Option<Vec<TaskRef>>,
+    /// The gateway that created it, when this one took it over
+    /// (`super::adopt`): its lines come from the network, not a file here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_from: Option<String>,
+    /// The batch price (percent of the standard) its answers are metered
+    /// at, when not this gateway's own (an adopted batch keeps its
+    /// creator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_percent: Option<u8>,
 }
 
 impl Entry {
@@ -320,11 +329,12 @@ impl BatchStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn record(tenant: &str, id: &str) -> BatchRecord {
+    /// A batch of 2 requests in progress (for the other modules' tests too).
+    pub(in crate::batch) fn record(tenant: &str, id: &str) -> BatchRecord {
         BatchRecord {
             v: BATCH_RECORD_VERSION,
             id: id.into(),
@@ -354,6 +364,8 @@ mod tests {
             error_file_id: None,
             errors: vec![],
             processing: None,
+            adopted_from: None,
+            price_percent: None,
         }
     }
 

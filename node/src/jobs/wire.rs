@@ -156,6 +156,10 @@ pub struct MirrorPull {
     pub inputs: Vec<String>,
     /// Chunk ids whose accepted output the asker lacks.
     pub outputs: Vec<String>,
+    /// Whether the asker lacks the task's batch manifest
+    /// (`processing::manifest`).
+    #[serde(default)]
+    pub manifest: bool,
 }
 
 /// What the asked gateway holds of them: encoded, signed records, inputs
@@ -167,6 +171,9 @@ pub struct MirrorPage {
     pub inputs: Vec<serde_bytes::ByteBuf>,
     /// Output chunks (every lock's, the asker keeps what it accepts).
     pub outputs: Vec<serde_bytes::ByteBuf>,
+    /// The task's batch manifest, when asked for and held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<serde_bytes::ByteBuf>,
 }
 
 /// The answer.

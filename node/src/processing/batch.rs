@@ -40,7 +40,8 @@ fn runtime(e: impl std::fmt::Display) -> ProcessingError {
 }
 
 /// Stores the batch's requests as one task (input chunks kept here, the
-/// signed task record gossiped); returns the task id.
+/// signed task record gossiped, the batch's manifest beside it for the
+/// tenant's other gateways to pull); returns the task id.
 pub async fn enqueue(
     ks: Arc<Keyspace>,
     key: Arc<NodeKey>,
@@ -56,9 +57,20 @@ pub async fn enqueue(
         cache_salt: hex::encode(crate::jobs::announce::cache_salt(&key, &m.tenant_id)),
         per_subtask: PER_SUBTASK,
     };
-    let lines: Vec<Line> = b.lines.into_iter().map(|(index, body)| Line { index, body }).collect();
+    let lines: Vec<Line> = b
+        .lines
+        .into_iter()
+        .map(|l| Line { index: l.index, custom_id: Some(l.custom_id), body: l.body })
+        .collect();
+    let manifest = b.manifest;
     let (task_id, delta) = tokio::task::spawn_blocking(move || {
-        chunks::enqueue(&ks, &key, &trust, &spec, &lines, now_ms())
+        let now = now_ms();
+        let (task_id, d) = chunks::enqueue(&ks, &key, &trust, &spec, &lines, now)?;
+        // Before the task's delta leaves: a mirror that hears of the task
+        // finds its manifest here.
+        let task = super::records::stored(&ks, &task_id)?.ok_or(ProcessingError::Unknown)?.task;
+        super::manifest::write(&ks, &key, &task, manifest, now)?;
+        Ok::<_, ProcessingError>((task_id, d))
     })
     .await
     .map_err(runtime)??;
@@ -93,6 +105,27 @@ pub async fn cancel(
         tracing::info!(task_id, "processing task cancelled");
     }
     Ok(())
+}
+
+/// The batch `batch_id` of `tenant_id` another gateway of the tenant
+/// enqueued, as this node holds it (`manifest::find`).
+pub async fn find(
+    ks: Arc<Keyspace>,
+    trust: TrustHandle,
+    tenant_id: String,
+    batch_id: String,
+) -> Result<Option<gcs_gateway::backend::FoundBatch>, ProcessingError> {
+    let found = tokio::task::spawn_blocking(move || {
+        super::manifest::find(&ks, &trust, &tenant_id, &batch_id, now_ms())
+    })
+    .await
+    .map_err(runtime)??;
+    Ok(found.map(|f| gcs_gateway::backend::FoundBatch {
+        creator: f.creator.to_string(),
+        manifest: f.batch,
+        tasks: f.tasks,
+        custom_ids: f.custom_ids,
+    }))
 }
 
 /// The id an output's usage record is filed under: derived from the task,
@@ -199,5 +232,6 @@ pub fn collect_here(
             .unwrap_or_else(|_| serde_json::Value::String(o.body.clone()));
         answered.push(ProcessedLine { index: o.index, status: o.status, body, request_id: job_id });
     }
-    Ok((TaskProgress { answered, bad: c.bad, open: c.open + c.missing }, deltas))
+    let progress = TaskProgress { answered, bad: c.bad, open: c.open + c.missing, cancelled: c.cancelled };
+    Ok((progress, deltas))
 }

@@ -34,6 +34,8 @@ pub const MAX_OUTPUT_BYTES: usize = 1 << 20;
 pub const MAX_LINES_PER_SUBTASK: usize = 32;
 /// Requests one task may hold (the batch API's own bound).
 pub const MAX_LINES_PER_TASK: usize = 50_000;
+/// Longest `custom_id` an input chunk carries (the batch API's bound).
+pub const MAX_CUSTOM_ID: usize = 512;
 
 /// Why a processing step did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,11 @@ pub struct InputChunk {
     pub chunk_id: String,
     /// The request's place in the batch (0-based).
     pub index: u64,
+    /// The client's `custom_id` of the request: a gateway of the tenant
+    /// that takes the batch over writes its output lines from it
+    /// (`super::manifest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_id: Option<String>,
     /// The tenant whose request it is.
     pub tenant_id: String,
     /// The task's gateway; signer.
@@ -167,7 +174,7 @@ pub struct OutputChunk {
     pub signature: Option<Signature>,
 }
 
-fn field(field: &'static str, reason: &str) -> ProtocolError {
+pub(super) fn field(field: &'static str, reason: &str) -> ProtocolError {
     ProtocolError::Field { field, reason: reason.into() }
 }
 
@@ -180,7 +187,7 @@ fn header(ty: MessageType, want: MessageType, v: u16) -> Result<(), ProtocolErro
 
 /// The signing payload: a label first, so a chunk's signature is never
 /// valid for a record sharing its message type.
-fn labelled(label: &[u8], v: &ciborium::value::Value) -> Result<Vec<u8>, ProtocolError> {
+pub(super) fn labelled(label: &[u8], v: &ciborium::value::Value) -> Result<Vec<u8>, ProtocolError> {
     let mut out = label.to_vec();
     out.extend(gcs_protocol::codec::encode_value(v));
     Ok(out)
@@ -200,6 +207,9 @@ impl SignedMessage for InputChunk {
         }
         if self.body.len() > MAX_INPUT_BYTES || self.cache_salt.len() > 128 {
             return Err(field("body", "over the chunk bound"));
+        }
+        if self.custom_id.as_ref().is_some_and(|c| c.is_empty() || c.len() > MAX_CUSTOM_ID) {
+            return Err(field("custom_id", "1 to 512 bytes"));
         }
         Ok(())
     }
@@ -263,6 +273,8 @@ pub fn block_hash(hashes: &[Hash32]) -> Hash32 {
 pub struct Line {
     /// Its place in the batch.
     pub index: u64,
+    /// The client's `custom_id`.
+    pub custom_id: Option<String>,
     /// The job payload.
     pub body: Vec<u8>,
 }
@@ -312,6 +324,7 @@ pub fn enqueue(
                 task_id: task_id.clone(),
                 chunk_id: format!("c{}", l.index),
                 index: l.index,
+                custom_id: l.custom_id.clone(),
                 tenant_id: spec.tenant_id.clone(),
                 gateway_node_id: key.node_id(),
                 api_type: spec.params.api_type,
@@ -510,6 +523,8 @@ pub struct Collected {
     pub missing: usize,
     /// Requests with neither a result nor a bad subtask yet.
     pub open: usize,
+    /// Whether a gateway of the tenant cancelled the task.
+    pub cancelled: bool,
 }
 
 /// The stored output of `chunk_id` whose record hashes to `want` (a
@@ -571,5 +586,6 @@ pub fn collect(
         }
     }
     out.outputs.sort_by_key(|o| o.index);
+    out.cancelled = q.cancelled(task_id);
     Ok(out)
 }

@@ -37,6 +37,17 @@ pub const PULL_BUDGET: usize = 4 << 20;
 pub struct Held {
     inputs: std::collections::HashSet<String>,
     outputs: std::collections::HashSet<String>,
+    manifest: bool,
+}
+
+/// Whether this node lacks the batch manifest of `task` (a task of a
+/// batch); `held` remembers one found.
+pub fn wants_manifest(ks: &Keyspace, task: &TaskRecord, held: &mut Held) -> Result<bool, ProcessingError> {
+    if held.manifest || task.batch_id.is_none() {
+        return Ok(false);
+    }
+    held.manifest = super::manifest::held(ks, task)?.is_some();
+    Ok(!held.manifest)
 }
 
 /// What this node lacks of a task: chunk ids without an input here, and
@@ -142,6 +153,12 @@ pub fn answer(
         bytes += b.len();
         fits
     };
+    if p.manifest {
+        if let Some(b) = super::manifest::held(ks, &s.task)? {
+            room(&b);
+            page.manifest = Some(serde_bytes::ByteBuf::from(b));
+        }
+    }
     for c in p.inputs.iter().filter(|c| named(c)) {
         if let Some(b) = ks.get_bytes(&keys::processing_chunk(&p.task_id, c))? {
             if !room(&b) {
@@ -209,6 +226,13 @@ pub fn store(
     Ok(new)
 }
 
+/// Stores the pulled batch manifest of `task_id` if it is its gateway's
+/// (`manifest::check`); whether it was new.
+pub fn store_manifest(ks: &Keyspace, task_id: &str, bytes: &[u8], now_ms: u64) -> Result<bool, ProcessingError> {
+    let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
+    super::manifest::store(ks, &s.task, bytes, now_ms)
+}
+
 /// How often a gateway looks for what it lacks of its tenants' tasks.
 pub const MIRROR_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -234,6 +258,7 @@ struct Want {
     task_id: String,
     inputs: Vec<String>,
     outputs: Vec<String>,
+    manifest: bool,
     sources: Vec<NodeId>,
 }
 
@@ -270,7 +295,7 @@ fn round_plan(
             skip.insert(task_id.to_string(), now_ms + NOT_ADMITTED_SKIP_MS);
             continue;
         }
-        let sources: Vec<NodeId> =
+        let mut sources: Vec<NodeId> =
             tenant_gateways(ks, trust, &t, now_ms).into_iter().filter(|n| n != me).collect();
         if sources.is_empty() {
             // The tenant's only gateway: nothing to pull from (another may
@@ -278,8 +303,9 @@ fn round_plan(
             skip.insert(task_id.to_string(), now_ms + NOT_ADMITTED_SKIP_MS);
             continue;
         }
-        let (inputs, outputs) =
-            wanted(ks, task_id, now_ms, held.entry(task_id.to_string()).or_default())?;
+        let h = held.entry(task_id.to_string()).or_default();
+        let (inputs, outputs) = wanted(ks, task_id, now_ms, h)?;
+        let manifest = wants_manifest(ks, &t, h)?;
         if inputs.is_empty() && outputs.is_empty() {
             let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
             let q = records::replay(&s, now_ms);
@@ -289,10 +315,36 @@ fn round_plan(
                 // Until its records are compacted away (then it is gone).
                 let kept = gcs_keyspace::Namespace::ProcessingTasks.retention_ms();
                 skip.insert(task_id.to_string(), now_ms.saturating_add(kept.unwrap_or(u64::MAX)));
+                continue;
             }
-            continue;
+            if !manifest {
+                continue;
+            }
         }
-        out.push(Want { task_id: task_id.to_string(), inputs, outputs, sources });
+        if !outputs.is_empty() {
+            // Then the workers that signed its results: each keeps the
+            // outputs it made (one its gateway lost before any mirror
+            // pulled it is still there).
+            for n in result_signers(ks, task_id)? {
+                if n != *me && !sources.contains(&n) {
+                    sources.push(n);
+                }
+            }
+        }
+        out.push(Want { task_id: task_id.to_string(), inputs, outputs, manifest, sources });
+    }
+    Ok(out)
+}
+
+/// The nodes that signed a result of `task_id` (the last segment of each
+/// result key), in key order.
+fn result_signers(ks: &Keyspace, task_id: &str) -> Result<Vec<NodeId>, ProcessingError> {
+    let mut out: Vec<NodeId> = vec![];
+    for (k, _) in ks.scan_prefix(&keys::processing_results(task_id))? {
+        let Some(n) = k.rsplit('/').next().and_then(|n| n.parse::<NodeId>().ok()) else { continue };
+        if !out.contains(&n) {
+            out.push(n);
+        }
     }
     Ok(out)
 }
@@ -368,6 +420,7 @@ async fn pull(
             task_id: w.task_id.clone(),
             inputs: inputs.clone(),
             outputs: outputs.clone(),
+            manifest: w.manifest,
         }));
         let answer = tokio::select! {
             a = network.request(peer, req) => a,
@@ -385,13 +438,19 @@ async fn pull(
             }
         };
         let (k, id) = (ks.clone(), w.task_id.clone());
-        let stored =
-            tokio::task::spawn_blocking(move || store(&k, &id, &page, gcs_protocol::now_ms()))
-                .await;
+        let stored = tokio::task::spawn_blocking(move || {
+            let now = gcs_protocol::now_ms();
+            let m = match &page.manifest {
+                Some(b) => store_manifest(&k, &id, b, now)?,
+                None => false,
+            };
+            store(&k, &id, &page, now).map(|(i, o)| (i, o, m))
+        })
+        .await;
         match stored {
-            Ok(Ok((0, 0))) => continue,
-            Ok(Ok((i, o))) => {
-                tracing::info!(task_id = %w.task_id, %source, inputs = i, outputs = o, "task mirrored");
+            Ok(Ok((0, 0, false))) => continue,
+            Ok(Ok((i, o, m))) => {
+                tracing::info!(task_id = %w.task_id, %source, inputs = i, outputs = o, manifest = m, "task mirrored");
                 return true;
             }
             Ok(Err(e)) => {

@@ -11,7 +11,9 @@ use gcs_keyspace::{keys, Delta, Keyspace};
 use gcs_protocol::{samples, ApiType, MessageType, NodeId, NodeKey};
 
 use super::chunks::{self, Line, ProcessingError, TaskParams, TaskSpec, CHUNK_VERSION};
+use super::manifest;
 use super::mirror::{self, MirrorPull, MIRROR_VERSION};
+use super::records;
 use super::worker::{ChunkSource, Processor};
 use super::worker_tests::Echo;
 use crate::replication::merge_scoped;
@@ -55,6 +57,16 @@ impl Net {
 
     /// A task of `n` requests enqueued by gateway A, 2 to a subtask.
     fn enqueue(&self, n: usize) -> String {
+        self.enqueue_lines(n, false)
+    }
+
+    /// As [`Net::enqueue`], each request with its `custom_id` (`id<i>`)
+    /// and the task with its batch's manifest, as a batch enqueues it.
+    fn enqueue_batch(&self, n: usize) -> String {
+        self.enqueue_lines(n, true)
+    }
+
+    fn enqueue_lines(&self, n: usize, batch: bool) -> String {
         let spec = TaskSpec {
             tenant_id: "tenant_123".into(),
             batch_id: Some("batch_00112233445566778899aabb".into()),
@@ -63,10 +75,18 @@ impl Net {
             per_subtask: 2,
         };
         let lines: Vec<Line> = (0..n)
-            .map(|i| Line { index: i as u64, body: format!("request {i}").into_bytes() })
+            .map(|i| Line {
+                index: i as u64,
+                custom_id: batch.then(|| format!("id{i}")),
+                body: format!("request {i}").into_bytes(),
+            })
             .collect();
         let (id, d) =
             chunks::enqueue(&self.stores[0], &self.a, &self.trust, &spec, &lines, NOW).unwrap();
+        if batch {
+            let task = records::stored(&self.stores[0], &id).unwrap().unwrap().task;
+            manifest::write(&self.stores[0], &self.a, &task, b"the batch".to_vec(), NOW).unwrap();
+        }
         self.spread(0, &d, NOW);
         id
     }
@@ -88,6 +108,7 @@ impl Net {
             task_id: task.into(),
             inputs,
             outputs,
+            manifest: false,
         };
         let page = mirror::answer(&self.stores[from], &self.trust, None, &p, now).unwrap();
         mirror::store(&self.stores[to], task, &page, now).unwrap()
@@ -161,6 +182,7 @@ fn only_a_gateway_of_the_tenant_pulls_and_it_gets_the_inputs_as_signed() {
         task_id: task.clone(),
         inputs,
         outputs: vec![],
+        manifest: false,
     };
     let all: Vec<String> = (0..6).map(|i| format!("c{i}")).collect();
     let answer = |p: &MirrorPull, peer| mirror::answer(&n.stores[0], &n.trust, peer, p, NOW);
@@ -187,6 +209,7 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
         task_id: task.clone(),
         chunk_id: "c0".into(),
         index: 0,
+        custom_id: None,
         tenant_id: "tenant_123".into(),
         gateway_node_id: n.b.node_id(),
         api_type: ApiType::ChatCompletion,
@@ -200,6 +223,7 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
     let page = mirror::MirrorPage {
         inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
         outputs: vec![],
+        manifest: None,
     };
     assert!(mirror::store(&n.stores[2], &task, &page, NOW).is_err());
     assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c0")).unwrap().is_none());
@@ -211,6 +235,7 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
     let page = mirror::MirrorPage {
         inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
         outputs: vec![],
+        manifest: None,
     };
     assert_eq!(mirror::store(&n.stores[2], &task, &page, NOW).unwrap(), (0, 0));
     assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c9")).unwrap().is_none());
@@ -280,4 +305,59 @@ fn a_subtask_runs_through_the_other_gateway_and_its_answers_come_back() {
 
 fn task_record(n: &Net, task: &str) -> super::records::TaskRecord {
     super::records::stored(&n.stores[0], task).unwrap().unwrap().task
+}
+
+/// A batch's manifest goes only to the tenant's gateways, as its task's
+/// gateway signed it; with it and every input, the other gateway finds the
+/// whole batch (its tasks and each request's `custom_id`) and may cancel
+/// the task in the network. A manifest signed by another gateway, or
+/// asked for under another tenant, finds nothing.
+#[test]
+fn a_batch_manifest_reaches_the_tenants_other_gateway_which_then_finds_the_batch() {
+    let n = net();
+    let task = n.enqueue_batch(4);
+    let batch = "batch_00112233445566778899aabb";
+    let find = |ks: &Keyspace, tenant: &str| manifest::find(ks, &n.trust, tenant, batch, NOW).unwrap();
+    assert!(find(&n.stores[1], "tenant_123").is_none(), "nothing mirrored yet");
+    let t = records::stored(&n.stores[1], &task).unwrap().unwrap().task;
+    let mut held = mirror::Held::default();
+    assert!(mirror::wants_manifest(&n.stores[1], &t, &mut held).unwrap());
+    let (inputs, outputs) = mirror::wanted(&n.stores[1], &task, NOW, &mut held).unwrap();
+    let p = MirrorPull {
+        version: MIRROR_VERSION,
+        asker: n.b.node_id(),
+        task_id: task.clone(),
+        inputs,
+        outputs,
+        manifest: true,
+    };
+    let worker_asks = MirrorPull { asker: n.worker.node_id(), ..p.clone() };
+    assert!(mirror::answer(&n.stores[0], &n.trust, None, &worker_asks, NOW).is_err());
+    let page = mirror::answer(&n.stores[0], &n.trust, None, &p, NOW).unwrap();
+    let m = page.manifest.clone().unwrap();
+    // Another gateway's signature over the same manifest: refused.
+    let mut forged = manifest::check(&t, &m).unwrap();
+    (forged.gateway_node_id, forged.signature) = (n.b.node_id(), None);
+    gcs_protocol::sign(&mut forged, &n.b).unwrap();
+    let forged = gcs_protocol::encode(&forged).unwrap();
+    assert!(mirror::store_manifest(&n.stores[1], &task, &forged, NOW).is_err());
+    assert!(mirror::store_manifest(&n.stores[1], &task, &m, NOW).unwrap());
+    assert!(!mirror::store_manifest(&n.stores[1], &task, &m, NOW).unwrap(), "once");
+    assert!(find(&n.stores[1], "tenant_123").is_none(), "the inputs are not here yet");
+    mirror::store(&n.stores[1], &task, &page, NOW).unwrap();
+    let f = find(&n.stores[1], "tenant_123").unwrap();
+    assert_eq!(f.creator, n.a.node_id());
+    assert_eq!(f.batch, b"the batch");
+    assert_eq!(f.tasks, vec![("m".to_string(), task.clone())]);
+    let ids: Vec<(u64, String)> = (0..4).map(|i| (i, format!("id{i}"))).collect();
+    assert_eq!(f.custom_ids, ids);
+    assert!(find(&n.stores[1], "tenant_other").is_none(), "another tenant's");
+    assert!(!mirror::wants_manifest(&n.stores[1], &t, &mut mirror::Held::default()).unwrap());
+    // The taking-over gateway cancels the task; the worker's store takes it.
+    let d = records::cancel(&n.stores[1], &task, "batch_cancelled", &n.b, &n.trust, NOW + 1)
+        .unwrap()
+        .unwrap();
+    merge_scoped(&n.stores[2], d, &[], &n.trust, NOW + 1).unwrap();
+    assert!(records::replay(&records::stored(&n.stores[2], &task).unwrap().unwrap(), NOW + 2)
+        .cancelled(&task));
 }

@@ -9,7 +9,8 @@
 //! the gateway's side of a batch (enqueue, collect, usage records),
 //! [`release`] the records that end work early (a holder's release, a
 //! gateway's cancel), [`mirror`] the copies of a task's data on the
-//! tenant's other gateways.
+//! tenant's other gateways, [`manifest`] what one of them needs to take a
+//! batch over.
 
 /// The `SignedMessage` accessors every processing record shares, for a
 /// record whose signer is the field `$signer` (textual scope: the modules
@@ -39,6 +40,7 @@ macro_rules! signed_common {
 
 pub mod batch;
 pub mod chunks;
+pub mod manifest;
 pub mod mirror;
 #[cfg(test)]
 mod mirror_tests;

@@ -366,7 +366,11 @@ fn check(
             let Some(s) = stored(ks, &c.task_id)? else {
                 return Err(RefusedDelta::Stale(field("task_id", "no such task here")));
             };
-            if s.task.gateway_node_id != c.gateway_node_id {
+            // The task's gateway, or another its tenant admitted (one that
+            // took the batch over, specs/batch.md "Adoption").
+            if s.task.gateway_node_id != c.gateway_node_id
+                && admitted_gateway(ks, trust, &s.task.tenant_id, &c.gateway_node_id, now_ms).is_err()
+            {
                 return Err(RefusedDelta::NotTheAuthor("processing.cancels"));
             }
         }

@@ -154,6 +154,28 @@ impl Via<'_> {
         }
         Err(first.unwrap_or(ProcessingError::Unknown))
     }
+    /// `f` on one more gateway than the one that answered last, reachable
+    /// lately, if the tenant has one: best effort (an output held by two
+    /// gateways outlives the loss of either before a mirror pulls it).
+    fn also(&self, mut f: impl FnMut(&NodeId) -> Result<(), ProcessingError>) {
+        let now = (self.clock)();
+        let Some(i) = self.order().into_iter().find(|&i| {
+            Some(i) != self.last_good.get() && {
+                let u = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
+                u.get(self.gateways[i].as_str()).is_none_or(|until| *until <= now)
+            }
+        }) else {
+            return;
+        };
+        let g = &self.gateways[i];
+        if let Err(e) = f(g) {
+            tracing::debug!(gateway = %g, error = %e, "second copy of an output not delivered");
+            if matches!(e, ProcessingError::Gateway(_)) {
+                let until = now.saturating_add(self.hold_ms);
+                self.unreachable.lock().unwrap_or_else(|p| p.into_inner()).insert(g.to_string(), until);
+            }
+        }
+    }
 }
 
 /// A failure as a release carries it: at most 256 bytes, no control
@@ -378,6 +400,13 @@ impl Processor<'_> {
             let bytes = gcs_protocol::encode(&o)?;
             out_hashes.push(Hash32::of(&bytes));
             gateways.call(|g| src.deliver(g, lock_delta, bytes.clone()))?;
+            gateways.also(|g| src.deliver(g, lock_delta, bytes.clone()));
+            // A copy here too (unless this node is the gateway that took
+            // it): a gateway that lost it pulls it from the result's signer.
+            let key = keys::processing_output(&task_id, &o.chunk_id, &o.lock_id);
+            if self.ks.get_bytes(&key)?.is_none() {
+                self.ks.put(&key, bytes, clock())?;
+            }
         }
         let result = SubTaskResult {
             subtask_id: sub_id,

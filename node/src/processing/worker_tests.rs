@@ -133,7 +133,7 @@ impl Net {
         let lines: Vec<Line> = bodies
             .iter()
             .enumerate()
-            .map(|(i, b)| Line { index: i as u64, body: b.to_vec() })
+            .map(|(i, b)| Line { index: i as u64, custom_id: None, body: b.to_vec() })
             .collect();
         let (id, d) =
             chunks::enqueue(&self.stores[0], &self.gateway, &self.trust, &spec, &lines, NOW)
