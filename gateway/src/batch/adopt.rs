@@ -80,20 +80,27 @@ pub(super) fn record_of(
     if seen.iter().any(|s| !s) {
         return Err("not every request of the batch is here yet");
     }
-    rec.processing =
-        Some(found.tasks.iter().map(|(model, task_id)| TaskRef { model: model.clone(), task_id: task_id.clone() }).collect());
+    rec.processing = Some(
+        found
+            .tasks
+            .iter()
+            .map(|(model, task_id)| TaskRef { model: model.clone(), task_id: task_id.clone() })
+            .collect(),
+    );
     rec.adopted_from = Some(found.creator.clone());
     rec.price_percent = Some(m.price_percent.clamp(1, 100));
     Ok(rec)
 }
 
 /// Takes over `tenant`'s batch `id` if another gateway of the tenant
-/// created it and this node holds all of it; `None` otherwise.
+/// created it and this node holds all of it: the record, saved here, and
+/// whether this call took it over (the caller then starts its runner);
+/// `None` otherwise.
 pub(crate) async fn adopt(
     state: &Arc<AppState>,
     tenant: &str,
     id: &str,
-) -> Result<Option<BatchRecord>, ApiError> {
+) -> Result<Option<(BatchRecord, bool)>, ApiError> {
     if !well_formed(id, "batch_") {
         return Ok(None);
     }
@@ -104,7 +111,7 @@ pub(crate) async fn adopt(
     }
     // Taken over meanwhile (by a request that held the lock before this one).
     if let Some(r) = state.batches.record(tenant, id).map_err(crate::files::api_error)? {
-        return Ok(Some(r));
+        return Ok(Some((r, false)));
     }
     let found = match state.backend.find_batch(tenant.to_string(), id.to_string()).await {
         Ok(f) => f,
@@ -127,11 +134,12 @@ pub(crate) async fn adopt(
     };
     let (store, saved) = (state.batches.store.clone(), rec.clone());
     blocking(move || store.save(&saved)).await?;
-    tracing::info!(batch_id = id, creator = rec.adopted_from.as_deref().unwrap_or(""),
-                   "batch adopted from another gateway of the tenant");
-    let a = state.batches.start(rec.clone());
-    tokio::spawn(super::run::run(state.clone(), a));
-    Ok(Some(rec))
+    tracing::info!(
+        batch_id = id,
+        creator = rec.adopted_from.as_deref().unwrap_or(""),
+        "batch adopted from another gateway of the tenant"
+    );
+    Ok(Some((rec, true)))
 }
 
 fn remember(misses: &mut std::collections::HashMap<String, Instant>, id: &str) {
@@ -144,7 +152,10 @@ fn remember(misses: &mut std::collections::HashMap<String, Instant>, id: &str) {
 /// The lines of an adopted batch, as the network holds them: each
 /// request's `custom_id` in its place (the bodies stay with the tasks);
 /// `None` once the network no longer holds the batch.
-pub(super) async fn lines(state: &AppState, rec: &BatchRecord) -> Result<Option<Vec<Line>>, ApiError> {
+pub(super) async fn lines(
+    state: &AppState,
+    rec: &BatchRecord,
+) -> Result<Option<Vec<Line>>, ApiError> {
     let found = state
         .backend
         .find_batch(rec.tenant_id.clone(), rec.id.clone())
@@ -156,7 +167,12 @@ pub(super) async fn lines(state: &AppState, rec: &BatchRecord) -> Result<Option<
     if ids.len() as u64 != rec.total || ids.iter().enumerate().any(|(n, (i, _))| n as u64 != *i) {
         return Ok(None);
     }
-    let line = |(i, custom_id): (u64, String)| Line { line: i + 1, custom_id, body: vec![], model: String::new() };
+    let line = |(i, custom_id): (u64, String)| Line {
+        line: i + 1,
+        custom_id,
+        body: vec![],
+        model: String::new(),
+    };
     Ok(Some(ids.into_iter().map(line).collect()))
 }
 

@@ -179,6 +179,17 @@ pub(crate) fn resume(state: &Arc<AppState>) {
     }
 }
 
+/// The batch `id` of `tenant` that another gateway of the tenant created,
+/// taken over here (`adopt`) and running, if this node holds all of it.
+async fn adopted(state: &Arc<AppState>, tenant: &str, id: &str) -> Result<Option<BatchRecord>, ApiError> {
+    let Some((rec, new)) = adopt::adopt(state, tenant, id).await? else { return Ok(None) };
+    if new {
+        let a = state.batches.start(rec.clone());
+        tokio::spawn(run::run(state.clone(), a));
+    }
+    Ok(Some(rec))
+}
+
 fn not_found(id: &str) -> ApiError {
     let mut e = ApiError::invalid("batch_id", format!("No such Batch object: {id}"));
     e.status = StatusCode::NOT_FOUND;
@@ -344,7 +355,7 @@ pub(crate) async fn retrieve(
         let mut b = state.batches.record(&key.tenant_id, &id).map_err(crate::files::api_error)?;
         if b.is_none() {
             // Another gateway of the tenant may have created it.
-            b = adopt::adopt(&state, &key.tenant_id, &id).await?;
+            b = adopted(&state, &key.tenant_id, &id).await?;
         }
         b.map(|b| json_body(&b.to_json())).ok_or_else(|| not_found(&id))
     }
@@ -394,7 +405,7 @@ pub(crate) async fn cancel(
         let key = authenticate(&state, &headers)?;
         let mut b = state.batches.record(&key.tenant_id, &id).map_err(crate::files::api_error)?;
         if b.is_none() {
-            b = adopt::adopt(&state, &key.tenant_id, &id).await?;
+            b = adopted(&state, &key.tenant_id, &id).await?;
         }
         let b = b.ok_or_else(|| not_found(&id))?;
         if b.status.terminal() {

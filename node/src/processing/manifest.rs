@@ -9,7 +9,9 @@
 //! small whatever the batch's size.
 
 use gcs_keyspace::{keys, Keyspace};
-use gcs_protocol::{ids, Limits, MessageType, NodeId, NodeKey, ProtocolError, Signature, SignedMessage};
+use gcs_protocol::{
+    ids, Limits, MessageType, NodeId, NodeKey, ProtocolError, Signature, SignedMessage,
+};
 use serde::{Deserialize, Serialize};
 
 use super::chunks::{self, field, labelled, ProcessingError, TaskParams};
@@ -116,7 +118,12 @@ pub fn check(task: &TaskRecord, bytes: &[u8]) -> Result<BatchManifest, Processin
 
 /// Stores a pulled manifest of `task` if it checks and none is here;
 /// whether it was new.
-pub fn store(ks: &Keyspace, task: &TaskRecord, bytes: &[u8], now_ms: u64) -> Result<bool, ProcessingError> {
+pub fn store(
+    ks: &Keyspace,
+    task: &TaskRecord,
+    bytes: &[u8],
+    now_ms: u64,
+) -> Result<bool, ProcessingError> {
     let m = check(task, bytes)?;
     let key = keys::batch_manifest(&m.batch_id, &m.task_id);
     if ks.get_bytes(&key)?.is_some() {
@@ -171,7 +178,9 @@ pub fn find(
         if m.tenant_id != tenant_id {
             return Ok(None);
         }
-        if !super::mirror::tenant_gateway(ks, trust, &task, &m.gateway_node_id, now_ms) {
+        if super::records::admitted_gateway(ks, trust, tenant_id, &m.gateway_node_id, now_ms)
+            .is_err()
+        {
             return Err(ProcessingError::Mismatch("the batch's gateway is not the tenant's"));
         }
         let f = found.get_or_insert_with(|| Found {
@@ -191,7 +200,9 @@ pub fn find(
                 return Ok(None);
             };
             let input = chunks::check_input(&task, c, &b)?;
-            let id = input.custom_id.ok_or(ProcessingError::Mismatch("an input without its custom_id"))?;
+            let id = input
+                .custom_id
+                .ok_or(ProcessingError::Mismatch("an input without its custom_id"))?;
             f.custom_ids.push((input.index, id));
         }
     }

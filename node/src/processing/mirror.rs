@@ -42,7 +42,11 @@ pub struct Held {
 
 /// Whether this node lacks the batch manifest of `task` (a task of a
 /// batch); `held` remembers one found.
-pub fn wants_manifest(ks: &Keyspace, task: &TaskRecord, held: &mut Held) -> Result<bool, ProcessingError> {
+pub fn wants_manifest(
+    ks: &Keyspace,
+    task: &TaskRecord,
+    held: &mut Held,
+) -> Result<bool, ProcessingError> {
     if held.manifest || task.batch_id.is_none() {
         return Ok(false);
     }
@@ -228,7 +232,12 @@ pub fn store(
 
 /// Stores the pulled batch manifest of `task_id` if it is its gateway's
 /// (`manifest::check`); whether it was new.
-pub fn store_manifest(ks: &Keyspace, task_id: &str, bytes: &[u8], now_ms: u64) -> Result<bool, ProcessingError> {
+pub fn store_manifest(
+    ks: &Keyspace,
+    task_id: &str,
+    bytes: &[u8],
+    now_ms: u64,
+) -> Result<bool, ProcessingError> {
     let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
     super::manifest::store(ks, &s.task, bytes, now_ms)
 }

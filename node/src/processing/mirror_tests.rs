@@ -317,7 +317,8 @@ fn a_batch_manifest_reaches_the_tenants_other_gateway_which_then_finds_the_batch
     let n = net();
     let task = n.enqueue_batch(4);
     let batch = "batch_00112233445566778899aabb";
-    let find = |ks: &Keyspace, tenant: &str| manifest::find(ks, &n.trust, tenant, batch, NOW).unwrap();
+    let find =
+        |ks: &Keyspace, tenant: &str| manifest::find(ks, &n.trust, tenant, batch, NOW).unwrap();
     assert!(find(&n.stores[1], "tenant_123").is_none(), "nothing mirrored yet");
     let t = records::stored(&n.stores[1], &task).unwrap().unwrap().task;
     let mut held = mirror::Held::default();

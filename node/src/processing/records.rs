@@ -369,7 +369,8 @@ fn check(
             // The task's gateway, or another its tenant admitted (one that
             // took the batch over, specs/batch.md "Adoption").
             if s.task.gateway_node_id != c.gateway_node_id
-                && admitted_gateway(ks, trust, &s.task.tenant_id, &c.gateway_node_id, now_ms).is_err()
+                && admitted_gateway(ks, trust, &s.task.tenant_id, &c.gateway_node_id, now_ms)
+                    .is_err()
             {
                 return Err(RefusedDelta::NotTheAuthor("processing.cancels"));
             }

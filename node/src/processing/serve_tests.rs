@@ -57,7 +57,10 @@ fn task(n: &Net) -> String {
         cache_salt: "salt".into(),
         per_subtask: 2,
     };
-    let lines = vec![Line { index: 0, custom_id: None, body: chat("a") }, Line { index: 1, custom_id: None, body: chat("b") }];
+    let lines = vec![
+        Line { index: 0, custom_id: None, body: chat("a") },
+        Line { index: 1, custom_id: None, body: chat("b") },
+    ];
     let (id, d) = chunks::enqueue(&n.stores[0], &n.gateway, &n.trust, &spec, &lines, NOW).unwrap();
     merge_scoped(&n.stores[1], d, &[], &n.trust, NOW).unwrap();
     id

@@ -172,7 +172,10 @@ impl Via<'_> {
             tracing::debug!(gateway = %g, error = %e, "second copy of an output not delivered");
             if matches!(e, ProcessingError::Gateway(_)) {
                 let until = now.saturating_add(self.hold_ms);
-                self.unreachable.lock().unwrap_or_else(|p| p.into_inner()).insert(g.to_string(), until);
+                self.unreachable
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(g.to_string(), until);
             }
         }
     }
