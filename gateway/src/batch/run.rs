@@ -74,7 +74,8 @@ async fn drive(state: &Arc<AppState>, a: &Arc<Active>) -> Result<(), ApiError> {
     let rec = a.snapshot();
     if matches!(rec.status, Status::Validating | Status::InProgress) {
         let lines = if rec.adopted_from.is_some() {
-            // Taken over from another gateway: its input file is there.
+            // Taken over from another gateway (the input file is the
+            // creator's): the lines come from the tasks in the network.
             match super::adopt::lines(state, &rec).await? {
                 Some(l) => l,
                 None => {

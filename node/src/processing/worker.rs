@@ -154,6 +154,7 @@ impl Via<'_> {
         }
         Err(first.unwrap_or(ProcessingError::Unknown))
     }
+
     /// `f` on one more gateway than the one that answered last, reachable
     /// lately, if the tenant has one: best effort (an output held by two
     /// gateways outlives the loss of either before a mirror pulls it).
