@@ -27,8 +27,9 @@ use crate::AppState;
 
 /// Version of [`Manifest`].
 pub const MANIFEST_VERSION: u16 = 1;
-/// How long an id looked for in vain is not looked for again (a GET loop
-/// on an unknown id costs one scan of a batch's manifests per interval).
+/// How long an id looked for in vain by a tenant is not looked for again
+/// for that tenant (a GET loop on an unknown id costs one scan of a
+/// batch's manifests per interval).
 const MISS_TTL: Duration = Duration::from_secs(2);
 /// Most ids remembered as looked for in vain.
 const MAX_MISSES: usize = 4096;
@@ -106,7 +107,10 @@ pub(crate) async fn adopt(
     }
     let mut misses = state.batches.adopting.lock().await;
     misses.retain(|_, at| at.elapsed() < MISS_TTL);
-    if misses.contains_key(id) {
+    // Per tenant: another tenant's key asking for the id must not keep
+    // its owner from finding it.
+    let miss = format!("{tenant}/{id}");
+    if misses.contains_key(&miss) {
         return Ok(None);
     }
     // Taken over meanwhile (by a request that held the lock before this one).
@@ -124,11 +128,11 @@ pub(crate) async fn adopt(
         Some(Ok(rec)) => rec,
         Some(Err(why)) => {
             tracing::info!(batch_id = id, why, "batch of another gateway not taken over");
-            remember(&mut misses, id);
+            remember(&mut misses, miss);
             return Ok(None);
         }
         None => {
-            remember(&mut misses, id);
+            remember(&mut misses, miss);
             return Ok(None);
         }
     };
@@ -142,11 +146,11 @@ pub(crate) async fn adopt(
     Ok(Some((rec, true)))
 }
 
-fn remember(misses: &mut std::collections::HashMap<String, Instant>, id: &str) {
+fn remember(misses: &mut std::collections::HashMap<String, Instant>, miss: String) {
     if misses.len() >= MAX_MISSES {
         misses.clear();
     }
-    misses.insert(id.to_string(), Instant::now());
+    misses.insert(miss, Instant::now());
 }
 
 /// The lines of an adopted batch, as the network holds them: each

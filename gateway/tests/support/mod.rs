@@ -56,6 +56,14 @@ pub struct Net {
     pub parents: Mutex<Vec<gcs_gateway::ParentUsage>>,
     /// The ids of the jobs cancelled, in order.
     pub cancelled_ids: Mutex<Vec<String>>,
+    /// `(tenant, batch id, the batch)` another gateway of the tenant
+    /// created, as `find_batch` finds it.
+    pub found: Mutex<Option<(String, String, gcs_gateway::backend::FoundBatch)>>,
+    /// What `collect` answers for every task.
+    pub progress: Mutex<gcs_gateway::backend::TaskProgress>,
+    /// The tasks `cancel_task` was asked to cancel (each is then reported
+    /// cancelled by `collect`).
+    pub tasks_cancelled: Mutex<Vec<String>>,
     next: AtomicUsize,
 }
 
@@ -68,6 +76,9 @@ impl Net {
             usage: Mutex::default(),
             parents: Mutex::default(),
             cancelled_ids: Mutex::default(),
+            found: Mutex::default(),
+            progress: Mutex::default(),
+            tasks_cancelled: Mutex::default(),
             next: AtomicUsize::new(0),
         })
     }
@@ -233,6 +244,32 @@ impl Backend for Net {
     ) -> BoxFuture<'_, Result<(), BackendError>> {
         self.parents.lock().unwrap().push(parent);
         Box::pin(async { Ok(()) })
+    }
+
+    fn find_batch(
+        &self,
+        tenant_id: String,
+        batch_id: String,
+    ) -> BoxFuture<'_, Result<Option<gcs_gateway::backend::FoundBatch>, BackendError>> {
+        let f = self.found.lock().unwrap().clone();
+        let hit = f.filter(|(t, b, _)| *t == tenant_id && *b == batch_id).map(|(_, _, f)| f);
+        Box::pin(async move { Ok(hit) })
+    }
+
+    fn cancel_task(&self, task_id: String) -> BoxFuture<'_, Result<(), BackendError>> {
+        self.tasks_cancelled.lock().unwrap().push(task_id);
+        self.progress.lock().unwrap().cancelled = true;
+        Box::pin(async { Ok(()) })
+    }
+
+    fn collect(
+        &self,
+        _task_id: String,
+        _meter: gcs_gateway::backend::ProcessingMeter,
+        _skip: Arc<std::collections::HashSet<u64>>,
+    ) -> BoxFuture<'_, Result<gcs_gateway::backend::TaskProgress, BackendError>> {
+        let p = self.progress.lock().unwrap().clone();
+        Box::pin(async move { Ok(p) })
     }
 
     fn usage(&self, key: &str, since: u64, until: u64) -> Result<Vec<UsageRecord>, BackendError> {
