@@ -175,8 +175,9 @@ pub fn find(
         let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
         let Some(task) = task_record(ks, task_id)? else { continue };
         let m = check(&task, bytes)?;
+        // Another tenant's task under the same batch id is not this batch.
         if m.tenant_id != tenant_id {
-            return Ok(None);
+            continue;
         }
         if super::records::admitted_gateway(ks, trust, tenant_id, &m.gateway_node_id, now_ms)
             .is_err()

@@ -44,7 +44,10 @@ pub struct BatchConfig {
     /// streaming while a long prompt is processed.
     pub prefill_chunk: usize,
     /// Most batch prompt tokens per step (within `prefill_chunk`): the
-    /// step an arriving interactive request waits for stays short.
+    /// step an arriving interactive request waits for stays short (16: a
+    /// 64-token chunk is ~100 ms of SmolLM2 on one CPU thread, and an
+    /// interactive first token landing behind one set the p99;
+    /// specs/figures.md, "TTFT beside a batch: the batch prompt chunk").
     pub batch_prefill_chunk: usize,
     /// Events buffered per stream before deltas are merged.
     pub stream_capacity: usize,
@@ -60,7 +63,7 @@ impl Default for BatchConfig {
             max_waiting: 64,
             kv_blocks: 1024,
             prefill_chunk: 256,
-            batch_prefill_chunk: 64,
+            batch_prefill_chunk: 16,
             stream_capacity: 64,
             gpu_graphs: None,
         }
