@@ -68,7 +68,7 @@ pub async fn enqueue(
         let (task_id, d) = chunks::enqueue(&ks, &key, &trust, &spec, &lines, now)?;
         // Before the task's delta leaves: a mirror that hears of the task
         // finds its manifest here.
-        let task = super::records::stored(&ks, &task_id)?.ok_or(ProcessingError::Unknown)?.task;
+        let task = super::records::task(&ks, &task_id)?.ok_or(ProcessingError::Unknown)?;
         super::manifest::write(&ks, &key, &task, manifest, now)?;
         Ok::<_, ProcessingError>((task_id, d))
     })

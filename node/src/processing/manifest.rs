@@ -152,11 +152,6 @@ pub struct Found {
     pub custom_ids: Vec<(u64, String)>,
 }
 
-fn task_record(ks: &Keyspace, task_id: &str) -> Result<Option<TaskRecord>, ProcessingError> {
-    let Some(b) = ks.get_bytes(&keys::processing_task(task_id))? else { return Ok(None) };
-    Ok(Some(gcs_protocol::codec::from_cbor_bytes(&b)?))
-}
-
 /// The batch `batch_id` of `tenant` from the manifests and input chunks
 /// here: `None` when no manifest of it is here, or while an input of one
 /// of its tasks is not (a mirror brings it within a few rounds). Every
@@ -173,7 +168,7 @@ pub fn find(
     for (key, v) in ks.scan_prefix(&keys::batch_manifests(batch_id))? {
         let task_id = &key[keys::batch_manifests(batch_id).len()..];
         let Some(bytes) = v.as_register().and_then(|r| r.value()) else { continue };
-        let Some(task) = task_record(ks, task_id)? else { continue };
+        let Some(task) = super::records::task(ks, task_id)? else { continue };
         let m = check(&task, bytes)?;
         // Another tenant's task under the same batch id is not this batch.
         if m.tenant_id != tenant_id {

@@ -238,8 +238,8 @@ pub fn store_manifest(
     bytes: &[u8],
     now_ms: u64,
 ) -> Result<bool, ProcessingError> {
-    let s = records::stored(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
-    super::manifest::store(ks, &s.task, bytes, now_ms)
+    let task = records::task(ks, task_id)?.ok_or(ProcessingError::Unknown)?;
+    super::manifest::store(ks, &task, bytes, now_ms)
 }
 
 /// How often a gateway looks for what it lacks of its tenants' tasks.

@@ -35,7 +35,7 @@ use serde::Serialize;
 use super::queue::{Effect, Input};
 use super::release::{TaskCancel, TaskRelease, MAX_RELEASES_PER_SUBTASK};
 use super::replay::replay_watching;
-pub use super::replay::{replay, replay_at, stored, Stored};
+pub use super::replay::{replay, replay_at, stored, task, Stored};
 pub use super::task::{TaskRecord, MAX_CHUNKS_PER_SUBTASK};
 use crate::error::RefusedDelta;
 use crate::tenants::TenantTrust;

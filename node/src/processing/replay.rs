@@ -24,8 +24,8 @@ use gcs_keyspace::{keys, Keyspace};
 use gcs_protocol::{TaskLock, TaskResult};
 
 use super::queue::{origin_ms, Effect, Input, TaskQueue};
-use super::task::TaskRecord;
 use super::release::{TaskCancel, TaskRelease};
+use super::task::TaskRecord;
 use crate::error::RefusedDelta;
 
 /// The task, locks and results stored for a task.
@@ -43,9 +43,14 @@ pub struct Stored {
     pub cancel: Option<TaskCancel>,
 }
 
+/// The task record alone, without the records about it.
+pub fn task(ks: &Keyspace, task_id: &str) -> Result<Option<TaskRecord>, RefusedDelta> {
+    Ok(ks.find_cbor::<TaskRecord>(&keys::processing_task(task_id))?)
+}
+
 /// Reads what this node holds of a task.
 pub fn stored(ks: &Keyspace, task_id: &str) -> Result<Option<Stored>, RefusedDelta> {
-    let Some(task) = ks.find_cbor::<TaskRecord>(&keys::processing_task(task_id))? else {
+    let Some(task) = task(ks, task_id)? else {
         return Ok(None);
     };
     let locks = ks.scan_cbor::<TaskLock>(&keys::processing_locks(task_id))?;
