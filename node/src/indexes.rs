@@ -64,12 +64,17 @@ pub fn usage_of_key(
     let to = keys::usage_of_key_from(api_key_id, until_ms);
     let mut out = vec![];
     for (k, _) in ks.scan_range(&from, &to, MAX_USAGE_READ)? {
-        let Some(job) = k.rsplit('/').next() else { continue };
+        let mut segs = k.rsplit('/');
+        let (Some(job), Some(at)) = (segs.next(), segs.next().and_then(|a| a.parse::<u64>().ok()))
+        else {
+            continue;
+        };
         // The record itself decides (it may have expired, or a peer's copy
-        // replaced it): the index only says where to look.
+        // replaced it): the index only says where to look. A job has one
+        // entry per copy indexed here (two gateways that metered the same
+        // answer), and only the stored copy's, by its creation time, counts.
         if let Some(u) = ks.find_cbor::<UsageRecord>(&keys::usage(job))? {
-            if u.api_key_id == api_key_id && u.created_at_ms >= since_ms && u.created_at_ms < until_ms
-            {
+            if u.api_key_id == api_key_id && u.created_at_ms == at && at >= since_ms && at < until_ms {
                 out.push(u);
             }
         }
@@ -159,6 +164,10 @@ mod tests {
         ks.put(&keys::usage("j5"), gcs_protocol::encode(&forged).unwrap(), 1)
             .unwrap();
         ks.put(&keys::usage_of_key("k1", 120, "j5"), vec![], 1).unwrap();
+        assert_eq!(ids(usage_of_key(&ks, "k1", 0, u64::MAX).unwrap()), ["j1", "j2", "j4"]);
+        // Two copies of one job's record indexed (two gateways metered the
+        // same answer; the later merge replaced the first): listed once.
+        index_usage(&ks, &usage("k1", "j2", 210), 1).unwrap();
         assert_eq!(ids(usage_of_key(&ks, "k1", 0, u64::MAX).unwrap()), ["j1", "j2", "j4"]);
     }
 
