@@ -23,7 +23,11 @@ const ID: &str = "batch_0123456789abcdef01234567";
 
 /// The creator's manifest of a 2-request chat batch of tenant `t`.
 fn found() -> FoundBatch {
-    let record = json!({"v": 1, "id": ID, "tenant_id": "t", "project_id": "p",
+    found_of(ID)
+}
+
+fn found_of(id: &str) -> FoundBatch {
+    let record = json!({"v": 1, "id": id, "tenant_id": "t", "project_id": "p",
         "api_key_id": "key_of_the_creator", "endpoint": "/v1/chat/completions",
         "input_file_id": "file-000000000000000000000000", "completion_window": "24h",
         "metadata": {"run": "adopted"}, "status": "in_progress",
@@ -60,6 +64,10 @@ struct Gw {
 
 impl Gw {
     async fn new(net: Arc<Net>) -> Gw {
+        Gw::with(net, GatewayConfig::default()).await
+    }
+
+    async fn with(net: Arc<Net>, config: GatewayConfig) -> Gw {
         let dir = tempfile::tempdir().unwrap();
         let keys = Arc::new(KeyStore::new(dir.path()));
         let mk = |t: &str| {
@@ -67,7 +75,6 @@ impl Gw {
             keys.create(new, gcs_protocol::now_ms()).unwrap().0
         };
         let (key, other) = (mk("t"), mk("u"));
-        let config = GatewayConfig::default();
         let edge = config.edge.clone();
         let app = gcs_gateway::router(net, keys, config);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -85,9 +92,13 @@ impl Gw {
     }
 
     async fn until(&self, status: &str) -> Value {
+        self.until_of(ID, status).await
+    }
+
+    async fn until_of(&self, id: &str, status: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let (_, b) = self.get(&format!("/v1/batches/{ID}"), &self.key).await;
+            let (_, b) = self.get(&format!("/v1/batches/{id}"), &self.key).await;
             if b["status"] == status {
                 return b;
             }
@@ -154,4 +165,24 @@ async fn an_adopted_batch_ends_cancelled_when_cancelled_here_or_in_the_network()
     let gw = Gw::new(net.clone()).await;
     let b = gw.until("cancelled").await;
     assert_eq!(b["request_counts"]["completed"], 1, "{b}");
+}
+
+/// An adopted batch counts against the tenant's record limit as one
+/// created here: the oldest ended record gives way to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_batch_keeps_the_tenants_record_limit() {
+    let net = Net::new(Script::Silent);
+    *net.found.lock().unwrap() = Some(("t".into(), ID.into(), found()));
+    net.progress.lock().unwrap().answered = vec![answer(0, "one"), answer(1, "two")];
+    let mut config = GatewayConfig::default();
+    config.batch.max_records_per_tenant = 1;
+    let gw = Gw::with(net.clone(), config).await;
+    gw.until("completed").await;
+    const ID2: &str = "batch_0123456789abcdef01234568";
+    *net.found.lock().unwrap() = Some(("t".into(), ID2.into(), found_of(ID2)));
+    gw.until_of(ID2, "completed").await;
+    let (status, list) = gw.get("/v1/batches", &gw.key).await;
+    assert_eq!(status, 200, "{list}");
+    let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|b| b["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [ID2], "the ended batch gave way to the adopted one");
 }

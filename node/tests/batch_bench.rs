@@ -12,7 +12,9 @@
 //! `GCS_BATCH_BENCH_PATH=processing` the tenant admits the gateway and the
 //! workers trust it, so batches run on the swarm's processing queue
 //! (otherwise through the gateway's own runner); the path that ran is
-//! printed from `gcs_batch_runs_total`.
+//! printed from `gcs_batch_runs_total`. A first token later than
+//! `GCS_BATCH_BENCH_SLOW_MS` (300) prints its request id, and
+//! `GCS_BATCH_BENCH_LOGS=1` keeps the nodes' logs in `/tmp/bb_*.log`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -113,7 +115,8 @@ fn ttft(port: u16, key: &str, i: usize) -> Duration {
         let text = String::from_utf8_lossy(&seen);
         if text.contains("\"content\":\"") {
             let took = t0.elapsed();
-            if took > Duration::from_millis(300) {
+            let slow = std::env::var("GCS_BATCH_BENCH_SLOW_MS").ok().and_then(|v| v.parse().ok());
+            if took > Duration::from_millis(slow.unwrap_or(300)) {
                 // A tail sample: its id finds it in the node logs.
                 let id = text.lines().find_map(|l| l.strip_prefix("x-request-id: ")).unwrap_or("?");
                 eprintln!("batch_bench slow TTFT {} ms: {id}", took.as_millis());

@@ -136,8 +136,14 @@ pub(crate) async fn adopt(
             return Ok(None);
         }
     };
-    let (store, saved) = (state.batches.store.clone(), rec.clone());
-    blocking(move || store.save(&saved)).await?;
+    // Within the tenant's record limit, as a batch created here.
+    let (store, saved, keep) =
+        (state.batches.store.clone(), rec.clone(), state.batches.limits.max_records_per_tenant);
+    blocking(move || {
+        super::prune(&store, &saved.tenant_id, keep.saturating_sub(1))?;
+        store.save(&saved)
+    })
+    .await?;
     tracing::info!(
         batch_id = id,
         creator = rec.adopted_from.as_deref().unwrap_or(""),

@@ -56,6 +56,11 @@ pub enum EngineError {
     /// The compute backend failed (a GPU runtime error, with its message).
     #[error("compute backend: {0}")]
     Backend(String),
+    /// A step of batch work only gave way, at a layer boundary, to an
+    /// interactive request that arrived while it ran; nothing of it was
+    /// kept, and the scheduler runs it again later.
+    #[error("a batch step gave way to an interactive request")]
+    Yielded,
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -403,7 +403,7 @@ impl Llama {
         }
         let sh = self.shape();
         let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
-        let logits = self.forward_core(&tokens, &lens, |li, qkv, attn| {
+        let logits = self.forward_core(&tokens, &lens, &|| false, |li, qkv, attn| {
             let mut row = 0;
             for s in seqs.iter_mut() {
                 let t = s.tokens.len();
@@ -431,6 +431,19 @@ impl Llama {
     /// addressed by each sequence's block table. Returns host logits
     /// `[n_seqs * vocab]` for the last new token of each sequence.
     pub fn forward_paged(&self, pool: &mut KvPool, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
+        self.forward_paged_until(pool, seqs, &|| false)
+    }
+
+    /// [`Llama::forward_paged`] that gives up with [`EngineError::Yielded`]
+    /// at a layer boundary once `stop()` holds. What it wrote to the pool
+    /// lies at positions no sequence has committed; the same step run
+    /// again overwrites them.
+    pub fn forward_paged_until(
+        &self,
+        pool: &mut KvPool,
+        seqs: &[PagedSeq<'_>],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Vec<f32>> {
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
         if pool.n_layers() != self.config.n_layers {
             return bad(format!("KV pool has {} layers", pool.n_layers()));
@@ -453,7 +466,7 @@ impl Llama {
                 decode_from: s.decode_from,
             })
             .collect();
-        self.forward_core(&tokens, &lens, |li, qkv, attn| {
+        self.forward_core(&tokens, &lens, stop, |li, qkv, attn| {
             pool.attend(li, self.rope_for(li), qkv, &refs, attn);
         })
     }
@@ -490,6 +503,7 @@ impl Llama {
         &self,
         tokens: &[u32],
         lens: &[usize],
+        stop: &dyn Fn() -> bool,
         mut attend_layer: impl FnMut(usize, &mut [f32], &mut [f32]),
     ) -> Result<Vec<f32>> {
         let c = &self.config;
@@ -516,6 +530,9 @@ impl Llama {
         let (qd, width) = (c.n_heads * c.head_dim, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
         let mut attn = vec![0f32; total * qd];
         for (li, blk) in self.blocks.iter().enumerate() {
+            if li > 0 && stop() {
+                return Err(EngineError::Yielded);
+            }
             // Attention: x += Wo · attn(rope(Wqkv · norm(x)))
             let t = prof::start();
             let h = rms_norm(x.clone(), &blk.attn_norm, c.rms_eps);

@@ -91,6 +91,17 @@ impl SpinPool {
     /// A pool of `threads` threads in all (the caller included); the polling
     /// time comes from `GCS_ENGINE_SPIN_US` (0: park at once).
     pub fn new(threads: usize) -> Self {
+        Self::configured(threads, false)
+    }
+
+    /// As [`SpinPool::new`], with workers at the lowest OS priority
+    /// ([`lower_thread_priority`]): the pool of steps that carry batch
+    /// work only.
+    pub fn background(threads: usize) -> Self {
+        Self::configured(threads, true)
+    }
+
+    fn configured(threads: usize, low: bool) -> Self {
         if std::env::var("GCS_ENGINE_POOL").is_ok_and(|v| v == "rayon") {
             let mut pool = Self::with_spin(1, Duration::ZERO);
             pool.off = true;
@@ -100,7 +111,7 @@ impl SpinPool {
             .ok()
             .and_then(|v| v.parse().ok())
             .map_or(DEFAULT_SPIN, Duration::from_micros);
-        Self::with_spin(threads, spin)
+        Self::build(threads, spin, low)
     }
 
     /// As [`SpinPool::new`] with rayon's thread count.
@@ -109,6 +120,10 @@ impl SpinPool {
     }
 
     pub fn with_spin(threads: usize, spin: Duration) -> Self {
+        Self::build(threads, spin, false)
+    }
+
+    fn build(threads: usize, spin: Duration, low: bool) -> Self {
         let shared = Arc::new(Shared {
             state: AtomicU64::new(CLOSED),
             job: std::cell::UnsafeCell::new(None),
@@ -124,8 +139,13 @@ impl SpinPool {
             .map(|i| {
                 let s = shared.clone();
                 std::thread::Builder::new()
-                    .name(format!("gcs-engine-{i}"))
-                    .spawn(move || worker(&s))
+                    .name(if low { format!("gcs-low-{i}") } else { format!("gcs-engine-{i}") })
+                    .spawn(move || {
+                        if low {
+                            lower_thread_priority();
+                        }
+                        worker(&s)
+                    })
                     .expect("spawn an engine thread")
             })
             .collect();
@@ -309,6 +329,23 @@ fn current() -> Option<&'static SpinPool> {
 pub fn name_global_threads() {
     let named = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("gcs-rayon-{i}"));
     let _ = named.build_global();
+}
+
+/// Lowers the calling thread to the lowest OS priority (nice 19 on Linux,
+/// where niceness is per thread; nothing elsewhere). An unprivileged
+/// thread cannot raise it again, so only threads that serve batch work for
+/// their whole life call this: while they run, anything else on the
+/// machine (the node's network threads, the gateway, another worker's
+/// interactive step) takes the core first.
+pub fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain syscall on the calling thread (`who` 0), no memory.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower a batch thread's priority");
+        }
+    }
 }
 
 /// The threads a parallel helper called here will use.

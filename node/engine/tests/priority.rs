@@ -169,3 +169,147 @@ fn batch_work_runs_in_idle_capacity() {
     assert!(r2.wait_steps < rb.wait_steps, "{} vs {}", r2.wait_steps, rb.wait_steps);
     assert!(rb.wait_steps >= 12, "{rb:?}");
 }
+
+/// The decoder hears which steps carry batch work only, and records each
+/// step's flag.
+#[derive(Debug)]
+struct Flags {
+    inner: gcs_engine::backend::CpuDecoder,
+    background: bool,
+    steps: std::sync::Arc<std::sync::Mutex<Vec<bool>>>,
+}
+
+impl gcs_engine::backend::PagedDecoder for Flags {
+    fn kind(&self) -> gcs_engine::backend::BackendKind {
+        self.inner.kind()
+    }
+    fn config(&self) -> &gcs_engine::llama::LlamaConfig {
+        self.inner.config()
+    }
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn kv_blocks(&self) -> usize {
+        self.inner.kv_blocks()
+    }
+    fn kv_bytes_per_token(&self) -> usize {
+        self.inner.kv_bytes_per_token()
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) {
+        self.inner.copy_block(src, dst)
+    }
+    fn forward_paged(
+        &mut self,
+        seqs: &[gcs_engine::llama::PagedSeq<'_>],
+    ) -> gcs_engine::Result<Vec<f32>> {
+        self.steps.lock().unwrap().push(self.background);
+        self.inner.forward_paged(seqs)
+    }
+    fn set_background(&mut self, background: Option<gcs_engine::backend::Interrupt>) {
+        self.background = background.is_some();
+        self.inner.set_background(background);
+    }
+}
+
+/// This process's threads whose name starts with `prefix`, with their nice
+/// values (`/proc/self/task/*/stat`, field 19).
+#[cfg(target_os = "linux")]
+fn nice_of_threads(prefix: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // After the parenthesised name: state is field 3, nice field 19.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        out.push(rest.split(' ').nth(16).unwrap().parse().unwrap());
+    }
+    out
+}
+
+/// Steps with batch sequences only run on the decoder's threads of the
+/// lowest OS priority; a step with an interactive sequence in it does not,
+/// and the tokens do not depend on which threads ran a step.
+#[test]
+fn batch_only_steps_run_on_low_priority_threads() {
+    use std::sync::{Arc, Mutex};
+    let Some(path) = common::smollm_path() else { return };
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let log = steps.clone();
+    let cfg = BatchConfig { max_running: 4, prefill_chunk: 64, ..BatchConfig::default() };
+    let engine = BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
+        Box::new(Flags { inner: gcs_engine::backend::CpuDecoder::new(m, k), background: false, steps: log })
+    });
+    let taken = || std::mem::take(&mut *steps.lock().unwrap());
+
+    let p = prompt(&engine, "lowly", 20);
+    let (batch_tokens, _) = collect(engine.submit(req(p.clone(), 8, Priority::Batch)).unwrap());
+    let flags = taken();
+    assert!(!flags.is_empty() && flags.iter().all(|&b| b), "batch alone: {flags:?}");
+    #[cfg(target_os = "linux")]
+    {
+        let low = nice_of_threads("gcs-low");
+        assert!(!low.is_empty(), "no low-priority threads started");
+        assert!(low.iter().all(|&n| n == 19), "batch threads at nice {low:?}");
+    }
+
+    let (tokens, _) = collect(engine.submit(req(p.clone(), 8, Priority::Interactive)).unwrap());
+    assert_eq!(tokens, batch_tokens, "the same tokens on either set of threads");
+    let flags = taken();
+    assert!(!flags.is_empty() && flags.iter().all(|&b| !b), "interactive alone: {flags:?}");
+
+    // Side by side: the steps the interactive sequence is in are not
+    // batch-only; those after it ends are.
+    let b = engine.submit(req(prompt(&engine, "bulk", 20), 30, Priority::Batch)).unwrap();
+    wait_running(&engine, 1);
+    let i = engine.submit(req(p, 8, Priority::Interactive)).unwrap();
+    assert_eq!(collect(i).0, batch_tokens);
+    collect(b);
+    let flags = taken();
+    assert!(flags.contains(&false) && flags.last() == Some(&true), "{flags:?}");
+}
+
+/// A batch-only step in flight gives way, at a layer boundary, to an
+/// interactive request that arrives while it runs: the request does not
+/// wait for that step, and the batch sequences, whose step runs again,
+/// give the tokens of an undisturbed run.
+#[test]
+fn a_batch_step_in_flight_gives_way_to_an_interactive_arrival() {
+    let cfg = BatchConfig {
+        max_running: 8,
+        prefill_chunk: 256,
+        batch_prefill_chunk: 256,
+        ..BatchConfig::default()
+    };
+    let Some(engine) = load(cfg) else { return };
+    let prompts: Vec<Vec<u32>> =
+        ["north", "south", "east", "west"].iter().map(|t| prompt(&engine, t, 60)).collect();
+    let batch: Vec<SeqStream> = prompts
+        .iter()
+        .map(|p| engine.submit(req(p.clone(), 60, Priority::Batch)).unwrap())
+        .collect();
+    wait_running(&engine, 4);
+    // Steps run back to back, so an arrival nearly always finds one in
+    // flight; a few tries make "nearly" certain.
+    let pi = prompt(&engine, "iota", 20);
+    let mut interactive = vec![];
+    for _ in 0..5 {
+        let (t, r) = collect(engine.submit(req(pi.clone(), 4, Priority::Interactive)).unwrap());
+        assert!(r.wait_steps <= 1, "interactive waited {} steps", r.wait_steps);
+        interactive.push(t);
+        if engine.yielded_steps() > 0 {
+            break;
+        }
+    }
+    assert!(engine.yielded_steps() > 0, "no batch step gave way");
+    let got: Vec<(Vec<u32>, SeqResult)> = batch.into_iter().map(collect).collect();
+    assert!(got.iter().all(|(t, _)| t.len() == 60));
+    for (p, (tokens, _)) in prompts.into_iter().zip(got) {
+        let (alone, _) = collect(engine.submit(req(p, 60, Priority::Batch)).unwrap());
+        assert_eq!(tokens, alone, "a batch sequence whose step gave way");
+    }
+    let (alone, _) = collect(engine.submit(req(pi, 4, Priority::Interactive)).unwrap());
+    assert!(interactive.iter().all(|t| *t == alone));
+}

@@ -21,6 +21,9 @@ use crate::error::Result;
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 use crate::par::SpinPool;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
     check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
@@ -184,6 +187,38 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
         let _ = want_logits;
         Ok(StepLogits { logits: self.forward_paged(seqs)?, argmax: None })
     }
+    /// `Some` while the steps carry batch work only (no interactive
+    /// sequence in them). A host decoder runs such steps on threads of the
+    /// lowest OS priority, so that whatever else wants a core (the node's
+    /// network threads, the gateway, another worker's interactive step)
+    /// takes it first, and gives one up with [`EngineError::Yielded`] at a
+    /// layer boundary once [`Interrupt::due`]: batch work fills idle
+    /// capacity. Default: nothing (the step runs to its end).
+    ///
+    /// [`EngineError::Yielded`]: crate::error::EngineError::Yielded
+    fn set_background(&mut self, background: Option<Interrupt>) {
+        let _ = background;
+    }
+}
+
+/// How a batch-only step learns that an interactive request arrived after
+/// it was planned: a count of interactive arrivals, and the count the step
+/// saw.
+#[derive(Clone, Debug)]
+pub struct Interrupt {
+    arrivals: Arc<AtomicU64>,
+    seen: u64,
+}
+
+impl Interrupt {
+    /// Due once `arrivals` moves past `seen`.
+    pub fn new(arrivals: Arc<AtomicU64>, seen: u64) -> Self {
+        Self { arrivals, seen }
+    }
+
+    pub fn due(&self) -> bool {
+        self.arrivals.load(Ordering::Relaxed) != self.seen
+    }
 }
 
 /// The host backend: [`Llama::forward_paged`] over a host [`KvPool`].
@@ -193,12 +228,64 @@ pub struct CpuDecoder {
     pool: KvPool,
     /// The threads of each forward pass (rayon's count, the caller included).
     threads: SpinPool,
+    /// Threads of the same count at the lowest OS priority for batch-only
+    /// steps; started by the first such step (`Some(None)`: turned off).
+    low: Option<Option<LowThreads>>,
+    /// The next steps are batch-only ([`PagedDecoder::set_background`]).
+    background: Option<Interrupt>,
+    /// What a batch-only step does differently (`GCS_ENGINE_BACKGROUND`).
+    mode: BackgroundMode,
+}
+
+/// `GCS_ENGINE_BACKGROUND`, for side-by-side runs of one binary: unset,
+/// a batch-only step runs on low-priority threads and yields to an
+/// interactive arrival; `low` or `yield` does one of the two; `off`
+/// neither (every step as an interactive one).
+#[derive(Clone, Copy, Debug)]
+struct BackgroundMode {
+    low: bool,
+    yields: bool,
+}
+
+impl BackgroundMode {
+    fn from_env() -> Self {
+        match std::env::var("GCS_ENGINE_BACKGROUND").as_deref() {
+            Ok("off") => Self { low: false, yields: false },
+            Ok("low") => Self { low: true, yields: false },
+            Ok("yield") => Self { low: false, yields: true },
+            _ => Self { low: true, yields: true },
+        }
+    }
+}
+
+/// The threads of batch-only steps, each at nice 19 for its whole life (an
+/// unprivileged thread cannot raise its priority again, so the threads of
+/// interactive steps are others).
+#[derive(Debug)]
+struct LowThreads {
+    rayon: rayon::ThreadPool,
+    threads: SpinPool,
+}
+
+impl LowThreads {
+    /// `None` when a thread cannot start.
+    fn start() -> Option<Self> {
+        let n = rayon::current_num_threads().max(1);
+        let rayon = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("gcs-low-rayon-{i}"))
+            .start_handler(|_| crate::par::lower_thread_priority())
+            .build()
+            .map_err(|e| tracing::warn!(error = %e, "no low-priority threads for batch steps"))
+            .ok()?;
+        Some(Self { rayon, threads: SpinPool::background(n) })
+    }
 }
 
 impl CpuDecoder {
     pub fn new(model: Llama, kv_blocks: usize) -> Self {
         let pool = model.new_kv_pool(kv_blocks);
-        Self { model, pool, threads: SpinPool::for_rayon() }
+        Self { model, pool, threads: SpinPool::for_rayon(), low: None, background: None, mode: BackgroundMode::from_env() }
     }
 
     pub fn model(&self) -> &Llama {
@@ -226,10 +313,29 @@ impl PagedDecoder for CpuDecoder {
         self.pool.copy_block(src, dst);
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
-        let (model, pool, threads) = (&self.model, &mut self.pool, &self.threads);
-        // The matmuls and attention run on the spinning pool (the calling
-        // thread takes part); on a rayon worker still for burn's own ops.
-        rayon::scope(|_| threads.install(|| model.forward_paged(pool, seqs)))
+        let Some(interrupt) = self.background.as_ref().filter(|_| self.mode.low || self.mode.yields)
+        else {
+            let (model, pool, threads) = (&self.model, &mut self.pool, &self.threads);
+            // The matmuls and attention run on the spinning pool (the calling
+            // thread takes part); on a rayon worker still for burn's own ops.
+            return rayon::scope(|_| threads.install(|| model.forward_paged(pool, seqs)));
+        };
+        let (model, pool, yields) = (&self.model, &mut self.pool, self.mode.yields);
+        let run = move || model.forward_paged_until(pool, seqs, &|| yields && interrupt.due());
+        let low = match self.mode.low {
+            true => self.low.get_or_insert_with(LowThreads::start).as_ref(),
+            false => None,
+        };
+        match low {
+            Some(low) => low.rayon.install(|| low.threads.install(run)),
+            None => {
+                let threads = &self.threads;
+                rayon::scope(|_| threads.install(run))
+            }
+        }
+    }
+    fn set_background(&mut self, background: Option<Interrupt>) {
+        self.background = background;
     }
 }
 

@@ -268,6 +268,11 @@ struct Shared {
     running: AtomicUsize,
     /// Forward steps completed.
     steps: AtomicU64,
+    /// Interactive requests queued so far: a batch-only step in flight
+    /// gives way when it moves (`backend::Interrupt`).
+    interactive_arrivals: Arc<AtomicU64>,
+    /// Batch-only steps that gave way to an interactive arrival.
+    yielded: AtomicU64,
 }
 
 impl Shared {
@@ -455,6 +460,13 @@ impl BatchEngine {
         self.inner.shared.steps.load(Ordering::Relaxed)
     }
 
+    /// Steps of batch work only that gave way, part done, to an
+    /// interactive request that arrived while they ran (their work is
+    /// done again at a later step).
+    pub fn yielded_steps(&self) -> u64 {
+        self.inner.shared.yielded.load(Ordering::Relaxed)
+    }
+
     /// Validate and queue a request. Fails at once with
     /// [`EngineError::Busy`] when the waiting queue is full, and with
     /// `InvalidRequest` for requests that could never run.
@@ -548,7 +560,12 @@ impl BatchEngine {
             }
             let arrived = inner.shared.steps.load(Ordering::Relaxed);
             let samples = ends;
+            let interactive = req.priority == Priority::Interactive;
             q.push_back(Pending { id, tokens, req, tx, cancel, grammar, samples, resumed, arrived });
+            // After the push: the step that gives way finds it queued.
+            if interactive {
+                inner.shared.interactive_arrivals.fetch_add(1, Ordering::Relaxed);
+            }
         }
         inner.shared.wake.notify_all();
         Ok(streams)

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BatchConfig, Pending, Priority, SeqEvent, SeqRequest, SeqResult, Shared};
-use crate::backend::PagedDecoder;
+use crate::backend::{Interrupt, PagedDecoder};
+use crate::error::EngineError;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::llama::PagedSeq;
@@ -138,6 +139,8 @@ pub(super) struct StepLoop {
     preempted: VecDeque<Seq>,
     /// Finished sequences whose last events are still being delivered.
     closing: Vec<Seq>,
+    /// `Shared::interactive_arrivals` when this round's admission began.
+    arrivals_seen: u64,
 }
 
 impl StepLoop {
@@ -164,6 +167,7 @@ impl StepLoop {
             running: Vec::new(),
             preempted: VecDeque::new(),
             closing: Vec::new(),
+            arrivals_seen: 0,
         }
     }
 
@@ -174,6 +178,9 @@ impl StepLoop {
                 return;
             }
             self.reap_cancelled();
+            // Before admission: an interactive request queued after this
+            // read stops the next batch-only step.
+            self.arrivals_seen = self.shared.interactive_arrivals.load(Ordering::Relaxed);
             self.admit();
             if self.running.is_empty() {
                 self.deliver();
@@ -348,6 +355,12 @@ impl StepLoop {
         if work.is_empty() {
             return;
         }
+        // A step without an interactive sequence runs on the decoder's
+        // low-priority threads (batch work fills idle capacity).
+        let batch_only = work.iter().all(|w| self.running[w.idx].priority == Priority::Batch);
+        self.dec.set_background(batch_only.then(|| {
+            Interrupt::new(self.shared.interactive_arrivals.clone(), self.arrivals_seen)
+        }));
         let vocab = self.dec.vocab();
         // A sequence that samples greedily from the raw logits needs only
         // their argmax, which a GPU computes without copying them back.
@@ -375,6 +388,12 @@ impl StepLoop {
         };
         let out = match out {
             Ok(l) => l,
+            // Nothing of the step was committed: the interactive request
+            // is admitted next, and this work runs again after it.
+            Err(EngineError::Yielded) => {
+                self.shared.yielded.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "batched forward failed");
                 let msg = format!("forward pass failed: {e}");
