@@ -94,7 +94,7 @@ impl SpinPool {
         Self::configured(threads, false)
     }
 
-    /// As [`SpinPool::new`], with workers at the lowest OS priority
+    /// As [`SpinPool::new`], with workers at a low OS priority
     /// ([`lower_thread_priority`]): the pool of steps that carry batch
     /// work only.
     pub fn background(threads: usize) -> Self {
@@ -331,17 +331,32 @@ pub fn name_global_threads() {
     let _ = named.build_global();
 }
 
-/// Lowers the calling thread to the lowest OS priority (nice 19 on Linux,
-/// where niceness is per thread; nothing elsewhere). An unprivileged
-/// thread cannot raise it again, so only threads that serve batch work for
-/// their whole life call this: while they run, anything else on the
-/// machine (the node's network threads, the gateway, another worker's
-/// interactive step) takes the core first.
+/// The nice value of the threads of batch-only steps: `GCS_ENGINE_BATCH_NICE`
+/// (0–19), default 19. At 19 a thread weighs ~1/70 of a nice-0 one: an
+/// interactive step and the node's network threads take nearly all of a
+/// core it contends for, and batch work gets what is left (issue 20:
+/// batch fills idle capacity). On a machine shared with other busy work
+/// that must not starve the batch, 10 gives it ~1/10 (specs/figures.md,
+/// "TTFT beside a batch: batch steps at a low OS priority": 10 keeps
+/// less of the gain).
+pub fn batch_nice() -> i32 {
+    std::env::var("GCS_ENGINE_BATCH_NICE")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .map_or(19, |n| n.clamp(0, 19))
+}
+
+/// Lowers the calling thread's OS priority to [`batch_nice`] (Linux, where
+/// niceness is per thread; nothing elsewhere). An unprivileged thread
+/// cannot raise it again, so only threads that serve batch work for their
+/// whole life call this: while they run, anything else on the machine
+/// (the node's network threads, the gateway, another worker's interactive
+/// step) takes the core first.
 pub fn lower_thread_priority() {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: plain syscall on the calling thread (`who` 0), no memory.
-        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, batch_nice()) };
         if rc != 0 {
             tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower a batch thread's priority");
         }

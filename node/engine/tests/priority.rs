@@ -229,8 +229,8 @@ fn nice_of_threads(prefix: &str) -> Vec<i64> {
     out
 }
 
-/// Steps with batch sequences only run on the decoder's threads of the
-/// lowest OS priority; a step with an interactive sequence in it does not,
+/// Steps with batch sequences only run on the decoder's threads of a low
+/// OS priority; a step with an interactive sequence in it does not,
 /// and the tokens do not depend on which threads ran a step.
 #[test]
 fn batch_only_steps_run_on_low_priority_threads() {
@@ -252,7 +252,8 @@ fn batch_only_steps_run_on_low_priority_threads() {
     {
         let low = nice_of_threads("gcs-low");
         assert!(!low.is_empty(), "no low-priority threads started");
-        assert!(low.iter().all(|&n| n == 19), "batch threads at nice {low:?}");
+        let want = i64::from(gcs_engine::par::batch_nice());
+        assert!(want > 0 && low.iter().all(|&n| n == want), "batch threads at nice {low:?}");
     }
 
     let (tokens, _) = collect(engine.submit(req(p.clone(), 8, Priority::Interactive)).unwrap());

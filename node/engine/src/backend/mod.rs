@@ -188,8 +188,8 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
         Ok(StepLogits { logits: self.forward_paged(seqs)?, argmax: None })
     }
     /// `Some` while the steps carry batch work only (no interactive
-    /// sequence in them). A host decoder runs such steps on threads of the
-    /// lowest OS priority, so that whatever else wants a core (the node's
+    /// sequence in them). A host decoder runs such steps on threads of a
+    /// low OS priority (nice 19 by default), so that whatever else wants a core (the node's
     /// network threads, the gateway, another worker's interactive step)
     /// takes it first, and gives one up with [`EngineError::Yielded`] at a
     /// layer boundary once [`Interrupt::due`]: batch work fills idle
@@ -228,7 +228,7 @@ pub struct CpuDecoder {
     pool: KvPool,
     /// The threads of each forward pass (rayon's count, the caller included).
     threads: SpinPool,
-    /// Threads of the same count at the lowest OS priority for batch-only
+    /// Threads of the same count at a low OS priority for batch-only
     /// steps; started by the first such step (`Some(None)`: turned off).
     low: Option<Option<LowThreads>>,
     /// The next steps are batch-only ([`PagedDecoder::set_background`]).
@@ -258,9 +258,9 @@ impl BackgroundMode {
     }
 }
 
-/// The threads of batch-only steps, each at nice 19 for its whole life (an
-/// unprivileged thread cannot raise its priority again, so the threads of
-/// interactive steps are others).
+/// The threads of batch-only steps, each at `par::batch_nice` for its
+/// whole life (an unprivileged thread cannot raise its priority again, so
+/// the threads of interactive steps are others).
 #[derive(Debug)]
 struct LowThreads {
     rayon: rayon::ThreadPool,
