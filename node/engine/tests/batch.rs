@@ -376,24 +376,7 @@ struct ArgmaxOnly {
 }
 
 impl PagedDecoder for ArgmaxOnly {
-    fn kind(&self) -> gcs_engine::backend::BackendKind {
-        self.inner.kind()
-    }
-    fn config(&self) -> &gcs_engine::llama::LlamaConfig {
-        self.inner.config()
-    }
-    fn vocab(&self) -> usize {
-        self.inner.vocab()
-    }
-    fn kv_blocks(&self) -> usize {
-        self.inner.kv_blocks()
-    }
-    fn kv_bytes_per_token(&self) -> usize {
-        self.inner.kv_bytes_per_token()
-    }
-    fn copy_block(&mut self, src: u32, dst: u32) {
-        self.inner.copy_block(src, dst)
-    }
+    common::delegate_decoder!();
     fn forward_paged(
         &mut self,
         seqs: &[gcs_engine::llama::PagedSeq<'_>],

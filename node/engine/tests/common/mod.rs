@@ -50,3 +50,31 @@ pub fn fixture(name: &str) -> Option<serde_json::Value> {
     let b = prereq::require(b, &format!("fixture {}", p.display()), "it is committed")?;
     Some(serde_json::from_slice(&b).expect("fixture is valid JSON"))
 }
+
+/// The `PagedDecoder` methods a test wrapper passes to its `inner`
+/// decoder unchanged (all but the forward steps it watches).
+#[allow(unused_macros)]
+macro_rules! delegate_decoder {
+    () => {
+        fn kind(&self) -> gcs_engine::backend::BackendKind {
+            self.inner.kind()
+        }
+        fn config(&self) -> &gcs_engine::llama::LlamaConfig {
+            self.inner.config()
+        }
+        fn vocab(&self) -> usize {
+            self.inner.vocab()
+        }
+        fn kv_blocks(&self) -> usize {
+            self.inner.kv_blocks()
+        }
+        fn kv_bytes_per_token(&self) -> usize {
+            self.inner.kv_bytes_per_token()
+        }
+        fn copy_block(&mut self, src: u32, dst: u32) {
+            self.inner.copy_block(src, dst)
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use delegate_decoder;
