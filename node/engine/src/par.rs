@@ -336,9 +336,9 @@ pub fn name_global_threads() {
 /// interactive step and the node's network threads take nearly all of a
 /// core it contends for, and batch work gets what is left (issue 20:
 /// batch fills idle capacity). On a machine shared with other busy work
-/// that must not starve the batch, 10 gives it ~1/10 (specs/figures.md,
-/// "TTFT beside a batch: batch steps at a low OS priority": 10 keeps
-/// less of the gain).
+/// that must not starve the batch, 10 gives it ~1/10 and keeps less of
+/// the gain (specs/figures.md, "TTFT beside a batch: batch steps at the
+/// lowest OS priority, and yielding mid-step").
 pub fn batch_nice() -> i32 {
     std::env::var("GCS_ENGINE_BATCH_NICE")
         .ok()

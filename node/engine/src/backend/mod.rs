@@ -189,11 +189,12 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     }
     /// `Some` while the steps carry batch work only (no interactive
     /// sequence in them). A host decoder runs such steps on threads of a
-    /// low OS priority (nice 19 by default), so that whatever else wants a core (the node's
-    /// network threads, the gateway, another worker's interactive step)
-    /// takes it first, and gives one up with [`EngineError::Yielded`] at a
-    /// layer boundary once [`Interrupt::due`]: batch work fills idle
-    /// capacity. Default: nothing (the step runs to its end).
+    /// low OS priority (nice 19 by default), so that whatever else wants a
+    /// core (the node's network threads, the gateway, another worker's
+    /// interactive step) takes it first, and gives one up with
+    /// [`EngineError::Yielded`] at a layer boundary once
+    /// [`Interrupt::due`]: batch work fills idle capacity. Default:
+    /// nothing (the step runs to its end).
     ///
     /// [`EngineError::Yielded`]: crate::error::EngineError::Yielded
     fn set_background(&mut self, background: Option<Interrupt>) {
@@ -285,7 +286,8 @@ impl LowThreads {
 impl CpuDecoder {
     pub fn new(model: Llama, kv_blocks: usize) -> Self {
         let pool = model.new_kv_pool(kv_blocks);
-        Self { model, pool, threads: SpinPool::for_rayon(), low: None, background: None, mode: BackgroundMode::from_env() }
+        let mode = BackgroundMode::from_env();
+        Self { model, pool, threads: SpinPool::for_rayon(), low: None, background: None, mode }
     }
 
     pub fn model(&self) -> &Llama {
