@@ -220,11 +220,7 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
         signature: None,
     };
     gcs_protocol::sign(&mut c, &n.b).unwrap();
-    let page = mirror::MirrorPage {
-        inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
-        outputs: vec![],
-        manifest: None,
-    };
+    let page = page_of_input(&c);
     assert!(mirror::store(&n.stores[2], &task, &page, NOW).is_err());
     assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c0")).unwrap().is_none());
     // Signed by the task's gateway, but for a chunk the task does not name:
@@ -232,11 +228,7 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
     c.gateway_node_id = n.a.node_id();
     (c.chunk_id, c.index, c.signature) = ("c9".into(), 9, None);
     gcs_protocol::sign(&mut c, &n.a).unwrap();
-    let page = mirror::MirrorPage {
-        inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
-        outputs: vec![],
-        manifest: None,
-    };
+    let page = page_of_input(&c);
     assert_eq!(mirror::store(&n.stores[2], &task, &page, NOW).unwrap(), (0, 0));
     assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c9")).unwrap().is_none());
     // The task's gateway's own input with a custom_id over the bound:
@@ -244,13 +236,18 @@ fn a_mirrored_input_not_signed_by_the_tasks_gateway_is_refused() {
     (c.chunk_id, c.index, c.signature) = ("c1".into(), 1, None);
     c.custom_id = Some("x".repeat(chunks::MAX_CUSTOM_ID + 1));
     gcs_protocol::sign(&mut c, &n.a).unwrap();
-    let page = mirror::MirrorPage {
-        inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(&c).unwrap())],
-        outputs: vec![],
-        manifest: None,
-    };
+    let page = page_of_input(&c);
     assert!(mirror::store(&n.stores[2], &task, &page, NOW).is_err());
     assert!(n.stores[2].get_bytes(&keys::processing_chunk(&task, "c1")).unwrap().is_none());
+}
+
+/// A mirror page holding the one input chunk `c`.
+fn page_of_input(c: &chunks::InputChunk) -> mirror::MirrorPage {
+    mirror::MirrorPage {
+        inputs: vec![serde_bytes::ByteBuf::from(gcs_protocol::encode(c).unwrap())],
+        outputs: vec![],
+        manifest: None,
+    }
 }
 
 /// The task's gateway cannot be reached: the worker fetches and delivers
