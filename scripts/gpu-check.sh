@@ -124,7 +124,7 @@ device() {
     xz -T4 -6 -c "$work/check.log" >"$out/check.log.xz"
     return $rc
   }
-  check 240 "$out/gpu-check.json"
+  check 300 "$out/gpu-check.json"
   rc=$?
   echo "gpu-check exit $rc, $(( $(date +%s) - t0 )) s"
   if [ "$rc" -ne 0 ] && [ ! -s "$out/gpu-check.json" ]; then

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::backend::{self, paged_decoder, ComputeDevice, CpuDecoder, PagedDecoder};
+use crate::backend::{self, paged_decoder, ComputeDevice, CpuDecoder, GpuOptions, PagedDecoder};
 use crate::error::{EngineError, Result};
 use crate::llama::PagedSeq;
 use crate::paged::BLOCK_SIZE;
@@ -63,13 +63,9 @@ pub struct DecodeFigure {
     pub streams_match_cpu: usize,
 }
 
-/// The check's findings (`gpu-check.json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckReport {
-    pub device: String,
-    pub backend: String,
-    pub memory_bytes: u64,
-    pub load_s: f64,
+/// A decoder against the CPU decoder on the check's prompts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Parity {
     /// Prompts whose greedy continuation equals the CPU's for
     /// `greedy_tokens` tokens (a free-running greedy decode diverges at
     /// the first step where the teacher-forced top-1 differs).
@@ -79,7 +75,32 @@ pub struct CheckReport {
     pub top1_agree: usize,
     pub top1_total: usize,
     pub max_abs_logit_delta: f32,
+    /// Every logit compared equals the CPU's bit for bit.
+    pub logits_bit_equal: bool,
+}
+
+/// The decoder in the CPU's arithmetic (`GpuOptions::exact`): its parity
+/// and decode speed, in the same run as the default's.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExactFigures {
+    #[serde(flatten)]
+    pub parity: Parity,
     pub decode: Vec<DecodeFigure>,
+}
+
+/// The check's findings (`gpu-check.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub device: String,
+    pub backend: String,
+    pub memory_bytes: u64,
+    pub load_s: f64,
+    /// The decoder as it serves by default.
+    #[serde(flatten)]
+    pub parity: Parity,
+    pub decode: Vec<DecodeFigure>,
+    /// The same checks in the CPU's arithmetic (GPU only).
+    pub exact: Option<ExactFigures>,
     /// Whether decode steps replayed recorded graphs (`decode`), and the
     /// same measurements launched eagerly, in the same run (GPU only).
     pub graphs: bool,
@@ -114,63 +135,22 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
 pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Result<CheckReport> {
     let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
     let gpu = backend::check_device(cfg.device).map_err(backend_err)?;
-    let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
-    let table: Vec<u32> = (0..blocks(longest) as u32).collect();
-    let t = Instant::now();
-    let mut dev: Box<dyn PagedDecoder> = paged_decoder(
-        cfg.device,
-        Engine::load(&cfg.model, &cpu_device())?.model,
-        table.len(),
-        None,
-    )
-    .map_err(backend_err)?;
-    let load_s = t.elapsed().as_secs_f64();
-    let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
-    let (mut agree, mut total, mut identical, mut max_d) = (0, 0, 0, 0f32);
-    // The CPU's greedy continuation of the first prompt, which the decode
-    // measurements (that prompt, greedy) must reproduce on every stream.
-    let mut cpu_ref = vec![];
-    for (i, prompt) in cfg.prompts.iter().enumerate() {
-        let p = prompt.len();
-        let mut feed = prompt.clone();
-        let mut past = 0;
-        let mut all = true;
-        for _ in 0..cfg.greedy_tokens {
-            let s = [PagedSeq { tokens: &feed, past, table: &table, decode_from: p }];
-            let (a, b) = (cpu.forward_paged(&s)?, dev.forward_paged(&s)?);
-            if i < cfg.logit_prompts {
-                let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-                max_d = max_d.max(d);
-            }
-            let want = argmax(&a);
-            let same = argmax(&b) == want;
-            agree += usize::from(same);
-            all &= same;
-            total += 1;
-            if i == 0 {
-                cpu_ref.push(want);
-            }
-            past += feed.len();
-            feed = vec![want]; // teacher-forced by the CPU
-        }
-        identical += usize::from(all);
-    }
-    drop((cpu, dev));
-
+    let (parity, cpu_ref, load_s) = against_cpu(cfg, GpuOptions::default())?;
     let cpu_engine =
         BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     drop(cpu_engine);
 
     let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
-    let (engine, decode) = decode_figures(cfg, &short, &cpu_ref, None)?;
+    let (engine, decode) = decode_figures(cfg, &short, &cpu_ref, GpuOptions::default())?;
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
     drop(engine);
     // The same figures with every step launched eagerly, side by side.
     let graphs = gpu.as_ref().is_some_and(|g| backend::graphs_default(g.kind));
+    let eager = GpuOptions { graphs: Some(false), ..Default::default() };
     let decode_eager =
-        if graphs { decode_figures(cfg, &short, &cpu_ref, Some(false))?.1 } else { vec![] };
+        if graphs { decode_figures(cfg, &short, &cpu_ref, eager)?.1 } else { vec![] };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
@@ -180,12 +160,9 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         backend,
         memory_bytes,
         load_s,
-        greedy_identical: identical,
-        prompts: cfg.prompts.len(),
-        top1_agree: agree,
-        top1_total: total,
-        max_abs_logit_delta: max_d,
+        parity,
         decode,
+        exact: None,
         graphs,
         decode_eager,
         anatomy: vec![],
@@ -197,6 +174,13 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         prefill_tokens_per_s: long.len() as f64 / ttft.as_secs_f64().max(1e-9),
     };
     progress(&report);
+    if gpu.is_some() {
+        let exact = GpuOptions { exact: Some(true), ..Default::default() };
+        let (parity, cpu_ref, _) = against_cpu(cfg, exact)?;
+        let decode = decode_figures(cfg, &short, &cpu_ref, exact)?.1;
+        report.exact = Some(ExactFigures { parity, decode });
+        progress(&report);
+    }
     report.anatomy =
         anatomy::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
     progress(&report);
@@ -214,13 +198,58 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     Ok(report)
 }
 
-/// A batch engine on the checked device (decode graphs as `graphs`, or
-/// the decoder's default) and its decode figure at each batch size.
+/// The decoder on the checked device (as `opts` says) against the CPU
+/// decoder, teacher-forced by the CPU's tokens, and the CPU's greedy
+/// continuation of the first prompt (which the decode measurements, that
+/// prompt greedily, must reproduce on every stream), and the seconds the
+/// decoder took to load.
+fn against_cpu(cfg: &CheckConfig, opts: GpuOptions) -> Result<(Parity, Vec<u32>, f64)> {
+    let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
+    let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
+    let table: Vec<u32> = (0..blocks(longest) as u32).collect();
+    let t = Instant::now();
+    let model = Engine::load(&cfg.model, &cpu_device())?.model;
+    let mut dev = paged_decoder(cfg.device, model, table.len(), opts).map_err(backend_err)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
+    let mut p = Parity { prompts: cfg.prompts.len(), logits_bit_equal: true, ..Default::default() };
+    let mut cpu_ref = vec![];
+    for (i, prompt) in cfg.prompts.iter().enumerate() {
+        let n = prompt.len();
+        let mut feed = prompt.clone();
+        let mut past = 0;
+        let mut all = true;
+        for _ in 0..cfg.greedy_tokens {
+            let s = [PagedSeq { tokens: &feed, past, table: &table, decode_from: n }];
+            let (a, b) = (cpu.forward_paged(&s)?, dev.forward_paged(&s)?);
+            if i < cfg.logit_prompts {
+                let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                p.max_abs_logit_delta = p.max_abs_logit_delta.max(d);
+            }
+            p.logits_bit_equal &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            let want = argmax(&a);
+            let same = argmax(&b) == want;
+            p.top1_agree += usize::from(same);
+            all &= same;
+            p.top1_total += 1;
+            if i == 0 {
+                cpu_ref.push(want);
+            }
+            past += feed.len();
+            feed = vec![want]; // teacher-forced by the CPU
+        }
+        p.greedy_identical += usize::from(all);
+    }
+    Ok((p, cpu_ref, load_s))
+}
+
+/// A batch engine on the checked device (as `opts` says) and its decode
+/// figure at each batch size.
 fn decode_figures(
     cfg: &CheckConfig,
     short: &[u32],
     cpu_ref: &[u32],
-    graphs: Option<bool>,
+    opts: GpuOptions,
 ) -> Result<(BatchEngine, Vec<DecodeFigure>)> {
     let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
     let most = cfg.batches.iter().copied().max().unwrap_or(1).max(1);
@@ -230,7 +259,7 @@ fn decode_figures(
         max_running: most,
         max_waiting: most,
         kv_blocks,
-        gpu_graphs: graphs,
+        gpu: opts,
         ..Default::default()
     };
     let engine = BatchEngine::start_on(Engine::load(&cfg.model, &cpu_device())?, bcfg, cfg.device)

@@ -29,7 +29,8 @@ fn cpu_decoder_is_the_host_path_bit_for_bit() {
     let table: Vec<u32> = (0..16).collect();
     let mut pool = direct.model.new_kv_pool(16);
     let mut dec: Box<dyn PagedDecoder> =
-        paged_decoder(ComputeDevice::Cpu, boxed.model, 16, None).expect("CPU always works");
+        paged_decoder(ComputeDevice::Cpu, boxed.model, 16, Default::default())
+            .expect("CPU always works");
     assert_eq!(dec.kind(), BackendKind::Cpu);
     assert_eq!(dec.kv_blocks(), 16);
     assert_eq!(dec.kv_bytes_per_token(), pool.bytes_per_token());
@@ -86,7 +87,7 @@ fn cpu_decoder_is_the_host_path_bit_for_bit() {
 fn a_gpu_device_is_refused_with_a_typed_error_here() {
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
-    match paged_decoder(ComputeDevice::Cuda(0), engine.model, 4, None) {
+    match paged_decoder(ComputeDevice::Cuda(0), engine.model, 4, Default::default()) {
         // A cuda build on a machine with a GPU serves on it.
         Ok(dec) => assert!(cfg!(feature = "cuda") && dec.kind() == BackendKind::Cuda),
         Err(err) if cfg!(feature = "cuda") => {
@@ -125,9 +126,10 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
         embed_batches: vec![1, 4],
     };
     let r = run(&cfg).unwrap();
-    assert_eq!((r.greedy_identical, r.prompts), (2, 2), "{r:?}");
-    assert_eq!((r.top1_agree, r.top1_total), (8, 8), "{r:?}");
-    assert_eq!(r.max_abs_logit_delta, 0.0, "{r:?}");
+    assert_eq!((r.parity.greedy_identical, r.parity.prompts), (2, 2), "{r:?}");
+    assert_eq!((r.parity.top1_agree, r.parity.top1_total), (8, 8), "{r:?}");
+    assert!(r.parity.logits_bit_equal, "{r:?}");
+    assert_eq!(r.parity.max_abs_logit_delta, 0.0, "{r:?}");
     assert_eq!(r.backend, "burn-flex");
     assert_eq!(r.decode.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
     for d in &r.decode {

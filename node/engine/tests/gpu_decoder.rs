@@ -13,16 +13,14 @@ use gcs_engine::llama::PagedSeq;
 use gcs_engine::sampling::argmax;
 use gcs_engine::{cpu_device, ChatMessage, Engine};
 
-#[test]
-fn gpu_decoder_agrees_with_the_cpu_decoder() {
-    let Some(path) = common::smollm_path() else { return };
-    let engine = Engine::load(&path, &cpu_device()).unwrap();
-    let client = cubecl::Device::Wgpu(Default::default()).client();
-    let mut gpu: Box<dyn PagedDecoder> =
-        Box::new(GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 16).unwrap());
-    let cpu_model = Engine::load(&path, &cpu_device()).unwrap().model;
-    let mut cpu: Box<dyn PagedDecoder> = Box::new(CpuDecoder::new(cpu_model, 16));
-    assert_eq!(gpu.vocab(), cpu.vocab());
+/// Teacher-forced steps of two prompts batched together on both decoders
+/// (a prefill, then 7 decode steps, the CPU's tokens fed to both):
+/// (top-1 agreements, steps, max |Δ logit|, logits bit-equal throughout).
+fn compare(
+    engine: &Engine,
+    gpu: &mut dyn PagedDecoder,
+    cpu: &mut dyn PagedDecoder,
+) -> (usize, usize, f32, bool) {
     let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?"];
     let toks: Vec<Vec<u32>> = prompts
         .iter()
@@ -31,7 +29,7 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
     // Scattered, disjoint block tables.
     let tables: [Vec<u32>; 2] = [vec![3, 9, 1, 12], vec![0, 14, 5, 7]];
     let vocab = cpu.vocab();
-    let (mut agree, mut total, mut max_d) = (0usize, 0usize, 0f32);
+    let (mut agree, mut total, mut max_d, mut equal) = (0usize, 0usize, 0f32, true);
     let mut feed: Vec<Vec<u32>> = toks.clone();
     let mut past = [0usize; 2];
     for step in 0..8 {
@@ -47,6 +45,7 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
         let b = gpu.forward_paged(&seqs).unwrap();
         assert_eq!(a.len(), 2 * vocab);
         assert_eq!(b.len(), 2 * vocab);
+        equal &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
         let mut next = vec![];
         for i in 0..2 {
             let (la, lb) = (&a[i * vocab..(i + 1) * vocab], &b[i * vocab..(i + 1) * vocab]);
@@ -61,6 +60,39 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
         eprintln!("step {step}: max |Δ logit| so far {max_d:.3}, top-1 {agree}/{total}");
         feed = next;
     }
+    (agree, total, max_d, equal)
+}
+
+fn cpu_decoder(path: &std::path::Path) -> Box<dyn PagedDecoder> {
+    Box::new(CpuDecoder::new(Engine::load(path, &cpu_device()).unwrap().model, 16))
+}
+
+/// With `GCS_GPU_EXACT`'s arithmetic (`GpuDecoder::with_exact`), the GPU
+/// step is the CPU's bit for bit: every logit of a prefill and of decode
+/// steps, so greedy tokens are the same on either.
+#[test]
+fn the_exact_gpu_decoder_equals_the_cpu_decoder_bit_for_bit() {
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let client = cubecl::Device::Wgpu(Default::default()).client();
+    let gpu = GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 16).unwrap();
+    let mut gpu = gpu.with_exact(true).unwrap();
+    assert!(gpu.exact());
+    let (agree, total, max_d, equal) = compare(&engine, &mut gpu, &mut *cpu_decoder(&path));
+    eprintln!("exact GPU (lavapipe) vs CPU: top-1 {agree}/{total}, max |Δ logit| {max_d:e}");
+    assert!(equal, "logits differ: max |Δ| {max_d:e}, top-1 {agree}/{total}");
+}
+
+#[test]
+fn gpu_decoder_agrees_with_the_cpu_decoder() {
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let client = cubecl::Device::Wgpu(Default::default()).client();
+    let gpu = GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 16).unwrap();
+    let mut gpu: Box<dyn PagedDecoder> = Box::new(gpu.with_exact(false).unwrap());
+    let mut cpu = cpu_decoder(&path);
+    assert_eq!(gpu.vocab(), cpu.vocab());
+    let (agree, total, max_d, _) = compare(&engine, &mut *gpu, &mut *cpu);
     eprintln!("GPU (lavapipe) vs CPU: top-1 {agree}/{total}, max |Δ logit| {max_d:.3}");
     // The CPU quantizes activations to 8 bits and rounds K/V to f16; the
     // GPU does neither, so logits differ by a few tenths at most.
@@ -130,7 +162,7 @@ fn a_k_quant_model_is_refused_naming_the_type() {
     use gcs_engine::backend::{paged_decoder, BackendError, ComputeDevice};
     let Some(path) = common::gemma_path() else { return };
     let model = Engine::load(&path, &cpu_device()).unwrap().model;
-    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4, None).expect_err("no K-quant kernels");
+    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4, Default::default()).expect_err("no K-quant kernels");
     let msg = err.to_string();
     eprintln!("{msg}");
     assert!(matches!(err, BackendError::ModelUnsupported(_)), "{err:?}");

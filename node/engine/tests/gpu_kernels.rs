@@ -24,40 +24,11 @@ use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
 use gcs_engine::quant::{dequantize, GgmlType, QActs, QMatrix};
 
+mod common;
+use common::rng::{gguf_blocks, Rng};
+
 fn client() -> Client {
     cubecl::Device::Wgpu(Default::default()).client()
-}
-
-/// A small deterministic generator (xorshift), values in [-1, 1).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-/// GGUF blocks of `ty` with random quants and small random scales.
-fn gguf_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let (per, bsz) = ty.block_layout();
-    let mut out = Vec::new();
-    for _ in 0..rows * cols / per {
-        let mut b: Vec<u8> = (0..bsz).map(|_| rng.next() as u8).collect();
-        b[..2].copy_from_slice(&half::f16::from_f32(0.02 * rng.f()).to_le_bytes());
-        if ty == GgmlType::Q4_1 {
-            b[2..4].copy_from_slice(&half::f16::from_f32(0.05 * rng.f()).to_le_bytes());
-        }
-        out.extend(b);
-    }
-    out
 }
 
 /// A matrix of two parts, Q4_1 then Q8_0 (`rows` rows each), of 64
@@ -281,7 +252,7 @@ fn embedding_rows_match_the_cpu_rows() {
         let tokens = [3u32, 49, 0, 3, 17];
         let g = GpuMatrix::upload(&c, &m).unwrap();
         let (ht, hx) = (DeviceBuf::upload(&c, &tokens), DeviceBuf::<f32>::uninit(&c, 5 * cols));
-        launch::embed(&c, &g, &ht, &hx);
+        launch::embed(&c, &g, &ht, &hx, None);
         let got = hx.read(&c).unwrap();
         let mut want = vec![0f32; 5 * cols];
         for (i, &t) in tokens.iter().enumerate() {
@@ -321,7 +292,7 @@ fn rms_norm_with_residual_and_swiglu_match_the_cpu() {
 
     let gu: Vec<f32> = rng.vec(n * 2 * inter).iter().map(|v| v * 8.0).collect();
     let (hg, ha) = (DeviceBuf::upload(&c, &gu), DeviceBuf::<f32>::uninit(&c, n * inter));
-    launch::swiglu(&c, &hg, &ha, inter);
+    launch::swiglu(&c, &hg, &ha, inter, None);
     let mut want = vec![0f32; n * inter];
     swiglu_rows(&gu, &mut want, inter);
     let scale: Vec<f64> = want.iter().map(|v| (v.abs() as f64).max(1e-3)).collect();
@@ -418,10 +389,11 @@ fn paged_attention_matches_the_cpu_pool() {
             slot: DeviceBuf::upload(&c, &slot),
             table: DeviceBuf::upload(&c, &table),
             tables: DeviceBuf::upload(&c, &tables),
+            single: DeviceBuf::zeros(&c, rows),
         };
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
-        launch::rope_kv_store(&c, sh, &hq, pool, &cos, &sin, &meta);
+        launch::rope_kv_store(&c, sh, &hq, pool, &cos, &sin, &meta, None);
         launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0);
         let got = ho.read(&c).unwrap();
         let rotated = hq.read(&c).unwrap();
@@ -470,6 +442,7 @@ fn paged_attention_matches_the_cpu_pool() {
             slot: DeviceBuf::upload(&c, &[0u32]),
             table: DeviceBuf::upload(&c, &[0u32]),
             tables: DeviceBuf::upload(&c, tbl),
+            single: DeviceBuf::zeros(&c, 1),
         };
         let hq = DeviceBuf::upload(&c, &vec![0.25f32; width]);
         let ho = DeviceBuf::<f32>::uninit(&c, qd);

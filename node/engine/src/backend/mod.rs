@@ -27,7 +27,7 @@ use std::sync::Arc;
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
     check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
-    kv_bytes_per_token, paged_decoder, weight_bytes, GpuInfo,
+    kv_bytes_per_token, paged_decoder, weight_bytes, GpuInfo, GpuOptions,
 };
 
 /// The device a decoder computes on.
@@ -82,7 +82,7 @@ pub fn burn_backend_name(device: ComputeDevice) -> &'static str {
 }
 
 /// Whether a new GPU decoder of `kind` replays decode steps as recorded
-/// graphs (`gpu::graph`) unless told (`BatchConfig::gpu_graphs`): on CUDA
+/// graphs (`gpu::graph`) unless told (`GpuOptions::graphs`): on CUDA
 /// unless `GCS_GPU_GRAPHS=0`.
 pub fn graphs_default(kind: BackendKind) -> bool {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]

@@ -18,6 +18,10 @@ pub struct HostRows {
     pub tables: Vec<u32>,
     /// Each sequence's last row (whose logits come back).
     pub last: Vec<u32>,
+    /// 1 where a row takes the single-row (decode) order of the CPU's
+    /// attention: its position is at or past its sequence's `decode_from`
+    /// (`attn::PagedSeqRef::decode_from`).
+    pub single: Vec<u32>,
 }
 
 impl HostRows {
@@ -33,6 +37,7 @@ impl HostRows {
                 r.pos.push(p as u32);
                 r.slot.push(s.table[p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
                 r.table.push(toff);
+                r.single.push(u32::from(p >= s.decode_from));
             }
             r.last.push(r.tokens.len() as u32 - 1);
         }
@@ -53,6 +58,7 @@ impl HostRows {
             self.pos.push(0);
             self.slot.push(scratch * BLOCK as u32);
             self.table.push(at);
+            self.single.push(1);
             self.last.push(i as u32);
         }
     }
@@ -81,6 +87,9 @@ mod tests {
         assert_eq!(r.table, vec![0, 0, 0, 2]);
         assert_eq!(r.tables, vec![3, 4, 8]);
         assert_eq!(r.last, vec![2, 3]);
+        assert_eq!(r.single, vec![1, 1, 1, 1], "decode_from 0: every row");
+        let seqs = [PagedSeq { tokens: &a, past: 14, table: &[3, 4], decode_from: 15 }];
+        assert_eq!(HostRows::new(&seqs).single, vec![0, 1, 1]);
     }
 
     #[test]
@@ -100,5 +109,6 @@ mod tests {
         assert_eq!(r.table, vec![0, 2, 3, 3]);
         assert_eq!(r.tables, vec![3, 4, 8, 99]);
         assert_eq!(r.last, vec![0, 1, 2, 3]);
+        assert_eq!(r.single, vec![1, 1, 1, 1]);
     }
 }

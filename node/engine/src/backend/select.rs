@@ -125,8 +125,18 @@ pub fn gpu_max_running(kv_tokens: usize, context: usize) -> usize {
     (kv_tokens / GPU_JOB_TOKENS.min(context).max(1)).clamp(1, GPU_MAX_RUNNING)
 }
 
+/// How a GPU decoder runs; `None` leaves each to its default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Replay decode steps as recorded graphs (default: [`super::graphs_default`]).
+    pub graphs: Option<bool>,
+    /// Every op in the CPU's arithmetic, bit for bit (default: off unless
+    /// `GCS_GPU_EXACT=1`; `gpu::GpuDecoder::with_exact`).
+    pub exact: Option<bool>,
+}
+
 /// The decoder for `model` on `device`, with `kv_blocks` K/V blocks and,
-/// on a GPU, decode graphs as `graphs` says (`None`: the default). A GPU
+/// on a GPU, as `gpu` says. A GPU
 /// is probed first; a model the GPU kernels do not cover (a K-quant weight
 /// type, gemma3, biases) is refused before anything is uploaded, with an
 /// error naming what is missing.
@@ -134,11 +144,11 @@ pub fn paged_decoder(
     device: ComputeDevice,
     model: Llama,
     kv_blocks: usize,
-    graphs: Option<bool>,
+    gpu: GpuOptions,
 ) -> Result<Box<dyn PagedDecoder>, BackendError> {
     match device {
         ComputeDevice::Cpu => Ok(Box::new(CpuDecoder::new(model, kv_blocks))),
-        gpu => gpu_decoder(gpu, &model, kv_blocks, graphs),
+        dev => gpu_decoder(dev, &model, kv_blocks, gpu),
     }
 }
 
@@ -147,21 +157,26 @@ fn gpu_decoder(
     device: ComputeDevice,
     model: &Llama,
     kv_blocks: usize,
-    graphs: Option<bool>,
+    opts: GpuOptions,
 ) -> Result<Box<dyn PagedDecoder>, BackendError> {
     use super::gpu::{check_model, GpuDecoder, GpuError};
     let info = check_device(device)?.ok_or(BackendError::GpuLoad("not a GPU".into()))?;
     check_model(model).map_err(|e| BackendError::ModelUnsupported(e.to_string()))?;
     let client = client(device)?;
-    let dec = GpuDecoder::new(client, info.kind, model, kv_blocks).map_err(|e| match e {
+    let refused = |e: GpuError| match e {
         GpuError::Unsupported(_) => BackendError::ModelUnsupported(e.to_string()),
         GpuError::Server(m) => BackendError::GpuLoad(m),
-    })?;
-    let dec = match graphs {
+    };
+    let dec = GpuDecoder::new(client, info.kind, model, kv_blocks).map_err(refused)?;
+    let dec = match opts.graphs {
         Some(on) => dec.with_graphs(on),
         None => dec,
     };
-    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, "GPU decoder loaded");
+    let dec = match opts.exact {
+        Some(on) => dec.with_exact(on).map_err(refused)?,
+        None => dec,
+    };
+    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, exact = dec.exact(), "GPU decoder loaded");
     Ok(Box::new(dec))
 }
 
@@ -170,7 +185,7 @@ fn gpu_decoder(
     device: ComputeDevice,
     _model: &Llama,
     _kv_blocks: usize,
-    _graphs: Option<bool>,
+    _opts: GpuOptions,
 ) -> Result<Box<dyn PagedDecoder>, BackendError> {
     // Refuses every GPU in a build without a GPU runtime.
     check_device(device)?;

@@ -51,9 +51,9 @@ pub struct BatchConfig {
     pub batch_prefill_chunk: usize,
     /// Events buffered per stream before deltas are merged.
     pub stream_capacity: usize,
-    /// Whether a GPU decoder replays decode steps as recorded graphs
-    /// (`None`: its default, `backend::graphs_default`).
-    pub gpu_graphs: Option<bool>,
+    /// How a GPU decoder runs: decode graphs, the CPU's arithmetic
+    /// (`None`s: their defaults).
+    pub gpu: crate::backend::GpuOptions,
 }
 
 impl Default for BatchConfig {
@@ -65,7 +65,7 @@ impl Default for BatchConfig {
             prefill_chunk: 256,
             batch_prefill_chunk: 16,
             stream_capacity: 64,
-            gpu_graphs: None,
+            gpu: Default::default(),
         }
     }
 }
@@ -369,7 +369,7 @@ impl BatchEngine {
     ) -> std::result::Result<BatchEngine, crate::backend::BackendError> {
         let cfg = cfg.bounded();
         let Engine { model, tokenizer, .. } = engine;
-        let dec = crate::backend::paged_decoder(device, model, cfg.kv_blocks, cfg.gpu_graphs)?;
+        let dec = crate::backend::paged_decoder(device, model, cfg.kv_blocks, cfg.gpu)?;
         Ok(Self::launch(tokenizer, dec, cfg))
     }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 #[path = "../../../../tests/support/prereq.rs"]
 pub mod prereq;
+pub mod rng;
 
 pub fn models_dir() -> PathBuf {
     if let Ok(d) = std::env::var("GCS_MODEL_DIR") {

@@ -31,12 +31,13 @@ struct GpuLayer {
     w_down: GpuMatrix,
 }
 
-/// Whether a new decoder computes its matmuls in the CPU's arithmetic
-/// (`kernels::q8`: 8-bit inputs, the CPU's float chain): `GCS_GPU_Q8=1`.
-/// Off by default until the other ops match the CPU too and its speed is
+/// Whether a new decoder computes every op in the CPU's arithmetic
+/// (`kernels::q8`: 8-bit matmul inputs and the CPU's float chains;
+/// `kernels::exact`: RoPE, f16 K/V, attention in llama.cpp's order,
+/// ggml's SiLU): `GCS_GPU_EXACT=1`. Off by default until its speed is
 /// measured on a GPU.
-fn q8_default() -> bool {
-    std::env::var("GCS_GPU_Q8").is_ok_and(|v| v == "1")
+fn exact_default() -> bool {
+    std::env::var("GCS_GPU_EXACT").is_ok_and(|v| v == "1")
 }
 
 /// One GPU step at a time in the process: a graph is recorded in CUDA's
@@ -155,10 +156,10 @@ impl GpuDecoder {
         let cuda = kind == BackendKind::Cuda;
         let graphs = Graphs::new(graph::graphs_enabled(cuda), c.context_length.div_ceil(BLOCK));
         let argmax = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
-        Ok(Self {
+        Self {
             argmax,
             graphs,
-            shape: StepShape::new(c, sh, lm_head.rows, q8_default()),
+            shape: StepShape::new(c, sh, lm_head.rows, false),
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
             cos: DeviceBuf::upload(&client, &cos),
             sin: DeviceBuf::upload(&client, &sin),
@@ -175,7 +176,28 @@ impl GpuDecoder {
             sh,
             kind,
             client,
-        })
+        }
+        .with_exact(exact_default())
+    }
+
+    /// Compute every op in the CPU's arithmetic or not, whatever the
+    /// default ([`exact_default`]); before the first step. Refused for a
+    /// head size the CPU's 16-lane orders do not cover.
+    pub fn with_exact(mut self, on: bool) -> std::result::Result<Self, GpuError> {
+        if on && !self.sh.head_dim.is_multiple_of(16) {
+            return Err(GpuError::Unsupported(format!(
+                "exact arithmetic with head size {} (a multiple of 16 needed)",
+                self.sh.head_dim
+            )));
+        }
+        self.shape.exact = on;
+        self.graphs.buckets.clear();
+        Ok(self)
+    }
+
+    /// Whether steps run in the CPU's arithmetic ([`Self::with_exact`]).
+    pub fn exact(&self) -> bool {
+        self.shape.exact
     }
 
     /// Record decode graphs or not, whatever the default
@@ -393,7 +415,9 @@ impl GpuDecoder {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
         let (total, n) = (io.rows(), io.seqs());
         let meta = &io.meta;
-        launch::embed(cl, &self.embed, &io.tok, &io.x);
+        // The CPU's arithmetic; on wgpu with `fma`'s f64 stand-in.
+        let exact = self.shape.exact.then_some(self.kind == BackendKind::Wgpu);
+        launch::embed(cl, &self.embed, &io.tok, &io.x, exact);
         let layer_len = (self.n_blocks + 1) * sh.block_len();
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
@@ -402,12 +426,17 @@ impl GpuDecoder {
             self.norm(io, &io.x, prev, &l.attn_norm, &io.h, &io.all);
             self.matmul(io, &l.wqkv, &io.h, total, &io.qkv);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
-            launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta);
-            launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0);
+            launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
+            match exact {
+                Some(wide) => launch::paged_attention_exact(
+                    cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, wide,
+                ),
+                None => launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0),
+            }
             self.matmul(io, &l.wo, &io.attn, total, &io.o);
             self.norm(io, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all);
             self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu);
-            launch::swiglu(cl, &io.gu, &io.act, c.intermediate);
+            launch::swiglu(cl, &io.gu, &io.act, c.intermediate, exact);
             self.matmul(io, &l.w_down, &io.act, total, &io.d);
         }
         // Only each sequence's last row: its residual, the output norm, logits.

@@ -5,7 +5,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
-use super::kernels::{ops, q8, quant, tiled};
+use super::kernels::{exact, ops, q8, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
@@ -181,8 +181,24 @@ pub fn matmul_q8(
 }
 
 /// `x[i] = m[tokens[i]]`; `m` must be one part (embedding tables are).
-pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f32>) {
+/// With `exact`, [`exact::embed_exact`] (the CPU's rounding of Q4_1).
+pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f32>, exact: Exact) {
     let Some(p) = m.parts.first() else { return };
+    if let Some(wide) = exact {
+        let n = tokens.len();
+        return exact::embed_exact::launch(
+            c,
+            CubeCount::Static(groups(n * m.cols, 256), 1, 1),
+            CubeDim::new_1d(256),
+            p.words.arg(),
+            tokens.arg(),
+            x.arg(),
+            m.cols,
+            n,
+            p.kind,
+            wide,
+        );
+    }
     let nb = m.cols / 32;
     quant::embed_q::launch(
         c,
@@ -247,26 +263,27 @@ pub fn argmax_rows(c: &Client, logits: &DeviceBuf<f32>, ids: &DeviceBuf<u32>, vo
     );
 }
 
-/// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]`.
-pub fn swiglu(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f32>, inter: usize) {
-    ops::swiglu::launch(
-        c,
-        CubeCount::Static(groups(act.len(), 256), 1, 1),
-        CubeDim::new_1d(256),
-        gu.arg(),
-        act.arg(),
-        inter,
-    );
+/// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]` (with
+/// `exact`: ggml's SiLU, [`exact::swiglu_exact`]).
+pub fn swiglu(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f32>, inter: usize, exact: Exact) {
+    let (count, dim) = (CubeCount::Static(groups(act.len(), 256), 1, 1), CubeDim::new_1d(256));
+    match exact {
+        Some(wide) => exact::swiglu_exact::launch(c, count, dim, gu.arg(), act.arg(), inter, wide),
+        None => ops::swiglu::launch(c, count, dim, gu.arg(), act.arg(), inter),
+    }
 }
 
-/// Per batch row: its position, its K/V slot (`block · 16 + pos % 16`)
-/// and the offset of its block table in `tables`.
+/// Per batch row: its position, its K/V slot (`block · 16 + pos % 16`),
+/// the offset of its block table in `tables`, and whether it takes the
+/// decode order of the CPU's attention (`HostRows::single`; read by the
+/// exact attention only).
 #[derive(Debug, Clone)]
 pub struct RowMeta {
     pub pos: DeviceBuf<u32>,
     pub slot: DeviceBuf<u32>,
     pub table: DeviceBuf<u32>,
     pub tables: DeviceBuf<u32>,
+    pub single: DeviceBuf<u32>,
 }
 
 impl RowMeta {
@@ -284,7 +301,13 @@ pub struct LayerPool<'a> {
     pub off: usize,
 }
 
-/// [`attention::rope_kv_store`] for every batch row.
+/// The CPU's arithmetic ([`exact`]), and on wgpu the f64 stand-in for
+/// its `fma` ([`q8::fused`]); `None`: the float kernels.
+pub type Exact = Option<bool>;
+
+/// [`attention::rope_kv_store`] for every batch row (with `exact`:
+/// [`exact::rope_kv_store_exact`]).
+#[allow(clippy::too_many_arguments)]
 pub fn rope_kv_store(
     c: &Client,
     sh: HeadShape,
@@ -293,20 +316,52 @@ pub fn rope_kv_store(
     cos: &DeviceBuf<f32>,
     sin: &DeviceBuf<f32>,
     meta: &RowMeta,
+    exact: Exact,
 ) {
-    attention::rope_kv_store::launch::<f32>(
+    let (count, dim) = (CubeCount::Static(meta.rows() as u32, 1, 1), CubeDim::new_1d(128));
+    let (q, k, v) = (qkv.arg(), pool.k.arg(), pool.v.arg());
+    let (cs, sn, pos, slot) = (cos.arg(), sin.arg(), meta.pos.arg(), meta.slot.arg());
+    match exact {
+        Some(wide) => exact::rope_kv_store_exact::launch(
+            c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh, wide,
+        ),
+        None => attention::rope_kv_store::launch::<f32>(
+            c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh,
+        ),
+    }
+}
+
+/// [`exact::paged_attention_exact`] for every batch row and query head:
+/// [`paged_attention`] in the CPU's arithmetic.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_exact(
+    c: &Client,
+    sh: HeadShape,
+    qkv: &DeviceBuf<f32>,
+    pool: LayerPool<'_>,
+    out: &DeviceBuf<f32>,
+    meta: &RowMeta,
+    scale: f32,
+    window: usize,
+    wide: bool,
+) {
+    exact::paged_attention_exact::launch(
         c,
-        CubeCount::Static(meta.rows() as u32, 1, 1),
-        CubeDim::new_1d(128),
+        CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1),
+        CubeDim::new_1d(exact::EXACT_THREADS as u32),
         qkv.arg(),
         pool.k.arg(),
         pool.v.arg(),
-        cos.arg(),
-        sin.arg(),
+        out.arg(),
         meta.pos.arg(),
-        meta.slot.arg(),
+        meta.table.arg(),
+        meta.single.arg(),
+        meta.tables.arg(),
         pool.off,
+        scale,
+        window,
         sh,
+        wide,
     );
 }
 

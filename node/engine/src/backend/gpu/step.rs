@@ -18,20 +18,20 @@ pub struct StepShape {
     pub qkv: usize,
     pub inter: usize,
     pub vocab: usize,
-    /// Matmuls in the CPU's arithmetic (`kernels::q8`): the step keeps
-    /// quantized inputs.
-    pub q8: bool,
+    /// Every op in the CPU's arithmetic (`kernels::q8` and
+    /// `kernels::exact`): the step keeps quantized matmul inputs.
+    pub exact: bool,
 }
 
 impl StepShape {
-    pub fn new(c: &LlamaConfig, sh: HeadShape, vocab: usize, q8: bool) -> Self {
+    pub fn new(c: &LlamaConfig, sh: HeadShape, vocab: usize, exact: bool) -> Self {
         Self {
             hidden: c.hidden,
             q_dim: c.n_heads * c.head_dim,
             qkv: sh.width(),
             inter: c.intermediate,
             vocab,
-            q8,
+            exact,
         }
     }
 }
@@ -58,7 +58,7 @@ pub struct StepIo {
     pub logits: DeviceBuf<f32>,
     /// Each sequence's argmax.
     pub ids: DeviceBuf<u32>,
-    /// A matmul's quantized input, with [`StepShape::q8`].
+    /// A matmul's quantized input, with [`StepShape::exact`].
     pub acts: Option<QActs>,
 }
 
@@ -71,6 +71,7 @@ impl StepIo {
             slot: DeviceBuf::upload(cl, &host.slot),
             table: DeviceBuf::upload(cl, &host.table),
             tables: DeviceBuf::upload(cl, &host.tables),
+            single: DeviceBuf::upload(cl, &host.single),
         };
         let tok = DeviceBuf::upload(cl, &host.tokens);
         let (all, last) = (DeviceBuf::upload(cl, &all), DeviceBuf::upload(cl, &host.last));
@@ -87,6 +88,7 @@ impl StepIo {
             slot: DeviceBuf::zeros(cl, rows),
             table: DeviceBuf::zeros(cl, rows),
             tables: DeviceBuf::zeros(cl, tables_len),
+            single: DeviceBuf::zeros(cl, rows),
         };
         let tok = DeviceBuf::zeros(cl, rows);
         let (all, last) = (DeviceBuf::upload(cl, &ids), DeviceBuf::upload(cl, &ids));
@@ -105,7 +107,7 @@ impl StepIo {
         let buf = |len| DeviceBuf::<f32>::uninit(cl, len);
         let widest = s.hidden.max(s.q_dim).max(s.inter);
         Self {
-            acts: s.q8.then(|| QActs::new(cl, t * widest)),
+            acts: s.exact.then(|| QActs::new(cl, t * widest)),
             x: buf(t * s.hidden),
             h: buf(t * s.hidden),
             qkv: buf(t * s.qkv),
@@ -132,6 +134,7 @@ impl StepIo {
         self.meta.slot.write(cl, &host.slot);
         self.meta.table.write(cl, &host.table);
         self.meta.tables.write(cl, &host.tables);
+        self.meta.single.write(cl, &host.single);
     }
 
     /// Batch rows.

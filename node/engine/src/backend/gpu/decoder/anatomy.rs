@@ -74,7 +74,7 @@ impl GpuDecoder {
         let (t, n, meta) = (io.rows(), io.seqs(), &io.meta);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         time("embed", &mut || {
-            launch::embed(&cl, &self.embed, &io.tok, &io.x);
+            launch::embed(&cl, &self.embed, &io.tok, &io.x, None);
             Ok(())
         })?;
         time("add_rms_norm", &mut || {
@@ -95,7 +95,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("rope_kv_store", &mut || {
-            launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta);
+            launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, None);
             Ok(())
         })?;
         time("attention", &mut || {
@@ -111,7 +111,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("swiglu", &mut || {
-            launch::swiglu(&cl, &io.gu, &io.act, c.intermediate);
+            launch::swiglu(&cl, &io.gu, &io.act, c.intermediate, None);
             Ok(())
         })?;
         time("matmul down", &mut || {
@@ -138,8 +138,8 @@ impl GpuDecoder {
                 Ok(())
             })?;
         }
-        // The CPU's arithmetic (`kernels::q8`, `GCS_GPU_Q8=1`): quantizing
-        // an input, and the matmuls over it.
+        // The CPU's arithmetic (`kernels::q8` and `exact`, `GCS_GPU_EXACT=1`):
+        // quantizing an input, the matmuls over it, and the exact ops.
         let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
         let wide_fma = self.kind == BackendKind::Wgpu;
         time("quantize q8", &mut || {
@@ -152,6 +152,21 @@ impl GpuDecoder {
         })?;
         time("lm_head q8", &mut || {
             launch::matmul_q8(&cl, &self.lm_head, &acts, n, &io.logits, wide_fma);
+            Ok(())
+        })?;
+        let exact = Some(wide_fma);
+        time("rope_kv_store exact", &mut || {
+            launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
+            Ok(())
+        })?;
+        time("attention exact", &mut || {
+            launch::paged_attention_exact(
+                &cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, wide_fma,
+            );
+            Ok(())
+        })?;
+        time("swiglu exact", &mut || {
+            launch::swiglu(&cl, &io.gu, &io.act, c.intermediate, exact);
             Ok(())
         })?;
         // The same step as a recorded graph (the decode path's replay).

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod basic;
+pub mod exact;
 pub mod ops;
 pub mod q8;
 pub mod quant;

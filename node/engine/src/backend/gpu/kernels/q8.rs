@@ -81,7 +81,7 @@ pub fn quantize_q8(
 /// only when the f64 sum falls exactly halfway between two f32s and the
 /// exact one does not (the tests' stand-in; a GPU run uses `fma`).
 #[cube]
-fn fused(a: f32, b: f32, c: f32, #[comptime] wide: bool) -> f32 {
+pub fn fused(a: f32, b: f32, c: f32, #[comptime] wide: bool) -> f32 {
     if comptime!(wide) {
         f32::cast_from(f64::cast_from(a) * f64::cast_from(b) + f64::cast_from(c))
     } else {

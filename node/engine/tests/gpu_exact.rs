@@ -1,0 +1,162 @@
+//! The CPU's arithmetic on the GPU (`kernels::exact`, with `GCS_GPU_EXACT`)
+//! on wgpu (Mesa's lavapipe), each kernel against the CPU engine's own op,
+//! bit for bit: embedding rows, SwiGLU with ggml's `expf` (its over- and
+//! underflow branches too), and RoPE with the f16 K/V write and attention
+//! in both of llama.cpp's orders (prefill rows, decode rows, one sequence
+//! crossing from one to the other, more keys than a cube has units).
+//! `cargo test -p gcs-engine --features wgpu --test gpu_exact`.
+#![cfg(feature = "wgpu")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use cubecl::client::Client;
+use gcs_engine::attn::{AttnShape, KvPool, PagedSeqRef, Rope};
+use gcs_engine::backend::gpu::kernels::attention::HeadShape;
+use gcs_engine::backend::gpu::launch::{self, LayerPool, RowMeta};
+use gcs_engine::backend::gpu::weights::{rope_tables, GpuMatrix};
+use gcs_engine::backend::gpu::DeviceBuf;
+use gcs_engine::numerics::swiglu_rows;
+use gcs_engine::quant::{GgmlType, QMatrix};
+
+mod common;
+use common::rng::{gguf_blocks, Rng};
+
+fn client() -> Client {
+    cubecl::Device::Wgpu(Default::default()).client()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Lavapipe's `fma` rounds twice: the kernels take the f64 stand-in.
+const WIDE: Option<bool> = Some(true);
+
+#[test]
+fn exact_swiglu_equals_the_cpu_bit_for_bit() {
+    let c = client();
+    let mut rng = Rng(0xe_5817);
+    let (n, inter) = (4, 1536);
+    let mut gu: Vec<f32> = rng.vec(n * 2 * inter).iter().map(|v| v * 8.0).collect();
+    // Gates whose exp(−g) leaves scalef's range (|n| > 126), overflows,
+    // underflows, or is exact.
+    let edges = [-200.0, -100.0, -90.0, -88.5, 87.0, 88.8, 100.0, 104.0, 150.0, 0.0, -0.0, 1e-30];
+    for (i, &g) in edges.iter().enumerate() {
+        gu[i] = g;
+    }
+    let (hg, ha) = (DeviceBuf::upload(&c, &gu), DeviceBuf::<f32>::uninit(&c, n * inter));
+    launch::swiglu(&c, &hg, &ha, inter, WIDE);
+    let mut want = vec![0f32; n * inter];
+    swiglu_rows(&gu, &mut want, inter);
+    assert_eq!(bits(&ha.read(&c).unwrap()), bits(&want));
+    // The float kernel is not the CPU's (the test can tell them apart).
+    launch::swiglu(&c, &hg, &ha, inter, None);
+    assert_ne!(bits(&ha.read(&c).unwrap()), bits(&want), "the float SwiGLU");
+}
+
+#[test]
+fn exact_embedding_rows_equal_the_cpu_rows_bit_for_bit() {
+    let c = client();
+    let mut rng = Rng(0xe_3b);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let (rows, cols) = (50, 576);
+        let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
+        let tokens = [3u32, 49, 0, 3, 17];
+        let g = GpuMatrix::upload(&c, &m).unwrap();
+        let (ht, hx) = (DeviceBuf::upload(&c, &tokens), DeviceBuf::<f32>::uninit(&c, 5 * cols));
+        launch::embed(&c, &g, &ht, &hx, WIDE);
+        let mut want = vec![0f32; 5 * cols];
+        for (i, &t) in tokens.iter().enumerate() {
+            m.row_f32(t as usize, &mut want[i * cols..(i + 1) * cols]);
+        }
+        assert_eq!(bits(&hx.read(&c).unwrap()), bits(&want), "{ty:?}");
+    }
+}
+
+/// One sequence of the attention test.
+struct Seq {
+    table: Vec<u32>,
+    decode_from: usize,
+    past: usize,
+}
+
+#[test]
+fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
+    let c = client();
+    let mut rng = Rng(0xe_a77);
+    let ash = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let sh = HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, neox: false };
+    let (ctx, n_blocks, n_layers, layer) = (512, 40, 2, 1);
+    let rope = Rope::new(64, 100000.0, ctx);
+    let (cos, sin) = rope_tables(64, 100000.0, ctx);
+    let (cos, sin) = (DeviceBuf::upload(&c, &cos), DeviceBuf::upload(&c, &sin));
+    let mut cpu = KvPool::new(n_layers, ash, n_blocks);
+    let pool_len = n_layers * n_blocks * sh.block_len();
+    let (kp, vp) = (DeviceBuf::<f32>::zeros(&c, pool_len), DeviceBuf::<f32>::zeros(&c, pool_len));
+    let pool = LayerPool { k: &kp, v: &vp, off: layer * n_blocks * sh.block_len() };
+    let (width, qd) = (sh.width(), 9 * 64);
+    // Sequence 0 turns to the decode order in the middle of a step,
+    // sequence 2 has more keys than a cube's 256 units.
+    let mut seqs = vec![
+        Seq { table: vec![5, 2], decode_from: 21, past: 0 },
+        Seq { table: vec![7, 0, 3, 9], decode_from: 37, past: 0 },
+        Seq { table: (10..30).collect(), decode_from: 291, past: 0 },
+    ];
+    let (mut decode_rows, mut prefill_rows) = (0, 0);
+    for step in [[20usize, 37, 290], [1, 1, 1], [3, 1, 2], [1, 1, 1]] {
+        let mut qkv = Vec::new();
+        let (mut pos, mut slot, mut table, mut tables, mut single) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for (s, &t) in seqs.iter().zip(&step) {
+            let toff = tables.len() as u32;
+            tables.extend_from_slice(&s.table);
+            for i in 0..t {
+                qkv.extend(rng.vec(width).iter().map(|v| v * 3.0));
+                let p = s.past + i;
+                pos.push(p as u32);
+                slot.push(s.table[p / 16] * 16 + (p % 16) as u32);
+                table.push(toff);
+                single.push(u32::from(p >= s.decode_from));
+            }
+        }
+        decode_rows += single.iter().filter(|&&s| s == 1).count();
+        prefill_rows += single.iter().filter(|&&s| s == 0).count();
+        let rows = pos.len();
+        let meta = RowMeta {
+            pos: DeviceBuf::upload(&c, &pos),
+            slot: DeviceBuf::upload(&c, &slot),
+            table: DeviceBuf::upload(&c, &table),
+            tables: DeviceBuf::upload(&c, &tables),
+            single: DeviceBuf::upload(&c, &single),
+        };
+        let hq = DeviceBuf::upload(&c, &qkv);
+        let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
+        launch::rope_kv_store(&c, sh, &hq, pool, &cos, &sin, &meta, WIDE);
+        launch::paged_attention_exact(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, true);
+
+        let mut cq = qkv.clone();
+        let mut cout = vec![0f32; rows * qd];
+        let refs: Vec<PagedSeqRef<'_>> = seqs
+            .iter()
+            .zip(&step)
+            .map(|(s, &t)| PagedSeqRef {
+                past: s.past,
+                t,
+                table: &s.table,
+                decode_from: s.decode_from,
+            })
+            .collect();
+        cpu.attend(layer, &rope, &mut cq, &refs, &mut cout);
+        let (gq, got) = (hq.read(&c).unwrap(), ho.read(&c).unwrap());
+        for r in 0..rows {
+            let q = |v: &[f32]| bits(&v[r * width..r * width + qd]);
+            assert_eq!(q(&gq), q(&cq), "step {step:?}: rotated Q of row {r}");
+            let o = |v: &[f32]| bits(&v[r * qd..(r + 1) * qd]);
+            assert_eq!(o(&got), o(&cout), "step {step:?}: attention of row {r}");
+        }
+        eprintln!("step {step:?}: {rows} rows equal");
+        for (s, &t) in seqs.iter_mut().zip(&step) {
+            s.past += t;
+        }
+    }
+    assert!(decode_rows >= 8 && prefill_rows >= 300, "{decode_rows} / {prefill_rows}");
+}
