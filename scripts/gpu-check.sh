@@ -19,7 +19,9 @@
 #      fixture prompts (greedy 32 tokens, teacher-forced top-1, max |Δ logit|
 #      on 3), decode tok/s at batch 1, 8, 64, 256 through the batch
 #      scheduler (decode graphs and the device argmax, then eagerly, side
-#      by side), issue 17's naive burn loop at the same batches, MiniLM
+#      by side), the same parity and decode figures for the decoder in the
+#      CPU's arithmetic (`exact`: GCS_GPU_EXACT), issue 17's naive burn
+#      loop at the same batches, MiniLM
 #      (synthetic weights, scripts/st-synth.py) on burn-cuda against the
 #      CPU (least cosine, texts/s at 1, 32, 256), TTFT and prefill tok/s
 #      of a 512-token prompt; if it fails,
