@@ -161,9 +161,11 @@ fn the_matmul_kernels_agree_bit_for_bit() {
 
 /// The CPU's matmul arithmetic on the GPU (`kernels::q8`): the inputs
 /// quantized on the device equal `QActs::quantize` (scales, sums, bytes)
-/// and the products equal `QMatrix::matmul` bit for bit, for every type,
-/// 18- and 48-block rows, a stack, a block of zeros, exact ties of the
-/// rounding (k + ½ after scaling) and scales in f16's subnormal range.
+/// and the products of both kernels (`q8`, `q8_tiled`) equal
+/// `QMatrix::matmul` bit for bit, for every type, 18- and 48-block rows,
+/// rows and batches off the tile (45 and 70 rows, 70 inputs), a stack, a
+/// block of zeros, exact ties of the rounding (k + ½ after scaling) and
+/// scales in f16's subnormal range.
 #[test]
 fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
     let c = client();
@@ -186,17 +188,19 @@ fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
             .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
             .collect();
         assert_eq!(qs, want.qs, "{what}: bytes");
-        let o = DeviceBuf::<f32>::uninit(&c, n * m.rows);
-        // lavapipe's `fma` rounds twice: the f64 stand-in (`wide_fma`).
-        launch::matmul_q8(&c, &g, &acts, n, &o, true);
         let mut cpu = vec![0f32; n * m.rows];
         m.matmul(x, n, &mut cpu);
-        assert_eq!(bits(&o.read(&c).unwrap()), bits(&cpu), "{what}: products");
+        for tiled in [false, true] {
+            let o = DeviceBuf::<f32>::uninit(&c, n * m.rows);
+            // lavapipe's `fma` rounds twice: the f64 stand-in (`wide_fma`).
+            launch::matmul_q8_with(&c, &g, &acts, n, &o, true, tiled);
+            assert_eq!(bits(&o.read(&c).unwrap()), bits(&cpu), "{what}: products, tiled {tiled}");
+        }
     };
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         for (rows, cols) in [(45, 576), (70, 1536)] {
             let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
-            for n in [1, 3, 17] {
+            for n in [1, 3, 17, 70] {
                 let mut x = rng.vec(n * cols);
                 x[..32].fill(0.0);
                 // amax 127: the scale is 1 and k + ½ are ties (even: 2, −4, 0, 2).

@@ -5,7 +5,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
-use super::kernels::{exact, ops, q8, quant, tiled};
+use super::kernels::{exact, ops, q8, q8_tiled, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
@@ -146,8 +146,10 @@ pub fn quantize_q8(c: &Client, x: &DeviceBuf<f32>, n: usize, cols: usize, acts: 
 }
 
 /// `out[n, m.rows] = x · mᵀ` in the CPU's arithmetic over `acts` (`x`
-/// quantized by [`quantize_q8`]): the CPU decoder's matmul, bit for bit.
-/// `wide_fma` on wgpu, whose `fma` may round twice ([`q8`]'s `fused`).
+/// quantized by [`quantize_q8`]): the CPU decoder's matmul, bit for bit;
+/// [`q8::matmul_q8`] below [`TILED_FROM`] rows, [`q8_tiled::matmul_q8_tiled`]
+/// from there (the same bits). `wide_fma` on wgpu, whose `fma` may round
+/// twice ([`q8`]'s `fused`).
 pub fn matmul_q8(
     c: &Client,
     m: &GpuMatrix,
@@ -156,26 +158,62 @@ pub fn matmul_q8(
     out: &DeviceBuf<f32>,
     wide_fma: bool,
 ) {
+    matmul_q8_with(c, m, acts, n, out, wide_fma, n >= TILED_FROM);
+}
+
+/// [`matmul_q8`] with the kernel chosen by the caller (`tiled` or not:
+/// the tests and the device check's anatomy compare them).
+pub fn matmul_q8_with(
+    c: &Client,
+    m: &GpuMatrix,
+    acts: &QActs,
+    n: usize,
+    out: &DeviceBuf<f32>,
+    wide_fma: bool,
+    tiled: bool,
+) {
     debug_assert!(out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
-        q8::matmul_q8::launch(
-            c,
-            CubeCount::Static(groups(p.rows, 64), n.max(1) as u32, 1),
-            CubeDim::new_1d(64),
-            p.words.arg(),
-            acts.qs.arg(),
-            acts.d.arg(),
-            acts.s.arg(),
-            acts.sum_q.arg(),
-            out.arg(),
-            p.rows,
-            m.cols,
-            m.rows,
-            off,
-            p.kind,
-            wide_fma,
-        );
+        let (qs, d, s, sum_q) = (acts.qs.arg(), acts.d.arg(), acts.s.arg(), acts.sum_q.arg());
+        if tiled {
+            q8_tiled::matmul_q8_tiled::launch(
+                c,
+                CubeCount::Static(groups(p.rows, tiled::TM), groups(n, tiled::TN), 1),
+                CubeDim::new_2d(tiled::UX as u32, tiled::UY as u32),
+                p.words.arg(),
+                qs,
+                d,
+                s,
+                sum_q,
+                out.arg(),
+                p.rows,
+                m.cols,
+                n,
+                m.rows,
+                off,
+                p.kind,
+                wide_fma,
+            );
+        } else {
+            q8::matmul_q8::launch(
+                c,
+                CubeCount::Static(groups(p.rows, 64), n.max(1) as u32, 1),
+                CubeDim::new_1d(64),
+                p.words.arg(),
+                qs,
+                d,
+                s,
+                sum_q,
+                out.arg(),
+                p.rows,
+                m.cols,
+                m.rows,
+                off,
+                p.kind,
+                wide_fma,
+            );
+        }
         off += p.rows;
     }
 }

@@ -146,14 +146,18 @@ impl GpuDecoder {
             launch::quantize_q8(&cl, &io.h, t, l.w_gate_up.cols, &acts);
             Ok(())
         })?;
-        time("gate_up q8", &mut || {
-            launch::matmul_q8(&cl, &l.w_gate_up, &acts, t, &io.gu, wide_fma);
-            Ok(())
-        })?;
-        time("lm_head q8", &mut || {
-            launch::matmul_q8(&cl, &self.lm_head, &acts, n, &io.logits, wide_fma);
-            Ok(())
-        })?;
+        // Both q8 kernels (the same bits; `matmul_q8` picks by rows).
+        for (name, tiled) in [("q8", false), ("q8 tiled", true)] {
+            time(&format!("gate_up {name}"), &mut || {
+                launch::matmul_q8_with(&cl, &l.w_gate_up, &acts, t, &io.gu, wide_fma, tiled);
+                Ok(())
+            })?;
+            time(&format!("lm_head {name}"), &mut || {
+                let (m, out) = (&self.lm_head, &io.logits);
+                launch::matmul_q8_with(&cl, m, &acts, n, out, wide_fma, tiled);
+                Ok(())
+            })?;
+        }
         let exact = Some(wide_fma);
         time("rope_kv_store exact", &mut || {
             launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);

@@ -5,5 +5,6 @@ pub mod basic;
 pub mod exact;
 pub mod ops;
 pub mod q8;
+pub mod q8_tiled;
 pub mod quant;
 pub mod tiled;
