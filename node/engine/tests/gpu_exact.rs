@@ -9,15 +9,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cubecl::client::Client;
-use gcs_engine::attn::{AttnShape, KvPool, PagedSeqRef, Rope};
-use gcs_engine::backend::gpu::kernels::attention::HeadShape;
-use gcs_engine::backend::gpu::launch::{self, LayerPool, RowMeta};
-use gcs_engine::backend::gpu::weights::{rope_tables, GpuMatrix};
+use gcs_engine::attn::PagedSeqRef;
+use gcs_engine::backend::gpu::launch::{self, RowMeta};
+use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::swiglu_rows;
 use gcs_engine::quant::{GgmlType, QMatrix};
 
 mod common;
+use common::gpu::AttnRig;
 use common::rng::{gguf_blocks, Rng};
 
 fn client() -> Client {
@@ -83,20 +83,14 @@ struct Seq {
 fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
     let c = client();
     let mut rng = Rng(0xe_a77);
-    let ash = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
-    let sh = HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, neox: false };
-    let (ctx, n_blocks, n_layers, layer) = (512, 40, 2, 1);
-    let rope = Rope::new(64, 100000.0, ctx);
-    let (cos, sin) = rope_tables(64, 100000.0, ctx);
-    let (cos, sin) = (DeviceBuf::upload(&c, &cos), DeviceBuf::upload(&c, &sin));
-    let mut cpu = KvPool::new(n_layers, ash, n_blocks);
-    let pool_len = n_layers * n_blocks * sh.block_len();
-    let (kp, vp) = (DeviceBuf::<f32>::zeros(&c, pool_len), DeviceBuf::<f32>::zeros(&c, pool_len));
-    let pool = LayerPool { k: &kp, v: &vp, off: layer * n_blocks * sh.block_len() };
+    let rig = AttnRig::new(&c, 512, 40);
+    let (sh, rope, layer, pool) = (rig.sh, &rig.rope, rig.layer, rig.pool());
+    let (cos, sin) = (&rig.cos, &rig.sin);
+    let mut cpu = rig.cpu_pool();
     let (width, qd) = (sh.width(), 9 * 64);
     // Sequence 0 turns to the decode order in the middle of a step,
     // sequence 2 has more keys than a cube's 256 units.
-    let mut seqs = vec![
+    let mut seqs = [
         Seq { table: vec![5, 2], decode_from: 21, past: 0 },
         Seq { table: vec![7, 0, 3, 9], decode_from: 37, past: 0 },
         Seq { table: (10..30).collect(), decode_from: 291, past: 0 },
@@ -130,7 +124,7 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         };
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
-        launch::rope_kv_store(&c, sh, &hq, pool, &cos, &sin, &meta, WIDE);
+        launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, WIDE);
         launch::paged_attention_exact(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, true);
 
         let mut cq = qkv.clone();
@@ -145,7 +139,7 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
                 decode_from: s.decode_from,
             })
             .collect();
-        cpu.attend(layer, &rope, &mut cq, &refs, &mut cout);
+        cpu.attend(layer, rope, &mut cq, &refs, &mut cout);
         let (gq, got) = (hq.read(&c).unwrap(), ho.read(&c).unwrap());
         for r in 0..rows {
             let q = |v: &[f32]| bits(&v[r * width..r * width + qd]);

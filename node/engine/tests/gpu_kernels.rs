@@ -15,16 +15,16 @@
 
 use cubecl::client::Client;
 use cubecl::prelude::*;
-use gcs_engine::attn::{AttnShape, KvPool, PagedSeqRef, Rope};
-use gcs_engine::backend::gpu::kernels::attention::HeadShape;
+use gcs_engine::attn::{AttnShape, PagedSeqRef, Rope};
 use gcs_engine::backend::gpu::kernels::basic;
-use gcs_engine::backend::gpu::launch::{self, LayerPool, MatmulKernel, RowMeta};
-use gcs_engine::backend::gpu::weights::{rope_tables, GpuMatrix};
+use gcs_engine::backend::gpu::launch::{self, MatmulKernel, RowMeta};
+use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
 use gcs_engine::quant::{dequantize, GgmlType, QActs, QMatrix};
 
 mod common;
+use common::gpu::AttnRig;
 use common::rng::{gguf_blocks, Rng};
 
 fn client() -> Client {
@@ -351,16 +351,10 @@ fn reference(sh: AttnShape, rope: &Rope, hist: &[Vec<f32>], q: &[f32], pos: usiz
 fn paged_attention_matches_the_cpu_pool() {
     let c = client();
     let mut rng = Rng(5);
-    let ash = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
-    let sh = HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, neox: false };
-    let (ctx, n_blocks, n_layers, layer) = (256, 12, 2, 1);
-    let rope = Rope::new(64, 100000.0, ctx);
-    let (cos, sin) = rope_tables(64, 100000.0, ctx);
-    let (cos, sin) = (DeviceBuf::upload(&c, &cos), DeviceBuf::upload(&c, &sin));
-    let mut cpu = KvPool::new(n_layers, ash, n_blocks);
-    let pool_len = n_layers * n_blocks * sh.block_len();
-    let (kp, vp) = (DeviceBuf::<f32>::zeros(&c, pool_len), DeviceBuf::<f32>::zeros(&c, pool_len));
-    let pool = LayerPool { k: &kp, v: &vp, off: layer * n_blocks * sh.block_len() };
+    let rig = AttnRig::new(&c, 256, 12);
+    let (ash, sh, rope, layer, pool) = (rig.ash, rig.sh, &rig.rope, rig.layer, rig.pool());
+    let (cos, sin) = (&rig.cos, &rig.sin);
+    let mut cpu = rig.cpu_pool();
     let width = sh.width();
     let qd = 9 * 64;
     let mut seqs = vec![
@@ -397,7 +391,7 @@ fn paged_attention_matches_the_cpu_pool() {
         };
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
-        launch::rope_kv_store(&c, sh, &hq, pool, &cos, &sin, &meta, None);
+        launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, None);
         launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0);
         let got = ho.read(&c).unwrap();
         let rotated = hq.read(&c).unwrap();
@@ -409,7 +403,7 @@ fn paged_attention_matches_the_cpu_pool() {
             .zip(&refs_meta)
             .map(|(s, &(past, t))| PagedSeqRef { past, t, table: &s.table, decode_from: past + t })
             .collect();
-        cpu.attend(layer, &rope, &mut cq, &refs, &mut cout);
+        cpu.attend(layer, rope, &mut cq, &refs, &mut cout);
 
         let (mut e_ref, mut e_cpu, mut e_rope) = (0f64, 0f64, 0f64);
         let mut r = 0;
@@ -422,7 +416,7 @@ fn paged_attention_matches_the_cpu_pool() {
                 // and the CPU contracts it into an FMA the GPU may not.
                 let qs = vec![q.iter().fold(0f32, |a, v| a.max(v.abs())) as f64; qd];
                 e_rope = e_rope.max(max_rel(gq, &q, &qs));
-                let want = reference(ash, &rope, &s.hist, &q, past + i);
+                let want = reference(ash, rope, &s.hist, &q, past + i);
                 let g = &got[r * qd..(r + 1) * qd];
                 let scale = vec![want.iter().fold(0f32, |a, v| a.max(v.abs())) as f64; qd];
                 e_ref = e_ref.max(max_rel(g, &want, &scale));
@@ -438,7 +432,7 @@ fn paged_attention_matches_the_cpu_pool() {
 
     // Copy-on-write: sequence 1's third block copied to block 11 gives the
     // same attention through a table pointing at the copy.
-    launch::copy_block(&c, sh, &kp, &vp, 3, 11, n_layers);
+    launch::copy_block(&c, sh, &rig.kp, &rig.vp, 3, 11, common::gpu::N_LAYERS);
     let p = seqs[1].hist.len() - 1;
     let run = |tbl: &[u32]| {
         let meta = RowMeta {

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+#[cfg(feature = "wgpu")]
+pub mod gpu;
 #[path = "../../../../tests/support/prereq.rs"]
 pub mod prereq;
 pub mod rng;

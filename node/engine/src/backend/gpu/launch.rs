@@ -175,43 +175,40 @@ pub fn matmul_q8_with(
     debug_assert!(out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
-        let (qs, d, s, sum_q) = (acts.qs.arg(), acts.d.arg(), acts.s.arg(), acts.sum_q.arg());
+        // The two kernels take the same arguments after their shape.
+        macro_rules! launch {
+            ($kernel:path, $count:expr, $dim:expr) => {
+                $kernel(
+                    c,
+                    $count,
+                    $dim,
+                    p.words.arg(),
+                    acts.qs.arg(),
+                    acts.d.arg(),
+                    acts.s.arg(),
+                    acts.sum_q.arg(),
+                    out.arg(),
+                    p.rows,
+                    m.cols,
+                    n,
+                    m.rows,
+                    off,
+                    p.kind,
+                    wide_fma,
+                )
+            };
+        }
         if tiled {
-            q8_tiled::matmul_q8_tiled::launch(
-                c,
+            launch!(
+                q8_tiled::matmul_q8_tiled::launch,
                 CubeCount::Static(groups(p.rows, tiled::TM), groups(n, tiled::TN), 1),
-                CubeDim::new_2d(tiled::UX as u32, tiled::UY as u32),
-                p.words.arg(),
-                qs,
-                d,
-                s,
-                sum_q,
-                out.arg(),
-                p.rows,
-                m.cols,
-                n,
-                m.rows,
-                off,
-                p.kind,
-                wide_fma,
+                CubeDim::new_2d(tiled::UX as u32, tiled::UY as u32)
             );
         } else {
-            q8::matmul_q8::launch(
-                c,
+            launch!(
+                q8::matmul_q8::launch,
                 CubeCount::Static(groups(p.rows, 64), n.max(1) as u32, 1),
-                CubeDim::new_1d(64),
-                p.words.arg(),
-                qs,
-                d,
-                s,
-                sum_q,
-                out.arg(),
-                p.rows,
-                m.cols,
-                m.rows,
-                off,
-                p.kind,
-                wide_fma,
+                CubeDim::new_1d(64)
             );
         }
         off += p.rows;
@@ -343,8 +340,8 @@ pub struct LayerPool<'a> {
 /// its `fma` ([`q8::fused`]); `None`: the float kernels.
 pub type Exact = Option<bool>;
 
-/// [`attention::rope_kv_store`] for every batch row (with `exact`:
-/// [`exact::rope_kv_store_exact`]).
+/// [`attention::rope_kv_store`] for every batch row (in the CPU's
+/// arithmetic with `exact`).
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_store(
     c: &Client,
@@ -359,14 +356,10 @@ pub fn rope_kv_store(
     let (count, dim) = (CubeCount::Static(meta.rows() as u32, 1, 1), CubeDim::new_1d(128));
     let (q, k, v) = (qkv.arg(), pool.k.arg(), pool.v.arg());
     let (cs, sn, pos, slot) = (cos.arg(), sin.arg(), meta.pos.arg(), meta.slot.arg());
-    match exact {
-        Some(wide) => exact::rope_kv_store_exact::launch(
-            c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh, wide,
-        ),
-        None => attention::rope_kv_store::launch::<f32>(
-            c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh,
-        ),
-    }
+    let (on, wide) = (exact.is_some(), exact.unwrap_or(false));
+    attention::rope_kv_store::launch::<f32>(
+        c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh, on, wide,
+    );
 }
 
 /// [`exact::paged_attention_exact`] for every batch row and query head:

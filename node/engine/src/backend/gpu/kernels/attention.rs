@@ -9,6 +9,9 @@
 
 use cubecl::prelude::*;
 
+use super::exact::mul;
+use super::q8::{fused, round_f16};
+
 /// Positions per K/V block (the block manager's `BLOCK_SIZE`).
 pub const BLOCK: usize = 16;
 
@@ -34,8 +37,11 @@ impl HeadShape {
 
 /// Row `cube_x` of `qkv = [q | k | v]`: rotate Q in place, rotate K and
 /// write it and V to the row's slot in layer `layer_off`'s pool.
-/// `cos`/`sin` are `[context, head_dim / 2]`. Launch with
-/// `CubeCount (rows)`, `CubeDim (128)`.
+/// `cos`/`sin` are `[context, head_dim / 2]`. With `exact`, in the CPU's
+/// arithmetic (`attn::Rope::apply`, `KvPool::attend`): each pair becomes
+/// `(fma(x0, c, −x1·s), fma(x0, s, x1·c))`, Q is rounded to f16 in place
+/// and K and V to f16 in the pool (`wide`: `fma`'s f64 stand-in,
+/// [`super::exact`]). Launch with `CubeCount (rows)`, `CubeDim (128)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_store<KV: Float>(
@@ -48,6 +54,8 @@ pub fn rope_kv_store<KV: Float>(
     row_slot: &[u32],
     layer_off: usize,
     #[comptime] sh: HeadShape,
+    #[comptime] exact: bool,
+    #[comptime] wide: bool,
 ) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
@@ -68,8 +76,12 @@ pub fn rope_kv_store<KV: Float>(
         let o = base + head * hd;
         let (x0, x1) = (qkv[o + a], qkv[o + b]);
         let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
-        let y0 = x0 * c - x1 * s;
-        let y1 = x0 * s + x1 * c;
+        let (y0, y1) = if comptime!(exact) {
+            let y0 = round_f16(fused(x0, c, -mul(x1, s, wide), wide));
+            (y0, round_f16(fused(x0, s, mul(x1, c, wide), wide)))
+        } else {
+            (x0 * c - x1 * s, x0 * s + x1 * c)
+        };
         if head < nh {
             qkv[o + a] = y0;
             qkv[o + b] = y1;
@@ -84,7 +96,11 @@ pub fn rope_kv_store<KV: Float>(
     while e < nkv * hd {
         let (h, d) = (e / hd, e % hd);
         let kv = pool_base + (h * BLOCK + off) * hd + d;
-        v_pool[kv] = KV::cast_from(qkv[base + qd + nkv * hd + e]);
+        let mut v = qkv[base + qd + nkv * hd + e];
+        if comptime!(exact) {
+            v = round_f16(v);
+        }
+        v_pool[kv] = KV::cast_from(v);
         e += threads;
     }
 }

@@ -1,6 +1,7 @@
 //! The rest of the CPU decoder's arithmetic on the GPU, bit for bit: the
-//! embedding rows, RoPE with the f16 K/V write, attention in llama.cpp's
-//! order and SwiGLU with ggml's `expf`. With [`super::q8`]'s matmuls and
+//! embedding rows, attention in llama.cpp's order and SwiGLU with ggml's
+//! `expf` (RoPE with the f16 K/V write is `attention::rope_kv_store`'s
+//! `exact`). With [`super::q8`]'s matmuls and
 //! norm every op of a llama step equals the CPU's, so a GPU worker's
 //! greedy tokens equal a CPU worker's (and llama.cpp's): issue 17's parity.
 //!
@@ -39,7 +40,10 @@ fn pow2(e: i32) -> f32 {
 
 /// `numerics::ggml_expf`: ggml's vectorised `expf`, the same single IEEE
 /// operations in the same order (its `scalef` too, over- and underflow).
+/// `n != n` is its NaN test, and `max(min(..))` clamps only the integer
+/// conversion (the clamped value is never returned).
 #[cube]
+#[allow(clippy::eq_op, clippy::manual_clamp)]
 pub fn ggml_expf(x: f32, #[comptime] wide: bool) -> f32 {
     let r = f32::reinterpret(0x4b40_0000u32);
     let z = fused(x, f32::reinterpret(0x3fb8_aa3bu32), r, wide);
@@ -131,65 +135,6 @@ pub fn embed_exact(
                 }
             }
         }
-    }
-}
-
-/// `attention::rope_kv_store` in the CPU's arithmetic (`attn::Rope::apply`
-/// and `KvPool::attend`): each pair `(x0, x1)` becomes
-/// `(fma(x0, c, −x1·s), fma(x0, s, x1·c))`, Q is then rounded to f16 in
-/// place, K and V are rounded to f16 into the (f32) pools. Launch with
-/// `CubeCount (rows)`, `CubeDim (128)`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn rope_kv_store_exact(
-    qkv: &mut [f32],
-    k_pool: &mut [f32],
-    v_pool: &mut [f32],
-    cos: &[f32],
-    sin: &[f32],
-    row_pos: &[u32],
-    row_slot: &[u32],
-    layer_off: usize,
-    #[comptime] sh: HeadShape,
-    #[comptime] wide: bool,
-) {
-    let row = CUBE_POS_X as usize;
-    let tid = UNIT_POS_X as usize;
-    let threads = CUBE_DIM_X as usize;
-    let hd = comptime!(sh.head_dim);
-    let half = comptime!(sh.head_dim / 2);
-    let (nh, nkv) = comptime!((sh.n_heads, sh.n_kv_heads));
-    let qd = nh * hd;
-    let base = row * comptime!(sh.width());
-    let pos = row_pos[row] as usize;
-    let slot = row_slot[row] as usize;
-    let (blk, off) = (slot / BLOCK, slot % BLOCK);
-    let pool_base = layer_off + blk * comptime!(sh.block_len());
-    let mut p = tid;
-    while p < (nh + nkv) * half {
-        let (head, i) = (p / half, p % half);
-        let (a, b) = if comptime!(sh.neox) { (i, i + half) } else { (2 * i, 2 * i + 1) };
-        let o = base + head * hd;
-        let (x0, x1) = (qkv[o + a], qkv[o + b]);
-        let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
-        let y0 = round_f16(fused(x0, c, -mul(x1, s, wide), wide));
-        let y1 = round_f16(fused(x0, s, mul(x1, c, wide), wide));
-        if head < nh {
-            qkv[o + a] = y0;
-            qkv[o + b] = y1;
-        } else {
-            let kv = pool_base + ((head - nh) * BLOCK + off) * hd;
-            k_pool[kv + a] = y0;
-            k_pool[kv + b] = y1;
-        }
-        p += threads;
-    }
-    let mut e = tid;
-    while e < nkv * hd {
-        let (h, d) = (e / hd, e % hd);
-        let kv = pool_base + (h * BLOCK + off) * hd + d;
-        v_pool[kv] = round_f16(qkv[base + qd + nkv * hd + e]);
-        e += threads;
     }
 }
 

@@ -91,7 +91,7 @@ pub fn fused(a: f32, b: f32, c: f32, #[comptime] wide: bool) -> f32 {
 
 /// Signed byte `k` of `word`.
 #[cube]
-fn sbyte(word: u32, #[comptime] k: u32) -> i32 {
+pub fn sbyte(word: u32, #[comptime] k: u32) -> i32 {
     let byte = (word >> (8 * k)) & 255;
     i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32)
 }
@@ -111,6 +111,7 @@ pub fn matmul_q8(
     out: &mut [f32],
     rows: usize,
     cols: usize,
+    n: usize,
     out_stride: usize,
     out_off: usize,
     #[comptime] kind: WeightKind,
@@ -118,7 +119,7 @@ pub fn matmul_q8(
 ) {
     let r = ABSOLUTE_POS_X as usize;
     let j = CUBE_POS_Y as usize;
-    if r < rows {
+    if r < rows && j < n {
         let nb = cols / 32;
         let words = comptime!(kind.words());
         let mut acc = 0.0f32;

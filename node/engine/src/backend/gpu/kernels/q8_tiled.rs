@@ -12,19 +12,12 @@
 
 use cubecl::prelude::*;
 
-use super::q8::fused;
+use super::q8::{fused, sbyte};
 use super::quant::{f16_to_f32, WeightKind};
 use super::tiled::{TM, TN, TT, UX, UY};
 
 /// Outputs a unit holds.
 const OUTS: usize = TT * TT;
-
-/// Signed byte `k` of `word`.
-#[cube]
-fn sbyte(word: u32, #[comptime] k: u32) -> i32 {
-    let byte = (word >> (8 * k)) & 255;
-    i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32)
-}
 
 /// `out[j, off + r] = Σ_c x[j, c] · W[r, c]` over inputs quantized by
 /// `q8::quantize_q8`, tiled. Launch with `CubeDim (UX, UY)` and

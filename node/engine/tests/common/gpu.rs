@@ -1,0 +1,59 @@
+//! A paged attention layer on the GPU beside the CPU's (wgpu tests).
+
+use cubecl::client::Client;
+use gcs_engine::attn::{AttnShape, KvPool, Rope};
+use gcs_engine::backend::gpu::kernels::attention::HeadShape;
+use gcs_engine::backend::gpu::launch::LayerPool;
+use gcs_engine::backend::gpu::weights::rope_tables;
+use gcs_engine::backend::gpu::DeviceBuf;
+
+/// Layers of the rig's pools; [`AttnRig::layer`] is the one used.
+pub const N_LAYERS: usize = 2;
+
+/// SmolLM2's attention shape (9 query heads over 3 KV heads of 64), RoPE
+/// tables of `ctx` positions on both sides, and zeroed device pools of
+/// `n_blocks` blocks in [`N_LAYERS`] layers.
+pub struct AttnRig {
+    pub ash: AttnShape,
+    pub sh: HeadShape,
+    pub rope: Rope,
+    pub cos: DeviceBuf<f32>,
+    pub sin: DeviceBuf<f32>,
+    pub kp: DeviceBuf<f32>,
+    pub vp: DeviceBuf<f32>,
+    pub layer: usize,
+    pub n_blocks: usize,
+}
+
+impl AttnRig {
+    pub fn new(c: &Client, ctx: usize, n_blocks: usize) -> Self {
+        let sh = HeadShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, neox: false };
+        let (cos, sin) = rope_tables(64, 100000.0, ctx);
+        let pool_len = N_LAYERS * n_blocks * sh.block_len();
+        Self {
+            ash: AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 },
+            sh,
+            rope: Rope::new(64, 100000.0, ctx),
+            cos: DeviceBuf::upload(c, &cos),
+            sin: DeviceBuf::upload(c, &sin),
+            kp: DeviceBuf::zeros(c, pool_len),
+            vp: DeviceBuf::zeros(c, pool_len),
+            layer: 1,
+            n_blocks,
+        }
+    }
+
+    /// The used layer of the device pools.
+    pub fn pool(&self) -> LayerPool<'_> {
+        LayerPool {
+            k: &self.kp,
+            v: &self.vp,
+            off: self.layer * self.n_blocks * self.sh.block_len(),
+        }
+    }
+
+    /// The CPU's pool of the same shape.
+    pub fn cpu_pool(&self) -> KvPool {
+        KvPool::new(N_LAYERS, self.ash, self.n_blocks)
+    }
+}
