@@ -392,7 +392,7 @@ fn paged_attention_matches_the_cpu_pool() {
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
         launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, None);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None);
         let got = ho.read(&c).unwrap();
         let rotated = hq.read(&c).unwrap();
 
@@ -444,7 +444,7 @@ fn paged_attention_matches_the_cpu_pool() {
         };
         let hq = DeviceBuf::upload(&c, &vec![0.25f32; width]);
         let ho = DeviceBuf::<f32>::uninit(&c, qd);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None);
         ho.read(&c).unwrap()
     };
     let a = run(&[7, 0, 3, 9]);

@@ -12,6 +12,7 @@ use cubecl::client::Client;
 
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
+use super::kernels::exact;
 use super::launch::{self, LayerPool};
 use super::step::{StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
@@ -182,12 +183,14 @@ impl GpuDecoder {
 
     /// Compute every op in the CPU's arithmetic or not, whatever the
     /// default ([`exact_default`]); before the first step. Refused for a
-    /// head size the CPU's 16-lane orders do not cover.
+    /// head size the CPU's 16-lane orders do not cover, or one past the
+    /// exact attention's units (each unit finishes one output dimension).
     pub fn with_exact(mut self, on: bool) -> std::result::Result<Self, GpuError> {
-        if on && !self.sh.head_dim.is_multiple_of(16) {
+        let hd = self.sh.head_dim;
+        if on && (!hd.is_multiple_of(16) || hd > exact::EXACT_THREADS) {
             return Err(GpuError::Unsupported(format!(
-                "exact arithmetic with head size {} (a multiple of 16 needed)",
-                self.sh.head_dim
+                "exact arithmetic with head size {hd} (a multiple of 16 up to {} needed)",
+                exact::EXACT_THREADS
             )));
         }
         self.shape.exact = on;
@@ -427,12 +430,7 @@ impl GpuDecoder {
             self.matmul(io, &l.wqkv, &io.h, total, &io.qkv);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
             launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
-            match exact {
-                Some(wide) => launch::paged_attention_exact(
-                    cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, wide,
-                ),
-                None => launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0),
-            }
+            launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
             self.matmul(io, &l.wo, &io.attn, total, &io.o);
             self.norm(io, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all);
             self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu);

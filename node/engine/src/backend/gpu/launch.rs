@@ -362,46 +362,13 @@ pub fn rope_kv_store(
     );
 }
 
-/// [`exact::paged_attention_exact`] for every batch row and query head:
-/// [`paged_attention`] in the CPU's arithmetic.
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention_exact(
-    c: &Client,
-    sh: HeadShape,
-    qkv: &DeviceBuf<f32>,
-    pool: LayerPool<'_>,
-    out: &DeviceBuf<f32>,
-    meta: &RowMeta,
-    scale: f32,
-    window: usize,
-    wide: bool,
-) {
-    exact::paged_attention_exact::launch(
-        c,
-        CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1),
-        CubeDim::new_1d(exact::EXACT_THREADS as u32),
-        qkv.arg(),
-        pool.k.arg(),
-        pool.v.arg(),
-        out.arg(),
-        meta.pos.arg(),
-        meta.table.arg(),
-        meta.single.arg(),
-        meta.tables.arg(),
-        pool.off,
-        scale,
-        window,
-        sh,
-        wide,
-    );
-}
-
 /// Units per attention cube: keys scored per chunk, at least `head_dim`.
 pub fn attention_threads(sh: HeadShape) -> usize {
     sh.head_dim.next_power_of_two().max(128)
 }
 
-/// [`attention::paged_attention`] for every batch row and query head.
+/// [`attention::paged_attention`] for every batch row and query head (with
+/// `exact`: [`exact::paged_attention_exact`], the CPU's arithmetic).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     c: &Client,
@@ -412,25 +379,51 @@ pub fn paged_attention(
     meta: &RowMeta,
     scale: f32,
     window: usize,
+    exact: Exact,
 ) {
-    let t = attention_threads(sh);
-    attention::paged_attention::launch::<f32>(
-        c,
-        CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1),
-        CubeDim::new_1d(t as u32),
-        qkv.arg(),
-        pool.k.arg(),
-        pool.v.arg(),
-        out.arg(),
-        meta.pos.arg(),
-        meta.table.arg(),
-        meta.tables.arg(),
-        pool.off,
-        scale,
-        window,
-        sh,
-        t,
-    );
+    let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
+    let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
+    let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
+    match exact {
+        Some(wide) => exact::paged_attention_exact::launch(
+            c,
+            count,
+            CubeDim::new_1d(exact::EXACT_THREADS as u32),
+            q,
+            k,
+            v,
+            o,
+            pos,
+            table,
+            meta.single.arg(),
+            tables,
+            pool.off,
+            scale,
+            window,
+            sh,
+            wide,
+        ),
+        None => {
+            let t = attention_threads(sh);
+            attention::paged_attention::launch::<f32>(
+                c,
+                count,
+                CubeDim::new_1d(t as u32),
+                q,
+                k,
+                v,
+                o,
+                pos,
+                table,
+                tables,
+                pool.off,
+                scale,
+                window,
+                sh,
+                t,
+            )
+        }
+    }
 }
 
 /// Copy block `src` to `dst` in all `n_layers` layers of both pools.

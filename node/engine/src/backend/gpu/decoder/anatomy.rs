@@ -99,7 +99,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("attention", &mut || {
-            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0);
+            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, None);
             Ok(())
         })?;
         time("matmul o", &mut || {
@@ -164,9 +164,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("attention exact", &mut || {
-            launch::paged_attention_exact(
-                &cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, wide_fma,
-            );
+            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
             Ok(())
         })?;
         time("swiglu exact", &mut || {

@@ -9,8 +9,7 @@
 
 use cubecl::prelude::*;
 
-use super::exact::mul;
-use super::q8::{fused, round_f16};
+use super::q8::{fused, mul, round_f16};
 
 /// Positions per K/V block (the block manager's `BLOCK_SIZE`).
 pub const BLOCK: usize = 16;
@@ -41,7 +40,7 @@ impl HeadShape {
 /// arithmetic (`attn::Rope::apply`, `KvPool::attend`): each pair becomes
 /// `(fma(x0, c, −x1·s), fma(x0, s, x1·c))`, Q is rounded to f16 in place
 /// and K and V to f16 in the pool (`wide`: `fma`'s f64 stand-in,
-/// [`super::exact`]). Launch with `CubeCount (rows)`, `CubeDim (128)`.
+/// `exact.rs`). Launch with `CubeCount (rows)`, `CubeDim (128)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_store<KV: Float>(

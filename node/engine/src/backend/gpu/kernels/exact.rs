@@ -9,7 +9,7 @@
 //! - **CUDA contracts.** cubecl-llvm marks every f32 add, sub and mul
 //!   `contract`, so LLVM may fuse a product into the add that follows it;
 //!   the CPU rounds the product first. A product that can reach an add is
-//!   taken with [`mul`]: `fma(a, b, −0)` rounds once and carries no flag
+//!   taken with [`super::q8::mul`]: `fma(a, b, −0)` rounds once and carries no flag
 //!   to contract with (LLVM may turn it back into a plain `fmul`, also
 //!   without the flag).
 //! - **wgpu's `fma` may round twice** (lavapipe's does): `wide` takes
@@ -18,18 +18,8 @@
 use cubecl::prelude::*;
 
 use super::attention::{HeadShape, BLOCK};
-use super::q8::{fused, round_f16};
+use super::q8::{fused, mul, round_f16};
 use super::quant::{f16_to_f32, WeightKind};
-
-/// `a · b`, rounded once and never fused into a later add (module docs).
-#[cube]
-pub fn mul(a: f32, b: f32, #[comptime] wide: bool) -> f32 {
-    if comptime!(wide) {
-        a * b
-    } else {
-        fma(a, b, f32::reinterpret(0x8000_0000u32))
-    }
-}
 
 /// `2^e` for `e` in −126..=127 (clamped there).
 #[cube]

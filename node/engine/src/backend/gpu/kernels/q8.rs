@@ -89,6 +89,18 @@ pub fn fused(a: f32, b: f32, c: f32, #[comptime] wide: bool) -> f32 {
     }
 }
 
+/// `a · b`, rounded once and never fused into a later add: cubecl-llvm
+/// marks CUDA's f32 adds and muls `contract`, and `fma(a, b, −0)` carries
+/// no flag to contract with ([`super::exact`]'s module docs).
+#[cube]
+pub fn mul(a: f32, b: f32, #[comptime] wide: bool) -> f32 {
+    if comptime!(wide) {
+        a * b
+    } else {
+        fma(a, b, f32::reinterpret(0x8000_0000u32))
+    }
+}
+
 /// Signed byte `k` of `word`.
 #[cube]
 pub fn sbyte(word: u32, #[comptime] k: u32) -> i32 {
