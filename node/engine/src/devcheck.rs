@@ -75,7 +75,8 @@ pub struct Parity {
     pub top1_agree: usize,
     pub top1_total: usize,
     pub max_abs_logit_delta: f32,
-    /// Every logit compared equals the CPU's bit for bit.
+    /// Every logit compared (the first `logit_prompts` prompts, as
+    /// `max_abs_logit_delta`) equals the CPU's bit for bit.
     pub logits_bit_equal: bool,
 }
 
@@ -135,22 +136,23 @@ pub fn run(cfg: &CheckConfig) -> Result<CheckReport> {
 pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Result<CheckReport> {
     let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
     let gpu = backend::check_device(cfg.device).map_err(backend_err)?;
-    let (parity, cpu_ref, load_s) = against_cpu(cfg, GpuOptions::default())?;
+    let reference = CpuReference::run(cfg)?;
+    let cpu_ref = reference.first();
+    let (parity, load_s) = against_cpu(cfg, &reference, GpuOptions::default())?;
     let cpu_engine =
         BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     drop(cpu_engine);
 
     let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
-    let (engine, decode) = decode_figures(cfg, &short, &cpu_ref, GpuOptions::default())?;
+    let (engine, decode) = decode_figures(cfg, &short, cpu_ref, GpuOptions::default())?;
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
     drop(engine);
     // The same figures with every step launched eagerly, side by side.
     let graphs = gpu.as_ref().is_some_and(|g| backend::graphs_default(g.kind));
     let eager = GpuOptions { graphs: Some(false), ..Default::default() };
-    let decode_eager =
-        if graphs { decode_figures(cfg, &short, &cpu_ref, eager)?.1 } else { vec![] };
+    let decode_eager = if graphs { decode_figures(cfg, &short, cpu_ref, eager)?.1 } else { vec![] };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
@@ -176,8 +178,8 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     progress(&report);
     if gpu.is_some() {
         let exact = GpuOptions { exact: Some(true), ..Default::default() };
-        let (parity, cpu_ref, _) = against_cpu(cfg, exact)?;
-        let decode = decode_figures(cfg, &short, &cpu_ref, exact)?.1;
+        let (parity, _) = against_cpu(cfg, &reference, exact)?;
+        let decode = decode_figures(cfg, &short, cpu_ref, exact)?.1;
         report.exact = Some(ExactFigures { parity, decode });
         progress(&report);
     }
@@ -198,49 +200,87 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     Ok(report)
 }
 
-/// The decoder on the checked device (as `opts` says) against the CPU
-/// decoder, teacher-forced by the CPU's tokens, and the CPU's greedy
-/// continuation of the first prompt (which the decode measurements, that
-/// prompt greedily, must reproduce on every stream), and the seconds the
-/// decoder took to load.
-fn against_cpu(cfg: &CheckConfig, opts: GpuOptions) -> Result<(Parity, Vec<u32>, f64)> {
+/// The CPU decoder's run of the check's prompts, each step teacher-forced
+/// by its own greedy token: every step's token, and the whole logits of
+/// the first `logit_prompts` prompts. Computed once; each device decoder
+/// is compared against it ([`against_cpu`]).
+struct CpuReference {
+    table: Vec<u32>,
+    /// Per prompt, the token of each step.
+    tokens: Vec<Vec<u32>>,
+    /// Per prompt of the first `logit_prompts`, each step's logits.
+    logits: Vec<Vec<Vec<f32>>>,
+}
+
+impl CpuReference {
+    fn run(cfg: &CheckConfig) -> Result<Self> {
+        let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
+        let table: Vec<u32> = (0..blocks(longest) as u32).collect();
+        let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
+        let (mut tokens, mut logits) = (vec![], vec![]);
+        for (i, prompt) in cfg.prompts.iter().enumerate() {
+            let (mut toks, mut steps) = (vec![], vec![]);
+            let mut feed = prompt.clone();
+            let mut past = 0;
+            for _ in 0..cfg.greedy_tokens {
+                let s =
+                    [PagedSeq { tokens: &feed, past, table: &table, decode_from: prompt.len() }];
+                let a = cpu.forward_paged(&s)?;
+                let tok = argmax(&a);
+                toks.push(tok);
+                if i < cfg.logit_prompts {
+                    steps.push(a);
+                }
+                past += feed.len();
+                feed = vec![tok];
+            }
+            tokens.push(toks);
+            if i < cfg.logit_prompts {
+                logits.push(steps);
+            }
+        }
+        Ok(Self { table, tokens, logits })
+    }
+
+    /// The CPU's greedy continuation of the first prompt, which the decode
+    /// measurements (that prompt, greedy) must reproduce on every stream.
+    fn first(&self) -> &[u32] {
+        self.tokens.first().map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The decoder on the checked device (as `opts` says) against the CPU's
+/// run `r`, fed the CPU's tokens; and the seconds it took to load. Logits
+/// are compared (max |Δ|, bit-equality) over the prompts `r` kept them of.
+fn against_cpu(cfg: &CheckConfig, r: &CpuReference, opts: GpuOptions) -> Result<(Parity, f64)> {
     let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
-    let longest = cfg.prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.greedy_tokens + 1;
-    let table: Vec<u32> = (0..blocks(longest) as u32).collect();
     let t = Instant::now();
     let model = Engine::load(&cfg.model, &cpu_device())?.model;
-    let mut dev = paged_decoder(cfg.device, model, table.len(), opts).map_err(backend_err)?;
+    let mut dev = paged_decoder(cfg.device, model, r.table.len(), opts).map_err(backend_err)?;
     let load_s = t.elapsed().as_secs_f64();
-    let mut cpu = CpuDecoder::new(Engine::load(&cfg.model, &cpu_device())?.model, table.len());
     let mut p = Parity { prompts: cfg.prompts.len(), logits_bit_equal: true, ..Default::default() };
-    let mut cpu_ref = vec![];
-    for (i, prompt) in cfg.prompts.iter().enumerate() {
-        let n = prompt.len();
+    for (i, (prompt, want)) in cfg.prompts.iter().zip(&r.tokens).enumerate() {
         let mut feed = prompt.clone();
         let mut past = 0;
         let mut all = true;
-        for _ in 0..cfg.greedy_tokens {
-            let s = [PagedSeq { tokens: &feed, past, table: &table, decode_from: n }];
-            let (a, b) = (cpu.forward_paged(&s)?, dev.forward_paged(&s)?);
-            if i < cfg.logit_prompts {
+        for (step, &tok) in want.iter().enumerate() {
+            let s = [PagedSeq { tokens: &feed, past, table: &r.table, decode_from: prompt.len() }];
+            let b = dev.forward_paged(&s)?;
+            if let Some(a) = r.logits.get(i).map(|l| &l[step]) {
                 let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
                 p.max_abs_logit_delta = p.max_abs_logit_delta.max(d);
+                p.logits_bit_equal &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
             }
-            p.logits_bit_equal &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-            let want = argmax(&a);
-            let same = argmax(&b) == want;
+            let same = argmax(&b) == tok;
             p.top1_agree += usize::from(same);
             all &= same;
             p.top1_total += 1;
-            if i == 0 {
-                cpu_ref.push(want);
-            }
             past += feed.len();
-            feed = vec![want]; // teacher-forced by the CPU
+            feed = vec![tok]; // teacher-forced by the CPU
         }
         p.greedy_identical += usize::from(all);
     }
-    Ok((p, cpu_ref, load_s))
+    Ok((p, load_s))
 }
 
 /// A batch engine on the checked device (as `opts` says) and its decode

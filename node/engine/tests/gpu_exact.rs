@@ -1,9 +1,10 @@
 //! The CPU's arithmetic on the GPU (`kernels::exact`, with `GCS_GPU_EXACT`)
 //! on wgpu (Mesa's lavapipe), each kernel against the CPU engine's own op,
-//! bit for bit: embedding rows, SwiGLU with ggml's `expf` (its over- and
-//! underflow branches too), and RoPE with the f16 K/V write and attention
+//! bit for bit: SwiGLU with ggml's `expf` (its over- and underflow
+//! branches too), and RoPE with the f16 K/V write and attention
 //! in both of llama.cpp's orders (prefill rows, decode rows, one sequence
-//! crossing from one to the other, more keys than a cube has units).
+//! crossing from one to the other, more keys than a cube has units). The
+//! exact embedding rows and matmuls are checked in `gpu_kernels`.
 //! `cargo test -p gcs-engine --features wgpu --test gpu_exact`.
 #![cfg(feature = "wgpu")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -11,14 +12,12 @@
 use cubecl::client::Client;
 use gcs_engine::attn::PagedSeqRef;
 use gcs_engine::backend::gpu::launch::{self, RowMeta};
-use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::swiglu_rows;
-use gcs_engine::quant::{GgmlType, QMatrix};
 
 mod common;
 use common::gpu::AttnRig;
-use common::rng::{gguf_blocks, Rng};
+use common::rng::Rng;
 
 fn client() -> Client {
     cubecl::Device::Wgpu(Default::default()).client()
@@ -51,25 +50,6 @@ fn exact_swiglu_equals_the_cpu_bit_for_bit() {
     // The float kernel is not the CPU's (the test can tell them apart).
     launch::swiglu(&c, &hg, &ha, inter, None);
     assert_ne!(bits(&ha.read(&c).unwrap()), bits(&want), "the float SwiGLU");
-}
-
-#[test]
-fn exact_embedding_rows_equal_the_cpu_rows_bit_for_bit() {
-    let c = client();
-    let mut rng = Rng(0xe_3b);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        let (rows, cols) = (50, 576);
-        let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
-        let tokens = [3u32, 49, 0, 3, 17];
-        let g = GpuMatrix::upload(&c, &m).unwrap();
-        let (ht, hx) = (DeviceBuf::upload(&c, &tokens), DeviceBuf::<f32>::uninit(&c, 5 * cols));
-        launch::embed(&c, &g, &ht, &hx, WIDE);
-        let mut want = vec![0f32; 5 * cols];
-        for (i, &t) in tokens.iter().enumerate() {
-            m.row_f32(t as usize, &mut want[i * cols..(i + 1) * cols]);
-        }
-        assert_eq!(bits(&hx.read(&c).unwrap()), bits(&want), "{ty:?}");
-    }
 }
 
 /// One sequence of the attention test.

@@ -246,6 +246,7 @@ fn the_exact_rms_norm_equals_the_cpu_bit_for_bit() {
     assert_eq!(bits(&hl.read(&c).unwrap()), bits(&want[3 * hid..4 * hid]), "row 3");
 }
 
+/// Embedding rows: the float kernel within 2.5e-7, the exact one bit for bit.
 #[test]
 fn embedding_rows_match_the_cpu_rows() {
     let c = client();
@@ -266,6 +267,11 @@ fn embedding_rows_match_the_cpu_rows() {
         let e = max_rel(&got, &want, &scale);
         eprintln!("embed {ty:?}: {e:.2e}");
         assert!(e <= 2.5e-7, "{ty:?}: {e:e}");
+        // In the CPU's arithmetic (`exact::embed_exact`, with the f64
+        // `fma` of wgpu): the same bits.
+        launch::embed(&c, &g, &ht, &hx, Some(true));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&hx.read(&c).unwrap()), bits(&want), "{ty:?}, exact");
     }
 }
 

@@ -198,6 +198,12 @@ impl GpuDecoder {
         Ok(self)
     }
 
+    /// Whether the exact kernels take `fma`'s f64 stand-in: on wgpu, whose
+    /// `fma` may round twice (`kernels::q8::fused`).
+    fn wide_fma(&self) -> bool {
+        self.kind == BackendKind::Wgpu
+    }
+
     /// Whether steps run in the CPU's arithmetic ([`Self::with_exact`]).
     pub fn exact(&self) -> bool {
         self.shape.exact
@@ -389,7 +395,7 @@ impl GpuDecoder {
         match &io.acts {
             Some(a) => {
                 launch::quantize_q8(&self.client, x, rows, m.cols, a);
-                let wide_fma = self.kind == BackendKind::Wgpu;
+                let wide_fma = self.wide_fma();
                 launch::matmul_q8(&self.client, m, a, rows, out, wide_fma);
             }
             None => launch::matmul(&self.client, m, x, rows, out),
@@ -418,8 +424,7 @@ impl GpuDecoder {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
         let (total, n) = (io.rows(), io.seqs());
         let meta = &io.meta;
-        // The CPU's arithmetic; on wgpu with `fma`'s f64 stand-in.
-        let exact = self.shape.exact.then_some(self.kind == BackendKind::Wgpu);
+        let exact = self.shape.exact.then_some(self.wide_fma());
         launch::embed(cl, &self.embed, &io.tok, &io.x, exact);
         let layer_len = (self.n_blocks + 1) * sh.block_len();
         let scale = 1.0 / (c.head_dim as f32).sqrt();

@@ -1,7 +1,7 @@
 //! [`GpuDecoder::anatomy`]: where a decode step's time goes, for the
 //! device check (`devcheck/anatomy.rs`).
 
-use super::{BackendKind, GpuDecoder, GpuError, StepIo, BLOCK, STEP};
+use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
 use crate::backend::gpu::launch::{self, LayerPool};
 use crate::backend::rows::HostRows;
 use crate::llama::PagedSeq;
@@ -141,7 +141,7 @@ impl GpuDecoder {
         // The CPU's arithmetic (`kernels::q8` and `exact`, `GCS_GPU_EXACT=1`):
         // quantizing an input, the matmuls over it, and the exact ops.
         let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
-        let wide_fma = self.kind == BackendKind::Wgpu;
+        let wide_fma = self.wide_fma();
         time("quantize q8", &mut || {
             launch::quantize_q8(&cl, &io.h, t, l.w_gate_up.cols, &acts);
             Ok(())
