@@ -162,7 +162,8 @@ fn a_k_quant_model_is_refused_naming_the_type() {
     use gcs_engine::backend::{paged_decoder, BackendError, ComputeDevice};
     let Some(path) = common::gemma_path() else { return };
     let model = Engine::load(&path, &cpu_device()).unwrap().model;
-    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4, Default::default()).expect_err("no K-quant kernels");
+    let err = paged_decoder(ComputeDevice::Wgpu(0), model, 4, Default::default())
+        .expect_err("no K-quant kernels");
     let msg = err.to_string();
     eprintln!("{msg}");
     assert!(matches!(err, BackendError::ModelUnsupported(_)), "{err:?}");
@@ -206,7 +207,8 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         let a = eager.forward_select(&seqs, &want).unwrap();
         let b = graphed.forward_select(&seqs, &want).unwrap();
         assert_eq!(a.logits, b.logits, "step {step}");
-        let host: Vec<u32> = (0..3).map(|i| argmax(&a.logits[i * vocab..(i + 1) * vocab])).collect();
+        let host: Vec<u32> =
+            (0..3).map(|i| argmax(&a.logits[i * vocab..(i + 1) * vocab])).collect();
         assert_eq!(a.argmax.as_deref(), Some(&host[..]), "step {step}");
         assert_eq!(b.argmax.as_deref(), Some(&host[..]), "step {step}");
         for i in 0..3 {
@@ -228,14 +230,21 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
 /// The device check's step anatomy (`GpuDecoder::anatomy`) runs every part
 /// it names — each kernel, each matmul kernel, the q8 arithmetic, the step
 /// eager and as a replayed graph — and times each as a positive, finite
-/// figure (on a GPU it says where a step's time goes).
+/// figure (on a GPU it says where a step's time goes); it counts a step's
+/// launches, eight a layer.
 #[test]
 fn the_step_anatomy_times_every_part() {
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
     let client = cubecl::Device::Wgpu(Default::default()).client();
     let dec = GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 4).unwrap();
-    let parts = dec.anatomy(3, 40, 1).unwrap();
+    let anatomy = dec.anatomy(3, 40, 1).unwrap();
+    // Embedding; a layer's two norms, QKV, RoPE/K-V store, attention, O,
+    // gate/up and down (SwiGLU read inside it; Q, K, V one launch, gate and
+    // up one); the output norm, the LM head, the argmax.
+    let layers = engine.model.config.n_layers;
+    assert_eq!(anatomy.launches, 1 + 8 * layers + 3, "launches a step");
+    let parts = anatomy.parts;
     let names: Vec<&str> = parts.iter().map(|p| p.part.as_str()).collect();
     for want in ["step, eager", "attention", "lm_head Tiled", "gate_up q8", "step, graph replay"] {
         assert!(names.contains(&want), "{want} missing from {names:?}");

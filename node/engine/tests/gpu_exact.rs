@@ -52,6 +52,31 @@ fn exact_swiglu_equals_the_cpu_bit_for_bit() {
     assert_ne!(bits(&ha.read(&c).unwrap()), bits(&want), "the float SwiGLU");
 }
 
+/// The down projection's exact input in one kernel
+/// (`launch::swiglu_quantize_q8`): the quantized blocks of what the exact
+/// SwiGLU writes, bit for bit, over rows of several blocks.
+#[test]
+fn swiglu_fused_into_the_quantizer_equals_the_two_kernels() {
+    let c = client();
+    let mut rng = Rng(0x5_9a7e);
+    let (n, inter) = (5, 1536);
+    let gu: Vec<f32> = rng.vec(n * 2 * inter).iter().map(|v| v * 8.0).collect();
+    let hg = DeviceBuf::upload(&c, &gu);
+    let act = DeviceBuf::<f32>::uninit(&c, n * inter);
+    launch::swiglu(&c, &hg, &act, inter, WIDE);
+    let (two, one) = (launch::QActs::new(&c, n * inter), launch::QActs::new(&c, n * inter));
+    launch::quantize_q8(&c, &act, n, inter, &two);
+    launch::swiglu_quantize_q8(&c, &hg, n, inter, &one, true);
+    let all = |a: &launch::QActs| {
+        let (d, s) = (a.d.read(&c).unwrap(), a.s.read(&c).unwrap());
+        (a.qs.read(&c).unwrap(), bits(&d), bits(&s), a.sum_q.read(&c).unwrap())
+    };
+    let (want, got) = (all(&two), all(&one));
+    assert_eq!(want, got);
+    // Not vacuous: the blocks differ from row to row.
+    assert_ne!(want.1[0], want.1[inter / 32]);
+}
+
 /// One sequence of the attention test.
 struct Seq {
     table: Vec<u32>,

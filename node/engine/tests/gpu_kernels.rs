@@ -119,10 +119,30 @@ fn quantized_matmul_matches_the_dequantized_weights() {
     w.extend(dequantize(GgmlType::Q8_0, &b));
     let (gpu, _) = check_matmul(&c, &m, &w, 3, &mut rng);
     assert!(gpu <= 1e-5, "stack: {gpu:e}");
+    // Adjacent parts of one type (Q, K and V; gate and up) upload as one
+    // part, one launch: Q4_1, Q4_1, Q8_0 is two.
+    let a2 = gguf_blocks(&mut rng, GgmlType::Q4_1, 9, 64);
+    let m3 = QMatrix::stack(vec![
+        QMatrix::from_gguf(GgmlType::Q4_1, 24, 64, &a),
+        QMatrix::from_gguf(GgmlType::Q4_1, 9, 64, &a2),
+        QMatrix::from_gguf(GgmlType::Q8_0, 16, 64, &b),
+    ])
+    .unwrap();
+    let rows: Vec<usize> =
+        GpuMatrix::upload(&c, &m3).unwrap().parts.iter().map(|p| p.rows).collect();
+    assert_eq!(rows, [33, 16]);
+    let mut w = dequantize(GgmlType::Q4_1, &a);
+    w.extend(dequantize(GgmlType::Q4_1, &a2));
+    w.extend(dequantize(GgmlType::Q8_0, &b));
+    for n in [2, 9] {
+        let (gpu, _) = check_matmul(&c, &m3, &w, n, &mut rng);
+        assert!(gpu <= 1e-5, "merged stack n={n}: {gpu:e}");
+    }
 }
 
-/// The three matmul kernels (narrow, wide: 4 weight rows a unit, tiled:
-/// shared-memory tiles) give the same bits for every type, row counts that
+/// The three matmul kernels (narrow, wide: 4 weight rows a unit and 1, 2,
+/// 4 or 8 batch rows a cube, tiled: shared-memory tiles) give the same
+/// bits for every type, row counts that
 /// are no multiple of a cube's rows, rows of 48 and of 18 blocks (not a
 /// multiple of the 4 lanes), batches that end inside a cube's batch rows,
 /// and a two-part stack: a sequence's logits do not depend on the size of
@@ -131,17 +151,19 @@ fn quantized_matmul_matches_the_dequantized_weights() {
 fn the_matmul_kernels_agree_bit_for_bit() {
     let c = client();
     let mut rng = Rng(0x0dd_ba11);
-    let run = |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel| {
+    let run_glu = |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel, glu: bool| {
         let o = DeviceBuf::<f32>::uninit(&c, n * m.rows);
-        launch::matmul_with(&c, m, x, n, &o, k);
+        launch::matmul_with(&c, m, x, n, &o, k, glu);
         o.read(&c).unwrap()
     };
+    let run =
+        |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel| run_glu(m, x, n, k, false);
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         for (rows, cols) in [(70, 1536), (45, 576)] {
             let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
             let g = GpuMatrix::upload(&c, &m).unwrap();
-            for n in [1, 9, 21, 64, 100] {
+            for n in [1, 2, 3, 9, 21, 64, 100] {
                 let x = DeviceBuf::upload(&c, &rng.vec(n * cols));
                 let narrow = run(&g, &x, n, MatmulKernel::Narrow);
                 for k in [MatmulKernel::Wide, MatmulKernel::Tiled] {
@@ -156,6 +178,33 @@ fn the_matmul_kernels_agree_bit_for_bit() {
     let narrow = run(&g, &x, 13, MatmulKernel::Narrow);
     for k in [MatmulKernel::Wide, MatmulKernel::Tiled] {
         assert!(same(&narrow, &run(&g, &x, 13, k)), "stack {k:?}");
+    }
+
+    // The down projection's fused input: each kernel over `[gate | up]`
+    // rows gives the bits it gives over the SwiGLU kernel's output.
+    let (rows, inter) = (45, 576);
+    let m = QMatrix::from_gguf(
+        GgmlType::Q4_1,
+        rows,
+        inter,
+        &gguf_blocks(&mut rng, GgmlType::Q4_1, rows, inter),
+    );
+    let g = GpuMatrix::upload(&c, &m).unwrap();
+    for n in [1, 9, 70] {
+        let gu: Vec<f32> = rng.vec(n * 2 * inter).iter().map(|v| v * 8.0).collect();
+        let gu = DeviceBuf::upload(&c, &gu);
+        let act = DeviceBuf::<f32>::uninit(&c, n * inter);
+        launch::swiglu(&c, &gu, &act, inter, None);
+        for k in MatmulKernel::ALL {
+            let want = run(&g, &act, n, k);
+            assert!(same(&want, &run_glu(&g, &gu, n, k, true)), "SwiGLU input n={n} {k:?}");
+        }
+        // The gate/up buffer itself as an input is not the same product
+        // (the comparison can fail).
+        assert!(!same(
+            &run(&g, &act, n, MatmulKernel::Tiled),
+            &run(&g, &gu, n, MatmulKernel::Tiled)
+        ));
     }
 }
 

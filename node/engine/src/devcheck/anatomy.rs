@@ -19,6 +19,8 @@ pub const ITERS: usize = 20;
 pub struct AnatomyFigure {
     pub rows: usize,
     pub ctx: usize,
+    /// Kernels one step launches.
+    pub launches: usize,
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     pub parts: Vec<crate::backend::gpu::StepPart>,
     /// Why this batch has no figure.
@@ -44,6 +46,7 @@ fn gpu(engine: &Engine, device: ComputeDevice, batches: &[usize]) -> Vec<Anatomy
             .map(|&rows| AnatomyFigure {
                 rows,
                 ctx: CONTEXT,
+                launches: 0,
                 parts: vec![],
                 error: Some(e.clone()),
             })
@@ -66,10 +69,20 @@ fn gpu(engine: &Engine, device: ComputeDevice, batches: &[usize]) -> Vec<Anatomy
     batches
         .iter()
         .map(|&rows| match dec.anatomy(rows, CONTEXT, ITERS) {
-            Ok(parts) => AnatomyFigure { rows, ctx: CONTEXT, parts, error: None },
-            Err(e) => {
-                AnatomyFigure { rows, ctx: CONTEXT, parts: vec![], error: Some(e.to_string()) }
-            }
+            Ok(a) => AnatomyFigure {
+                rows,
+                ctx: CONTEXT,
+                launches: a.launches,
+                parts: a.parts,
+                error: None,
+            },
+            Err(e) => AnatomyFigure {
+                rows,
+                ctx: CONTEXT,
+                launches: 0,
+                parts: vec![],
+                error: Some(e.to_string()),
+            },
         })
         .collect()
 }

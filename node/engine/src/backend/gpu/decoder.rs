@@ -47,7 +47,7 @@ fn exact_default() -> bool {
 static STEP: Mutex<()> = Mutex::new(());
 
 mod anatomy;
-pub use anatomy::StepPart;
+pub use anatomy::{Anatomy, StepPart};
 
 /// The llama decoder on a CubeCL device (CUDA, or wgpu in the tests).
 pub struct GpuDecoder {
@@ -382,8 +382,11 @@ impl GpuDecoder {
         out
     }
 
-    /// `out = x · mᵀ` over `rows` rows: in the CPU's arithmetic when the
-    /// step keeps quantized inputs, else the float kernels.
+    /// `out = x · mᵀ` over `rows` rows (with `glu`, over the SwiGLU of
+    /// `x`'s `[gate | up]` rows, computed as the input is read): in the
+    /// CPU's arithmetic when the step keeps quantized inputs, else the
+    /// float kernels.
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
         io: &StepIo,
@@ -391,14 +394,21 @@ impl GpuDecoder {
         x: &DeviceBuf<f32>,
         rows: usize,
         out: &DeviceBuf<f32>,
+        glu: bool,
     ) {
+        let cl = &self.client;
         match &io.acts {
             Some(a) => {
-                launch::quantize_q8(&self.client, x, rows, m.cols, a);
                 let wide_fma = self.wide_fma();
-                launch::matmul_q8(&self.client, m, a, rows, out, wide_fma);
+                if glu {
+                    launch::swiglu_quantize_q8(cl, x, rows, m.cols, a, wide_fma);
+                } else {
+                    launch::quantize_q8(cl, x, rows, m.cols, a);
+                }
+                launch::matmul_q8(cl, m, a, rows, out, wide_fma);
             }
-            None => launch::matmul(&self.client, m, x, rows, out),
+            None if glu => launch::matmul_glu(cl, m, x, rows, out),
+            None => launch::matmul(cl, m, x, rows, out),
         }
     }
 
@@ -432,19 +442,19 @@ impl GpuDecoder {
             // x += previous layer's FFN output, fused with this norm.
             let prev = (li > 0).then_some(&io.d);
             self.norm(io, &io.x, prev, &l.attn_norm, &io.h, &io.all);
-            self.matmul(io, &l.wqkv, &io.h, total, &io.qkv);
+            self.matmul(io, &l.wqkv, &io.h, total, &io.qkv, false);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
             launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
             launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
-            self.matmul(io, &l.wo, &io.attn, total, &io.o);
+            self.matmul(io, &l.wo, &io.attn, total, &io.o, false);
             self.norm(io, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all);
-            self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu);
-            launch::swiglu(cl, &io.gu, &io.act, c.intermediate, exact);
-            self.matmul(io, &l.w_down, &io.act, total, &io.d);
+            self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu, false);
+            // SwiGLU inside the down projection's input.
+            self.matmul(io, &l.w_down, &io.gu, total, &io.d, true);
         }
         // Only each sequence's last row: its residual, the output norm, logits.
         self.norm(io, &io.x, Some(&io.d), &self.output_norm, &io.hl, &io.last);
-        self.matmul(io, &self.lm_head, &io.hl, n, &io.logits);
+        self.matmul(io, &self.lm_head, &io.hl, n, &io.logits, false);
         if self.argmax {
             launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);
         }

@@ -9,6 +9,22 @@ use super::kernels::{exact, ops, q8, q8_tiled, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
+thread_local! {
+    static LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Kernels this thread has launched through this module so far: a step's
+/// count is the difference across it (the device check's anatomy and the
+/// decoder's test; at small batches each launch costs microseconds of the
+/// step, replayed as a graph or not).
+pub fn launches() -> usize {
+    LAUNCHES.with(|l| l.get())
+}
+
+fn counted() {
+    LAUNCHES.with(|l| l.set(l.get() + 1));
+}
+
 fn groups(n: usize, per: usize) -> u32 {
     n.div_ceil(per).max(1) as u32
 }
@@ -42,16 +58,30 @@ impl MatmulKernel {
     }
 }
 
+/// Batch rows a cube of the wide kernel takes for a batch of `n`: the
+/// next power of two up to [`quant::NB`] (one kernel each; a lone
+/// sequence's step reduces one row, not eight).
+pub fn wide_batch_rows(n: usize) -> usize {
+    n.next_power_of_two().clamp(1, quant::NB)
+}
+
 /// Batch rows from which the tiled kernel runs.
 pub const TILED_FROM: usize = 8;
 
 /// `out[n, m.rows] = x[n, m.cols] · mᵀ`, by [`MatmulKernel::for_rows`].
 pub fn matmul(c: &Client, m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
-    matmul_with(c, m, x, n, out, MatmulKernel::for_rows(n));
+    matmul_with(c, m, x, n, out, MatmulKernel::for_rows(n), false);
 }
 
-/// [`matmul`] with the kernel chosen by the caller (the tests and the
-/// device check's anatomy compare them).
+/// `out[n, m.rows] = swiglu(gu) · mᵀ` for `gu[n, 2 · m.cols]` rows of
+/// `[gate | up]`: [`matmul`] over what [`swiglu`] would write, computed as
+/// the kernel reads it ([`quant::input`]), the same bits.
+pub fn matmul_glu(c: &Client, m: &GpuMatrix, gu: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
+    matmul_with(c, m, gu, n, out, MatmulKernel::for_rows(n), true);
+}
+
+/// [`matmul`] (or with `glu`, [`matmul_glu`]) with the kernel chosen by
+/// the caller (the tests and the device check's anatomy compare them).
 pub fn matmul_with(
     c: &Client,
     m: &GpuMatrix,
@@ -59,13 +89,17 @@ pub fn matmul_with(
     n: usize,
     out: &DeviceBuf<f32>,
     kernel: MatmulKernel,
+    glu: bool,
 ) {
-    debug_assert!(x.len() >= n * m.cols && out.len() >= n * m.rows);
+    let width = if glu { 2 * m.cols } else { m.cols };
+    debug_assert!(x.len() >= n * width && out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
-        // The three kernels take the same arguments after their shape.
+        counted();
+        // The three kernels take the same arguments after their shape (the
+        // wide one one more).
         macro_rules! launch {
-            ($kernel:path, $count:expr, $dim:expr) => {
+            ($kernel:path, $count:expr, $dim:expr $(, $more:expr)?) => {
                 $kernel(
                     c,
                     $count,
@@ -79,6 +113,8 @@ pub fn matmul_with(
                     m.rows,
                     off,
                     p.kind,
+                    glu,
+                    $($more)?
                 )
             };
         }
@@ -90,11 +126,15 @@ pub fn matmul_with(
                 CubeCount::Static(groups(p.rows, quant::ROWS), batch, 1),
                 quant_dim
             ),
-            MatmulKernel::Wide => launch!(
-                quant::matmul_q_wide::launch,
-                CubeCount::Static(groups(p.rows, quant::ROWS * quant::RPU), batch, 1),
-                quant_dim
-            ),
+            MatmulKernel::Wide => {
+                let nb = wide_batch_rows(n);
+                launch!(
+                    quant::matmul_q_wide::launch,
+                    CubeCount::Static(groups(p.rows, quant::ROWS * quant::RPU), groups(n, nb), 1),
+                    quant_dim,
+                    nb
+                )
+            }
             MatmulKernel::Tiled => launch!(
                 tiled::matmul_q_tiled::launch,
                 CubeCount::Static(groups(p.rows, tiled::TM), groups(n, tiled::TN), 1),
@@ -132,6 +172,7 @@ impl QActs {
 pub fn quantize_q8(c: &Client, x: &DeviceBuf<f32>, n: usize, cols: usize, acts: &QActs) {
     let blocks = n * cols / 32;
     debug_assert!(x.len() >= n * cols && acts.d.len() >= blocks);
+    counted();
     q8::quantize_q8::launch(
         c,
         CubeCount::Static(groups(blocks, 64), 1, 1),
@@ -142,6 +183,35 @@ pub fn quantize_q8(c: &Client, x: &DeviceBuf<f32>, n: usize, cols: usize, acts: 
         acts.s.arg(),
         acts.sum_q.arg(),
         blocks,
+    );
+}
+
+/// [`quantize_q8`] of the SwiGLU of `gu[n, 2 · cols]` in the CPU's
+/// arithmetic ([`exact::swiglu_quantize_q8`]: what [`swiglu`] with
+/// `exact` writes, quantized, without writing it).
+pub fn swiglu_quantize_q8(
+    c: &Client,
+    gu: &DeviceBuf<f32>,
+    n: usize,
+    cols: usize,
+    acts: &QActs,
+    wide: bool,
+) {
+    let blocks = n * cols / 32;
+    debug_assert!(gu.len() >= n * 2 * cols && acts.d.len() >= blocks && cols % 32 == 0);
+    counted();
+    exact::swiglu_quantize_q8::launch(
+        c,
+        CubeCount::Static(groups(blocks, 64), 1, 1),
+        CubeDim::new_1d(64),
+        gu.arg(),
+        acts.qs.arg(),
+        acts.d.arg(),
+        acts.s.arg(),
+        acts.sum_q.arg(),
+        blocks,
+        cols,
+        wide,
     );
 }
 
@@ -175,6 +245,7 @@ pub fn matmul_q8_with(
     debug_assert!(out.len() >= n * m.rows);
     let mut off = 0;
     for p in &m.parts {
+        counted();
         // The two kernels take the same arguments after their shape.
         macro_rules! launch {
             ($kernel:path, $count:expr, $dim:expr) => {
@@ -219,6 +290,7 @@ pub fn matmul_q8_with(
 /// With `exact`, [`exact::embed_exact`] (the CPU's rounding of Q4_1).
 pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f32>, exact: Exact) {
     let Some(p) = m.parts.first() else { return };
+    counted();
     if let Some(wide) = exact {
         let n = tokens.len();
         return exact::embed_exact::launch(
@@ -267,6 +339,7 @@ pub fn add_rms_norm(
     let count = CubeCount::Static(idx.len() as u32, 1, 1);
     let dim = CubeDim::new_1d(ops::ROW_THREADS as u32);
     let (x, d, wa, h, idx) = (x.arg(), d.arg(), w.arg(), h.arg(), idx.arg());
+    counted();
     if exact {
         q8::add_rms_norm_exact::launch(
             c,
@@ -288,6 +361,7 @@ pub fn add_rms_norm(
 
 /// `ids[r]` = argmax of row `r` of `logits[rows, vocab]` ([`ops::argmax_rows`]).
 pub fn argmax_rows(c: &Client, logits: &DeviceBuf<f32>, ids: &DeviceBuf<u32>, vocab: usize) {
+    counted();
     ops::argmax_rows::launch(
         c,
         CubeCount::Static(ids.len() as u32, 1, 1),
@@ -302,6 +376,7 @@ pub fn argmax_rows(c: &Client, logits: &DeviceBuf<f32>, ids: &DeviceBuf<u32>, vo
 /// `exact`: ggml's SiLU, [`exact::swiglu_exact`]).
 pub fn swiglu(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f32>, inter: usize, exact: Exact) {
     let (count, dim) = (CubeCount::Static(groups(act.len(), 256), 1, 1), CubeDim::new_1d(256));
+    counted();
     match exact {
         Some(wide) => exact::swiglu_exact::launch(c, count, dim, gu.arg(), act.arg(), inter, wide),
         None => ops::swiglu::launch(c, count, dim, gu.arg(), act.arg(), inter),
@@ -357,6 +432,7 @@ pub fn rope_kv_store(
     let (q, k, v) = (qkv.arg(), pool.k.arg(), pool.v.arg());
     let (cs, sn, pos, slot) = (cos.arg(), sin.arg(), meta.pos.arg(), meta.slot.arg());
     let (on, wide) = (exact.is_some(), exact.unwrap_or(false));
+    counted();
     attention::rope_kv_store::launch::<f32>(
         c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh, on, wide,
     );
@@ -384,6 +460,7 @@ pub fn paged_attention(
     let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
     let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
     let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
+    counted();
     match exact {
         Some(wide) => exact::paged_attention_exact::launch(
             c,
@@ -438,6 +515,7 @@ pub fn copy_block(
 ) {
     let bl = sh.block_len();
     let layer_len = k.len() / n_layers.max(1);
+    counted();
     attention::copy_block::launch::<f32>(
         c,
         CubeCount::Static(groups(n_layers * bl, 256), 1, 1),

@@ -50,8 +50,8 @@ pub struct StepIo {
     pub qkv: DeviceBuf<f32>,
     pub attn: DeviceBuf<f32>,
     pub o: DeviceBuf<f32>,
+    /// Gate and up rows; the down projection reads their SwiGLU.
     pub gu: DeviceBuf<f32>,
-    pub act: DeviceBuf<f32>,
     pub d: DeviceBuf<f32>,
     /// The last rows, normed.
     pub hl: DeviceBuf<f32>,
@@ -114,7 +114,6 @@ impl StepIo {
             attn: buf(t * s.q_dim),
             o: buf(t * s.hidden),
             gu: buf(t * 2 * s.inter),
-            act: buf(t * s.inter),
             d: buf(t * s.hidden),
             hl: buf(n * s.hidden),
             logits: buf(n * s.vocab),

@@ -107,8 +107,9 @@ pub struct GpuPart {
     pub words: DeviceBuf<u32>,
 }
 
-/// A `[rows, cols]` weight matrix on the device, in row-stacked parts
-/// (one unless the CPU matrix is a [`crate::quant::QData::Stack`]).
+/// A `[rows, cols]` weight matrix on the device, in row-stacked parts:
+/// one a run of rows in one format (several only where a
+/// [`crate::quant::QData::Stack`] mixes formats).
 #[derive(Debug, Clone)]
 pub struct GpuMatrix {
     pub rows: usize,
@@ -125,14 +126,28 @@ impl GpuMatrix {
                 m.cols
             )));
         }
-        let parts = m
-            .gguf_parts()
+        // Adjacent parts of one format become one (Q, K and V; gate and
+        // up): a matmul launches once a part, and each output row is the
+        // same sum whichever launch computes it.
+        let mut host: Vec<(WeightKind, usize, Vec<u32>)> = Vec::new();
+        for GgufPart { ty, rows, bytes } in m.gguf_parts() {
+            let (kind, words) = device_words(ty, &bytes)?;
+            match host.last_mut() {
+                Some((k, r, w)) if *k == kind => {
+                    *r += rows;
+                    w.extend_from_slice(&words);
+                }
+                _ => host.push((kind, rows, words)),
+            }
+        }
+        let parts = host
             .into_iter()
-            .map(|GgufPart { ty, rows, bytes }| {
-                let (kind, words) = device_words(ty, &bytes)?;
-                Ok(GpuPart { kind, rows, words: DeviceBuf::upload(client, &words) })
+            .map(|(kind, rows, words)| GpuPart {
+                kind,
+                rows,
+                words: DeviceBuf::upload(client, &words),
             })
-            .collect::<Result<Vec<_>, GpuError>>()?;
+            .collect();
         Ok(Self { rows: m.rows, cols: m.cols, parts })
     }
 

@@ -16,6 +16,14 @@ pub struct StepPart {
     pub us: f64,
 }
 
+/// A decode step's parts ([`GpuDecoder::anatomy`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Anatomy {
+    /// Kernels one step launches (each a few µs of a small batch's step).
+    pub launches: usize,
+    pub parts: Vec<StepPart>,
+}
+
 impl GpuDecoder {
     /// Where a decode step of `rows` rows at context `ctx` spends its time
     /// (the GPU check's anatomy): each part called once, then `iters` times
@@ -28,7 +36,7 @@ impl GpuDecoder {
         rows: usize,
         ctx: usize,
         iters: usize,
-    ) -> std::result::Result<Vec<StepPart>, GpuError> {
+    ) -> std::result::Result<Anatomy, GpuError> {
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
         let (cl, c, sh) = (self.client.clone(), self.config.clone(), self.sh);
         let ctx = ctx.min(self.n_blocks * BLOCK).max(1) - 1;
@@ -40,6 +48,9 @@ impl GpuDecoder {
         let host = HostRows::new(&seqs);
         let io = StepIo::bucket(&cl, self.shape, host.rows(), host.tables.len());
         io.write(&cl, &host);
+        let before = launch::launches();
+        self.launch_step(&io);
+        let launches = launch::launches() - before;
         let iters = iters.max(1);
         let mut parts = vec![];
         let mut time = |part: &str, f: &mut dyn FnMut() -> std::result::Result<(), GpuError>| {
@@ -110,12 +121,8 @@ impl GpuDecoder {
             launch::matmul(&cl, &l.w_gate_up, &io.h, t, &io.gu);
             Ok(())
         })?;
-        time("swiglu", &mut || {
-            launch::swiglu(&cl, &io.gu, &io.act, c.intermediate, None);
-            Ok(())
-        })?;
-        time("matmul down", &mut || {
-            launch::matmul(&cl, &l.w_down, &io.act, t, &io.d);
+        time("matmul down (SwiGLU input)", &mut || {
+            launch::matmul_glu(&cl, &l.w_down, &io.gu, t, &io.d);
             Ok(())
         })?;
         time("lm_head", &mut || {
@@ -130,11 +137,11 @@ impl GpuDecoder {
         // `MatmulKernel::for_rows` picks by speed).
         for k in launch::MatmulKernel::ALL {
             time(&format!("gate_up {k:?}"), &mut || {
-                launch::matmul_with(&cl, &l.w_gate_up, &io.h, t, &io.gu, k);
+                launch::matmul_with(&cl, &l.w_gate_up, &io.h, t, &io.gu, k, false);
                 Ok(())
             })?;
             time(&format!("lm_head {k:?}"), &mut || {
-                launch::matmul_with(&cl, &self.lm_head, &io.hl, n, &io.logits, k);
+                launch::matmul_with(&cl, &self.lm_head, &io.hl, n, &io.logits, k, false);
                 Ok(())
             })?;
         }
@@ -167,8 +174,8 @@ impl GpuDecoder {
             launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
             Ok(())
         })?;
-        time("swiglu exact", &mut || {
-            launch::swiglu(&cl, &io.gu, &io.act, c.intermediate, exact);
+        time("swiglu + quantize q8 exact", &mut || {
+            launch::swiglu_quantize_q8(&cl, &io.gu, t, c.intermediate, &acts, wide_fma);
             Ok(())
         })?;
         // The same step as a recorded graph (the decode path's replay).
@@ -182,6 +189,6 @@ impl GpuDecoder {
         // SAFETY: the graph's buffers (`io`, the weights, the pools) outlive
         // it (it drops at the end of this function) and `STEP` is held.
         time("step, graph replay", &mut || unsafe { graph.replay() }.map_err(GpuError::server))?;
-        Ok(parts)
+        Ok(Anatomy { launches, parts })
     }
 }

@@ -18,7 +18,7 @@
 use cubecl::prelude::*;
 
 use super::attention::{HeadShape, BLOCK};
-use super::q8::{fused, mul, round_f16};
+use super::q8::{self, fused, mul, round_f16};
 use super::quant::{f16_to_f32, WeightKind};
 
 /// `2^e` for `e` in −126..=127 (clamped there).
@@ -83,6 +83,37 @@ pub fn swiglu_exact(gu: &[f32], act: &mut [f32], inter: usize, #[comptime] wide:
         let g = gu[j * 2 * inter + i];
         let u = gu[j * 2 * inter + inter + i];
         act[p] = g / (1.0f32 + ggml_expf(0.0f32 - g, wide)) * u;
+    }
+}
+
+/// [`swiglu_exact`] fused with [`q8::quantize_q8`]: block `b` of the
+/// activations `act[n, inter]`, each value computed as `swiglu_exact`
+/// computes it, quantized as `quantize_q8` quantizes (the down
+/// projection's input without the `act` round trip: one launch fewer a
+/// layer). Launch with `CubeDim (64)`, `CubeCount (blocks.div_ceil(64))`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu_quantize_q8(
+    gu: &[f32],
+    qs: &mut [u32],
+    d: &mut [f32],
+    s: &mut [f32],
+    sum_q: &mut [i32],
+    blocks: usize,
+    inter: usize,
+    #[comptime] wide: bool,
+) {
+    let b = ABSOLUTE_POS_X as usize;
+    if b < blocks {
+        let (j, c) = ((b * 32) / inter, (b * 32) % inter);
+        let o = j * 2 * inter + c;
+        let mut v = Array::<f32>::new(32usize);
+        #[unroll]
+        for e in 0..32usize {
+            let (g, u) = (gu[o + e], gu[o + inter + e]);
+            v[e] = g / (1.0f32 + ggml_expf(0.0f32 - g, wide)) * u;
+        }
+        q8::quantize_block(&v, b, qs, d, s, sum_q);
     }
 }
 

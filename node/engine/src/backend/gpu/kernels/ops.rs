@@ -58,16 +58,22 @@ pub fn add_rms_norm(
     }
 }
 
+/// `silu(g) · u`.
+#[cube]
+pub fn silu_mul(g: f32, u: f32) -> f32 {
+    g / (1.0f32 + f32::exp(-g)) * u
+}
+
 /// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`.
-/// Launch over `n · inter` units.
+/// Launch over `n · inter` units. (The decoder's down projection computes
+/// this as it reads its input, `quant::input`; the kernel stays as the
+/// reference the fused matmuls are tested against.)
 #[cube(launch)]
 pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
     let p = ABSOLUTE_POS;
     if p < act.len() {
         let (j, i) = (p / inter, p % inter);
-        let g = gu[j * 2 * inter + i];
-        let u = gu[j * 2 * inter + inter + i];
-        act[p] = g / (1.0f32 + f32::exp(-g)) * u;
+        act[p] = silu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]);
     }
 }
 

@@ -48,30 +48,47 @@ pub fn quantize_q8(
 ) {
     let b = ABSOLUTE_POS_X as usize;
     if b < blocks {
-        let o = b * 32;
-        let mut amax = 0.0f32;
+        let mut v = Array::<f32>::new(32usize);
         #[unroll]
         for e in 0..32usize {
-            amax = f32::max(amax, f32::abs(x[o + e]));
+            v[e] = x[b * 32 + e];
         }
-        let db = amax / 127.0f32;
-        let id = select(amax != 0.0f32, 127.0f32 / amax, 0.0f32);
-        let mut sum = 0i32;
-        #[unroll]
-        for wi in 0..8usize {
-            let mut word = 0u32;
-            #[unroll]
-            for k in 0..4usize {
-                let q = i32::cast_from(f32::round(x[o + wi * 4 + k] * id));
-                sum += q;
-                word |= (u32::cast_from(q) & 255) << (8 * k as u32);
-            }
-            qs[b * 8 + wi] = word;
-        }
-        d[b] = round_f16(db);
-        s[b] = round_f16(db * f32::cast_from(sum));
-        sum_q[b] = sum;
+        quantize_block(&v, b, qs, d, s, sum_q);
     }
+}
+
+/// Block `b` of [`quantize_q8`] from its 32 values `v`.
+#[cube]
+pub fn quantize_block(
+    v: &Array<f32>,
+    b: usize,
+    qs: &mut [u32],
+    d: &mut [f32],
+    s: &mut [f32],
+    sum_q: &mut [i32],
+) {
+    let mut amax = 0.0f32;
+    #[unroll]
+    for e in 0..32usize {
+        amax = f32::max(amax, f32::abs(v[e]));
+    }
+    let db = amax / 127.0f32;
+    let id = select(amax != 0.0f32, 127.0f32 / amax, 0.0f32);
+    let mut sum = 0i32;
+    #[unroll]
+    for wi in 0..8usize {
+        let mut word = 0u32;
+        #[unroll]
+        for k in 0..4usize {
+            let q = i32::cast_from(f32::round(v[wi * 4 + k] * id));
+            sum += q;
+            word |= (u32::cast_from(q) & 255) << (8 * k as u32);
+        }
+        qs[b * 8 + wi] = word;
+    }
+    d[b] = round_f16(db);
+    s[b] = round_f16(db * f32::cast_from(sum));
+    sum_q[b] = sum;
 }
 
 /// `a · b + c` with one rounding. CUDA's `fma` is the fused instruction;

@@ -4,7 +4,8 @@
 //! words, one block in a whole number of words ([`WeightKind`]): Q4_1's
 //! 20-byte block is 5 words as stored; Q4_0 (18 bytes) and Q8_0 (34 bytes)
 //! get two zero bytes after their f16 scale, so their quants start on a
-//! word. `out[j, off + r] = Σ_c x[j, c] · W[r, c]` for batch rows `j < n`.
+//! word. `out[j, off + r] = Σ_c x[j, c] · W[r, c]` for batch rows `j < n`
+//! (with `glu`, `x[j, c]` is the SwiGLU of `[gate | up]` rows: [`input`]).
 //!
 //! Work split: a cube is `LANES × ROWS` units; unit `(lane, ry)` owns weight
 //! row `cube_x · ROWS + ry` and walks its blocks `lane, lane + LANES, …`,
@@ -21,6 +22,8 @@
 //! post-order to the same effect.
 
 use cubecl::prelude::*;
+
+use super::ops::silu_mul;
 
 /// Units along a weight row (over its blocks); the tiled kernel's tree is
 /// written for 32.
@@ -67,6 +70,21 @@ pub fn f16_to_f32(h: u32) -> f32 {
     let sub = f32::cast_from(mant) * 5.9604645e-8f32;
     let sub = select(sign == 1, -sub, sub);
     select(exp == 0, sub, normal)
+}
+
+/// Input element `c` of batch row `j`: `x[j, c]`, or with `glu` the
+/// SwiGLU of `x`'s `[gate | up]` rows (`ops::silu_mul`, the same
+/// operations as `ops::swiglu`), computed where it is read: the down
+/// projection reads the gate/up output itself, one launch and one
+/// buffer fewer a layer.
+#[cube]
+pub fn input(x: &[f32], j: usize, c: usize, cols: usize, #[comptime] glu: bool) -> f32 {
+    if comptime!(glu) {
+        let o = j * 2 * cols + c;
+        silu_mul(x[o], x[o + cols])
+    } else {
+        x[j * cols + c]
+    }
 }
 
 /// The 32 weights of the block at word `base`, into `wv`.
@@ -122,6 +140,7 @@ pub fn matmul_q(
     out_stride: usize,
     out_off: usize,
     #[comptime] kind: WeightKind,
+    #[comptime] glu: bool,
 ) {
     let lane = UNIT_POS_X as usize;
     let ry = UNIT_POS_Y as usize;
@@ -142,11 +161,10 @@ pub fn matmul_q(
             #[unroll]
             for j in 0..NB {
                 if j0 + j < n {
-                    let xo = (j0 + j) * cols + b * 32;
                     let mut s = 0.0f32;
                     #[unroll]
                     for e in 0..32usize {
-                        s += wv[e] * x[xo + e];
+                        s += wv[e] * input(x, j0 + j, b * 32 + e, cols, glu);
                     }
                     acc[j] += s;
                 }
@@ -256,14 +274,16 @@ pub fn dequant_eighth(
     }
 }
 
-/// [`matmul_q`] with [`RPU`] weight rows a unit, for batches of more than
-/// [`NB`] rows: each `x` value loaded serves `RPU` rows instead of one.
+/// [`matmul_q`] with [`RPU`] weight rows a unit, and `nb_rows` batch rows a
+/// cube (a power of two up to [`NB`]: a single sequence's step keeps one
+/// accumulator a row, not eight, and its reduction tree is an eighth as
+/// long): each `x` value loaded serves `RPU` rows instead of one.
 /// Every output is the same sum in the same order as in [`matmul_q`]
 /// (a lane's blocks `lane, lane + LANES, …`, each block's 32 products in
-/// order, then the lanes' tree), so the two kernels agree bit for bit and
-/// a sequence's logits do not depend on the size of its batch. Launch
-/// with `CubeDim (LANES, ROWS)` and
-/// `CubeCount (rows.div_ceil(ROWS · RPU), n.div_ceil(NB))`.
+/// order, then the lanes' tree), whatever `nb_rows`, so the kernels agree bit
+/// for bit and a sequence's logits do not depend on the size of its batch.
+/// Launch with `CubeDim (LANES, ROWS)` and
+/// `CubeCount (rows.div_ceil(ROWS · RPU), n.div_ceil(nb_rows))`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_q_wide(
@@ -276,17 +296,19 @@ pub fn matmul_q_wide(
     out_stride: usize,
     out_off: usize,
     #[comptime] kind: WeightKind,
+    #[comptime] glu: bool,
+    #[comptime] nb_rows: usize,
 ) {
     let lane = UNIT_POS_X as usize;
     let ry = UNIT_POS_Y as usize;
     let r0 = (CUBE_POS_X as usize * ROWS + ry) * RPU;
-    let j0 = CUBE_POS_Y as usize * NB;
+    let j0 = CUBE_POS_Y as usize * nb_rows;
     let nb = cols / 32;
     let words = comptime!(kind.words());
-    let mut acc = Array::<f32>::new(RPU * NB);
-    let mut s = Array::<f32>::new(RPU * NB);
+    let mut acc = Array::<f32>::new(comptime!(RPU * nb_rows));
+    let mut s = Array::<f32>::new(comptime!(RPU * nb_rows));
     #[unroll]
-    for i in 0..RPU * NB {
+    for i in 0..comptime!(RPU * nb_rows) {
         acc[i] = 0.0;
     }
     let mut wv = Array::<f32>::new(RPU * 8);
@@ -294,7 +316,7 @@ pub fn matmul_q_wide(
     let mut b = lane;
     while b < nb {
         #[unroll]
-        for i in 0..RPU * NB {
+        for i in 0..comptime!(RPU * nb_rows) {
             s[i] = 0.0;
         }
         #[unroll]
@@ -308,62 +330,58 @@ pub fn matmul_q_wide(
                 dequant_eighth(w, (rr * nb + b) * words, c, &mut wv, ri * 8, kind);
             }
             #[unroll]
-            for j in 0..NB {
+            for j in 0..nb_rows {
                 if j0 + j < n {
-                    let xo = (j0 + j) * cols + b * 32 + c * 8;
                     #[unroll]
                     for e in 0..8usize {
-                        xv[e] = x[xo + e];
+                        xv[e] = input(x, j0 + j, b * 32 + c * 8 + e, cols, glu);
                     }
                     #[unroll]
                     for ri in 0..RPU {
-                        let mut t = s[ri * NB + j];
+                        let mut t = s[ri * nb_rows + j];
                         #[unroll]
                         for e in 0..8usize {
                             t += wv[ri * 8 + e] * xv[e];
                         }
-                        s[ri * NB + j] = t;
+                        s[ri * nb_rows + j] = t;
                     }
                 }
             }
         }
         #[unroll]
-        for i in 0..RPU * NB {
+        for i in 0..comptime!(RPU * nb_rows) {
             acc[i] += s[i];
         }
         b += LANES;
     }
-    let mut sh = Shared::new_slice(ROWS * RPU * NB * LANES);
+    let mut sh = Shared::new_slice(comptime!(ROWS * RPU * nb_rows * LANES));
     #[unroll]
-    for i in 0..RPU * NB {
-        sh[(ry * RPU * NB + i) * LANES + lane] = acc[i];
+    for i in 0..comptime!(RPU * nb_rows) {
+        sh[(ry * RPU * nb_rows + i) * LANES + lane] = acc[i];
     }
     sync_cube();
     let mut stride = (LANES / 2).runtime();
     while stride > 0 {
         if lane < stride {
             #[unroll]
-            for i in 0..RPU * NB {
-                let k = (ry * RPU * NB + i) * LANES + lane;
+            for i in 0..comptime!(RPU * nb_rows) {
+                let k = (ry * RPU * nb_rows + i) * LANES + lane;
                 sh[k] = sh[k] + sh[k + stride];
             }
         }
         sync_cube();
         stride /= 2;
     }
-    // Lane l writes batch rows l, l + LANES, … of the cube's NB, for each
-    // of the unit's RPU weight rows.
-    #[unroll]
-    for k in 0..WRITES {
-        let j = lane + k * LANES;
-        if j < NB && j0 + j < n {
-            #[unroll]
-            for ri in 0..RPU {
-                let r = r0 + ri;
-                if r < rows {
-                    out[(j0 + j) * out_stride + out_off + r] =
-                        sh[(ry * RPU * NB + ri * NB + j) * LANES];
-                }
+    // Lane l writes batch row l of the cube's nb_rows (≤ NB ≤ LANES),
+    // for each of the unit's RPU weight rows.
+    let j = lane;
+    if j < nb_rows && j0 + j < n {
+        #[unroll]
+        for ri in 0..RPU {
+            let r = r0 + ri;
+            if r < rows {
+                out[(j0 + j) * out_stride + out_off + r] =
+                    sh[(ry * RPU * nb_rows + ri * nb_rows + j) * LANES];
             }
         }
     }

@@ -17,7 +17,7 @@
 
 use cubecl::prelude::*;
 
-use super::quant::{dequant_eighth, WeightKind, LANES};
+use super::quant::{dequant_eighth, input, WeightKind, LANES};
 
 /// Weight rows per cube.
 pub const TM: usize = 32;
@@ -34,7 +34,8 @@ const LEVELS: usize = 5;
 /// Outputs a unit holds.
 const OUTS: usize = TT * TT;
 
-/// `out[j, off + r] = Σ_c x[j, c] · W[r, c]`, tiled. Launch with
+/// `out[j, off + r] = Σ_c x[j, c] · W[r, c]`, tiled (`glu`: as in
+/// [`super::quant::input`]). Launch with
 /// `CubeDim (UX, UY)` and `CubeCount (rows.div_ceil(TM), n.div_ceil(TN))`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -48,6 +49,7 @@ pub fn matmul_q_tiled(
     out_stride: usize,
     out_off: usize,
     #[comptime] kind: WeightKind,
+    #[comptime] glu: bool,
 ) {
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
@@ -102,10 +104,10 @@ pub fn matmul_q_tiled(
                 let (xr, xc) = (p / 4, p % 4);
                 let j = j_base + xr;
                 let jj = select(j < n, j, 0usize);
-                let xo = jj * cols + b * 32 + xc * 8;
                 #[unroll]
                 for e in 0..8usize {
-                    xs[(xc * 8 + e) * TN + xr] = select(j < n, x[xo + e], 0.0f32);
+                    let v = input(x, jj, b * 32 + xc * 8 + e, cols, glu);
+                    xs[(xc * 8 + e) * TN + xr] = select(j < n, v, 0.0f32);
                 }
                 p += UX * UY;
             }
