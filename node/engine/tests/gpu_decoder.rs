@@ -246,7 +246,9 @@ fn the_step_anatomy_times_every_part() {
     assert_eq!(anatomy.launches, 1 + 8 * layers + 3, "launches a step");
     let parts = anatomy.parts;
     let names: Vec<&str> = parts.iter().map(|p| p.part.as_str()).collect();
-    for want in ["step, eager", "attention", "lm_head Tiled", "gate_up q8", "step, graph replay"] {
+    for want in
+        ["step, eager", "attention KvHead", "lm_head Tiled", "gate_up q8", "step, graph replay"]
+    {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     for p in &parts {

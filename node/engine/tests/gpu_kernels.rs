@@ -17,7 +17,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use gcs_engine::attn::{AttnShape, PagedSeqRef, Rope};
 use gcs_engine::backend::gpu::kernels::basic;
-use gcs_engine::backend::gpu::launch::{self, MatmulKernel, RowMeta};
+use gcs_engine::backend::gpu::launch::{self, AttentionKernel, MatmulKernel, RowMeta};
 use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
@@ -510,6 +510,54 @@ fn paged_attention_matches_the_cpu_pool() {
 /// The device argmax picks the host's token: the largest value, the
 /// lowest index among equal ones (rows of one value, a tie far apart, the
 /// maximum at either end, all negative).
+/// The two float attention kernels (a cube per query head; a cube per KV
+/// head serving its 3 query heads) give the same bits: two sequences, one
+/// of 300 positions (three chunks of keys), every row a prefill row, with
+/// and without a sliding window.
+#[test]
+fn the_attention_kernels_agree_bit_for_bit() {
+    let c = client();
+    let mut rng = Rng(0x9_a77);
+    let rig = AttnRig::new(&c, 512, 40);
+    let (sh, pool) = (rig.sh, rig.pool());
+    let tables: [Vec<u32>; 2] = [(0..19).rev().collect(), vec![30, 21, 25]];
+    let lens = [300usize, 40];
+    let (mut pos, mut slot, mut table, mut flat) = (vec![], vec![], vec![], vec![]);
+    for (t, &len) in tables.iter().zip(&lens) {
+        let toff = flat.len() as u32;
+        flat.extend_from_slice(t);
+        for p in 0..len {
+            pos.push(p as u32);
+            slot.push(t[p / 16] * 16 + (p % 16) as u32);
+            table.push(toff);
+        }
+    }
+    let rows = pos.len();
+    let meta = RowMeta {
+        pos: DeviceBuf::upload(&c, &pos),
+        slot: DeviceBuf::upload(&c, &slot),
+        table: DeviceBuf::upload(&c, &table),
+        tables: DeviceBuf::upload(&c, &flat),
+        single: DeviceBuf::zeros(&c, rows),
+    };
+    let qkv: Vec<f32> = rng.vec(rows * sh.width()).iter().map(|v| v * 3.0).collect();
+    let hq = DeviceBuf::upload(&c, &qkv);
+    launch::rope_kv_store(&c, sh, &hq, pool, &rig.cos, &rig.sin, &meta, None);
+    assert_eq!(AttentionKernel::for_rows(rows, sh), AttentionKernel::KvHead);
+    assert_eq!(AttentionKernel::for_rows(1, sh), AttentionKernel::Head);
+    let run = |window: usize, k: AttentionKernel| {
+        let o = DeviceBuf::<f32>::uninit(&c, rows * 9 * 64);
+        launch::paged_attention_with(&c, sh, &hq, pool, &o, &meta, 0.125, window, None, k);
+        o.read(&c).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    for window in [0, 100] {
+        let head = run(window, AttentionKernel::Head);
+        assert_eq!(head, run(window, AttentionKernel::KvHead), "window {window}");
+    }
+    // The window changes the outputs (the comparison is not vacuous).
+    assert_ne!(run(0, AttentionKernel::KvHead), run(100, AttentionKernel::KvHead));
+}
+
 #[test]
 fn argmax_rows_matches_the_host_argmax_with_ties() {
     use gcs_engine::sampling::argmax;

@@ -443,8 +443,37 @@ pub fn attention_threads(sh: HeadShape) -> usize {
     sh.head_dim.next_power_of_two().max(128)
 }
 
+/// Which float attention kernel runs: both give the same bits (every
+/// head's arithmetic in the same order), so the choice is speed only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// [`attention::paged_attention`]: a cube per (row, query head).
+    Head,
+    /// [`attention::paged_attention_gqa`]: a cube per (row, KV head), its
+    /// K/V read once for the query heads that share it.
+    KvHead,
+}
+
+/// Batch rows from which the float attention takes a cube per KV head: a
+/// cube per query head keeps more cubes busy in small batches (SmolLM2 at
+/// one row: 9 cubes, not 3); from here there are cubes enough, and each K/V
+/// read serves the group. Not yet measured on a GPU (the anatomy times
+/// both).
+pub const KV_HEAD_FROM: usize = 64;
+
+impl AttentionKernel {
+    pub fn for_rows(rows: usize, sh: HeadShape) -> Self {
+        if rows >= KV_HEAD_FROM && sh.n_heads > sh.n_kv_heads {
+            Self::KvHead
+        } else {
+            Self::Head
+        }
+    }
+}
+
 /// [`attention::paged_attention`] for every batch row and query head (with
-/// `exact`: [`exact::paged_attention_exact`], the CPU's arithmetic).
+/// `exact`: [`exact::paged_attention_exact`], the CPU's arithmetic; else
+/// the float kernel [`AttentionKernel::for_rows`] picks).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     c: &Client,
@@ -456,6 +485,25 @@ pub fn paged_attention(
     scale: f32,
     window: usize,
     exact: Exact,
+) {
+    let kernel = AttentionKernel::for_rows(meta.rows(), sh);
+    paged_attention_with(c, sh, qkv, pool, out, meta, scale, window, exact, kernel);
+}
+
+/// [`paged_attention`] with the float kernel chosen by the caller (the
+/// tests and the device check's anatomy compare them; `exact` ignores it).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with(
+    c: &Client,
+    sh: HeadShape,
+    qkv: &DeviceBuf<f32>,
+    pool: LayerPool<'_>,
+    out: &DeviceBuf<f32>,
+    meta: &RowMeta,
+    scale: f32,
+    window: usize,
+    exact: Exact,
+    kernel: AttentionKernel,
 ) {
     let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
     let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
@@ -482,23 +530,23 @@ pub fn paged_attention(
         ),
         None => {
             let t = attention_threads(sh);
-            attention::paged_attention::launch::<f32>(
-                c,
-                count,
-                CubeDim::new_1d(t as u32),
-                q,
-                k,
-                v,
-                o,
-                pos,
-                table,
-                tables,
-                pool.off,
-                scale,
-                window,
-                sh,
-                t,
-            )
+            let dim = CubeDim::new_1d(t as u32);
+            // The two float kernels take the same arguments.
+            macro_rules! float {
+                ($kernel:path, $count:expr) => {
+                    $kernel(
+                        c, $count, dim, q, k, v, o, pos, table, tables, pool.off, scale, window,
+                        sh, t,
+                    )
+                };
+            }
+            match kernel {
+                AttentionKernel::Head => float!(attention::paged_attention::launch::<f32>, count),
+                AttentionKernel::KvHead => float!(
+                    attention::paged_attention_gqa::launch::<f32>,
+                    CubeCount::Static(meta.rows() as u32, sh.n_kv_heads as u32, 1)
+                ),
+            }
         }
     }
 }

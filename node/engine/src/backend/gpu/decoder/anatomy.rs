@@ -109,10 +109,15 @@ impl GpuDecoder {
             launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, None);
             Ok(())
         })?;
-        time("attention", &mut || {
-            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, None);
-            Ok(())
-        })?;
+        // Both float attention kernels (the same bits; `AttentionKernel::
+        // for_rows` picks by rows).
+        for k in [launch::AttentionKernel::Head, launch::AttentionKernel::KvHead] {
+            time(&format!("attention {k:?}"), &mut || {
+                let (q, o) = (&io.qkv, &io.attn);
+                launch::paged_attention_with(&cl, sh, q, pool, o, meta, scale, 0, None, k);
+                Ok(())
+            })?;
+        }
         time("matmul o", &mut || {
             launch::matmul(&cl, &l.wo, &io.attn, t, &io.o);
             Ok(())

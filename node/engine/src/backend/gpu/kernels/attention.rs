@@ -211,6 +211,178 @@ pub fn paged_attention<KV: Float>(
     }
 }
 
+/// [`paged_attention`] with one cube per (batch row, KV head) computing
+/// all `G = n_heads / n_kv_heads` query heads that share it (GQA): each K
+/// row and V element is loaded once for the `G` heads, not `G` times, and
+/// the `G` heads' reductions share their synchronisations. Every head's
+/// arithmetic is [`paged_attention`]'s, operation for operation and in the
+/// same order (chunks of `T` keys, the same trees, the same P·V sum per
+/// output dimension), so the two kernels agree bit for bit and the choice
+/// is speed only (`launch::AttentionKernel`). Launch with
+/// `CubeCount (rows, n_kv_heads)`, `CubeDim (T)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_gqa<KV: Float>(
+    qkv: &[f32],
+    k_pool: &[KV],
+    v_pool: &[KV],
+    out: &mut [f32],
+    row_pos: &[u32],
+    row_table: &[u32],
+    tables: &[u32],
+    layer_off: usize,
+    scale: f32,
+    window: usize,
+    #[comptime] sh: HeadShape,
+    #[comptime] t: usize,
+) {
+    let row = CUBE_POS_X as usize;
+    let kvh = CUBE_POS_Y as usize;
+    let tid = UNIT_POS_X as usize;
+    let hd = comptime!(sh.head_dim);
+    let nh = comptime!(sh.n_heads);
+    let g = comptime!(sh.n_heads / sh.n_kv_heads);
+    let h0 = kvh * g;
+    let bl = comptime!(sh.block_len());
+    let n = row_pos[row] as usize + 1;
+    let toff = row_table[row] as usize;
+    let lo = select(window > 0 && n > window, n - window, 0usize);
+
+    // Head h0 + i's query at q[i · hd ..], its chunk's scores and
+    // probabilities at p[i · t ..] and red[i · t ..].
+    let mut q = Shared::new_slice(comptime!(g * hd));
+    if tid < hd {
+        #[unroll]
+        for i in 0..g {
+            q[i * hd + tid] = qkv[row * comptime!(sh.width()) + (h0 + i) * hd + tid];
+        }
+    }
+    let mut p = Shared::new_slice(comptime!(g * t));
+    let mut red = Shared::new_slice(comptime!(g * t));
+    sync_cube();
+
+    let mut m = Array::<f32>::new(g);
+    let mut l = Array::<f32>::new(g);
+    let mut acc = Array::<f32>::new(g);
+    let mut score = Array::<f32>::new(g);
+    let mut m_new = Array::<f32>::new(g);
+    #[unroll]
+    for i in 0..g {
+        // Finite stand-in for −∞, so exp(m − m') never sees ∞ − ∞.
+        m[i] = -3.0e38f32;
+        l[i] = 0.0f32;
+        acc[i] = 0.0f32;
+    }
+    let mut c0 = lo;
+    while c0 < n {
+        let j = c0 + tid;
+        #[unroll]
+        for i in 0..g {
+            score[i] = -3.0e38f32;
+        }
+        if j < n {
+            let kb =
+                layer_off + tables[toff + j / BLOCK] as usize * bl + (kvh * BLOCK + j % BLOCK) * hd;
+            let mut s = Array::<f32>::new(g);
+            #[unroll]
+            for i in 0..g {
+                s[i] = 0.0f32;
+            }
+            for d in 0..hd {
+                let k = f32::cast_from(k_pool[kb + d]);
+                #[unroll]
+                for i in 0..g {
+                    s[i] += q[i * hd + d] * k;
+                }
+            }
+            #[unroll]
+            for i in 0..g {
+                score[i] = s[i] * scale;
+            }
+        }
+        #[unroll]
+        for i in 0..g {
+            red[i * t + tid] = score[i];
+        }
+        sync_cube();
+        let mut stride = (t / 2).runtime();
+        while stride > 0 {
+            if tid < stride {
+                #[unroll]
+                for i in 0..g {
+                    red[i * t + tid] = f32::max(red[i * t + tid], red[i * t + tid + stride]);
+                }
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        #[unroll]
+        for i in 0..g {
+            m_new[i] = f32::max(m[i], red[i * t]);
+        }
+        sync_cube();
+        #[unroll]
+        for i in 0..g {
+            let pj = select(j < n, f32::exp(score[i] - m_new[i]), 0.0f32);
+            p[i * t + tid] = pj;
+            red[i * t + tid] = pj;
+        }
+        sync_cube();
+        let mut stride = (t / 2).runtime();
+        while stride > 0 {
+            if tid < stride {
+                #[unroll]
+                for i in 0..g {
+                    red[i * t + tid] = red[i * t + tid] + red[i * t + tid + stride];
+                }
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        let mut alpha = Array::<f32>::new(g);
+        #[unroll]
+        for i in 0..g {
+            alpha[i] = f32::exp(m[i] - m_new[i]);
+            l[i] = l[i] * alpha[i] + red[i * t];
+        }
+        if tid < hd {
+            let mut a = Array::<f32>::new(g);
+            #[unroll]
+            for i in 0..g {
+                a[i] = acc[i] * alpha[i];
+            }
+            let cn = select(n - c0 < t, n - c0, t);
+            for k in 0..cn {
+                let jj = c0 + k;
+                let vb = layer_off
+                    + tables[toff + jj / BLOCK] as usize * bl
+                    + (kvh * BLOCK + jj % BLOCK) * hd;
+                let v = f32::cast_from(v_pool[vb + tid]);
+                #[unroll]
+                for i in 0..g {
+                    a[i] += p[i * t + k] * v;
+                }
+            }
+            #[unroll]
+            for i in 0..g {
+                acc[i] = a[i];
+            }
+        }
+        #[unroll]
+        for i in 0..g {
+            m[i] = m_new[i];
+        }
+        sync_cube();
+        c0 += t;
+    }
+    if tid < hd {
+        #[unroll]
+        for i in 0..g {
+            out[row * nh * hd + (h0 + i) * hd + tid] = acc[i] / l[i];
+        }
+    }
+}
+
 /// Copy block `src` to `dst` in every layer of both pools (copy-on-write).
 /// Launch over `n_layers · block_len` units.
 #[cube(launch)]
