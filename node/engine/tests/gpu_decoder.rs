@@ -7,7 +7,7 @@
 
 mod common;
 
-use gcs_engine::backend::gpu::GpuDecoder;
+use gcs_engine::backend::gpu::{launch, GpuDecoder};
 use gcs_engine::backend::{BackendKind, CpuDecoder, PagedDecoder};
 use gcs_engine::llama::PagedSeq;
 use gcs_engine::sampling::argmax;
@@ -81,6 +81,16 @@ fn the_exact_gpu_decoder_equals_the_cpu_decoder_bit_for_bit() {
     let (agree, total, max_d, equal) = compare(&engine, &mut gpu, &mut *cpu_decoder(&path));
     eprintln!("exact GPU (lavapipe) vs CPU: top-1 {agree}/{total}, max |Δ logit| {max_d:e}");
     assert!(equal, "logits differ: max |Δ| {max_d:e}, top-1 {agree}/{total}");
+    // Twelve launches a layer in the CPU's arithmetic (norm, quantize, Q/K/V,
+    // RoPE/K-V store, attention, quantize, O, norm, quantize, gate/up,
+    // SwiGLU quantized for the down projection, down), the embedding
+    // before; the output norm, its quantization, the LM head and the argmax
+    // after.
+    let before = launch::launches();
+    let seq = PagedSeq { tokens: &[1, 2], past: 0, table: &[4], decode_from: 2 };
+    gpu.forward_paged(&[seq]).unwrap();
+    let layers = engine.model.config.n_layers;
+    assert_eq!(launch::launches() - before, 1 + 12 * layers + 4, "launches a step");
 }
 
 #[test]

@@ -443,14 +443,15 @@ pub fn attention_threads(sh: HeadShape) -> usize {
     sh.head_dim.next_power_of_two().max(128)
 }
 
-/// Which float attention kernel runs: both give the same bits (every
-/// head's arithmetic in the same order), so the choice is speed only.
+/// Which form of the float attention runs ([`attention::paged_attention`]'s
+/// `per_kv_head`): both give the same bits (every head's arithmetic in the
+/// same order), so the choice is speed only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// [`attention::paged_attention`]: a cube per (row, query head).
+    /// A cube per (row, query head).
     Head,
-    /// [`attention::paged_attention_gqa`]: a cube per (row, KV head), its
-    /// K/V read once for the query heads that share it.
+    /// A cube per (row, KV head), its K/V read once for the query heads
+    /// that share it.
     KvHead,
 }
 
@@ -531,22 +532,16 @@ pub fn paged_attention_with(
         None => {
             let t = attention_threads(sh);
             let dim = CubeDim::new_1d(t as u32);
-            // The two float kernels take the same arguments.
-            macro_rules! float {
-                ($kernel:path, $count:expr) => {
-                    $kernel(
-                        c, $count, dim, q, k, v, o, pos, table, tables, pool.off, scale, window,
-                        sh, t,
-                    )
-                };
-            }
-            match kernel {
-                AttentionKernel::Head => float!(attention::paged_attention::launch::<f32>, count),
-                AttentionKernel::KvHead => float!(
-                    attention::paged_attention_gqa::launch::<f32>,
-                    CubeCount::Static(meta.rows() as u32, sh.n_kv_heads as u32, 1)
-                ),
-            }
+            let per_kv = kernel == AttentionKernel::KvHead;
+            let count = if per_kv {
+                CubeCount::Static(meta.rows() as u32, sh.n_kv_heads as u32, 1)
+            } else {
+                count
+            };
+            attention::paged_attention::launch::<f32>(
+                c, count, dim, q, k, v, o, pos, table, tables, pool.off, scale, window, sh, t,
+                per_kv,
+            )
         }
     }
 }

@@ -12,7 +12,7 @@ pub mod step;
 pub mod weights;
 
 pub use buf::DeviceBuf;
-pub use decoder::{GpuDecoder, StepPart};
+pub use decoder::{Anatomy, GpuDecoder, StepPart};
 pub use weights::check_model;
 
 /// A GPU runtime failure, with the runtime's own message.

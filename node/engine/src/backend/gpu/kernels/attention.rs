@@ -104,14 +104,20 @@ pub fn rope_kv_store<KV: Float>(
     }
 }
 
-/// Causal attention of batch row `cube_x`, query head `cube_y`, over the
-/// `row_pos + 1` positions of its sequence (keys before `pos + 1 − window`
-/// masked when `window > 0`). One pass over the keys in chunks of `T`
-/// (the cube's units, `T ≥ head_dim`, a power of two) with an online
-/// softmax: each unit scores one key of a chunk, the chunk's max and sum
-/// meet in shared memory, and unit `d < head_dim` accumulates output
-/// dimension `d`. Decode rows and prefill rows are the same kernel.
-/// Launch with `CubeCount (rows, n_heads)`, `CubeDim (T)`.
+/// Causal attention of batch row `cube_x` over the `row_pos + 1`
+/// positions of its sequence (keys before `pos + 1 − window` masked when
+/// `window > 0`), for query head `cube_y`, or with `per_kv_head` for the
+/// `G = n_heads / n_kv_heads` query heads of KV head `cube_y` (GQA: each K
+/// row and V element loaded once for the `G`, their reductions sharing
+/// the synchronisations). One pass over the keys in chunks of `T` (the
+/// cube's units, `T ≥ head_dim`, a power of two) with an online softmax:
+/// each unit scores one key of a chunk, the chunk's max and sum meet in
+/// shared memory, and unit `d < head_dim` accumulates output dimension
+/// `d`. Every head's arithmetic is the same operations in the same order
+/// either way, so the two forms agree bit for bit and the choice is speed
+/// only (`launch::AttentionKernel`). Decode rows and prefill rows are the
+/// same kernel. Launch with `CubeCount (rows, n_heads)` (with
+/// `per_kv_head`: `n_kv_heads`), `CubeDim (T)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<KV: Float>(
@@ -127,122 +133,17 @@ pub fn paged_attention<KV: Float>(
     window: usize,
     #[comptime] sh: HeadShape,
     #[comptime] t: usize,
+    #[comptime] per_kv_head: bool,
 ) {
     let row = CUBE_POS_X as usize;
-    let h = CUBE_POS_Y as usize;
-    let tid = UNIT_POS_X as usize;
-    let hd = comptime!(sh.head_dim);
-    let (nh, nkv) = comptime!((sh.n_heads, sh.n_kv_heads));
-    let kvh = h / (nh / nkv);
-    let bl = comptime!(sh.block_len());
-    let n = row_pos[row] as usize + 1;
-    let toff = row_table[row] as usize;
-    let lo = select(window > 0 && n > window, n - window, 0usize);
-
-    let mut q = Shared::new_slice(hd);
-    if tid < hd {
-        q[tid] = qkv[row * comptime!(sh.width()) + h * hd + tid];
-    }
-    let mut p = Shared::new_slice(t);
-    let mut red = Shared::new_slice(t);
-    sync_cube();
-
-    // Finite stand-in for −∞, so exp(m − m') never sees ∞ − ∞.
-    let mut m = (-3.0e38f32).runtime();
-    let mut l = 0.0f32.runtime();
-    let mut acc = 0.0f32.runtime();
-    let mut c0 = lo;
-    while c0 < n {
-        let j = c0 + tid;
-        let mut score = (-3.0e38f32).runtime();
-        if j < n {
-            let kb =
-                layer_off + tables[toff + j / BLOCK] as usize * bl + (kvh * BLOCK + j % BLOCK) * hd;
-            let mut s = 0.0f32;
-            for d in 0..hd {
-                s += q[d] * f32::cast_from(k_pool[kb + d]);
-            }
-            score = s * scale;
-        }
-        red[tid] = score;
-        sync_cube();
-        let mut stride = (t / 2).runtime();
-        while stride > 0 {
-            if tid < stride {
-                red[tid] = f32::max(red[tid], red[tid + stride]);
-            }
-            sync_cube();
-            stride /= 2;
-        }
-        let m_new = f32::max(m, red[0]);
-        sync_cube();
-        let pj = select(j < n, f32::exp(score - m_new), 0.0f32);
-        p[tid] = pj;
-        red[tid] = pj;
-        sync_cube();
-        let mut stride = (t / 2).runtime();
-        while stride > 0 {
-            if tid < stride {
-                red[tid] = red[tid] + red[tid + stride];
-            }
-            sync_cube();
-            stride /= 2;
-        }
-        let alpha = f32::exp(m - m_new);
-        l = l * alpha + red[0];
-        if tid < hd {
-            let mut a = acc * alpha;
-            let cn = select(n - c0 < t, n - c0, t);
-            for k in 0..cn {
-                let jj = c0 + k;
-                let vb = layer_off
-                    + tables[toff + jj / BLOCK] as usize * bl
-                    + (kvh * BLOCK + jj % BLOCK) * hd;
-                a += p[k] * f32::cast_from(v_pool[vb + tid]);
-            }
-            acc = a;
-        }
-        m = m_new;
-        sync_cube();
-        c0 += t;
-    }
-    if tid < hd {
-        out[row * nh * hd + h * hd + tid] = acc / l;
-    }
-}
-
-/// [`paged_attention`] with one cube per (batch row, KV head) computing
-/// all `G = n_heads / n_kv_heads` query heads that share it (GQA): each K
-/// row and V element is loaded once for the `G` heads, not `G` times, and
-/// the `G` heads' reductions share their synchronisations. Every head's
-/// arithmetic is [`paged_attention`]'s, operation for operation and in the
-/// same order (chunks of `T` keys, the same trees, the same P·V sum per
-/// output dimension), so the two kernels agree bit for bit and the choice
-/// is speed only (`launch::AttentionKernel`). Launch with
-/// `CubeCount (rows, n_kv_heads)`, `CubeDim (T)`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention_gqa<KV: Float>(
-    qkv: &[f32],
-    k_pool: &[KV],
-    v_pool: &[KV],
-    out: &mut [f32],
-    row_pos: &[u32],
-    row_table: &[u32],
-    tables: &[u32],
-    layer_off: usize,
-    scale: f32,
-    window: usize,
-    #[comptime] sh: HeadShape,
-    #[comptime] t: usize,
-) {
-    let row = CUBE_POS_X as usize;
-    let kvh = CUBE_POS_Y as usize;
     let tid = UNIT_POS_X as usize;
     let hd = comptime!(sh.head_dim);
     let nh = comptime!(sh.n_heads);
-    let g = comptime!(sh.n_heads / sh.n_kv_heads);
-    let h0 = kvh * g;
+    let group = comptime!(sh.n_heads / sh.n_kv_heads);
+    // Query heads h0 .. h0 + g, all of KV head kvh.
+    let g = comptime!(if per_kv_head { group } else { 1 });
+    let h0 = CUBE_POS_Y as usize * g;
+    let kvh = h0 / group;
     let bl = comptime!(sh.block_len());
     let n = row_pos[row] as usize + 1;
     let toff = row_table[row] as usize;
