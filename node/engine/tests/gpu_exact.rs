@@ -53,7 +53,7 @@ fn exact_swiglu_equals_the_cpu_bit_for_bit() {
 }
 
 /// The down projection's exact input in one kernel
-/// (`launch::swiglu_quantize_q8`): the quantized blocks of what the exact
+/// (`launch::quantize_q8` with `glu`): the quantized blocks of what the exact
 /// SwiGLU writes, bit for bit, over rows of several blocks.
 #[test]
 fn swiglu_fused_into_the_quantizer_equals_the_two_kernels() {
@@ -65,8 +65,8 @@ fn swiglu_fused_into_the_quantizer_equals_the_two_kernels() {
     let act = DeviceBuf::<f32>::uninit(&c, n * inter);
     launch::swiglu(&c, &hg, &act, inter, WIDE);
     let (two, one) = (launch::QActs::new(&c, n * inter), launch::QActs::new(&c, n * inter));
-    launch::quantize_q8(&c, &act, n, inter, &two);
-    launch::swiglu_quantize_q8(&c, &hg, n, inter, &one, true);
+    launch::quantize_q8(&c, &act, n, inter, &two, None);
+    launch::quantize_q8(&c, &hg, n, inter, &one, WIDE);
     let all = |a: &launch::QActs| {
         let (d, s) = (a.d.read(&c).unwrap(), a.s.read(&c).unwrap());
         (a.qs.read(&c).unwrap(), bits(&d), bits(&s), a.sum_q.read(&c).unwrap())

@@ -224,7 +224,7 @@ fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
         let g = GpuMatrix::upload(&c, m).unwrap();
         let hx = DeviceBuf::upload(&c, x);
         let acts = launch::QActs::new(&c, n * m.cols);
-        launch::quantize_q8(&c, &hx, n, m.cols, &acts);
+        launch::quantize_q8(&c, &hx, n, m.cols, &acts, None);
         let want = QActs::quantize(x, n, m.cols);
         assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&want.d), "{what}: d");
         assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&want.s), "{what}: s");

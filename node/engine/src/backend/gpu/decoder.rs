@@ -400,11 +400,7 @@ impl GpuDecoder {
         match &io.acts {
             Some(a) => {
                 let wide_fma = self.wide_fma();
-                if glu {
-                    launch::swiglu_quantize_q8(cl, x, rows, m.cols, a, wide_fma);
-                } else {
-                    launch::quantize_q8(cl, x, rows, m.cols, a);
-                }
+                launch::quantize_q8(cl, x, rows, m.cols, a, glu.then_some(wide_fma));
                 launch::matmul_q8(cl, m, a, rows, out, wide_fma);
             }
             None if glu => launch::matmul_glu(cl, m, x, rows, out),

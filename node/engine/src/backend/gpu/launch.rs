@@ -168,51 +168,41 @@ impl QActs {
     }
 }
 
-/// Quantize the first `n · cols` elements of `x` into `acts`.
-pub fn quantize_q8(c: &Client, x: &DeviceBuf<f32>, n: usize, cols: usize, acts: &QActs) {
-    let blocks = n * cols / 32;
-    debug_assert!(x.len() >= n * cols && acts.d.len() >= blocks);
-    counted();
-    q8::quantize_q8::launch(
-        c,
-        CubeCount::Static(groups(blocks, 64), 1, 1),
-        CubeDim::new_1d(64),
-        x.arg(),
-        acts.qs.arg(),
-        acts.d.arg(),
-        acts.s.arg(),
-        acts.sum_q.arg(),
-        blocks,
-    );
-}
-
-/// [`quantize_q8`] of the SwiGLU of `gu[n, 2 · cols]` in the CPU's
-/// arithmetic ([`exact::swiglu_quantize_q8`]: what [`swiglu`] with
-/// `exact` writes, quantized, without writing it).
-pub fn swiglu_quantize_q8(
+/// Quantize `n · cols` inputs into `acts` ([`q8::quantize_q8`]): the
+/// first `n · cols` elements of `x`, or with `glu = Some(wide)` the SwiGLU
+/// of `x`'s `[gate | up]` rows in the CPU's arithmetic
+/// ([`exact::swiglu_quantize_q8`]: what [`swiglu`] with `exact` writes,
+/// quantized without writing it; the down projection's input).
+pub fn quantize_q8(
     c: &Client,
-    gu: &DeviceBuf<f32>,
+    x: &DeviceBuf<f32>,
     n: usize,
     cols: usize,
     acts: &QActs,
-    wide: bool,
+    glu: Exact,
 ) {
     let blocks = n * cols / 32;
-    debug_assert!(gu.len() >= n * 2 * cols && acts.d.len() >= blocks && cols % 32 == 0);
+    let width = if glu.is_some() { 2 * cols } else { cols };
+    debug_assert!(x.len() >= n * width && acts.d.len() >= blocks && cols % 32 == 0);
     counted();
-    exact::swiglu_quantize_q8::launch(
-        c,
-        CubeCount::Static(groups(blocks, 64), 1, 1),
-        CubeDim::new_1d(64),
-        gu.arg(),
-        acts.qs.arg(),
-        acts.d.arg(),
-        acts.s.arg(),
-        acts.sum_q.arg(),
-        blocks,
-        cols,
-        wide,
-    );
+    let (count, dim) = (CubeCount::Static(groups(blocks, 64), 1, 1), CubeDim::new_1d(64));
+    let (qs, d, s, sum_q) = (acts.qs.arg(), acts.d.arg(), acts.s.arg(), acts.sum_q.arg());
+    match glu {
+        Some(wide) => exact::swiglu_quantize_q8::launch(
+            c,
+            count,
+            dim,
+            x.arg(),
+            qs,
+            d,
+            s,
+            sum_q,
+            blocks,
+            cols,
+            wide,
+        ),
+        None => q8::quantize_q8::launch(c, count, dim, x.arg(), qs, d, s, sum_q, blocks),
+    }
 }
 
 /// `out[n, m.rows] = x · mᵀ` in the CPU's arithmetic over `acts` (`x`

@@ -155,7 +155,7 @@ impl GpuDecoder {
         let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
         let wide_fma = self.wide_fma();
         time("quantize q8", &mut || {
-            launch::quantize_q8(&cl, &io.h, t, l.w_gate_up.cols, &acts);
+            launch::quantize_q8(&cl, &io.h, t, l.w_gate_up.cols, &acts, None);
             Ok(())
         })?;
         // Both q8 kernels (the same bits; `matmul_q8` picks by rows).
@@ -180,7 +180,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("swiglu + quantize q8 exact", &mut || {
-            launch::swiglu_quantize_q8(&cl, &io.gu, t, c.intermediate, &acts, wide_fma);
+            launch::quantize_q8(&cl, &io.gu, t, c.intermediate, &acts, exact);
             Ok(())
         })?;
         // The same step as a recorded graph (the decode path's replay).

@@ -73,6 +73,12 @@ fn reduce16(a: &Array<f32>) -> f32 {
     (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
+/// `ggml_silu(g) · u`: an element of `numerics::swiglu_rows`.
+#[cube]
+pub fn silu_mul_exact(g: f32, u: f32, #[comptime] wide: bool) -> f32 {
+    g / (1.0f32 + ggml_expf(0.0f32 - g, wide)) * u
+}
+
 /// `act = ggml_silu(gate) · up` (`numerics::swiglu_rows`). Launch over
 /// `act.len()` units, 256 a cube.
 #[cube(launch)]
@@ -82,7 +88,7 @@ pub fn swiglu_exact(gu: &[f32], act: &mut [f32], inter: usize, #[comptime] wide:
         let (j, i) = (p / inter, p % inter);
         let g = gu[j * 2 * inter + i];
         let u = gu[j * 2 * inter + inter + i];
-        act[p] = g / (1.0f32 + ggml_expf(0.0f32 - g, wide)) * u;
+        act[p] = silu_mul_exact(g, u, wide);
     }
 }
 
@@ -110,8 +116,7 @@ pub fn swiglu_quantize_q8(
         let mut v = Array::<f32>::new(32usize);
         #[unroll]
         for e in 0..32usize {
-            let (g, u) = (gu[o + e], gu[o + inter + e]);
-            v[e] = g / (1.0f32 + ggml_expf(0.0f32 - g, wide)) * u;
+            v[e] = silu_mul_exact(gu[o + e], gu[o + inter + e], wide);
         }
         q8::quantize_block(&v, b, qs, d, s, sum_q);
     }
