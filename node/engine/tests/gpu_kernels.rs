@@ -17,7 +17,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use gcs_engine::attn::{AttnShape, PagedSeqRef, Rope};
 use gcs_engine::backend::gpu::kernels::basic;
-use gcs_engine::backend::gpu::launch::{self, AttentionKernel, MatmulKernel, RowMeta};
+use gcs_engine::backend::gpu::launch::{self, AttentionKernel, Input, MatmulKernel, RowMeta};
 use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
@@ -151,13 +151,13 @@ fn quantized_matmul_matches_the_dequantized_weights() {
 fn the_matmul_kernels_agree_bit_for_bit() {
     let c = client();
     let mut rng = Rng(0x0dd_ba11);
-    let run_glu = |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel, glu: bool| {
+    let run_in = |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel, i: Input<'_>| {
         let o = DeviceBuf::<f32>::uninit(&c, n * m.rows);
-        launch::matmul_with(&c, m, x, n, &o, k, glu);
+        launch::matmul_with(&c, m, x, i, n, &o, false, k);
         o.read(&c).unwrap()
     };
     let run =
-        |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel| run_glu(m, x, n, k, false);
+        |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel| run_in(m, x, n, k, Input::Rows);
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         for (rows, cols) in [(70, 1536), (45, 576)] {
@@ -197,7 +197,7 @@ fn the_matmul_kernels_agree_bit_for_bit() {
         launch::swiglu(&c, &gu, &act, inter, None);
         for k in MatmulKernel::ALL {
             let want = run(&g, &act, n, k);
-            assert!(same(&want, &run_glu(&g, &gu, n, k, true)), "SwiGLU input n={n} {k:?}");
+            assert!(same(&want, &run_in(&g, &gu, n, k, Input::Glu)), "SwiGLU input n={n} {k:?}");
         }
         // The gate/up buffer itself as an input is not the same product
         // (the comparison can fail).
@@ -205,6 +205,59 @@ fn the_matmul_kernels_agree_bit_for_bit() {
             &run(&g, &act, n, MatmulKernel::Tiled),
             &run(&g, &gu, n, MatmulKernel::Tiled)
         ));
+    }
+
+    // The layer norms' fused input: each kernel over the residual rows
+    // with `Input::Norm` gives the bits it gives over `rms_norm`'s output
+    // (a cube norms its own rows in the one order of `ops::row_scales`),
+    // for 1, 2 (the wide kernel's smaller cubes), 9 and 70 rows (the tiled
+    // kernel's second tile of batch rows holds 6).
+    for (rows, hid) in [(45, 576), (70, 1536)] {
+        let m = QMatrix::from_gguf(
+            GgmlType::Q4_1,
+            rows,
+            hid,
+            &gguf_blocks(&mut rng, GgmlType::Q4_1, rows, hid),
+        );
+        let g = GpuMatrix::upload(&c, &m).unwrap();
+        let nw = DeviceBuf::upload(&c, &rng.vec(hid));
+        for n in [1, 2, 9, 70] {
+            let x: Vec<f32> = rng.vec(n * hid).iter().map(|v| v * 30.0).collect();
+            let x = DeviceBuf::upload(&c, &x);
+            let h = DeviceBuf::<f32>::uninit(&c, n * hid);
+            let all: Vec<u32> = (0..n as u32).collect();
+            launch::rms_norm(&c, &x, &nw, &h, &DeviceBuf::upload(&c, &all), 1e-5);
+            for k in MatmulKernel::ALL {
+                let want = run(&g, &h, n, k);
+                let got = run_in(&g, &x, n, k, Input::Norm(&nw, 1e-5));
+                assert!(same(&want, &got), "normed input {rows}x{hid} n={n} {k:?}");
+            }
+            assert!(!same(
+                &run(&g, &h, n, MatmulKernel::Wide),
+                &run(&g, &x, n, MatmulKernel::Wide)
+            ));
+        }
+    }
+
+    // The residual: with `add` each kernel adds its products to what
+    // `out` holds, one f32 add each (what the separate add did).
+    let m = QMatrix::from_gguf(
+        GgmlType::Q8_0,
+        45,
+        576,
+        &gguf_blocks(&mut rng, GgmlType::Q8_0, 45, 576),
+    );
+    let g = GpuMatrix::upload(&c, &m).unwrap();
+    for n in [1, 9, 70] {
+        let x = DeviceBuf::upload(&c, &rng.vec(n * 576));
+        let resid = rng.vec(n * 45);
+        for k in MatmulKernel::ALL {
+            let p = run(&g, &x, n, k);
+            let o = DeviceBuf::upload(&c, &resid);
+            launch::matmul_with(&c, &g, &x, Input::Rows, n, &o, true, k);
+            let want: Vec<f32> = resid.iter().zip(&p).map(|(r, p)| r + p).collect();
+            assert!(same(&o.read(&c).unwrap(), &want), "residual add n={n} {k:?}");
+        }
     }
 }
 
@@ -269,7 +322,8 @@ fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
 /// RMSNorm in the CPU's arithmetic (`q8::add_rms_norm_exact`) equals
 /// `numerics::rms_norm_rows` bit for bit, with the residual added first
 /// and over a listed row without one; rows of wide dynamic range (tiny
-/// and large values) so the f64 sum's order matters.
+/// and large values) so the f64 sum's order matters. Its quantized output
+/// equals `QActs::quantize` of those rows.
 #[test]
 fn the_exact_rms_norm_equals_the_cpu_bit_for_bit() {
     let c = client();
@@ -283,16 +337,33 @@ fn the_exact_rms_norm_equals_the_cpu_bit_for_bit() {
     let (hx, hd, hw) =
         (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
     let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
-    let idx: Vec<u32> = (0..n as u32).collect();
-    launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5, true);
+    let acts = launch::QActs::new(&c, n * hid);
+    let idx = DeviceBuf::upload(&c, &(0..n as u32).collect::<Vec<_>>());
+    launch::add_rms_norm_q8(&c, &hx, Some(&hd), &hw, &hh, &idx, 1e-5, &acts);
     let sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&hx.read(&c).unwrap()), bits(&sum), "x += delta is one f32 add");
     let mut want = sum.clone();
     rms_norm_rows(&mut want, &w, 1e-5);
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&hh.read(&c).unwrap()), bits(&want), "rows with the residual");
+    let q = QActs::quantize(&want, n, hid);
+    assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&q.d), "quantized: d");
+    assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&q.s), "quantized: s");
+    assert_eq!(acts.sum_q.read(&c).unwrap(), q.sum_q, "quantized: Σq");
+    let qs: Vec<i8> = acts
+        .qs
+        .read(&c)
+        .unwrap()
+        .iter()
+        .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+        .collect();
+    assert_eq!(qs, q.qs, "quantized: bytes");
     let hl = DeviceBuf::<f32>::uninit(&c, hid);
-    launch::add_rms_norm(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[3u32]), 1e-5, true);
+    let last = DeviceBuf::upload(&c, &[3u32]);
+    launch::add_rms_norm_q8(&c, &hx, None, &hw, &hl, &last, 1e-5, &acts);
     assert_eq!(bits(&hl.read(&c).unwrap()), bits(&want[3 * hid..4 * hid]), "row 3");
+    let q3 = QActs::quantize(&want[3 * hid..4 * hid], 1, hid);
+    assert_eq!(bits(&acts.d.read(&c).unwrap()[..hid / 32]), bits(&q3.d), "row 3 quantized");
 }
 
 /// Embedding rows: the float kernel within 2.5e-7, the exact one bit for bit.
@@ -325,27 +396,25 @@ fn embedding_rows_match_the_cpu_rows() {
 }
 
 #[test]
-fn rms_norm_with_residual_and_swiglu_match_the_cpu() {
+fn rms_norm_and_swiglu_match_the_cpu() {
     let c = client();
     let mut rng = Rng(11);
     let (n, hid, inter) = (6, 576, 1536);
-    let (x, d, w) = (rng.vec(n * hid), rng.vec(n * hid), rng.vec(hid));
-    let (hx, hd, hw) =
-        (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d), DeviceBuf::upload(&c, &w));
+    let (x, w) = (rng.vec(n * hid), rng.vec(hid));
+    let (hx, hw) = (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &w));
     let hh = DeviceBuf::<f32>::uninit(&c, n * hid);
     let idx: Vec<u32> = (0..n as u32).collect();
-    launch::add_rms_norm(&c, &hx, Some(&hd), &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5, false);
-    let mut sum: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
-    assert_eq!(hx.read(&c).unwrap(), sum, "x += delta is one f32 add");
+    launch::rms_norm(&c, &hx, &hw, &hh, &DeviceBuf::upload(&c, &idx), 1e-5);
+    let mut sum = x.clone();
     rms_norm_rows(&mut sum, &w, 1e-5);
     let got = hh.read(&c).unwrap();
     let scale: Vec<f64> = sum.iter().map(|v| (v.abs() as f64).max(1e-2)).collect();
     let e = max_rel(&got, &sum, &scale);
-    eprintln!("add + rms_norm: {e:.2e}");
+    eprintln!("rms_norm: {e:.2e}");
     assert!(e <= 1e-5, "rms_norm {e:e}");
-    // Only the listed rows, without a residual (the output norm).
+    // Only the listed rows (the output norm).
     let hl = DeviceBuf::<f32>::uninit(&c, hid);
-    launch::add_rms_norm(&c, &hx, None, &hw, &hl, &DeviceBuf::upload(&c, &[4u32]), 1e-5, false);
+    launch::rms_norm(&c, &hx, &hw, &hl, &DeviceBuf::upload(&c, &[4u32]), 1e-5);
     let e = max_rel(&hl.read(&c).unwrap(), &sum[4 * hid..5 * hid], &scale[4 * hid..5 * hid]);
     assert!(e <= 1e-5, "row 4: {e:e}");
 

@@ -13,7 +13,7 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
-use super::launch::{self, LayerPool};
+use super::launch::{self, Input, LayerPool, QActs};
 use super::step::{StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
@@ -382,78 +382,82 @@ impl GpuDecoder {
         out
     }
 
-    /// `out = x · mᵀ` over `rows` rows (with `glu`, over the SwiGLU of
-    /// `x`'s `[gate | up]` rows, computed as the input is read): in the
-    /// CPU's arithmetic when the step keeps quantized inputs, else the
-    /// float kernels.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul(
-        &self,
-        io: &StepIo,
-        m: &GpuMatrix,
-        x: &DeviceBuf<f32>,
-        rows: usize,
-        out: &DeviceBuf<f32>,
-        glu: bool,
-    ) {
-        let cl = &self.client;
-        match &io.acts {
-            Some(a) => {
-                let wide_fma = self.wide_fma();
-                launch::quantize_q8(cl, x, rows, m.cols, a, glu.then_some(wide_fma));
-                launch::matmul_q8(cl, m, a, rows, out, wide_fma);
-            }
-            None if glu => launch::matmul_glu(cl, m, x, rows, out),
-            None => launch::matmul(cl, m, x, rows, out),
-        }
-    }
-
-    /// `x += delta`, then `h = RMSNorm(x) · w` over the rows `idx`: in the
-    /// CPU's arithmetic with the q8 matmuls, else the float kernel.
-    #[allow(clippy::too_many_arguments)]
-    fn norm(
-        &self,
-        io: &StepIo,
-        x: &DeviceBuf<f32>,
-        delta: Option<&DeviceBuf<f32>>,
-        w: &DeviceBuf<f32>,
-        h: &DeviceBuf<f32>,
-        idx: &DeviceBuf<u32>,
-    ) {
-        let (cl, eps) = (&self.client, self.config.rms_eps);
-        launch::add_rms_norm(cl, x, delta, w, h, idx, eps, io.acts.is_some());
-    }
-
     /// The step's kernels, in order, over `io` (a step's own buffers or a
     /// bucket's: the same launches either way).
     fn launch_step(&self, io: &StepIo) {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
-        let (total, n) = (io.rows(), io.seqs());
-        let meta = &io.meta;
         let exact = self.shape.exact.then_some(self.wide_fma());
         launch::embed(cl, &self.embed, &io.tok, &io.x, exact);
         let layer_len = (self.n_blocks + 1) * sh.block_len();
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
-            // x += previous layer's FFN output, fused with this norm.
-            let prev = (li > 0).then_some(&io.d);
-            self.norm(io, &io.x, prev, &l.attn_norm, &io.h, &io.all);
-            self.matmul(io, &l.wqkv, &io.h, total, &io.qkv, false);
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
-            launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
-            launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
-            self.matmul(io, &l.wo, &io.attn, total, &io.o, false);
-            self.norm(io, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all);
-            self.matmul(io, &l.w_gate_up, &io.h, total, &io.gu, false);
-            // SwiGLU inside the down projection's input.
-            self.matmul(io, &l.w_down, &io.gu, total, &io.d, true);
+            match &io.acts {
+                Some(acts) => self.exact_layer(io, l, li == 0, pool, scale, acts),
+                None => self.float_layer(io, l, pool, scale),
+            }
         }
-        // Only each sequence's last row: its residual, the output norm, logits.
-        self.norm(io, &io.x, Some(&io.d), &self.output_norm, &io.hl, &io.last);
-        self.matmul(io, &self.lm_head, &io.hl, n, &io.logits, false);
+        // Only each sequence's last row: the output norm, the logits.
+        let (n, eps) = (io.seqs(), c.rms_eps);
+        match &io.acts {
+            Some(acts) => {
+                let (x, w) = (&io.x, &self.output_norm);
+                launch::add_rms_norm_q8(cl, x, Some(&io.d), w, &io.hl, &io.last, eps, acts);
+                launch::matmul_q8(cl, &self.lm_head, acts, n, &io.logits, self.wide_fma());
+            }
+            None => {
+                launch::rms_norm(cl, &io.x, &self.output_norm, &io.hl, &io.last, eps);
+                launch::matmul(cl, &self.lm_head, &io.hl, n, &io.logits);
+            }
+        }
         if self.argmax {
             launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);
         }
+    }
+
+    /// A layer in float arithmetic, 6 launches: the norms are read inside
+    /// the Q/K/V and gate/up matmuls, SwiGLU inside the down projection,
+    /// and the O and down projections add to the residual `x` themselves.
+    fn float_layer(&self, io: &StepIo, l: &GpuLayer, pool: LayerPool<'_>, scale: f32) {
+        let (cl, sh, eps) = (&self.client, self.sh, self.config.rms_eps);
+        let (t, meta) = (io.rows(), &io.meta);
+        let (x, qkv) = (&io.x, &io.qkv);
+        launch::matmul_in(cl, &l.wqkv, x, Input::Norm(&l.attn_norm, eps), t, qkv, false);
+        launch::rope_kv_store(cl, sh, qkv, pool, &self.cos, &self.sin, meta, None);
+        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, 0, None);
+        launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, x, true);
+        launch::matmul_in(cl, &l.w_gate_up, x, Input::Norm(&l.ffn_norm, eps), t, &io.gu, false);
+        launch::matmul_in(cl, &l.w_down, &io.gu, Input::Glu, t, x, true);
+    }
+
+    /// A layer in the CPU's arithmetic, 10 launches: each norm adds the
+    /// residual and quantizes its output (the next matmul's input), the
+    /// attention and SwiGLU outputs are quantized by their own launch.
+    #[allow(clippy::too_many_arguments)]
+    fn exact_layer(
+        &self,
+        io: &StepIo,
+        l: &GpuLayer,
+        first: bool,
+        pool: LayerPool<'_>,
+        scale: f32,
+        acts: &QActs,
+    ) {
+        let (cl, sh, eps, wide) = (&self.client, self.sh, self.config.rms_eps, self.wide_fma());
+        let (t, meta, exact) = (io.rows(), &io.meta, Some(wide));
+        // x += the previous layer's FFN output, fused with this norm.
+        let prev = (!first).then_some(&io.d);
+        launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, eps, acts);
+        launch::matmul_q8(cl, &l.wqkv, acts, t, &io.qkv, wide);
+        launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
+        launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
+        launch::quantize_q8(cl, &io.attn, t, l.wo.cols, acts, None);
+        launch::matmul_q8(cl, &l.wo, acts, t, &io.o, wide);
+        launch::add_rms_norm_q8(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, eps, acts);
+        launch::matmul_q8(cl, &l.w_gate_up, acts, t, &io.gu, wide);
+        // SwiGLU inside the down projection's quantizer.
+        launch::quantize_q8(cl, &io.gu, t, l.w_down.cols, acts, exact);
+        launch::matmul_q8(cl, &l.w_down, acts, t, &io.d, wide);
     }
 }
 

@@ -68,31 +68,72 @@ pub fn wide_batch_rows(n: usize) -> usize {
 /// Batch rows from which the tiled kernel runs.
 pub const TILED_FROM: usize = 8;
 
+/// What a float matmul reads as its input rows ([`quant::InputKind`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// The rows of `x`, `[n, m.cols]`.
+    Rows,
+    /// The SwiGLU of `x`'s `[gate | up]` rows, `[n, 2 · m.cols]`: what
+    /// [`swiglu`] would write, computed as the kernel reads it.
+    Glu,
+    /// `x`'s rows RMS-normed with these weights and `eps`: what
+    /// [`rms_norm`] would write, computed by each cube for its rows.
+    Norm(&'a DeviceBuf<f32>, f32),
+}
+
+impl Input<'_> {
+    fn kind(&self) -> quant::InputKind {
+        match self {
+            Input::Rows => quant::InputKind::Rows,
+            Input::Glu => quant::InputKind::Glu,
+            Input::Norm(..) => quant::InputKind::Norm,
+        }
+    }
+}
+
 /// `out[n, m.rows] = x[n, m.cols] · mᵀ`, by [`MatmulKernel::for_rows`].
 pub fn matmul(c: &Client, m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
-    matmul_with(c, m, x, n, out, MatmulKernel::for_rows(n), false);
+    matmul_in(c, m, x, Input::Rows, n, out, false);
 }
 
-/// `out[n, m.rows] = swiglu(gu) · mᵀ` for `gu[n, 2 · m.cols]` rows of
-/// `[gate | up]`: [`matmul`] over what [`swiglu`] would write, computed as
-/// the kernel reads it ([`quant::input`]), the same bits.
-pub fn matmul_glu(c: &Client, m: &GpuMatrix, gu: &DeviceBuf<f32>, n: usize, out: &DeviceBuf<f32>) {
-    matmul_with(c, m, gu, n, out, MatmulKernel::for_rows(n), true);
+/// `out[n, m.rows] = input(x) · mᵀ` ([`Input`]), or with `add`
+/// `out += …` (the O and down projections add to the residual stream,
+/// one add each as the separate kernels did), by
+/// [`MatmulKernel::for_rows`].
+pub fn matmul_in(
+    c: &Client,
+    m: &GpuMatrix,
+    x: &DeviceBuf<f32>,
+    input: Input<'_>,
+    n: usize,
+    out: &DeviceBuf<f32>,
+    add: bool,
+) {
+    matmul_with(c, m, x, input, n, out, add, MatmulKernel::for_rows(n));
 }
 
-/// [`matmul`] (or with `glu`, [`matmul_glu`]) with the kernel chosen by
-/// the caller (the tests and the device check's anatomy compare them).
+/// [`matmul_in`] with the kernel chosen by the caller (the tests and the
+/// device check's anatomy compare them).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_with(
     c: &Client,
     m: &GpuMatrix,
     x: &DeviceBuf<f32>,
+    input: Input<'_>,
     n: usize,
     out: &DeviceBuf<f32>,
+    add: bool,
     kernel: MatmulKernel,
-    glu: bool,
 ) {
-    let width = if glu { 2 * m.cols } else { m.cols };
+    let width = if matches!(input, Input::Glu) { 2 * m.cols } else { m.cols };
     debug_assert!(x.len() >= n * width && out.len() >= n * m.rows);
+    // Without a norm the kernels never read its weights; `x` stands in
+    // (read-only, as `x`).
+    let (nw, eps) = match input {
+        Input::Norm(w, eps) => (w, eps),
+        _ => (x, 0.0),
+    };
+    let kind = input.kind();
     let mut off = 0;
     for p in &m.parts {
         counted();
@@ -106,14 +147,17 @@ pub fn matmul_with(
                     $dim,
                     p.words.arg(),
                     x.arg(),
+                    nw.arg(),
                     out.arg(),
                     p.rows,
                     m.cols,
                     n,
                     m.rows,
                     off,
+                    eps,
                     p.kind,
-                    glu,
+                    kind,
+                    add,
                     $($more)?
                 )
             };
@@ -309,11 +353,36 @@ pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f
     );
 }
 
-/// [`ops::add_rms_norm`] over the rows `idx` (`delta`: the residual to
-/// add first, if any); with `exact`, [`q8::add_rms_norm_exact`] (the CPU's
-/// arithmetic).
+/// `h = RMSNorm(x) · w` over the rows `idx` ([`ops::rms_norm`]; the
+/// output norm of the float step, whose layer norms are read inside their
+/// matmuls, [`Input::Norm`]).
+pub fn rms_norm(
+    c: &Client,
+    x: &DeviceBuf<f32>,
+    w: &DeviceBuf<f32>,
+    h: &DeviceBuf<f32>,
+    idx: &DeviceBuf<u32>,
+    eps: f32,
+) {
+    counted();
+    ops::rms_norm::launch(
+        c,
+        CubeCount::Static(idx.len() as u32, 1, 1),
+        CubeDim::new_1d(ops::ROW_THREADS as u32),
+        x.arg(),
+        w.arg(),
+        h.arg(),
+        idx.arg(),
+        w.len(),
+        eps,
+    );
+}
+
+/// `x += delta` (if any), `h = RMSNorm(x) · w` over the rows `idx` and `h`
+/// quantized into `acts` ([`q8::add_rms_norm_exact`]: the CPU's
+/// arithmetic, the next q8 matmul's input).
 #[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm(
+pub fn add_rms_norm_q8(
     c: &Client,
     x: &DeviceBuf<f32>,
     delta: Option<&DeviceBuf<f32>>,
@@ -321,32 +390,30 @@ pub fn add_rms_norm(
     h: &DeviceBuf<f32>,
     idx: &DeviceBuf<u32>,
     eps: f32,
-    exact: bool,
+    acts: &QActs,
 ) {
+    debug_assert!(acts.d.len() * 32 >= idx.len() * w.len() && w.len() % 32 == 0);
     // Without a delta the kernel never reads it; `w` stands in (read-only,
     // so no buffer is bound twice as writable).
     let d = delta.unwrap_or(w);
-    let count = CubeCount::Static(idx.len() as u32, 1, 1);
-    let dim = CubeDim::new_1d(ops::ROW_THREADS as u32);
-    let (x, d, wa, h, idx) = (x.arg(), d.arg(), w.arg(), h.arg(), idx.arg());
     counted();
-    if exact {
-        q8::add_rms_norm_exact::launch(
-            c,
-            count,
-            dim,
-            x,
-            d,
-            wa,
-            h,
-            idx,
-            eps,
-            w.len(),
-            delta.is_some(),
-        );
-    } else {
-        ops::add_rms_norm::launch(c, count, dim, x, d, wa, h, idx, w.len(), eps, delta.is_some());
-    }
+    q8::add_rms_norm_exact::launch(
+        c,
+        CubeCount::Static(idx.len() as u32, 1, 1),
+        CubeDim::new_1d(ops::ROW_THREADS as u32),
+        x.arg(),
+        d.arg(),
+        w.arg(),
+        h.arg(),
+        idx.arg(),
+        acts.qs.arg(),
+        acts.d.arg(),
+        acts.s.arg(),
+        acts.sum_q.arg(),
+        eps,
+        w.len(),
+        delta.is_some(),
+    );
 }
 
 /// `ids[r]` = argmax of row `r` of `logits[rows, vocab]` ([`ops::argmax_rows`]).

@@ -45,13 +45,19 @@ pub struct StepIo {
     /// The identity over the rows (every row's norm).
     pub all: DeviceBuf<u32>,
     pub last: DeviceBuf<u32>,
+    /// The residual stream (the float step's O and down projections add
+    /// to it).
     pub x: DeviceBuf<f32>,
+    /// The exact step's normed rows (its matmuls read them quantized,
+    /// `acts`; the float step's matmuls norm `x` as they read it).
     pub h: DeviceBuf<f32>,
     pub qkv: DeviceBuf<f32>,
     pub attn: DeviceBuf<f32>,
+    /// The exact step's O projection, added to `x` by the next norm.
     pub o: DeviceBuf<f32>,
     /// Gate and up rows; the down projection reads their SwiGLU.
     pub gu: DeviceBuf<f32>,
+    /// The exact step's down projection, added to `x` by the next norm.
     pub d: DeviceBuf<f32>,
     /// The last rows, normed.
     pub hl: DeviceBuf<f32>,

@@ -2,7 +2,7 @@
 //! device check (`devcheck/anatomy.rs`).
 
 use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
-use crate::backend::gpu::launch::{self, LayerPool};
+use crate::backend::gpu::launch::{self, Input, LayerPool};
 use crate::backend::rows::HostRows;
 use crate::llama::PagedSeq;
 
@@ -88,21 +88,10 @@ impl GpuDecoder {
             launch::embed(&cl, &self.embed, &io.tok, &io.x, None);
             Ok(())
         })?;
-        time("add_rms_norm", &mut || {
-            launch::add_rms_norm(
-                &cl,
-                &io.x,
-                Some(&io.o),
-                &l.ffn_norm,
-                &io.h,
-                &io.all,
-                c.rms_eps,
-                false,
-            );
-            Ok(())
-        })?;
-        time("matmul qkv", &mut || {
-            launch::matmul(&cl, &l.wqkv, &io.h, t, &io.qkv);
+        let eps = c.rms_eps;
+        let (attn_norm, ffn_norm) = (Input::Norm(&l.attn_norm, eps), Input::Norm(&l.ffn_norm, eps));
+        time("matmul qkv (normed input)", &mut || {
+            launch::matmul_in(&cl, &l.wqkv, &io.x, attn_norm, t, &io.qkv, false);
             Ok(())
         })?;
         time("rope_kv_store", &mut || {
@@ -118,16 +107,21 @@ impl GpuDecoder {
                 Ok(())
             })?;
         }
-        time("matmul o", &mut || {
-            launch::matmul(&cl, &l.wo, &io.attn, t, &io.o);
+        // The residual adds go to `d` (scratch in a float step), not `x`.
+        time("matmul o (+ residual)", &mut || {
+            launch::matmul_in(&cl, &l.wo, &io.attn, Input::Rows, t, &io.d, true);
             Ok(())
         })?;
-        time("matmul gate_up", &mut || {
-            launch::matmul(&cl, &l.w_gate_up, &io.h, t, &io.gu);
+        time("matmul gate_up (normed input)", &mut || {
+            launch::matmul_in(&cl, &l.w_gate_up, &io.x, ffn_norm, t, &io.gu, false);
             Ok(())
         })?;
-        time("matmul down (SwiGLU input)", &mut || {
-            launch::matmul_glu(&cl, &l.w_down, &io.gu, t, &io.d);
+        time("matmul down (SwiGLU input, + residual)", &mut || {
+            launch::matmul_in(&cl, &l.w_down, &io.gu, Input::Glu, t, &io.d, true);
+            Ok(())
+        })?;
+        time("output rms_norm", &mut || {
+            launch::rms_norm(&cl, &io.x, &self.output_norm, &io.hl, &io.last, eps);
             Ok(())
         })?;
         time("lm_head", &mut || {
@@ -139,23 +133,35 @@ impl GpuDecoder {
             Ok(())
         })?;
         // Each matmul kernel on the largest two (they give the same bits;
-        // `MatmulKernel::for_rows` picks by speed).
+        // `MatmulKernel::for_rows` picks by speed), gate/up also over rows
+        // not normed (the norm's cost inside it).
         for k in launch::MatmulKernel::ALL {
             time(&format!("gate_up {k:?}"), &mut || {
-                launch::matmul_with(&cl, &l.w_gate_up, &io.h, t, &io.gu, k, false);
+                launch::matmul_with(&cl, &l.w_gate_up, &io.x, ffn_norm, t, &io.gu, false, k);
+                Ok(())
+            })?;
+            time(&format!("gate_up {k:?}, rows input"), &mut || {
+                launch::matmul_with(&cl, &l.w_gate_up, &io.x, Input::Rows, t, &io.gu, false, k);
                 Ok(())
             })?;
             time(&format!("lm_head {k:?}"), &mut || {
-                launch::matmul_with(&cl, &self.lm_head, &io.hl, n, &io.logits, k, false);
+                let (m, x, out) = (&self.lm_head, &io.hl, &io.logits);
+                launch::matmul_with(&cl, m, x, Input::Rows, n, out, false, k);
                 Ok(())
             })?;
         }
         // The CPU's arithmetic (`kernels::q8` and `exact`, `GCS_GPU_EXACT=1`):
-        // quantizing an input, the matmuls over it, and the exact ops.
+        // the norm with its quantizer, quantizing an input, the matmuls
+        // over it, and the exact ops.
         let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
         let wide_fma = self.wide_fma();
         time("quantize q8", &mut || {
-            launch::quantize_q8(&cl, &io.h, t, l.w_gate_up.cols, &acts, None);
+            launch::quantize_q8(&cl, &io.attn, t, l.wo.cols, &acts, None);
+            Ok(())
+        })?;
+        time("add_rms_norm + quantize q8 exact", &mut || {
+            let (x, d, w) = (&io.x, Some(&io.o), &l.ffn_norm);
+            launch::add_rms_norm_q8(&cl, x, d, w, &io.h, &io.all, eps, &acts);
             Ok(())
         })?;
         // Both q8 kernels (the same bits; `matmul_q8` picks by rows).

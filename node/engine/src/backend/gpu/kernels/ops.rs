@@ -1,58 +1,90 @@
-//! Element-wise and per-row kernels of a decoder layer: residual add fused
-//! with RMSNorm, and SwiGLU.
+//! Element-wise and per-row kernels of a decoder layer: RMSNorm (and the
+//! order of its sum every kernel that norms a row follows), SwiGLU, and
+//! the argmax of a row.
 
 use cubecl::prelude::*;
 
-/// Units per cube of the row kernels.
+/// Units per cube of [`rms_norm`].
 pub const ROW_THREADS: usize = 128;
 
-/// For cube `c` (row `r = idx[c]`): `x[r] += delta[r]` when `add`, then
-/// `h[c] = x[r] / sqrt(mean(x[r]²) + eps) · w` (llama.cpp's RMSNorm; the
-/// CPU path sums the squares in f64, here a tree of f32 partial sums).
-/// With `idx` the identity this is every row of a layer; with each
-/// sequence's last row it is the output norm before the LM head.
-/// Launch with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
-#[cube(launch)]
+/// Lanes of the float RMSNorm's sum of squares. Lane `l` sums `x[l]²`,
+/// `x[l + 32]²`, … in order, and the lanes meet in a tree: `P_l + P_{l+16}`,
+/// then strides 8, 4, 2, 1 (the matmul lanes' order, `quant.rs`). One
+/// order for every kernel that norms a row ([`rms_norm`], and each matmul
+/// that reads normed rows, whatever its cube), so a row's norm does not
+/// depend on the batch it ran in.
+pub const NORM_LANES: usize = 32;
+
+/// `1 / sqrt(mean(x[j]²) + eps)` of the `rows` rows `j = j0 ..`
+/// (`x[j, cols]`; rows from `n` on give `1 / sqrt(eps)`, never used), in
+/// a shared slice indexed from 0. Every unit of the cube calls it:
+/// `units` units, this one `tid`.
+#[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm(
-    x: &mut [f32],
-    delta: &[f32],
-    w: &[f32],
-    h: &mut [f32],
-    idx: &[u32],
-    hidden: usize,
+pub fn row_scales(
+    x: &[f32],
+    j0: usize,
+    n: usize,
+    cols: usize,
     eps: f32,
-    #[comptime] add: bool,
-) {
-    let c = CUBE_POS_X as usize;
-    let r = idx[c] as usize;
-    let tid = UNIT_POS_X as usize;
-    let mut ss = 0.0f32;
-    let mut i = tid;
-    while i < hidden {
-        let mut v = x[r * hidden + i];
-        if comptime!(add) {
-            v += delta[r * hidden + i];
-            x[r * hidden + i] = v;
+    tid: usize,
+    units: usize,
+    #[comptime] rows: usize,
+) -> Shared<[f32]> {
+    let mut part = Shared::new_slice(comptime!(rows * NORM_LANES));
+    let mut sc = Shared::new_slice(rows);
+    let mut p = tid;
+    while p < comptime!(rows * NORM_LANES) {
+        let (j, l) = (p / NORM_LANES, p % NORM_LANES);
+        let mut ss = 0.0f32;
+        if j0 + j < n {
+            let base = (j0 + j) * cols;
+            let mut i = l;
+            while i < cols {
+                let v = x[base + i];
+                ss += v * v;
+                i += NORM_LANES;
+            }
         }
-        ss += v * v;
-        i += ROW_THREADS;
+        part[p] = ss;
+        p += units;
     }
-    let mut sh = Shared::new_slice(ROW_THREADS);
-    sh[tid] = ss;
     sync_cube();
-    let mut stride = (ROW_THREADS / 2).runtime();
+    let mut stride = (NORM_LANES / 2).runtime();
     while stride > 0 {
-        if tid < stride {
-            sh[tid] = sh[tid] + sh[tid + stride];
+        let mut p = tid;
+        while p < rows * stride {
+            let k = (p / stride) * NORM_LANES + p % stride;
+            part[k] = part[k] + part[k + stride];
+            p += units;
         }
         sync_cube();
         stride /= 2;
     }
-    let scale = 1.0f32 / f32::sqrt(sh[0] / f32::cast_from(hidden as u32) + eps);
+    let mut p = tid;
+    while p < rows {
+        sc[p] = 1.0f32 / f32::sqrt(part[p * NORM_LANES] / f32::cast_from(cols as u32) + eps);
+        p += units;
+    }
+    sync_cube();
+    sc
+}
+
+/// For cube `c` (row `r = idx[c]`): `h[c] = x[r] / sqrt(mean(x[r]²) + eps)
+/// · w` (llama.cpp's RMSNorm; the CPU path sums the squares in f64, here
+/// [`row_scales`]'s f32 order). With each sequence's last row for `idx`
+/// this is the output norm before the LM head (a layer's norms are read
+/// inside its matmuls, `quant::InputKind::Norm`, with the same
+/// operations). Launch with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
+#[cube(launch)]
+pub fn rms_norm(x: &[f32], w: &[f32], h: &mut [f32], idx: &[u32], hidden: usize, eps: f32) {
+    let c = CUBE_POS_X as usize;
+    let r = idx[c] as usize;
+    let tid = UNIT_POS_X as usize;
+    let sc = row_scales(x, r, r + 1, hidden, eps, tid, ROW_THREADS, 1usize);
+    let scale = sc[0];
     let mut i = tid;
     while i < hidden {
-        // Each unit reads back only what it wrote itself above.
         h[c * hidden + i] = (x[r * hidden + i] * scale) * w[i];
         i += ROW_THREADS;
     }

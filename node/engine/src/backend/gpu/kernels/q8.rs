@@ -199,11 +199,13 @@ pub fn matmul_q8(
     }
 }
 
-/// [`super::ops::add_rms_norm`] in the CPU's arithmetic
+/// `x += delta` (with `add`), then RMSNorm in the CPU's arithmetic
 /// (`numerics::rms_norm_rows`): the squares (f32) summed in f64 in row
 /// order, `mean = (Σ / hidden)` rounded to f32, `scale = 1 / √(mean + eps)`,
-/// `h = (x · scale) · w`. One unit sums (a row is `hidden` adds). Launch
-/// with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
+/// `h = (x · scale) · w`; and `h` quantized as [`quantize_q8`] quantizes
+/// it (the next matmul's input; cube `c` writes blocks `c · hidden / 32 ..`),
+/// so the norm and the quantizer are one launch. One unit sums (a row is
+/// `hidden` adds). Launch with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_exact(
@@ -212,6 +214,10 @@ pub fn add_rms_norm_exact(
     w: &[f32],
     h: &mut [f32],
     idx: &[u32],
+    qs: &mut [u32],
+    d: &mut [f32],
+    s: &mut [f32],
+    sum_q: &mut [i32],
     eps: f32,
     #[comptime] hidden: usize,
     #[comptime] add: bool,
@@ -242,11 +248,26 @@ pub fn add_rms_norm_exact(
         scale[0] = 1.0f32 / f32::sqrt(mean + eps);
     }
     sync_cube();
-    let s = scale[0];
+    let sc = scale[0];
     let mut i = tid;
     while i < hidden {
-        // Each unit reads back only what it wrote itself above.
-        h[c * hidden + i] = (x[r * hidden + i] * s) * w[i];
+        // Each unit reads back only what it wrote itself above; the normed
+        // value goes to `sq` too (unit 0's sum is done), for the blocks.
+        let v = (x[r * hidden + i] * sc) * w[i];
+        h[c * hidden + i] = v;
+        sq[i] = v;
         i += threads;
+    }
+    sync_cube();
+    let nb = comptime!(hidden / 32);
+    let mut b = tid;
+    while b < nb {
+        let mut v = Array::<f32>::new(32usize);
+        #[unroll]
+        for e in 0..32usize {
+            v[e] = sq[b * 32 + e];
+        }
+        quantize_block(&v, c * nb + b, qs, d, s, sum_q);
+        b += threads;
     }
 }

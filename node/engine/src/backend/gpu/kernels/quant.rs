@@ -5,7 +5,8 @@
 //! 20-byte block is 5 words as stored; Q4_0 (18 bytes) and Q8_0 (34 bytes)
 //! get two zero bytes after their f16 scale, so their quants start on a
 //! word. `out[j, off + r] = Σ_c x[j, c] · W[r, c]` for batch rows `j < n`
-//! (with `glu`, `x[j, c]` is the SwiGLU of `[gate | up]` rows: [`input`]).
+//! (`x[j, c]` read as [`InputKind`] says: the rows, their SwiGLU or their
+//! RMSNorm; with `add` the products are added to `out`, the residual).
 //!
 //! Work split: a cube is `LANES × ROWS` units; unit `(lane, ry)` owns weight
 //! row `cube_x · ROWS + ry` and walks its blocks `lane, lane + LANES, …`,
@@ -23,7 +24,7 @@
 
 use cubecl::prelude::*;
 
-use super::ops::silu_mul;
+use super::ops::{row_scales, silu_mul};
 
 /// Units along a weight row (over its blocks); the tiled kernel's tree is
 /// written for 32.
@@ -72,18 +73,87 @@ pub fn f16_to_f32(h: u32) -> f32 {
     select(exp == 0, sub, normal)
 }
 
-/// Input element `c` of batch row `j`: `x[j, c]`, or with `glu` the
-/// SwiGLU of `x`'s `[gate | up]` rows (`ops::silu_mul`, the same
-/// operations as `ops::swiglu`), computed where it is read: the down
-/// projection reads the gate/up output itself, one launch and one
-/// buffer fewer a layer.
+/// What a matmul reads as batch row `j`'s input (`#[comptime]`: one
+/// compiled kernel each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InputKind {
+    /// `x[j, c]`.
+    Rows,
+    /// The SwiGLU of `x`'s `[gate | up]` rows (`ops::silu_mul`, the
+    /// same operations as `ops::swiglu`): the down projection reads the
+    /// gate/up output itself, one launch and one buffer fewer a layer.
+    Glu,
+    /// `x[j]` RMS-normed, `(x[j, c] · scale_j) · nw[c]` with the row's
+    /// scale from `ops::row_scales` (the operations of `ops::rms_norm`):
+    /// the layer's norms before Q/K/V and gate/up, computed by the matmul
+    /// that reads them, two launches fewer a layer.
+    Norm,
+}
+
+/// Input element `c` of batch row `j` (see [`InputKind`]); `sc` is row
+/// `j`'s norm scale (read with `Norm` only).
 #[cube]
-pub fn input(x: &[f32], j: usize, c: usize, cols: usize, #[comptime] glu: bool) -> f32 {
-    if comptime!(glu) {
-        let o = j * 2 * cols + c;
-        silu_mul(x[o], x[o + cols])
+#[allow(clippy::too_many_arguments)]
+pub fn input(
+    x: &[f32],
+    nw: &[f32],
+    sc: f32,
+    j: usize,
+    c: usize,
+    cols: usize,
+    #[comptime] kind: InputKind,
+) -> f32 {
+    match comptime!(kind) {
+        InputKind::Glu => {
+            let o = j * 2 * cols + c;
+            silu_mul(x[o], x[o + cols])
+        }
+        InputKind::Norm => (x[j * cols + c] * sc) * nw[c],
+        InputKind::Rows => x[j * cols + c],
+    }
+}
+
+/// The norm scales a cube of a matmul reading `kind` needs: those of
+/// batch rows `j0 .. j0 + rows` ([`row_scales`]) with `Norm`, else none
+/// (a one-element slice never read). Every unit of the cube calls it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn scales_for(
+    x: &[f32],
+    j0: usize,
+    n: usize,
+    cols: usize,
+    eps: f32,
+    tid: usize,
+    units: usize,
+    #[comptime] rows: usize,
+    #[comptime] kind: InputKind,
+) -> Shared<[f32]> {
+    if comptime!(kind == InputKind::Norm) {
+        row_scales(x, j0, n, cols, eps, tid, units, rows)
     } else {
-        x[j * cols + c]
+        Shared::new_slice(1usize)
+    }
+}
+
+/// Row `j`'s scale from [`scales_for`]'s slice (0 unless `Norm`).
+#[cube]
+pub fn scale_of(sc: &Shared<[f32]>, j: usize, #[comptime] kind: InputKind) -> f32 {
+    let mut s = 0.0f32;
+    if comptime!(kind == InputKind::Norm) {
+        s = sc[j];
+    }
+    s
+}
+
+/// `v`, or with `add` (the residual stream as the output: the O and down
+/// projections add to it) `out[o] + v`.
+#[cube]
+pub fn store(out: &mut [f32], o: usize, v: f32, #[comptime] add: bool) {
+    if comptime!(add) {
+        out[o] = out[o] + v;
+    } else {
+        out[o] = v;
     }
 }
 
@@ -133,14 +203,17 @@ pub fn dequant_block(w: &[u32], base: usize, wv: &mut Array<f32>, #[comptime] ki
 pub fn matmul_q(
     w: &[u32],
     x: &[f32],
+    nw: &[f32],
     out: &mut [f32],
     rows: usize,
     cols: usize,
     n: usize,
     out_stride: usize,
     out_off: usize,
+    eps: f32,
     #[comptime] kind: WeightKind,
-    #[comptime] glu: bool,
+    #[comptime] input_kind: InputKind,
+    #[comptime] add: bool,
 ) {
     let lane = UNIT_POS_X as usize;
     let ry = UNIT_POS_Y as usize;
@@ -148,6 +221,8 @@ pub fn matmul_q(
     let j0 = CUBE_POS_Y as usize * NB;
     let nb = cols / 32;
     let words = comptime!(kind.words());
+    let tid = ry * LANES + lane;
+    let sc = scales_for(x, j0, n, cols, eps, tid, LANES * ROWS, NB, input_kind);
     let mut acc = Array::<f32>::new(NB);
     #[unroll]
     for j in 0..NB {
@@ -161,10 +236,11 @@ pub fn matmul_q(
             #[unroll]
             for j in 0..NB {
                 if j0 + j < n {
+                    let scj = scale_of(&sc, j, input_kind);
                     let mut s = 0.0f32;
                     #[unroll]
                     for e in 0..32usize {
-                        s += wv[e] * input(x, j0 + j, b * 32 + e, cols, glu);
+                        s += wv[e] * input(x, nw, scj, j0 + j, b * 32 + e, cols, input_kind);
                     }
                     acc[j] += s;
                 }
@@ -195,7 +271,7 @@ pub fn matmul_q(
     for k in 0..WRITES {
         let j = lane + k * LANES;
         if j < NB && r < rows && j0 + j < n {
-            out[(j0 + j) * out_stride + out_off + r] = sh[(ry * NB + j) * LANES];
+            store(out, (j0 + j) * out_stride + out_off + r, sh[(ry * NB + j) * LANES], add);
         }
     }
 }
@@ -289,14 +365,17 @@ pub fn dequant_eighth(
 pub fn matmul_q_wide(
     w: &[u32],
     x: &[f32],
+    nw: &[f32],
     out: &mut [f32],
     rows: usize,
     cols: usize,
     n: usize,
     out_stride: usize,
     out_off: usize,
+    eps: f32,
     #[comptime] kind: WeightKind,
-    #[comptime] glu: bool,
+    #[comptime] input_kind: InputKind,
+    #[comptime] add: bool,
     #[comptime] nb_rows: usize,
 ) {
     let lane = UNIT_POS_X as usize;
@@ -305,6 +384,8 @@ pub fn matmul_q_wide(
     let j0 = CUBE_POS_Y as usize * nb_rows;
     let nb = cols / 32;
     let words = comptime!(kind.words());
+    let tid = ry * LANES + lane;
+    let sc = scales_for(x, j0, n, cols, eps, tid, LANES * ROWS, nb_rows, input_kind);
     let mut acc = Array::<f32>::new(comptime!(RPU * nb_rows));
     let mut s = Array::<f32>::new(comptime!(RPU * nb_rows));
     #[unroll]
@@ -332,9 +413,10 @@ pub fn matmul_q_wide(
             #[unroll]
             for j in 0..nb_rows {
                 if j0 + j < n {
+                    let scj = scale_of(&sc, j, input_kind);
                     #[unroll]
                     for e in 0..8usize {
-                        xv[e] = input(x, j0 + j, b * 32 + c * 8 + e, cols, glu);
+                        xv[e] = input(x, nw, scj, j0 + j, b * 32 + c * 8 + e, cols, input_kind);
                     }
                     #[unroll]
                     for ri in 0..RPU {
@@ -380,8 +462,8 @@ pub fn matmul_q_wide(
         for ri in 0..RPU {
             let r = r0 + ri;
             if r < rows {
-                out[(j0 + j) * out_stride + out_off + r] =
-                    sh[(ry * RPU * nb_rows + ri * nb_rows + j) * LANES];
+                let v = sh[(ry * RPU * nb_rows + ri * nb_rows + j) * LANES];
+                store(out, (j0 + j) * out_stride + out_off + r, v, add);
             }
         }
     }

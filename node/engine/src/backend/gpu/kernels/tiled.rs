@@ -17,7 +17,9 @@
 
 use cubecl::prelude::*;
 
-use super::quant::{dequant_eighth, input, WeightKind, LANES};
+use super::quant::{
+    dequant_eighth, input, scale_of, scales_for, store, InputKind, WeightKind, LANES,
+};
 
 /// Weight rows per cube.
 pub const TM: usize = 32;
@@ -34,22 +36,26 @@ const LEVELS: usize = 5;
 /// Outputs a unit holds.
 const OUTS: usize = TT * TT;
 
-/// `out[j, off + r] = Σ_c x[j, c] · W[r, c]`, tiled (`glu`: as in
-/// [`super::quant::input`]). Launch with
+/// `out[j, off + r] = Σ_c x[j, c] · W[r, c]`, tiled (the input as
+/// `input_kind` says, [`super::quant::input`]; with `add`, added to
+/// `out`). Launch with
 /// `CubeDim (UX, UY)` and `CubeCount (rows.div_ceil(TM), n.div_ceil(TN))`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_q_tiled(
     w: &[u32],
     x: &[f32],
+    nw: &[f32],
     out: &mut [f32],
     rows: usize,
     cols: usize,
     n: usize,
     out_stride: usize,
     out_off: usize,
+    eps: f32,
     #[comptime] kind: WeightKind,
-    #[comptime] glu: bool,
+    #[comptime] input_kind: InputKind,
+    #[comptime] add: bool,
 ) {
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
@@ -58,6 +64,7 @@ pub fn matmul_q_tiled(
     let j_base = CUBE_POS_Y as usize * TN;
     let nb = cols / 32;
     let words = comptime!(kind.words());
+    let sc = scales_for(x, j_base, n, cols, eps, tid, UX * UY, TN, input_kind);
     // Element e of a block for tile row r at ws[e · TM + r] (and xs alike):
     // a unit's TT rows are adjacent.
     let mut ws = Shared::new_slice(32 * TM);
@@ -104,9 +111,10 @@ pub fn matmul_q_tiled(
                 let (xr, xc) = (p / 4, p % 4);
                 let j = j_base + xr;
                 let jj = select(j < n, j, 0usize);
+                let scj = scale_of(&sc, xr, input_kind);
                 #[unroll]
                 for e in 0..8usize {
-                    let v = input(x, jj, b * 32 + xc * 8 + e, cols, glu);
+                    let v = input(x, nw, scj, jj, b * 32 + xc * 8 + e, cols, input_kind);
                     xs[(xc * 8 + e) * TN + xr] = select(j < n, v, 0.0f32);
                 }
                 p += UX * UY;
@@ -163,7 +171,7 @@ pub fn matmul_q_tiled(
             let row = r_base + ty * TT + r;
             let j = j_base + tx * TT + k;
             if row < rows && j < n {
-                out[j * out_stride + out_off + row] = cur[r * TT + k];
+                store(out, j * out_stride + out_off + row, cur[r * TT + k], add);
             }
         }
     }
