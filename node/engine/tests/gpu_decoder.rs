@@ -109,6 +109,18 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
     assert!(agree * 100 >= total * 90, "top-1 {agree}/{total}");
     assert!(max_d < 1.5, "max |Δ logit| {max_d}");
 
+    // Six launches a layer in a prefill step, five in a decode step (the
+    // attention rotates and stores K/V itself); the embedding before, the
+    // output norm, LM head and argmax after.
+    let layers = engine.model.config.n_layers;
+    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 6), (&[3u32][..], 2, 5)] {
+        let before = launch::launches();
+        let seq = PagedSeq { tokens, past, table: &[4], decode_from: 0 };
+        gpu.forward_paged(&[seq]).unwrap();
+        let n = launch::launches() - before;
+        assert_eq!(n, 1 + per_layer * layers + 3, "{} tokens", tokens.len());
+    }
+
     // Copy-on-write goes to the device pool: the same K/V through a copy.
     gpu.copy_block(9, 15);
     let s = |table: &'static [u32], tok: &'static [u32]| PagedSeq {
@@ -241,7 +253,7 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
 /// it names — each kernel, each matmul kernel, the q8 arithmetic, the step
 /// eager and as a replayed graph — and times each as a positive, finite
 /// figure (on a GPU it says where a step's time goes); it counts a step's
-/// launches, six a layer.
+/// launches, five a layer.
 #[test]
 fn the_step_anatomy_times_every_part() {
     let Some(path) = common::smollm_path() else { return };
@@ -249,12 +261,13 @@ fn the_step_anatomy_times_every_part() {
     let client = cubecl::Device::Wgpu(Default::default()).client();
     let dec = GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 4).unwrap();
     let anatomy = dec.anatomy(3, 40, 1).unwrap();
-    // Embedding; a layer's QKV, RoPE/K-V store, attention, O, gate/up and
-    // down (Q, K, V one launch, gate and up one; the norms read inside
-    // QKV and gate/up, SwiGLU inside down, O and down adding to the
-    // residual); the output norm, the LM head, the argmax.
+    // Embedding; a layer's QKV, attention (rotating and storing K/V: a
+    // decode step), O, gate/up and down (Q, K, V one launch, gate and up
+    // one; the norms read inside QKV and gate/up, SwiGLU inside down, O
+    // and down adding to the residual); the output norm, the LM head, the
+    // argmax.
     let layers = engine.model.config.n_layers;
-    assert_eq!(anatomy.launches, 1 + 6 * layers + 3, "launches a step");
+    assert_eq!(anatomy.launches, 1 + 5 * layers + 3, "launches a step");
     let parts = anatomy.parts;
     let names: Vec<&str> = parts.iter().map(|p| p.part.as_str()).collect();
     for want in

@@ -130,7 +130,7 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
         launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, WIDE);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, WIDE);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, WIDE, None);
 
         let mut cq = qkv.clone();
         let mut cout = vec![0f32; rows * qd];

@@ -17,7 +17,9 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use gcs_engine::attn::{AttnShape, PagedSeqRef, Rope};
 use gcs_engine::backend::gpu::kernels::basic;
-use gcs_engine::backend::gpu::launch::{self, AttentionKernel, Input, MatmulKernel, RowMeta};
+use gcs_engine::backend::gpu::launch::{
+    self, AttentionKernel, FusedRope, Input, MatmulKernel, RowMeta,
+};
 use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
@@ -516,7 +518,7 @@ fn paged_attention_matches_the_cpu_pool() {
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
         launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, None);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None, None);
         let got = ho.read(&c).unwrap();
         let rotated = hq.read(&c).unwrap();
 
@@ -568,7 +570,7 @@ fn paged_attention_matches_the_cpu_pool() {
         };
         let hq = DeviceBuf::upload(&c, &vec![0.25f32; width]);
         let ho = DeviceBuf::<f32>::uninit(&c, qd);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None, None);
         ho.read(&c).unwrap()
     };
     let a = run(&[7, 0, 3, 9]);
@@ -616,7 +618,7 @@ fn the_attention_kernels_agree_bit_for_bit() {
     assert_eq!(AttentionKernel::for_rows(1, sh), AttentionKernel::Head);
     let run = |window: usize, k: AttentionKernel| {
         let o = DeviceBuf::<f32>::uninit(&c, rows * 9 * 64);
-        launch::paged_attention_with(&c, sh, &hq, pool, &o, &meta, 0.125, window, None, k);
+        launch::paged_attention_with(&c, sh, &hq, pool, &o, &meta, 0.125, window, None, None, k);
         o.read(&c).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
     };
     for window in [0, 100] {
@@ -625,6 +627,43 @@ fn the_attention_kernels_agree_bit_for_bit() {
     }
     // The window changes the outputs (the comparison is not vacuous).
     assert_ne!(run(0, AttentionKernel::KvHead), run(100, AttentionKernel::KvHead));
+
+    // A decode step (each row its sequence's only one): RoPE and the K/V
+    // store inside the attention (`FusedRope`) give the outputs and the
+    // pools of `rope_kv_store` then the attention, bit for bit, in both
+    // forms. Rows: both sequences above, at their next position, and a new
+    // sequence at position 0 (block 35).
+    let decode = RowMeta {
+        pos: DeviceBuf::upload(&c, &[300u32, 40, 0]),
+        slot: DeviceBuf::upload(&c, &[tables[0][300 / 16] * 16 + 12, 25 * 16 + 8, 35 * 16]),
+        table: DeviceBuf::upload(&c, &[0u32, 19, 22]),
+        tables: DeviceBuf::upload(&c, &[flat.clone(), vec![35]].concat()),
+        single: DeviceBuf::zeros(&c, 3),
+    };
+    let q3 = rng.vec(3 * sh.width());
+    let (k0, v0) = (rig.kp.read(&c).unwrap(), rig.vp.read(&c).unwrap());
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let step = |rope: Option<FusedRope<'_>>, k: AttentionKernel| {
+        // Each run from the same state (`rope_kv_store` rotates Q in place).
+        let hq = DeviceBuf::upload(&c, &q3);
+        rig.kp.write(&c, &k0);
+        rig.vp.write(&c, &v0);
+        if rope.is_none() {
+            launch::rope_kv_store(&c, sh, &hq, pool, &rig.cos, &rig.sin, &decode, None);
+        }
+        let o = DeviceBuf::<f32>::uninit(&c, 3 * 9 * 64);
+        launch::paged_attention_with(&c, sh, &hq, pool, &o, &decode, 0.125, 0, None, rope, k);
+        [o.read(&c).unwrap(), rig.kp.read(&c).unwrap(), rig.vp.read(&c).unwrap()].map(bits)
+    };
+    let apart = step(None, AttentionKernel::Head);
+    assert_ne!(apart[1], bits(k0.clone()), "the step stores its rows' keys");
+    let rope = FusedRope { cos: &rig.cos, sin: &rig.sin };
+    for k in [AttentionKernel::Head, AttentionKernel::KvHead] {
+        let fused = step(Some(rope), k);
+        for (what, (a, b)) in ["outputs", "K pool", "V pool"].iter().zip(apart.iter().zip(&fused)) {
+            assert!(a == b, "fused RoPE, {k:?}: {what}");
+        }
+    }
 }
 
 #[test]

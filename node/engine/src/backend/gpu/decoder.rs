@@ -13,7 +13,7 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
-use super::launch::{self, Input, LayerPool, QActs};
+use super::launch::{self, FusedRope, Input, LayerPool, QActs};
 use super::step::{StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
@@ -415,16 +415,24 @@ impl GpuDecoder {
         }
     }
 
-    /// A layer in float arithmetic, 6 launches: the norms are read inside
-    /// the Q/K/V and gate/up matmuls, SwiGLU inside the down projection,
-    /// and the O and down projections add to the residual `x` themselves.
+    /// A layer in float arithmetic, 6 launches (5 in a decode step): the
+    /// norms are read inside the Q/K/V and gate/up matmuls, SwiGLU inside
+    /// the down projection, the O and down projections add to the
+    /// residual `x` themselves, and in a decode step the attention rotates
+    /// Q and K and stores K/V.
     fn float_layer(&self, io: &StepIo, l: &GpuLayer, pool: LayerPool<'_>, scale: f32) {
         let (cl, sh, eps) = (&self.client, self.sh, self.config.rms_eps);
         let (t, meta) = (io.rows(), &io.meta);
         let (x, qkv) = (&io.x, &io.qkv);
         launch::matmul_in(cl, &l.wqkv, x, Input::Norm(&l.attn_norm, eps), t, qkv, false);
-        launch::rope_kv_store(cl, sh, qkv, pool, &self.cos, &self.sin, meta, None);
-        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, 0, None);
+        // A decode step (each row its sequence's only one): RoPE and the
+        // K/V store inside the attention, one launch fewer.
+        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
+        let fused = (t == io.seqs()).then_some(rope);
+        if fused.is_none() {
+            launch::rope_kv_store(cl, sh, qkv, pool, &self.cos, &self.sin, meta, None);
+        }
+        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, 0, None, fused);
         launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, x, true);
         launch::matmul_in(cl, &l.w_gate_up, x, Input::Norm(&l.ffn_norm, eps), t, &io.gu, false);
         launch::matmul_in(cl, &l.w_down, &io.gu, Input::Glu, t, x, true);
@@ -450,7 +458,7 @@ impl GpuDecoder {
         launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, eps, acts);
         launch::matmul_q8(cl, &l.wqkv, acts, t, &io.qkv, wide);
         launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
-        launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
+        launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact, None);
         launch::quantize_q8(cl, &io.attn, t, l.wo.cols, acts, None);
         launch::matmul_q8(cl, &l.wo, acts, t, &io.o, wide);
         launch::add_rms_norm_q8(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, eps, acts);

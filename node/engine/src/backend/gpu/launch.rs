@@ -227,7 +227,7 @@ pub fn quantize_q8(
 ) {
     let blocks = n * cols / 32;
     let width = if glu.is_some() { 2 * cols } else { cols };
-    debug_assert!(x.len() >= n * width && acts.d.len() >= blocks && cols % 32 == 0);
+    debug_assert!(x.len() >= n * width && acts.d.len() >= blocks && cols.is_multiple_of(32));
     counted();
     let (count, dim) = (CubeCount::Static(groups(blocks, 64), 1, 1), CubeDim::new_1d(64));
     let (qs, d, s, sum_q) = (acts.qs.arg(), acts.d.arg(), acts.s.arg(), acts.sum_q.arg());
@@ -392,7 +392,7 @@ pub fn add_rms_norm_q8(
     eps: f32,
     acts: &QActs,
 ) {
-    debug_assert!(acts.d.len() * 32 >= idx.len() * w.len() && w.len() % 32 == 0);
+    debug_assert!(acts.d.len() * 32 >= idx.len() * w.len() && w.len().is_multiple_of(32));
     // Without a delta the kernel never reads it; `w` stands in (read-only,
     // so no buffer is bound twice as writable).
     let d = delta.unwrap_or(w);
@@ -529,9 +529,20 @@ impl AttentionKernel {
     }
 }
 
+/// RoPE and the K/V store done by the float attention itself
+/// ([`attention::paged_attention`]'s `rope`) with these tables: for a
+/// step in which every row is its sequence's only one (a decode step; a
+/// prefill row reads keys other rows of the step write).
+#[derive(Debug, Clone, Copy)]
+pub struct FusedRope<'a> {
+    pub cos: &'a DeviceBuf<f32>,
+    pub sin: &'a DeviceBuf<f32>,
+}
+
 /// [`attention::paged_attention`] for every batch row and query head (with
 /// `exact`: [`exact::paged_attention_exact`], the CPU's arithmetic; else
-/// the float kernel [`AttentionKernel::for_rows`] picks).
+/// the float kernel [`AttentionKernel::for_rows`] picks, with `rope`
+/// rotating and storing the rows' K/V itself).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     c: &Client,
@@ -543,13 +554,15 @@ pub fn paged_attention(
     scale: f32,
     window: usize,
     exact: Exact,
+    rope: Option<FusedRope<'_>>,
 ) {
     let kernel = AttentionKernel::for_rows(meta.rows(), sh);
-    paged_attention_with(c, sh, qkv, pool, out, meta, scale, window, exact, kernel);
+    paged_attention_with(c, sh, qkv, pool, out, meta, scale, window, exact, rope, kernel);
 }
 
 /// [`paged_attention`] with the float kernel chosen by the caller (the
-/// tests and the device check's anatomy compare them; `exact` ignores it).
+/// tests and the device check's anatomy compare them; `exact` ignores it,
+/// and takes no `rope`: its step stores K/V with [`rope_kv_store`]).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_with(
     c: &Client,
@@ -561,8 +574,10 @@ pub fn paged_attention_with(
     scale: f32,
     window: usize,
     exact: Exact,
+    rope: Option<FusedRope<'_>>,
     kernel: AttentionKernel,
 ) {
+    debug_assert!(exact.is_none() || rope.is_none(), "the exact attention has no fused RoPE");
     let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
     let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
     let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
@@ -595,9 +610,29 @@ pub fn paged_attention_with(
             } else {
                 count
             };
+            // Without `rope` the tables are never read; `qkv` stands in.
+            let (cos, sin) = rope.map_or((qkv, qkv), |r| (r.cos, r.sin));
             attention::paged_attention::launch::<f32>(
-                c, count, dim, q, k, v, o, pos, table, tables, pool.off, scale, window, sh, t,
+                c,
+                count,
+                dim,
+                q,
+                k,
+                v,
+                o,
+                cos.arg(),
+                sin.arg(),
+                pos,
+                meta.slot.arg(),
+                table,
+                tables,
+                pool.off,
+                scale,
+                window,
+                sh,
+                t,
                 per_kv,
+                rope.is_some(),
             )
         }
     }

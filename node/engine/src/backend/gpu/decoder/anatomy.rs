@@ -2,7 +2,7 @@
 //! device check (`devcheck/anatomy.rs`).
 
 use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
-use crate::backend::gpu::launch::{self, Input, LayerPool};
+use crate::backend::gpu::launch::{self, FusedRope, Input, LayerPool};
 use crate::backend::rows::HostRows;
 use crate::llama::PagedSeq;
 
@@ -99,13 +99,17 @@ impl GpuDecoder {
             Ok(())
         })?;
         // Both float attention kernels (the same bits; `AttentionKernel::
-        // for_rows` picks by rows).
+        // for_rows` picks by rows), alone and with RoPE and the K/V store
+        // inside (a decode step's).
+        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
         for k in [launch::AttentionKernel::Head, launch::AttentionKernel::KvHead] {
-            time(&format!("attention {k:?}"), &mut || {
-                let (q, o) = (&io.qkv, &io.attn);
-                launch::paged_attention_with(&cl, sh, q, pool, o, meta, scale, 0, None, k);
-                Ok(())
-            })?;
+            for (what, r) in [("", None), (" + RoPE/K-V store", Some(rope))] {
+                time(&format!("attention {k:?}{what}"), &mut || {
+                    let (q, o) = (&io.qkv, &io.attn);
+                    launch::paged_attention_with(&cl, sh, q, pool, o, meta, scale, 0, None, r, k);
+                    Ok(())
+                })?;
+            }
         }
         // The residual adds go to `d` (scratch in a float step), not `x`.
         time("matmul o (+ residual)", &mut || {
@@ -182,7 +186,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("attention exact", &mut || {
-            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact);
+            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact, None);
             Ok(())
         })?;
         time("swiglu + quantize q8 exact", &mut || {

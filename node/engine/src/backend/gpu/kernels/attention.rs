@@ -34,6 +34,38 @@ impl HeadShape {
     }
 }
 
+/// Pair `(x0, x1)` rotated by the angle of `(c, s)` (the float RoPE).
+#[cube]
+pub fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0 * c - x1 * s, x0 * s + x1 * c)
+}
+
+/// Element `d` of the head at `o` in `qkv`, rotated for position `pos`:
+/// the value [`rope_kv_store`] (float) leaves there, the pair computed
+/// the same way by each of its two units.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn rotated(
+    qkv: &[f32],
+    o: usize,
+    d: usize,
+    cos: &[f32],
+    sin: &[f32],
+    pos: usize,
+    #[comptime] sh: HeadShape,
+) -> f32 {
+    let half = comptime!(sh.head_dim / 2);
+    let (i, a, b) = if comptime!(sh.neox) {
+        let i = d % half;
+        (i, i, i + half)
+    } else {
+        let i = d / 2;
+        (i, 2 * i, 2 * i + 1)
+    };
+    let (y0, y1) = rotate(qkv[o + a], qkv[o + b], cos[pos * half + i], sin[pos * half + i]);
+    select(d == a, y0, y1)
+}
+
 /// Row `cube_x` of `qkv = [q | k | v]`: rotate Q in place, rotate K and
 /// write it and V to the row's slot in layer `layer_off`'s pool.
 /// `cos`/`sin` are `[context, head_dim / 2]`. With `exact`, in the CPU's
@@ -79,7 +111,7 @@ pub fn rope_kv_store<KV: Float>(
             let y0 = round_f16(fused(x0, c, -mul(x1, s, wide), wide));
             (y0, round_f16(fused(x0, s, mul(x1, c, wide), wide)))
         } else {
-            (x0 * c - x1 * s, x0 * s + x1 * c)
+            rotate(x0, x1, c, s)
         };
         if head < nh {
             qkv[o + a] = y0;
@@ -116,16 +148,24 @@ pub fn rope_kv_store<KV: Float>(
 /// `d`. Every head's arithmetic is the same operations in the same order
 /// either way, so the two forms agree bit for bit and the choice is speed
 /// only (`launch::AttentionKernel`). Decode rows and prefill rows are the
-/// same kernel. Launch with `CubeCount (rows, n_heads)` (with
-/// `per_kv_head`: `n_kv_heads`), `CubeDim (T)`.
+/// same kernel. With `rope` ([`rope_kv_store`]'s float work, where every
+/// row is its sequence's only row in the step: a decode step) the cube
+/// rotates its queries as it loads them and writes its row's rotated K
+/// and its V to the row's slot itself, before reading the keys: one
+/// launch fewer a layer. The cubes of a row's query heads that share a KV
+/// head write the same values there. Launch with `CubeCount (rows,
+/// n_heads)` (with `per_kv_head`: `n_kv_heads`), `CubeDim (T)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<KV: Float>(
     qkv: &[f32],
-    k_pool: &[KV],
-    v_pool: &[KV],
+    k_pool: &mut [KV],
+    v_pool: &mut [KV],
     out: &mut [f32],
+    cos: &[f32],
+    sin: &[f32],
     row_pos: &[u32],
+    row_slot: &[u32],
     row_table: &[u32],
     tables: &[u32],
     layer_off: usize,
@@ -134,6 +174,7 @@ pub fn paged_attention<KV: Float>(
     #[comptime] sh: HeadShape,
     #[comptime] t: usize,
     #[comptime] per_kv_head: bool,
+    #[comptime] rope: bool,
 ) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
@@ -152,15 +193,34 @@ pub fn paged_attention<KV: Float>(
     // Head h0 + i's query at q[i · hd ..], its chunk's scores and
     // probabilities at p[i · t ..] and red[i · t ..].
     let mut q = Shared::new_slice(comptime!(g * hd));
+    let base = row * comptime!(sh.width());
     if tid < hd {
         #[unroll]
         for i in 0..g {
-            q[i * hd + tid] = qkv[row * comptime!(sh.width()) + (h0 + i) * hd + tid];
+            let o = base + (h0 + i) * hd;
+            q[i * hd + tid] = if comptime!(rope) {
+                rotated(qkv, o, tid, cos, sin, n - 1, sh)
+            } else {
+                qkv[o + tid]
+            };
+        }
+        if comptime!(rope) {
+            // The row's own K and V (KV head kvh) into its slot.
+            let slot = row_slot[row] as usize;
+            let kv = layer_off + (slot / BLOCK) * bl + (kvh * BLOCK + slot % BLOCK) * hd + tid;
+            let ko = base + comptime!(nh * sh.head_dim) + kvh * hd;
+            k_pool[kv] = KV::cast_from(rotated(qkv, ko, tid, cos, sin, n - 1, sh));
+            v_pool[kv] = KV::cast_from(qkv[ko + comptime!(sh.n_kv_heads * sh.head_dim) + tid]);
         }
     }
     let mut p = Shared::new_slice(comptime!(g * t));
     let mut red = Shared::new_slice(comptime!(g * t));
-    sync_cube();
+    if comptime!(rope) {
+        // The slot's writes visible to the cube's units that read it.
+        sync_storage();
+    } else {
+        sync_cube();
+    }
 
     let mut m = Array::<f32>::new(g);
     let mut l = Array::<f32>::new(g);
