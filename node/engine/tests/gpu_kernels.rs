@@ -666,24 +666,29 @@ fn the_attention_kernels_agree_bit_for_bit() {
     }
 }
 
+/// Rows of 1,000 and of 5,000 logits (each unit's first eight-load groups
+/// and its tail: ties across both).
 #[test]
 fn argmax_rows_matches_the_host_argmax_with_ties() {
     use gcs_engine::sampling::argmax;
     let c = client();
-    let (rows, vocab) = (6, 1000);
     let mut rng = Rng(0x5eed_1234);
-    let mut l = rng.vec(rows * vocab);
-    l[vocab..2 * vocab].fill(0.25);
-    l[2 * vocab + 700] = 5.0;
-    l[2 * vocab + 300] = 5.0;
-    l[3 * vocab + vocab - 1] = 9.0;
-    l[4 * vocab..5 * vocab].iter_mut().for_each(|v| *v = -2.0 - v.abs());
-    l[4 * vocab] = -0.5;
-    let logits = DeviceBuf::upload(&c, &l);
-    let ids = DeviceBuf::<u32>::uninit(&c, rows);
-    launch::argmax_rows(&c, &logits, &ids, vocab);
-    let got = ids.read(&c).unwrap();
-    let want: Vec<u32> = l.chunks(vocab).map(argmax).collect();
-    assert_eq!(got, want);
-    assert_eq!(&want[1..5], &[0, 300, 999, 0]);
+    for vocab in [1000, 5000] {
+        let rows = 6;
+        let mut l = rng.vec(rows * vocab);
+        l[vocab..2 * vocab].fill(0.25);
+        l[2 * vocab + vocab - 500] = 5.0;
+        l[2 * vocab + 700] = 5.0;
+        l[2 * vocab + 300] = 5.0;
+        l[3 * vocab + vocab - 1] = 9.0;
+        l[4 * vocab..5 * vocab].iter_mut().for_each(|v| *v = -2.0 - v.abs());
+        l[4 * vocab] = -0.5;
+        let logits = DeviceBuf::upload(&c, &l);
+        let ids = DeviceBuf::<u32>::uninit(&c, rows);
+        launch::argmax_rows(&c, &logits, &ids, vocab);
+        let got = ids.read(&c).unwrap();
+        let want: Vec<u32> = l.chunks(vocab).map(argmax).collect();
+        assert_eq!(got, want, "vocab {vocab}");
+        assert_eq!(&want[1..5], &[0, 300, vocab as u32 - 1, 0]);
+    }
 }

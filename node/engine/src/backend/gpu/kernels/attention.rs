@@ -14,6 +14,9 @@ use super::q8::{fused, mul, round_f16};
 /// Positions per K/V block (the block manager's `BLOCK_SIZE`).
 pub const BLOCK: usize = 16;
 
+/// Loads the float attention issues together before using them.
+const GROUP: usize = 8;
+
 /// Shapes of one attention layer, fixed for a model (`#[comptime]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HeadShape {
@@ -249,7 +252,25 @@ pub fn paged_attention<KV: Float>(
             for i in 0..g {
                 s[i] = 0.0f32;
             }
-            for d in 0..hd {
+            // Eight loads issued before their eight products (a unit's
+            // loads do not wait on each other's products); the products
+            // in `d` order as ever.
+            let mut kv = Array::<f32>::new(GROUP);
+            for d0 in 0..comptime!(sh.head_dim / GROUP) {
+                #[unroll]
+                for u in 0..GROUP {
+                    kv[u] = f32::cast_from(k_pool[kb + d0 * GROUP + u]);
+                }
+                #[unroll]
+                for u in 0..GROUP {
+                    #[unroll]
+                    for i in 0..g {
+                        s[i] += q[i * hd + d0 * GROUP + u] * kv[u];
+                    }
+                }
+            }
+            #[unroll]
+            for d in comptime!(sh.head_dim - sh.head_dim % GROUP)..hd {
                 let k = f32::cast_from(k_pool[kb + d]);
                 #[unroll]
                 for i in 0..g {
@@ -313,7 +334,30 @@ pub fn paged_attention<KV: Float>(
                 a[i] = acc[i] * alpha[i];
             }
             let cn = select(n - c0 < t, n - c0, t);
-            for k in 0..cn {
+            // The chunk's keys in order, their V loads issued eight at a
+            // time ahead of the products (one load's latency per eight
+            // keys, not per key), then the rest one by one.
+            let mut vv = Array::<f32>::new(GROUP);
+            let mut k = 0usize;
+            while k + GROUP <= cn {
+                #[unroll]
+                for u in 0..GROUP {
+                    let jj = c0 + k + u;
+                    let vb = layer_off
+                        + tables[toff + jj / BLOCK] as usize * bl
+                        + (kvh * BLOCK + jj % BLOCK) * hd;
+                    vv[u] = f32::cast_from(v_pool[vb + tid]);
+                }
+                #[unroll]
+                for u in 0..GROUP {
+                    #[unroll]
+                    for i in 0..g {
+                        a[i] += p[i * t + k + u] * vv[u];
+                    }
+                }
+                k += GROUP;
+            }
+            while k < cn {
                 let jj = c0 + k;
                 let vb = layer_off
                     + tables[toff + jj / BLOCK] as usize * bl
@@ -323,6 +367,7 @@ pub fn paged_attention<KV: Float>(
                 for i in 0..g {
                     a[i] += p[i * t + k] * v;
                 }
+                k += 1;
             }
             #[unroll]
             for i in 0..g {

@@ -39,7 +39,20 @@ pub fn row_scales(
         let mut ss = 0.0f32;
         if j0 + j < n {
             let base = (j0 + j) * cols;
+            // Eight loads issued before their squares are added (in order).
+            let mut xv = Array::<f32>::new(8usize);
             let mut i = l;
+            while i + 7 * NORM_LANES < cols {
+                #[unroll]
+                for u in 0..8usize {
+                    xv[u] = x[base + i + u * NORM_LANES];
+                }
+                #[unroll]
+                for u in 0..8usize {
+                    ss += xv[u] * xv[u];
+                }
+                i += 8 * NORM_LANES;
+            }
             while i < cols {
                 let v = x[base + i];
                 ss += v * v;
@@ -125,7 +138,24 @@ pub fn argmax_rows(logits: &[f32], out: &mut [u32], vocab: usize) {
     let base = row * vocab;
     let mut best = (-3.0e38f32).runtime();
     let mut at = u32::MAX.runtime();
+    // Eight loads issued before they are compared (in order): a unit
+    // does not wait a load latency per logit.
+    let mut lv = Array::<f32>::new(8usize);
     let mut i = tid;
+    while i + 7 * ARGMAX_THREADS < vocab {
+        #[unroll]
+        for u in 0..8usize {
+            lv[u] = logits[base + i + u * ARGMAX_THREADS];
+        }
+        #[unroll]
+        for u in 0..8usize {
+            if lv[u] > best || at == u32::MAX {
+                best = lv[u];
+                at = (i + u * ARGMAX_THREADS) as u32;
+            }
+        }
+        i += 8 * ARGMAX_THREADS;
+    }
     while i < vocab {
         let v = logits[base + i];
         if v > best || at == u32::MAX {
