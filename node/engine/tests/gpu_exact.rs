@@ -11,9 +11,10 @@
 
 use cubecl::client::Client;
 use gcs_engine::attn::PagedSeqRef;
-use gcs_engine::backend::gpu::launch::{self, RowMeta};
+use gcs_engine::backend::gpu::launch::{self, Attn, RowMeta};
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::swiglu_rows;
+use gcs_engine::quant::QActs;
 
 mod common;
 use common::gpu::AttnRig;
@@ -129,8 +130,10 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         };
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
+        let acts = launch::QActs::new(&c, rows * qd);
         launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, WIDE);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, WIDE, None);
+        let how = Attn::Exact { wide: true, acts: &acts };
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, how);
 
         let mut cq = qkv.clone();
         let mut cout = vec![0f32; rows * qd];
@@ -152,6 +155,19 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
             let o = |v: &[f32]| bits(&v[r * qd..(r + 1) * qd]);
             assert_eq!(o(&got), o(&cout), "step {step:?}: attention of row {r}");
         }
+        // Its output quantized for the O projection, as `QActs::quantize`.
+        let want = QActs::quantize(&cout, rows, qd);
+        assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&want.d), "step {step:?}: d");
+        assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&want.s), "step {step:?}: s");
+        assert_eq!(acts.sum_q.read(&c).unwrap(), want.sum_q, "step {step:?}: Σq");
+        let qs: Vec<i8> = acts
+            .qs
+            .read(&c)
+            .unwrap()
+            .iter()
+            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+            .collect();
+        assert_eq!(qs, want.qs, "step {step:?}: bytes");
         eprintln!("step {step:?}: {rows} rows equal");
         for (s, &t) in seqs.iter_mut().zip(&step) {
             s.past += t;

@@ -18,7 +18,7 @@ use cubecl::prelude::*;
 use gcs_engine::attn::{AttnShape, PagedSeqRef, Rope};
 use gcs_engine::backend::gpu::kernels::basic;
 use gcs_engine::backend::gpu::launch::{
-    self, AttentionKernel, FusedRope, Input, MatmulKernel, RowMeta,
+    self, Attn, AttentionKernel, FusedRope, Input, MatmulKernel, RowMeta,
 };
 use gcs_engine::backend::gpu::weights::GpuMatrix;
 use gcs_engine::backend::gpu::DeviceBuf;
@@ -518,7 +518,7 @@ fn paged_attention_matches_the_cpu_pool() {
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
         launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, None);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None, None);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, Attn::Float(None));
         let got = ho.read(&c).unwrap();
         let rotated = hq.read(&c).unwrap();
 
@@ -570,7 +570,7 @@ fn paged_attention_matches_the_cpu_pool() {
         };
         let hq = DeviceBuf::upload(&c, &vec![0.25f32; width]);
         let ho = DeviceBuf::<f32>::uninit(&c, qd);
-        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, None, None);
+        launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, Attn::Float(None));
         ho.read(&c).unwrap()
     };
     let a = run(&[7, 0, 3, 9]);
@@ -618,7 +618,7 @@ fn the_attention_kernels_agree_bit_for_bit() {
     assert_eq!(AttentionKernel::for_rows(1, sh), AttentionKernel::Head);
     let run = |window: usize, k: AttentionKernel| {
         let o = DeviceBuf::<f32>::uninit(&c, rows * 9 * 64);
-        launch::paged_attention_with(&c, sh, &hq, pool, &o, &meta, 0.125, window, None, None, k);
+        launch::paged_attention_with(&c, sh, &hq, pool, &o, &meta, 0.125, window, Attn::Float(None), k);
         o.read(&c).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
     };
     for window in [0, 100] {
@@ -652,7 +652,7 @@ fn the_attention_kernels_agree_bit_for_bit() {
             launch::rope_kv_store(&c, sh, &hq, pool, &rig.cos, &rig.sin, &decode, None);
         }
         let o = DeviceBuf::<f32>::uninit(&c, 3 * 9 * 64);
-        launch::paged_attention_with(&c, sh, &hq, pool, &o, &decode, 0.125, 0, None, rope, k);
+        launch::paged_attention_with(&c, sh, &hq, pool, &o, &decode, 0.125, 0, Attn::Float(rope), k);
         [o.read(&c).unwrap(), rig.kp.read(&c).unwrap(), rig.vp.read(&c).unwrap()].map(bits)
     };
     let apart = step(None, AttentionKernel::Head);

@@ -13,7 +13,7 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
-use super::launch::{self, FusedRope, Input, LayerPool, QActs};
+use super::launch::{self, Attn, FusedRope, Input, LayerPool, QActs};
 use super::step::{StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
@@ -183,13 +183,15 @@ impl GpuDecoder {
 
     /// Compute every op in the CPU's arithmetic or not, whatever the
     /// default ([`exact_default`]); before the first step. Refused for a
-    /// head size the CPU's 16-lane orders do not cover, or one past the
-    /// exact attention's units (each unit finishes one output dimension).
+    /// head size the CPU's 16-lane orders do not cover, one that is not
+    /// whole 32-element blocks (the attention quantizes each head's
+    /// output), or one past the exact attention's units (each unit
+    /// finishes one output dimension).
     pub fn with_exact(mut self, on: bool) -> std::result::Result<Self, GpuError> {
         let hd = self.sh.head_dim;
-        if on && (!hd.is_multiple_of(16) || hd > exact::EXACT_THREADS) {
+        if on && (!hd.is_multiple_of(32) || hd > exact::EXACT_THREADS) {
             return Err(GpuError::Unsupported(format!(
-                "exact arithmetic with head size {hd} (a multiple of 16 up to {} needed)",
+                "exact arithmetic with head size {hd} (a multiple of 32 up to {} needed)",
                 exact::EXACT_THREADS
             )));
         }
@@ -432,15 +434,16 @@ impl GpuDecoder {
         if fused.is_none() {
             launch::rope_kv_store(cl, sh, qkv, pool, &self.cos, &self.sin, meta, None);
         }
-        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, 0, None, fused);
+        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, 0, Attn::Float(fused));
         launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, x, true);
         launch::matmul_in(cl, &l.w_gate_up, x, Input::Norm(&l.ffn_norm, eps), t, &io.gu, false);
         launch::matmul_in(cl, &l.w_down, &io.gu, Input::Glu, t, x, true);
     }
 
-    /// A layer in the CPU's arithmetic, 10 launches: each norm adds the
-    /// residual and quantizes its output (the next matmul's input), the
-    /// attention and SwiGLU outputs are quantized by their own launch.
+    /// A layer in the CPU's arithmetic, 9 launches: each norm adds the
+    /// residual and quantizes its output (the next matmul's input), as
+    /// the attention does; the SwiGLU output is quantized by its own
+    /// launch (SwiGLU computed there).
     #[allow(clippy::too_many_arguments)]
     fn exact_layer(
         &self,
@@ -458,8 +461,9 @@ impl GpuDecoder {
         launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, eps, acts);
         launch::matmul_q8(cl, &l.wqkv, acts, t, &io.qkv, wide);
         launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
-        launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact, None);
-        launch::quantize_q8(cl, &io.attn, t, l.wo.cols, acts, None);
+        // The attention quantizes its output for O itself.
+        let how = Attn::Exact { wide, acts };
+        launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, how);
         launch::matmul_q8(cl, &l.wo, acts, t, &io.o, wide);
         launch::add_rms_norm_q8(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, eps, acts);
         launch::matmul_q8(cl, &l.w_gate_up, acts, t, &io.gu, wide);

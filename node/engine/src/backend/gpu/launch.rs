@@ -539,10 +539,21 @@ pub struct FusedRope<'a> {
     pub sin: &'a DeviceBuf<f32>,
 }
 
-/// [`attention::paged_attention`] for every batch row and query head (with
-/// `exact`: [`exact::paged_attention_exact`], the CPU's arithmetic; else
-/// the float kernel [`AttentionKernel::for_rows`] picks, with `rope`
-/// rotating and storing the rows' K/V itself).
+/// The attention's arithmetic.
+#[derive(Debug, Clone, Copy)]
+pub enum Attn<'a> {
+    /// The float kernel ([`attention::paged_attention`]), with RoPE and
+    /// the K/V store inside when given.
+    Float(Option<FusedRope<'a>>),
+    /// The CPU's ([`exact::paged_attention_exact`]; `wide`: [`Exact`]'s
+    /// f64 `fma`), its output also quantized into `acts`, the O
+    /// projection's input.
+    Exact { wide: bool, acts: &'a QActs },
+}
+
+/// [`attention::paged_attention`] or [`exact::paged_attention_exact`]
+/// for every batch row and query head (the float kernel the form
+/// [`AttentionKernel::for_rows`] picks).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     c: &Client,
@@ -553,16 +564,15 @@ pub fn paged_attention(
     meta: &RowMeta,
     scale: f32,
     window: usize,
-    exact: Exact,
-    rope: Option<FusedRope<'_>>,
+    how: Attn<'_>,
 ) {
     let kernel = AttentionKernel::for_rows(meta.rows(), sh);
-    paged_attention_with(c, sh, qkv, pool, out, meta, scale, window, exact, rope, kernel);
+    paged_attention_with(c, sh, qkv, pool, out, meta, scale, window, how, kernel);
 }
 
-/// [`paged_attention`] with the float kernel chosen by the caller (the
-/// tests and the device check's anatomy compare them; `exact` ignores it,
-/// and takes no `rope`: its step stores K/V with [`rope_kv_store`]).
+/// [`paged_attention`] with the float kernel's form chosen by the caller
+/// (the tests and the device check's anatomy compare them; the exact
+/// kernel has one form).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_with(
     c: &Client,
@@ -573,35 +583,40 @@ pub fn paged_attention_with(
     meta: &RowMeta,
     scale: f32,
     window: usize,
-    exact: Exact,
-    rope: Option<FusedRope<'_>>,
+    how: Attn<'_>,
     kernel: AttentionKernel,
 ) {
-    debug_assert!(exact.is_none() || rope.is_none(), "the exact attention has no fused RoPE");
     let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
     let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
     let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
     counted();
-    match exact {
-        Some(wide) => exact::paged_attention_exact::launch(
-            c,
-            count,
-            CubeDim::new_1d(exact::EXACT_THREADS as u32),
-            q,
-            k,
-            v,
-            o,
-            pos,
-            table,
-            meta.single.arg(),
-            tables,
-            pool.off,
-            scale,
-            window,
-            sh,
-            wide,
-        ),
-        None => {
+    match how {
+        Attn::Exact { wide, acts } => {
+            debug_assert!(acts.d.len() * 32 >= meta.rows() * sh.n_heads * sh.head_dim);
+            exact::paged_attention_exact::launch(
+                c,
+                count,
+                CubeDim::new_1d(exact::EXACT_THREADS as u32),
+                q,
+                k,
+                v,
+                o,
+                pos,
+                table,
+                meta.single.arg(),
+                tables,
+                acts.qs.arg(),
+                acts.d.arg(),
+                acts.s.arg(),
+                acts.sum_q.arg(),
+                pool.off,
+                scale,
+                window,
+                sh,
+                wide,
+            )
+        }
+        Attn::Float(rope) => {
             let t = attention_threads(sh);
             let dim = CubeDim::new_1d(t as u32);
             let per_kv = kernel == AttentionKernel::KvHead;

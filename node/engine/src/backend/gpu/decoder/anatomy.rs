@@ -2,7 +2,7 @@
 //! device check (`devcheck/anatomy.rs`).
 
 use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
-use crate::backend::gpu::launch::{self, FusedRope, Input, LayerPool};
+use crate::backend::gpu::launch::{self, Attn, FusedRope, Input, LayerPool};
 use crate::backend::rows::HostRows;
 use crate::llama::PagedSeq;
 
@@ -106,7 +106,8 @@ impl GpuDecoder {
             for (what, r) in [("", None), (" + RoPE/K-V store", Some(rope))] {
                 time(&format!("attention {k:?}{what}"), &mut || {
                     let (q, o) = (&io.qkv, &io.attn);
-                    launch::paged_attention_with(&cl, sh, q, pool, o, meta, scale, 0, None, r, k);
+                    let how = Attn::Float(r);
+                    launch::paged_attention_with(&cl, sh, q, pool, o, meta, scale, 0, how, k);
                     Ok(())
                 })?;
             }
@@ -159,10 +160,6 @@ impl GpuDecoder {
         // over it, and the exact ops.
         let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
         let wide_fma = self.wide_fma();
-        time("quantize q8", &mut || {
-            launch::quantize_q8(&cl, &io.attn, t, l.wo.cols, &acts, None);
-            Ok(())
-        })?;
         time("add_rms_norm + quantize q8 exact", &mut || {
             let (x, d, w) = (&io.x, Some(&io.o), &l.ffn_norm);
             launch::add_rms_norm_q8(&cl, x, d, w, &io.h, &io.all, eps, &acts);
@@ -185,8 +182,9 @@ impl GpuDecoder {
             launch::rope_kv_store(&cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
             Ok(())
         })?;
-        time("attention exact", &mut || {
-            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, exact, None);
+        time("attention exact (+ quantize q8)", &mut || {
+            let how = Attn::Exact { wide: wide_fma, acts: &acts };
+            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, how);
             Ok(())
         })?;
         time("swiglu + quantize q8 exact", &mut || {

@@ -240,8 +240,10 @@ const DECODE_LANES: usize = 64;
 /// and the accumulators meet as the CPU's. Keys are scored three times
 /// (for the max, the sum, the products) rather than kept: no scratch
 /// buffer, whatever the context. `row_single[r] != 0` marks a decode-order
-/// row (its position ≥ its sequence's `decode_from`). Launch with
-/// `CubeCount (rows, n_heads)`, `CubeDim (EXACT_THREADS)`.
+/// row (its position ≥ its sequence's `decode_from`). The head's output is
+/// also quantized as `q8::quantize_q8` quantizes the attention rows (its
+/// `head_dim / 32` blocks: the O projection's input, one launch fewer a
+/// layer). Launch with `CubeCount (rows, n_heads)`, `CubeDim (EXACT_THREADS)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_exact(
@@ -253,6 +255,10 @@ pub fn paged_attention_exact(
     row_table: &[u32],
     row_single: &[u32],
     tables: &[u32],
+    qs: &mut [u32],
+    qd: &mut [f32],
+    qsum: &mut [f32],
+    qsum_q: &mut [i32],
     layer_off: usize,
     scale: f32,
     window: usize,
@@ -403,6 +409,19 @@ pub fn paged_attention_exact(
                 x[l] = accs[l * hd + tid];
             }
         }
-        out[row * nh * hd + h * hd + tid] = reduce16(&x);
+        let o = reduce16(&x);
+        out[row * nh * hd + h * hd + tid] = o;
+        pt[tid] = o;
+    }
+    sync_cube();
+    // The head's blocks of the row's quantized attention output.
+    if tid < comptime!(sh.head_dim / 32) {
+        let mut v = Array::<f32>::new(32usize);
+        #[unroll]
+        for e in 0..32usize {
+            v[e] = pt[tid * 32 + e];
+        }
+        let b = (row * nh * hd + h * hd) / 32 + tid;
+        q8::quantize_block(&v, b, qs, qd, qsum, qsum_q);
     }
 }
