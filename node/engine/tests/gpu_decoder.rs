@@ -86,11 +86,15 @@ fn the_exact_gpu_decoder_equals_the_cpu_decoder_bit_for_bit() {
     // O, norm and quantization, gate/up, SwiGLU quantized for the down
     // projection, down), the embedding before; the output norm with its
     // quantization, the LM head and the argmax after.
-    let before = launch::launches();
-    let seq = PagedSeq { tokens: &[1, 2], past: 0, table: &[4], decode_from: 2 };
-    gpu.forward_paged(&[seq]).unwrap();
+    // A decode step: 8 a layer (the attention rotates and stores K/V).
     let layers = engine.model.config.n_layers;
-    assert_eq!(launch::launches() - before, 1 + 9 * layers + 3, "launches a step");
+    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 9), (&[3u32][..], 2, 8)] {
+        let before = launch::launches();
+        let seq = PagedSeq { tokens, past, table: &[4], decode_from: 2 };
+        gpu.forward_paged(&[seq]).unwrap();
+        let n = launch::launches() - before;
+        assert_eq!(n, 1 + per_layer * layers + 3, "{} tokens", tokens.len());
+    }
 }
 
 #[test]

@@ -11,13 +11,13 @@
 
 use cubecl::client::Client;
 use gcs_engine::attn::PagedSeqRef;
-use gcs_engine::backend::gpu::launch::{self, Attn, RowMeta};
+use gcs_engine::backend::gpu::launch::{self, Attn, FusedRope, RowMeta};
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::swiglu_rows;
 use gcs_engine::quant::QActs;
 
 mod common;
-use common::gpu::AttnRig;
+use common::gpu::{assert_acts_eq, AttnRig};
 use common::rng::Rng;
 
 fn client() -> Client {
@@ -101,7 +101,7 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         Seq { table: vec![7, 0, 3, 9], decode_from: 37, past: 0 },
         Seq { table: (10..30).collect(), decode_from: 291, past: 0 },
     ];
-    let (mut decode_rows, mut prefill_rows) = (0, 0);
+    let (mut decode_rows, mut prefill_rows, mut fused_steps) = (0, 0, 0);
     for step in [[20usize, 37, 290], [1, 1, 1], [3, 1, 2], [1, 1, 1]] {
         let mut qkv = Vec::new();
         let (mut pos, mut slot, mut table, mut tables, mut single) =
@@ -131,8 +131,14 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         let hq = DeviceBuf::upload(&c, &qkv);
         let ho = DeviceBuf::<f32>::uninit(&c, rows * qd);
         let acts = launch::QActs::new(&c, rows * qd);
-        launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, WIDE);
-        let how = Attn::Exact { wide: true, acts: &acts };
+        // A decode step (each row its sequence's only one) rotates and
+        // stores K/V inside the attention, as the decoder does.
+        let fused = (rows == seqs.len()).then_some(FusedRope { cos, sin });
+        if fused.is_none() {
+            launch::rope_kv_store(&c, sh, &hq, pool, cos, sin, &meta, WIDE);
+        }
+        fused_steps += usize::from(fused.is_some());
+        let how = Attn::Exact { wide: true, acts: &acts, rope: fused };
         launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, how);
 
         let mut cq = qkv.clone();
@@ -157,21 +163,12 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         }
         // Its output quantized for the O projection, as `QActs::quantize`.
         let want = QActs::quantize(&cout, rows, qd);
-        assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&want.d), "step {step:?}: d");
-        assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&want.s), "step {step:?}: s");
-        assert_eq!(acts.sum_q.read(&c).unwrap(), want.sum_q, "step {step:?}: Σq");
-        let qs: Vec<i8> = acts
-            .qs
-            .read(&c)
-            .unwrap()
-            .iter()
-            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
-            .collect();
-        assert_eq!(qs, want.qs, "step {step:?}: bytes");
+        assert_acts_eq(&c, &acts, &want, &format!("step {step:?}: quantized output"));
         eprintln!("step {step:?}: {rows} rows equal");
         for (s, &t) in seqs.iter_mut().zip(&step) {
             s.past += t;
         }
     }
     assert!(decode_rows >= 8 && prefill_rows >= 300, "{decode_rows} / {prefill_rows}");
+    assert_eq!(fused_steps, 2, "decode steps with RoPE inside the attention");
 }

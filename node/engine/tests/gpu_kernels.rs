@@ -26,7 +26,7 @@ use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
 use gcs_engine::quant::{dequantize, GgmlType, QActs, QMatrix};
 
 mod common;
-use common::gpu::AttnRig;
+use common::gpu::{assert_acts_eq, AttnRig};
 use common::rng::{gguf_blocks, Rng};
 
 fn client() -> Client {
@@ -280,18 +280,7 @@ fn the_q8_matmul_equals_the_cpu_matmul_bit_for_bit() {
         let hx = DeviceBuf::upload(&c, x);
         let acts = launch::QActs::new(&c, n * m.cols);
         launch::quantize_q8(&c, &hx, n, m.cols, &acts, None);
-        let want = QActs::quantize(x, n, m.cols);
-        assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&want.d), "{what}: d");
-        assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&want.s), "{what}: s");
-        assert_eq!(acts.sum_q.read(&c).unwrap(), want.sum_q, "{what}: Σq");
-        let qs: Vec<i8> = acts
-            .qs
-            .read(&c)
-            .unwrap()
-            .iter()
-            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
-            .collect();
-        assert_eq!(qs, want.qs, "{what}: bytes");
+        assert_acts_eq(&c, &acts, &QActs::quantize(x, n, m.cols), what);
         let mut cpu = vec![0f32; n * m.rows];
         m.matmul(x, n, &mut cpu);
         for tiled in [false, true] {
@@ -348,18 +337,7 @@ fn the_exact_rms_norm_equals_the_cpu_bit_for_bit() {
     let mut want = sum.clone();
     rms_norm_rows(&mut want, &w, 1e-5);
     assert_eq!(bits(&hh.read(&c).unwrap()), bits(&want), "rows with the residual");
-    let q = QActs::quantize(&want, n, hid);
-    assert_eq!(bits(&acts.d.read(&c).unwrap()), bits(&q.d), "quantized: d");
-    assert_eq!(bits(&acts.s.read(&c).unwrap()), bits(&q.s), "quantized: s");
-    assert_eq!(acts.sum_q.read(&c).unwrap(), q.sum_q, "quantized: Σq");
-    let qs: Vec<i8> = acts
-        .qs
-        .read(&c)
-        .unwrap()
-        .iter()
-        .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
-        .collect();
-    assert_eq!(qs, q.qs, "quantized: bytes");
+    assert_acts_eq(&c, &acts, &QActs::quantize(&want, n, hid), "quantized");
     let hl = DeviceBuf::<f32>::uninit(&c, hid);
     let last = DeviceBuf::upload(&c, &[3u32]);
     launch::add_rms_norm_q8(&c, &hx, None, &hw, &hl, &last, 1e-5, &acts);

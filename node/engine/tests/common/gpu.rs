@@ -3,9 +3,10 @@
 use cubecl::client::Client;
 use gcs_engine::attn::{AttnShape, KvPool, Rope};
 use gcs_engine::backend::gpu::kernels::attention::HeadShape;
-use gcs_engine::backend::gpu::launch::LayerPool;
+use gcs_engine::backend::gpu::launch::{self, LayerPool};
 use gcs_engine::backend::gpu::weights::rope_tables;
 use gcs_engine::backend::gpu::DeviceBuf;
+use gcs_engine::quant::QActs;
 
 /// Layers of the rig's pools; [`AttnRig::layer`] is the one used.
 pub const N_LAYERS: usize = 2;
@@ -56,4 +57,17 @@ impl AttnRig {
     pub fn cpu_pool(&self) -> KvPool {
         KvPool::new(N_LAYERS, self.ash, self.n_blocks)
     }
+}
+
+/// The device's quantized inputs `got` equal the CPU's `want` bit for bit:
+/// scales, scaled sums, integer sums and bytes.
+#[track_caller]
+pub fn assert_acts_eq(c: &Client, got: &launch::QActs, want: &QActs, what: &str) {
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(got.d.read(c).unwrap()), bits(want.d.clone()), "{what}: d");
+    assert_eq!(bits(got.s.read(c).unwrap()), bits(want.s.clone()), "{what}: s");
+    assert_eq!(got.sum_q.read(c).unwrap(), want.sum_q, "{what}: Σq");
+    let qs: Vec<i8> =
+        got.qs.read(c).unwrap().iter().flat_map(|w| w.to_le_bytes().map(|b| b as i8)).collect();
+    assert_eq!(qs, want.qs, "{what}: bytes");
 }

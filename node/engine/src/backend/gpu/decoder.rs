@@ -440,10 +440,11 @@ impl GpuDecoder {
         launch::matmul_in(cl, &l.w_down, &io.gu, Input::Glu, t, x, true);
     }
 
-    /// A layer in the CPU's arithmetic, 9 launches: each norm adds the
-    /// residual and quantizes its output (the next matmul's input), as
-    /// the attention does; the SwiGLU output is quantized by its own
-    /// launch (SwiGLU computed there).
+    /// A layer in the CPU's arithmetic, 9 launches (8 in a decode step):
+    /// each norm adds the residual and quantizes its output (the next
+    /// matmul's input), as the attention does; the SwiGLU output is
+    /// quantized by its own launch (SwiGLU computed there); in a decode
+    /// step the attention rotates Q and K and stores K/V.
     #[allow(clippy::too_many_arguments)]
     fn exact_layer(
         &self,
@@ -460,9 +461,14 @@ impl GpuDecoder {
         let prev = (!first).then_some(&io.d);
         launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, eps, acts);
         launch::matmul_q8(cl, &l.wqkv, acts, t, &io.qkv, wide);
-        launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
+        // As in `float_layer`: RoPE inside the attention in a decode step.
+        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
+        let fused = (t == io.seqs()).then_some(rope);
+        if fused.is_none() {
+            launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
+        }
         // The attention quantizes its output for O itself.
-        let how = Attn::Exact { wide, acts };
+        let how = Attn::Exact { wide, acts, rope: fused };
         launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, how);
         launch::matmul_q8(cl, &l.wo, acts, t, &io.o, wide);
         launch::add_rms_norm_q8(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, eps, acts);

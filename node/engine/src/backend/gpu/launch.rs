@@ -547,8 +547,8 @@ pub enum Attn<'a> {
     Float(Option<FusedRope<'a>>),
     /// The CPU's ([`exact::paged_attention_exact`]; `wide`: [`Exact`]'s
     /// f64 `fma`), its output also quantized into `acts`, the O
-    /// projection's input.
-    Exact { wide: bool, acts: &'a QActs },
+    /// projection's input; with RoPE and the K/V store inside when given.
+    Exact { wide: bool, acts: &'a QActs, rope: Option<FusedRope<'a>> },
 }
 
 /// [`attention::paged_attention`] or [`exact::paged_attention_exact`]
@@ -591,8 +591,14 @@ pub fn paged_attention_with(
     let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
     counted();
     match how {
-        Attn::Exact { wide, acts } => {
+        Attn::Exact { wide, acts, rope } => {
             debug_assert!(acts.d.len() * 32 >= meta.rows() * sh.n_heads * sh.head_dim);
+            // Without `rope` the tables are never read; the positions stand
+            // in (read-only, as `row_pos`).
+            let (cos, sin) = match rope {
+                Some(r) => (r.cos.arg(), r.sin.arg()),
+                None => (meta.pos.arg(), meta.pos.arg()),
+            };
             exact::paged_attention_exact::launch(
                 c,
                 count,
@@ -601,7 +607,10 @@ pub fn paged_attention_with(
                 k,
                 v,
                 o,
+                cos,
+                sin,
                 pos,
+                meta.slot.arg(),
                 table,
                 meta.single.arg(),
                 tables,
@@ -614,6 +623,7 @@ pub fn paged_attention_with(
                 window,
                 sh,
                 wide,
+                rope.is_some(),
             )
         }
         Attn::Float(rope) => {

@@ -183,7 +183,12 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("attention exact (+ quantize q8)", &mut || {
-            let how = Attn::Exact { wide: wide_fma, acts: &acts };
+            let how = Attn::Exact { wide: wide_fma, acts: &acts, rope: None };
+            launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, how);
+            Ok(())
+        })?;
+        time("attention exact (+ quantize q8, + RoPE/K-V store)", &mut || {
+            let how = Attn::Exact { wide: wide_fma, acts: &acts, rope: Some(rope) };
             launch::paged_attention(&cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, how);
             Ok(())
         })?;

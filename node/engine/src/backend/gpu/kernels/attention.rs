@@ -37,15 +37,42 @@ impl HeadShape {
     }
 }
 
-/// Pair `(x0, x1)` rotated by the angle of `(c, s)` (the float RoPE).
+/// Pair `(x0, x1)` rotated by the angle of `(c, s)`; with `exact` in the
+/// CPU's arithmetic, each rounded to f16 (see [`rope_kv_store`]).
 #[cube]
-pub fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
-    (x0 * c - x1 * s, x0 * s + x1 * c)
+pub fn rotate(
+    x0: f32,
+    x1: f32,
+    c: f32,
+    s: f32,
+    #[comptime] exact: bool,
+    #[comptime] wide: bool,
+) -> (f32, f32) {
+    if comptime!(exact) {
+        let y0 = round_f16(fused(x0, c, -mul(x1, s, wide), wide));
+        (y0, round_f16(fused(x0, s, mul(x1, c, wide), wide)))
+    } else {
+        (x0 * c - x1 * s, x0 * s + x1 * c)
+    }
+}
+
+/// Element `d`'s RoPE pair in a head: `(i, a, b)`, its frequency index
+/// and the pair's two elements (NEOX: `(i, i + d/2)`; else adjacent).
+#[cube]
+pub fn pair_of(d: usize, #[comptime] sh: HeadShape) -> (usize, usize, usize) {
+    let half = comptime!(sh.head_dim / 2);
+    if comptime!(sh.neox) {
+        let i = d % half;
+        (i, i, i + half)
+    } else {
+        let i = d / 2;
+        (i, 2 * i, 2 * i + 1)
+    }
 }
 
 /// Element `d` of the head at `o` in `qkv`, rotated for position `pos`:
-/// the value [`rope_kv_store`] (float) leaves there, the pair computed
-/// the same way by each of its two units.
+/// the value [`rope_kv_store`] leaves there (`exact`, `wide` as there),
+/// the pair computed the same way by each of its two units.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn rotated(
@@ -56,16 +83,13 @@ pub fn rotated(
     sin: &[f32],
     pos: usize,
     #[comptime] sh: HeadShape,
+    #[comptime] exact: bool,
+    #[comptime] wide: bool,
 ) -> f32 {
     let half = comptime!(sh.head_dim / 2);
-    let (i, a, b) = if comptime!(sh.neox) {
-        let i = d % half;
-        (i, i, i + half)
-    } else {
-        let i = d / 2;
-        (i, 2 * i, 2 * i + 1)
-    };
-    let (y0, y1) = rotate(qkv[o + a], qkv[o + b], cos[pos * half + i], sin[pos * half + i]);
+    let (i, a, b) = pair_of(d, sh);
+    let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
+    let (y0, y1) = rotate(qkv[o + a], qkv[o + b], c, s, exact, wide);
     select(d == a, y0, y1)
 }
 
@@ -110,12 +134,7 @@ pub fn rope_kv_store<KV: Float>(
         let o = base + head * hd;
         let (x0, x1) = (qkv[o + a], qkv[o + b]);
         let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
-        let (y0, y1) = if comptime!(exact) {
-            let y0 = round_f16(fused(x0, c, -mul(x1, s, wide), wide));
-            (y0, round_f16(fused(x0, s, mul(x1, c, wide), wide)))
-        } else {
-            rotate(x0, x1, c, s)
-        };
+        let (y0, y1) = rotate(x0, x1, c, s, exact, wide);
         if head < nh {
             qkv[o + a] = y0;
             qkv[o + b] = y1;
@@ -202,7 +221,7 @@ pub fn paged_attention<KV: Float>(
         for i in 0..g {
             let o = base + (h0 + i) * hd;
             q[i * hd + tid] = if comptime!(rope) {
-                rotated(qkv, o, tid, cos, sin, n - 1, sh)
+                rotated(qkv, o, tid, cos, sin, n - 1, sh, false, false)
             } else {
                 qkv[o + tid]
             };
@@ -212,7 +231,8 @@ pub fn paged_attention<KV: Float>(
             let slot = row_slot[row] as usize;
             let kv = layer_off + (slot / BLOCK) * bl + (kvh * BLOCK + slot % BLOCK) * hd + tid;
             let ko = base + comptime!(nh * sh.head_dim) + kvh * hd;
-            k_pool[kv] = KV::cast_from(rotated(qkv, ko, tid, cos, sin, n - 1, sh));
+            let k = rotated(qkv, ko, tid, cos, sin, n - 1, sh, false, false);
+            k_pool[kv] = KV::cast_from(k);
             v_pool[kv] = KV::cast_from(qkv[ko + comptime!(sh.n_kv_heads * sh.head_dim) + tid]);
         }
     }

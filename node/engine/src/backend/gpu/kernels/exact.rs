@@ -17,7 +17,7 @@
 
 use cubecl::prelude::*;
 
-use super::attention::{HeadShape, BLOCK};
+use super::attention::{pair_of, rotate, HeadShape, BLOCK};
 use super::q8::{self, fused, mul, round_f16};
 use super::quant::{f16_to_f32, WeightKind};
 
@@ -167,13 +167,15 @@ pub fn embed_exact(
 /// Q·K of one key in llama.cpp's order for the row's kind (`attn::qk_dot`):
 /// a decode row (`single`) takes `ggml_vec_dot_f16`'s (four 16-lane
 /// accumulators over 64-element chunks, the rest in f64), a prefill row
-/// tinyBLAS's (16 lanes, [`reduce16`]). `q` and `k` start at `qo`, `ko`.
+/// tinyBLAS's (16 lanes, [`reduce16`]). `q` and `k` start at `qo`, `ko`
+/// (only read; `&mut` as the attention holds them, which writes the
+/// rotated Q and K/V first in a decode step).
 #[cube]
 #[allow(clippy::too_many_arguments, unused_assignments)]
 fn qk_dot(
-    qkv: &[f32],
+    qkv: &mut [f32],
     qo: usize,
-    k_pool: &[f32],
+    k_pool: &mut [f32],
     ko: usize,
     single: bool,
     #[comptime] hd: usize,
@@ -243,15 +245,22 @@ const DECODE_LANES: usize = 64;
 /// row (its position ≥ its sequence's `decode_from`). The head's output is
 /// also quantized as `q8::quantize_q8` quantizes the attention rows (its
 /// `head_dim / 32` blocks: the O projection's input, one launch fewer a
-/// layer). Launch with `CubeCount (rows, n_heads)`, `CubeDim (EXACT_THREADS)`.
+/// layer). With `rope` (a decode step: every row its sequence's only one)
+/// the cube first does `rope_kv_store`'s exact work for its head: its Q
+/// rotated in place, the row's K and V into its slot (the cubes of a KV
+/// head's query heads write the same values), one launch fewer a layer.
+/// Launch with `CubeCount (rows, n_heads)`, `CubeDim (EXACT_THREADS)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_exact(
-    qkv: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    qkv: &mut [f32],
+    k_pool: &mut [f32],
+    v_pool: &mut [f32],
     out: &mut [f32],
+    cos: &[f32],
+    sin: &[f32],
     row_pos: &[u32],
+    row_slot: &[u32],
     row_table: &[u32],
     row_single: &[u32],
     tables: &[u32],
@@ -264,6 +273,7 @@ pub fn paged_attention_exact(
     window: usize,
     #[comptime] sh: HeadShape,
     #[comptime] wide: bool,
+    #[comptime] rope: bool,
 ) {
     let t = comptime!(EXACT_THREADS);
     let row = CUBE_POS_X as usize;
@@ -282,6 +292,34 @@ pub fn paged_attention_exact(
     let mut pt = Shared::new_slice(t);
     let mut accs = Shared::new_slice(comptime!(DECODE_LANES * sh.head_dim));
     let mut one = Shared::new_slice(1usize);
+
+    if comptime!(rope) {
+        let slot = row_slot[row] as usize;
+        let kvo = layer_off + (slot / BLOCK) * bl + (kvh * BLOCK + slot % BLOCK) * hd + tid;
+        let ko = row * comptime!(sh.width()) + nh * hd + kvh * hd;
+        let mut yq = 0.0f32.runtime();
+        let mut yk = 0.0f32.runtime();
+        let mut yv = 0.0f32.runtime();
+        if tid < hd {
+            // `attention::rotated`'s pair, read here (`qkv` is writable).
+            let (i, a, b) = pair_of(tid, sh);
+            let half = comptime!(sh.head_dim / 2);
+            let (c, s) = (cos[(n - 1) * half + i], sin[(n - 1) * half + i]);
+            let (q0, q1) = rotate(qkv[qo + a], qkv[qo + b], c, s, true, wide);
+            let (k0, k1) = rotate(qkv[ko + a], qkv[ko + b], c, s, true, wide);
+            yq = select(tid == a, q0, q1);
+            yk = select(tid == a, k0, k1);
+            yv = round_f16(qkv[ko + nkv * hd + tid]);
+        }
+        // Every unit has read its pair before the head's Q is rewritten.
+        sync_cube();
+        if tid < hd {
+            qkv[qo + tid] = yq;
+            k_pool[kvo] = yk;
+            v_pool[kvo] = yv;
+        }
+        sync_storage();
+    }
 
     // The max score.
     // Finite stand-in for −∞: every score is above it.
