@@ -276,10 +276,15 @@ fn a_batch_step_in_flight_gives_way_to_an_interactive_arrival() {
         .collect();
     wait_running(&engine, 4);
     // Steps run back to back, so an arrival nearly always finds one in
-    // flight; a few tries make "nearly" certain.
+    // flight; a few tries make "nearly" certain. Each arrival waits a few
+    // milliseconds first: right after the previous interactive request's
+    // last token the scheduler is between steps (with five tries and no
+    // wait, none found a batch step to stop in about one run of six when
+    // this binary's tests ran side by side on 2 cores).
     let pi = prompt(&engine, "iota", 20);
     let mut interactive = vec![];
-    for _ in 0..5 {
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_millis(3));
         let (t, r) = collect(engine.submit(req(pi.clone(), 4, Priority::Interactive)).unwrap());
         assert!(r.wait_steps <= 1, "interactive waited {} steps", r.wait_steps);
         interactive.push(t);
