@@ -18,8 +18,9 @@
 #   1. `gcs-node gpu-check`: CUDA decoder vs the CPU decoder on the 20
 #      fixture prompts (greedy 32 tokens, teacher-forced top-1, max |Δ logit|
 #      on 3), decode tok/s at batch 1, 8, 64, 256 through the batch
-#      scheduler (decode graphs and the device argmax, then eagerly, side
-#      by side), the same parity and decode figures for the decoder in the
+#      scheduler (decode graphs and the device's picks, then eagerly, side
+#      by side; and every stream sampled at temperature 1 with one seed,
+#      each token drawn on the device), the same parity and decode figures for the decoder in the
 #      CPU's arithmetic (`exact`: GCS_GPU_EXACT), issue 17's naive burn
 #      loop at the same batches, MiniLM
 #      (synthetic weights, scripts/st-synth.py) on burn-cuda against the
@@ -110,7 +111,7 @@ device() {
     echo "FAIL: MiniLM synthesis (the embedder is not checked)"
   fi
 
-  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device argmax, then eager)"
+  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1)"
   # The check's own log goes aside: CubeCL logs a kernel it cannot compile
   # with its whole IR (the first device run's log passed 16 MiB and did not
   # come back). log.txt gets it without the IR lines, cut to 2 MB;

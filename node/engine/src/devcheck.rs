@@ -18,7 +18,7 @@ use crate::backend::{self, paged_decoder, ComputeDevice, CpuDecoder, GpuOptions,
 use crate::error::{EngineError, Result};
 use crate::llama::PagedSeq;
 use crate::paged::BLOCK_SIZE;
-use crate::sampling::argmax;
+use crate::sampling::{argmax, SamplingOptions};
 use crate::scheduler::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest};
 use crate::{cpu_device, Engine};
 
@@ -100,6 +100,13 @@ pub struct CheckReport {
     #[serde(flatten)]
     pub parity: Parity,
     pub decode: Vec<DecodeFigure>,
+    /// The same streams sampled at temperature 1, all with one seed
+    /// ([`SAMPLED_SEED`]; OpenAI's default request, each token drawn on a
+    /// GPU): `streams_equal` counts the streams that drew the first's
+    /// tokens (a draw does not depend on the batch), `streams_match_cpu`
+    /// those whose first tokens equal the CPU engine's draws with that
+    /// seed.
+    pub decode_sampled: Vec<DecodeFigure>,
     /// The same checks in the CPU's arithmetic (GPU only).
     pub exact: Option<ExactFigures>,
     /// Whether decode steps replayed recorded graphs (`decode`), and the
@@ -142,10 +149,16 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     let cpu_engine =
         BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
+    let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
+    let cpu_sampled = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens)?;
     drop(cpu_engine);
 
-    let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
     let (engine, decode) = decode_figures(cfg, &short, cpu_ref, GpuOptions::default())?;
+    let mut decode_sampled = vec![];
+    for &b in &cfg.batches {
+        let (n, t) = (b.max(1), cfg.decode_tokens);
+        decode_sampled.push(measure(&engine, &short, n, t, &cpu_sampled, Some(1.0))?);
+    }
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
     drop(engine);
@@ -164,6 +177,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         load_s,
         parity,
         decode,
+        decode_sampled,
         exact: None,
         graphs,
         decode_eager,
@@ -308,29 +322,55 @@ fn decode_figures(
     engine.measure_decode(4)?;
     let mut decode = vec![];
     for &b in &cfg.batches {
-        decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref)?);
+        decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref, None)?);
     }
     Ok((engine, decode))
 }
 
-fn request(prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {
+/// The seed of every sampled stream of the check.
+pub const SAMPLED_SEED: u64 = 7;
+
+/// A stream of `prompt`: greedy, or sampled at `temperature` with
+/// [`SAMPLED_SEED`].
+fn request(prompt: &[u32], max_tokens: usize, salt: usize, temperature: Option<f32>) -> SeqRequest {
     let mut r = SeqRequest::new(Prompt::Tokens(prompt.to_vec()), max_tokens);
     r.ignore_eos = true;
     // A salt of its own per stream: no stream reuses another's prefix.
     r.tenant = format!("gcs-engine/check/{salt}");
+    if let Some(temperature) = temperature {
+        r.sampling = SamplingOptions { temperature, seed: SAMPLED_SEED, ..Default::default() };
+    }
     r
 }
 
-/// `batch` greedy streams of `tokens` tokens after the first, at once.
+/// The first `tokens` tokens `engine` samples from `prompt` at
+/// temperature 1 with [`SAMPLED_SEED`].
+fn sampled_tokens(engine: &BatchEngine, prompt: &[u32], tokens: usize) -> Result<Vec<u32>> {
+    let s = engine.submit(request(prompt, tokens, usize::MAX, Some(1.0)))?;
+    let mut ids = vec![];
+    loop {
+        match s.recv() {
+            Some(SeqEvent::Delta { token_ids, .. }) => ids.extend(token_ids),
+            Some(SeqEvent::Done(_)) => return Ok(ids),
+            Some(SeqEvent::Error(e)) => return Err(EngineError::InvalidRequest(e)),
+            None => return Err(EngineError::Stopped),
+        }
+    }
+}
+
+/// `batch` streams of `tokens` tokens after the first, at once: greedy,
+/// or sampled at `temperature`; `reference` is what each stream's first
+/// tokens should be.
 fn measure(
     engine: &BatchEngine,
     prompt: &[u32],
     batch: usize,
     tokens: usize,
-    cpu_ref: &[u32],
+    reference: &[u32],
+    temperature: Option<f32>,
 ) -> Result<DecodeFigure> {
     let streams = (0..batch)
-        .map(|i| engine.submit(request(prompt, tokens + 1, i)))
+        .map(|i| engine.submit(request(prompt, tokens + 1, i, temperature)))
         .collect::<Result<Vec<_>>>()?;
     let mut got = vec![0usize; batch];
     let mut ids: Vec<Vec<u32>> = vec![vec![]; batch];
@@ -370,8 +410,9 @@ fn measure(
     let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let tokens_per_s = if seconds > 0.0 { counted as f64 / seconds } else { 0.0 };
     let streams_equal = ids.iter().filter(|t| **t == ids[0]).count();
-    let k = cpu_ref.len().min(tokens);
-    let streams_match_cpu = ids.iter().filter(|t| t.len() >= k && t[..k] == cpu_ref[..k]).count();
+    let k = reference.len().min(tokens);
+    let streams_match_cpu =
+        ids.iter().filter(|t| t.len() >= k && t[..k] == reference[..k]).count();
     Ok(DecodeFigure {
         batch,
         tokens: counted,
@@ -385,7 +426,7 @@ fn measure(
 /// Time from submitting `prompt` to its first token.
 fn first_token(engine: &BatchEngine, prompt: &[u32]) -> Result<Duration> {
     let t = Instant::now();
-    let s = engine.submit(request(prompt, 1, usize::MAX))?;
+    let s = engine.submit(request(prompt, 1, usize::MAX, None))?;
     loop {
         match s.recv() {
             Some(SeqEvent::Delta { token_ids, .. }) if !token_ids.is_empty() => {

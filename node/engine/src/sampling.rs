@@ -158,6 +158,33 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// The token plain temperature sampling draws at `u` (uniform in [0, 1)):
+/// the first id whose running sum of `exp(l / t - max / t)`, in id order,
+/// passes `u` times the whole sum; the last id when rounding leaves none.
+/// [`Sampler`] draws this way when no top-k, top-p, min-p, bias or
+/// penalty applies, and a GPU decoder draws the same way on the device
+/// (`kernels::ops::pick_rows`, its sums grouped by ranges of ids).
+pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
+    let t = temperature;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let probs: Vec<f32> = logits.iter().map(|&l| (l / t - max / t).exp()).collect();
+    draw_at(&probs, u, |i| i as u32)
+}
+
+/// Index `i` drawn with probability proportional to `probs[i]` at `u`.
+fn draw_at(probs: &[f32], u: f32, id: impl Fn(usize) -> u32) -> u32 {
+    let total: f32 = probs.iter().sum();
+    let r = u * total;
+    let mut acc = 0.0;
+    for (i, &pr) in probs.iter().enumerate() {
+        acc += pr;
+        if r < acc {
+            return id(i);
+        }
+    }
+    id(probs.len().saturating_sub(1))
+}
+
 /// `log_softmax` of `logits` at the requested ids, plus the `n` best.
 pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> Logprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -216,6 +243,22 @@ impl Sampler {
             && p.logit_bias.is_empty()
             && p.frequency_penalty == 0.0
             && p.presence_penalty == 0.0
+    }
+
+    /// The next token's draw when it is plain temperature sampling (no
+    /// top-k, top-p, min-p, bias or penalty to apply): its temperature and
+    /// the uniform it draws at, so that another side (a GPU) can draw it
+    /// with [`draw_temperature`]. Peeks: the RNG moves when the drawn
+    /// token is [`Sampler::replay`]ed, so a step that does not happen
+    /// draws nothing.
+    pub fn next_draw(&self, vocab: usize) -> Option<(f32, f32)> {
+        let p = &self.opts;
+        let plain = self.draws_rng(vocab)
+            && (p.top_k == 0 || p.top_k >= vocab)
+            && p.top_p >= 1.0
+            && p.min_p <= 0.0
+            && !self.adjusts();
+        plain.then(|| (p.temperature, self.rng.clone().random::<f32>()))
     }
 
     /// RNG draws made so far.
@@ -278,15 +321,22 @@ impl Sampler {
         Some((tok, lp))
     }
 
+    /// Whether a bias or a penalty changes the logits of the next pick.
+    fn adjusts(&self) -> bool {
+        let o = &self.opts;
+        let penalties =
+            (o.frequency_penalty != 0.0 || o.presence_penalty != 0.0) && !self.counts.is_empty();
+        !o.logit_bias.is_empty() || penalties
+    }
+
     /// Bias and penalties applied, or `None` when there are none (the common
     /// case: no copy of the logits).
     fn adjusted(&self, logits: &[f32]) -> Option<Vec<f32>> {
         let o = &self.opts;
-        let penalties =
-            (o.frequency_penalty != 0.0 || o.presence_penalty != 0.0) && !self.counts.is_empty();
-        if o.logit_bias.is_empty() && !penalties {
+        if !self.adjusts() {
             return None;
         }
+        let penalties = o.frequency_penalty != 0.0 || o.presence_penalty != 0.0;
         let mut l = logits.to_vec();
         for &(id, b) in &o.logit_bias {
             if let Some(x) = l.get_mut(id as usize) {
@@ -314,9 +364,8 @@ impl Sampler {
         let k = if p.top_k > 0 { p.top_k.min(logits.len()) } else { logits.len() };
         if k == logits.len() && p.top_p >= 1.0 && p.min_p <= 0.0 {
             // Plain temperature sampling needs no sort: draw in id order.
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let probs: Vec<f32> = logits.iter().map(|&l| (l / t - max / t).exp()).collect();
-            return self.draw(&probs, |i| i as u32);
+            let u = self.uniform();
+            return draw_temperature(logits, t, u);
         }
         // Candidates best first. The top-p / min-p cut usually lies in the
         // first few dozen tokens: try growing prefixes before sorting all
@@ -332,19 +381,16 @@ impl Sampler {
         self.draw(&probs, |i| cand[i].0)
     }
 
+    /// The uniform of this token's draw, counted.
+    fn uniform(&mut self) -> f32 {
+        self.draws += 1;
+        self.rng.random::<f32>()
+    }
+
     /// Draw index `i` with probability proportional to `probs[i]`.
     fn draw(&mut self, probs: &[f32], id: impl Fn(usize) -> u32) -> u32 {
-        let total: f32 = probs.iter().sum();
-        self.draws += 1;
-        let r = self.rng.random::<f32>() * total;
-        let mut acc = 0.0;
-        for (i, &pr) in probs.iter().enumerate() {
-            acc += pr;
-            if r < acc {
-                return id(i);
-            }
-        }
-        id(probs.len().saturating_sub(1))
+        let u = self.uniform();
+        draw_at(probs, u, id)
     }
 
     /// Probabilities of the best-first candidates `cand` kept by top-p and

@@ -190,3 +190,63 @@ fn replayed_sampler_continues_like_the_original() {
     };
     assert_ne!(plain, pen);
 }
+
+/// A plain temperature sampler's next draw, peeked and drawn elsewhere
+/// with `draw_temperature`, then replayed, gives the tokens `sample`
+/// gives, and leaves the sampler where `sample` would; every other kind
+/// of pick (greedy, top-k, top-p, min-p, a bias, a penalty once a token
+/// is counted) is not a plain draw.
+#[test]
+fn a_peeked_draw_replayed_equals_sampling() {
+    let logits: Vec<f32> = (0..500).map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0).collect();
+    let v = logits.len();
+    let o = opts(0.8, 11);
+    let mut peeked = Sampler::new(o.clone());
+    let mut plain = Sampler::new(o);
+    for _ in 0..40 {
+        let (t, u) = peeked.next_draw(v).unwrap();
+        assert_eq!(peeked.next_draw(v), Some((t, u)), "peeking draws nothing");
+        let tok = draw_temperature(&logits, t, u);
+        peeked.replay(tok, v);
+        assert_eq!(tok, plain.sample(&logits));
+    }
+    assert_eq!(peeked.draws(), plain.draws());
+    // Ids drawn spread (the uniform moves between tokens).
+    let spread: std::collections::HashSet<u32> = (0..40)
+        .map(|_| {
+            let (t, u) = peeked.next_draw(v).unwrap();
+            let tok = draw_temperature(&logits, t, u);
+            peeked.replay(tok, v);
+            tok
+        })
+        .collect();
+    assert!(spread.len() > 5, "{spread:?}");
+    let none = |o: SamplingOptions| Sampler::new(o).next_draw(v);
+    assert_eq!(none(opts(0.0, 1)), None, "greedy");
+    assert_eq!(none(SamplingOptions { top_k: 5, ..opts(1.0, 1) }), None);
+    assert_eq!(none(SamplingOptions { top_p: 0.9, ..opts(1.0, 1) }), None);
+    assert_eq!(none(SamplingOptions { min_p: 0.1, ..opts(1.0, 1) }), None);
+    assert_eq!(none(SamplingOptions { logit_bias: vec![(3, 1.0)], ..opts(1.0, 1) }), None);
+    assert!(none(SamplingOptions { top_k: v, ..opts(1.0, 1) }).is_some(), "top-k of all");
+    let mut pen = Sampler::new(SamplingOptions { presence_penalty: 0.5, ..opts(1.0, 1) });
+    assert!(pen.next_draw(v).is_some(), "nothing counted yet: no penalty");
+    pen.sample(&logits);
+    assert_eq!(pen.next_draw(v), None, "a counted token is penalised");
+}
+
+/// `draw_temperature` follows the running sum in id order: a uniform
+/// just below a token's share of the mass picks it, just above the next.
+#[test]
+fn draw_temperature_follows_the_cumulative_mass() {
+    // Probabilities 1/4, 1/2, 1/4 at temperature 1.
+    let ln2 = std::f32::consts::LN_2;
+    let logits = [0.0, ln2, 0.0];
+    assert_eq!(draw_temperature(&logits, 1.0, 0.0), 0);
+    assert_eq!(draw_temperature(&logits, 1.0, 0.2), 0);
+    assert_eq!(draw_temperature(&logits, 1.0, 0.3), 1);
+    assert_eq!(draw_temperature(&logits, 1.0, 0.7), 1);
+    assert_eq!(draw_temperature(&logits, 1.0, 0.8), 2);
+    // A low temperature sharpens towards the best.
+    assert_eq!(draw_temperature(&logits, 0.05, 0.2), 1);
+    assert_eq!(draw_temperature(&logits, 0.05, 0.99), 1);
+}

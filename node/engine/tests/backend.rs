@@ -140,6 +140,13 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
         // with the CPU decoder's own continuation of it.
         assert_eq!((d.streams_equal, d.streams_match_cpu), (d.batch, d.batch), "{d:?}");
     }
+    // Sampled at temperature 1 with one seed: every stream of a batch
+    // draws the same tokens, those of the CPU engine's own stream.
+    assert_eq!(r.decode_sampled.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
+    for d in &r.decode_sampled {
+        assert!(d.tokens > 0 && d.tokens_per_s > 0.0, "{d:?}");
+        assert_eq!((d.streams_equal, d.streams_match_cpu), (d.batch, d.batch), "{d:?}");
+    }
     // Graphs are a GPU decoder's; the CPU has no eager twin to measure.
     assert!(!r.graphs && r.decode_eager.is_empty(), "{r:?}");
     assert!(r.naive.is_empty(), "no naive loop asked for");

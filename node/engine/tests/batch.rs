@@ -364,18 +364,20 @@ fn stress_cancel_and_preempt_leaks_nothing() {
     assert_eq!(batch.waiting(), 0);
 }
 
-use gcs_engine::backend::{CpuDecoder, PagedDecoder, StepLogits};
+use gcs_engine::backend::{CpuDecoder, PagedDecoder, Pick, StepLogits};
 
-/// The CPU decoder answering as a GPU does: each sequence's argmax, and
-/// logits only when a sequence asked for them. Counts the steps that
-/// copied none.
+/// The CPU decoder answering as a GPU does: each sequence's argmax or
+/// its plain temperature draw (`draw_temperature` at the uniform the
+/// step was given), and logits only when a sequence asked for them.
+/// Counts the steps that copied none, and the draws.
 #[derive(Debug)]
-struct ArgmaxOnly {
+struct PickOnly {
     inner: CpuDecoder,
     bare_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    draws: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-impl PagedDecoder for ArgmaxOnly {
+impl PagedDecoder for PickOnly {
     common::delegate_decoder!();
     fn forward_paged(
         &mut self,
@@ -386,62 +388,81 @@ impl PagedDecoder for ArgmaxOnly {
     fn forward_select(
         &mut self,
         seqs: &[gcs_engine::llama::PagedSeq<'_>],
-        want: &[bool],
+        picks: &[Pick],
     ) -> gcs_engine::Result<StepLogits> {
+        use gcs_engine::sampling::{argmax, draw_temperature};
+        use std::sync::atomic::Ordering;
         let logits = self.inner.forward_paged(seqs)?;
         let v = self.vocab();
-        let argmax = logits.chunks(v).map(gcs_engine::sampling::argmax).collect();
-        let keep = want.iter().any(|&w| w);
+        let picked = logits
+            .chunks(v)
+            .zip(picks)
+            .map(|(l, p)| match *p {
+                Pick::Draw { temperature, u } => {
+                    self.draws.fetch_add(1, Ordering::Relaxed);
+                    draw_temperature(l, temperature, u)
+                }
+                Pick::Argmax | Pick::Logits => argmax(l),
+            })
+            .collect();
+        let keep = picks.contains(&Pick::Logits);
         if !keep {
-            self.bare_steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.bare_steps.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(StepLogits {
-            logits: if keep { logits } else { vec![] },
-            argmax: Some(argmax),
-        })
+        Ok(StepLogits { logits: if keep { logits } else { vec![] }, picked: Some(picked) })
     }
 }
 
-/// The scheduler over a decoder that returns argmax ids without logits
-/// (as the GPU decoder does for greedy steps) gives the same tokens as
-/// the plain CPU engine: greedy ones from the ids, and for a seeded
-/// sampled sequence and one with logprobs (which ask for the logits)
-/// the same tokens and logprobs; steps without any such sequence copy no
-/// logits.
+/// The scheduler over a decoder that picks tokens without returning
+/// logits (as the GPU decoder does: argmax ids for greedy sequences,
+/// draws for plain temperature sampling) gives the same tokens as the
+/// plain CPU engine: greedy and seeded plain-temperature ones from the
+/// picks, and for a top-p sequence and one with logprobs (which ask for
+/// the logits) the same tokens and logprobs; steps without any such
+/// sequence copy no logits.
 #[test]
-fn greedy_tokens_from_the_device_argmax_equal_the_cpu_engines() {
+fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let Some((_, plain)) = load() else { return };
     let path = common::smollm_path().unwrap();
-    let bare = Arc::new(AtomicUsize::new(0));
-    let counter = bare.clone();
+    let (bare, draws) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (bare_steps, drawn) = (bare.clone(), draws.clone());
     let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
-    let select = BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
-        Box::new(ArgmaxOnly {
-            inner: CpuDecoder::new(m, k),
-            bare_steps: counter,
-        })
-    });
+    let select =
+        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
+            Box::new(PickOnly { inner: CpuDecoder::new(m, k), bare_steps, draws: drawn })
+        });
     let requests = || {
         let greedy = |q: &str| SeqRequest::new(Prompt::Chat(chat(q)), 12);
         let mut seeded = greedy(QUESTIONS[2]);
-        seeded.sampling = SamplingOptions { temperature: 0.8, seed: 7, ..SamplingOptions::default() };
+        seeded.sampling =
+            SamplingOptions { temperature: 0.8, seed: 7, ..SamplingOptions::default() };
+        let mut nucleus = greedy(QUESTIONS[0]);
+        nucleus.sampling =
+            SamplingOptions { temperature: 1.2, top_p: 0.9, seed: 3, ..SamplingOptions::default() };
         let lp = SeqRequest { logprobs: Some(2), ..greedy(QUESTIONS[3]) };
-        vec![greedy(QUESTIONS[0]), greedy(QUESTIONS[1]), seeded, lp]
+        vec![greedy(QUESTIONS[0]), greedy(QUESTIONS[1]), seeded, nucleus, lp]
     };
-    // Greedy streams alone first: those steps need no logits at all.
+    // Greedy and plain-temperature streams alone first: those steps need
+    // no logits at all.
     let alone: Vec<Collected> =
-        requests().into_iter().take(2).map(|r| collect(select.submit(r).unwrap())).collect();
+        requests().into_iter().take(3).map(|r| collect(select.submit(r).unwrap())).collect();
     assert!(bare.load(Ordering::Relaxed) > 0, "greedy steps copied no logits");
+    // Every token of the seeded stream was drawn by the decoder (and a
+    // prompt chunk before its last may be asked for a draw it ignores).
+    let (drawn_alone, seeded) = (draws.load(Ordering::Relaxed), alone[2].tokens.len());
+    assert!(seeded > 0 && drawn_alone >= seeded, "{drawn_alone} draws, {seeded} tokens");
     let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
     let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
     for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
         let (g, w) = (collect(g), collect(w));
         assert_eq!(g.tokens, w.tokens, "request {i}");
         assert_eq!(g.result.text, w.result.text, "request {i}");
-        if i < 2 {
+        if i < 3 {
             assert_eq!(alone[i].tokens, w.tokens, "request {i} alone");
         }
     }
+    let drawn = draws.load(Ordering::Relaxed) - drawn_alone;
+    assert!(drawn >= seeded, "drawn beside the others too: {drawn}");
 }

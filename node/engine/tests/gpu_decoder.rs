@@ -8,9 +8,9 @@
 mod common;
 
 use gcs_engine::backend::gpu::{launch, GpuDecoder};
-use gcs_engine::backend::{BackendKind, CpuDecoder, PagedDecoder};
+use gcs_engine::backend::{BackendKind, CpuDecoder, PagedDecoder, Pick};
 use gcs_engine::llama::PagedSeq;
-use gcs_engine::sampling::argmax;
+use gcs_engine::sampling::{argmax, draw_temperature};
 use gcs_engine::{cpu_device, ChatMessage, Engine};
 
 /// Teacher-forced steps of two prompts batched together on both decoders
@@ -85,10 +85,16 @@ fn the_exact_gpu_decoder_equals_the_cpu_decoder_bit_for_bit() {
     // quantization, Q/K/V, RoPE/K-V store, attention and its quantization,
     // O, norm and quantization, gate/up, SwiGLU quantized for the down
     // projection, down), the embedding before; the output norm with its
-    // quantization, the LM head and the argmax after.
+    // quantization, the LM head and the pick after.
     // A decode step: 8 a layer (the attention rotates and stores K/V).
-    let layers = engine.model.config.n_layers;
-    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 9), (&[3u32][..], 2, 8)] {
+    assert_launches(&mut gpu, engine.model.config.n_layers, 9, 8);
+}
+
+/// A prefill step of two tokens launches `prefill` kernels a layer, the
+/// decode step after it `decode`: with the embedding before and the
+/// output norm, LM head and pick after.
+fn assert_launches(gpu: &mut dyn PagedDecoder, layers: usize, prefill: usize, decode: usize) {
+    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, prefill), (&[3u32][..], 2, decode)] {
         let before = launch::launches();
         let seq = PagedSeq { tokens, past, table: &[4], decode_from: 2 };
         gpu.forward_paged(&[seq]).unwrap();
@@ -114,16 +120,8 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
     assert!(max_d < 1.5, "max |Δ logit| {max_d}");
 
     // Six launches a layer in a prefill step, five in a decode step (the
-    // attention rotates and stores K/V itself); the embedding before, the
-    // output norm, LM head and argmax after.
-    let layers = engine.model.config.n_layers;
-    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 6), (&[3u32][..], 2, 5)] {
-        let before = launch::launches();
-        let seq = PagedSeq { tokens, past, table: &[4], decode_from: 0 };
-        gpu.forward_paged(&[seq]).unwrap();
-        let n = launch::launches() - before;
-        assert_eq!(n, 1 + per_layer * layers + 3, "{} tokens", tokens.len());
-    }
+    // attention rotates and stores K/V itself).
+    assert_launches(&mut *gpu, engine.model.config.n_layers, 6, 5);
 
     // Copy-on-write goes to the device pool: the same K/V through a copy.
     gpu.copy_block(9, 15);
@@ -147,12 +145,16 @@ fn gpu_decoder_agrees_with_the_cpu_decoder() {
 #[test]
 fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     use gcs_engine::backend::ComputeDevice;
+    use gcs_engine::sampling::SamplingOptions;
     use gcs_engine::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest};
     let Some(path) = common::smollm_path() else { return };
-    let greedy = |engine: &BatchEngine, ids: &[u32]| {
+    let submit = |engine: &BatchEngine, ids: &[u32], temperature: f32| {
         let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
         r.ignore_eos = true;
-        let s = engine.submit(r).unwrap();
+        r.sampling = SamplingOptions { temperature, seed: 5, ..SamplingOptions::default() };
+        engine.submit(r).unwrap()
+    };
+    let collect = |s: gcs_engine::SeqStream| {
         let mut toks = vec![];
         loop {
             match s.recv().unwrap() {
@@ -162,6 +164,7 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
             }
         }
     };
+    let greedy = |engine: &BatchEngine, ids: &[u32]| collect(submit(engine, ids, 0.0));
     let cfg = BatchConfig { max_running: 2, kv_blocks: 32, ..BatchConfig::default() };
     let e = Engine::load(&path, &cpu_device()).unwrap();
     let ids = e.prompt_tokens(&[ChatMessage::new("user", "What is 2 + 2?")]).unwrap();
@@ -177,6 +180,17 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     let (again, ad) = greedy(&gpu, &ids);
     assert!(ad.cached_tokens > 0, "{ad:?}");
     assert_eq!(again, g);
+    // Sampled at temperature 1 (each token drawn on the device, at the
+    // uniforms of the request's seed): the same tokens alone and beside a
+    // greedy stream.
+    let (alone, _) = collect(submit(&gpu, &ids, 1.0));
+    let (beside, other) = (submit(&gpu, &ids, 1.0), submit(&gpu, &ids, 0.0));
+    let ((beside, _), (other, _)) = (collect(beside), collect(other));
+    let (cpu_drawn, _) = collect(submit(&cpu, &ids, 1.0));
+    eprintln!("GPU drew {alone:?}\nCPU drew {cpu_drawn:?}");
+    assert_eq!(alone.len(), 6);
+    assert_eq!(beside, alone, "a draw does not depend on the batch");
+    assert_eq!(other, g, "nor does the greedy stream beside it");
     assert!(gpu.measure_decode(4).unwrap() > 0.0);
 }
 
@@ -199,9 +213,10 @@ fn a_k_quant_model_is_refused_naming_the_type() {
 
 /// Decode steps replayed from a recorded graph (`backend::gpu::graph`:
 /// three sequences in a bucket of four, one padding row on the scratch
-/// block) give the eager decoder's logits bit for bit, step after step,
-/// and the device argmax is the host's argmax of those logits; a step that
-/// wants no logits copies none back.
+/// block) give the eager decoder's logits bit for bit, step after step;
+/// the device's picks are the host's argmax of those logits, or its
+/// temperature draw at the same uniform (`draw_temperature`) for the row
+/// that draws; a step that wants no logits copies none back.
 #[test]
 fn decode_graphs_replay_the_eager_steps_exactly() {
     let Some(path) = common::smollm_path() else { return };
@@ -229,14 +244,15 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
                 decode_from: toks[i].len(),
             })
             .collect();
-        let want = vec![true; 3];
-        let a = eager.forward_select(&seqs, &want).unwrap();
-        let b = graphed.forward_select(&seqs, &want).unwrap();
+        let (temperature, u) = (0.8, [0.1, 0.9, 0.45, 0.6, 0.3][step]);
+        let picks = [Pick::Logits, Pick::Draw { temperature, u }, Pick::Argmax];
+        let a = eager.forward_select(&seqs, &picks).unwrap();
+        let b = graphed.forward_select(&seqs, &picks).unwrap();
         assert_eq!(a.logits, b.logits, "step {step}");
-        let host: Vec<u32> =
-            (0..3).map(|i| argmax(&a.logits[i * vocab..(i + 1) * vocab])).collect();
-        assert_eq!(a.argmax.as_deref(), Some(&host[..]), "step {step}");
-        assert_eq!(b.argmax.as_deref(), Some(&host[..]), "step {step}");
+        let row = |i: usize| &a.logits[i * vocab..(i + 1) * vocab];
+        let host = vec![argmax(row(0)), draw_temperature(row(1), temperature, u), argmax(row(2))];
+        assert_eq!(a.picked.as_deref(), Some(&host[..]), "step {step}");
+        assert_eq!(b.picked.as_deref(), Some(&host[..]), "step {step}");
         for i in 0..3 {
             past[i] += feed[i].len();
         }
@@ -244,13 +260,14 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
     }
     assert_eq!(graphed.recorded_buckets(), vec![4], "one bucket of 4 recorded and replayed");
     assert!(eager.recorded_buckets().is_empty());
-    // Greedy rows only: the argmax comes back, the logits do not.
+    // Greedy and drawing rows only: their tokens come back, the logits do not.
     let seqs: Vec<PagedSeq<'_>> = (0..3)
         .map(|i| PagedSeq { tokens: &feed[i], past: past[i], table: &tables[i], decode_from: 0 })
         .collect();
-    let c = graphed.forward_select(&seqs, &[false; 3]).unwrap();
+    let draw = Pick::Draw { temperature: 1.0, u: 0.5 };
+    let c = graphed.forward_select(&seqs, &[Pick::Argmax, draw, Pick::Argmax]).unwrap();
     assert!(c.logits.is_empty());
-    assert_eq!(c.argmax.map(|a| a.len()), Some(3));
+    assert_eq!(c.picked.map(|a| a.len()), Some(3));
 }
 
 /// The device check's step anatomy (`GpuDecoder::anatomy`) runs every part
@@ -269,14 +286,19 @@ fn the_step_anatomy_times_every_part() {
     // decode step), O, gate/up and down (Q, K, V one launch, gate and up
     // one; the norms read inside QKV and gate/up, SwiGLU inside down, O
     // and down adding to the residual); the output norm, the LM head, the
-    // argmax.
+    // pick.
     let layers = engine.model.config.n_layers;
     assert_eq!(anatomy.launches, 1 + 5 * layers + 3, "launches a step");
     let parts = anatomy.parts;
     let names: Vec<&str> = parts.iter().map(|p| p.part.as_str()).collect();
-    for want in
-        ["step, eager", "attention KvHead", "lm_head Tiled", "gate_up q8", "step, graph replay"]
-    {
+    for want in [
+        "step, eager",
+        "attention KvHead",
+        "lm_head Tiled",
+        "pick (temperature draw)",
+        "gate_up q8",
+        "step, graph replay",
+    ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     for p in &parts {

@@ -645,9 +645,9 @@ fn the_attention_kernels_agree_bit_for_bit() {
 }
 
 /// Rows of 1,000 and of 5,000 logits (each unit's first eight-load groups
-/// and its tail: ties across both).
+/// and its tail: ties across both), picked at temperature 0.
 #[test]
-fn argmax_rows_matches_the_host_argmax_with_ties() {
+fn pick_rows_at_temperature_0_is_the_host_argmax_with_ties() {
     use gcs_engine::sampling::argmax;
     let c = client();
     let mut rng = Rng(0x5eed_1234);
@@ -663,10 +663,88 @@ fn argmax_rows_matches_the_host_argmax_with_ties() {
         l[4 * vocab] = -0.5;
         let logits = DeviceBuf::upload(&c, &l);
         let ids = DeviceBuf::<u32>::uninit(&c, rows);
-        launch::argmax_rows(&c, &logits, &ids, vocab);
+        let greedy = DeviceBuf::upload(&c, &vec![0.0f32; 2 * rows]);
+        launch::pick_rows(&c, &logits, &greedy, &ids, vocab);
         let got = ids.read(&c).unwrap();
         let want: Vec<u32> = l.chunks(vocab).map(argmax).collect();
         assert_eq!(got, want, "vocab {vocab}");
         assert_eq!(&want[1..5], &[0, 300, vocab as u32 - 1, 0]);
     }
+}
+
+/// Temperature draws on the device against the host's
+/// `draw_temperature` at the same uniforms: rows of 1,000, 5,000 and
+/// 49,152 logits (SmolLM2's vocabulary), temperatures from 0.3 to 1.5,
+/// greedy rows in the same launch. The device groups its running sum by
+/// ranges of ids, so a draw may differ only where the uniform's point
+/// lies within rounding of a boundary between two tokens (checked in f64);
+/// u = 0 draws the first token. Dropping the temperature from the
+/// kernel's weights, or choosing the range after the one the draw falls
+/// in, makes it fail.
+#[test]
+fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
+    use gcs_engine::sampling::{argmax, draw_temperature};
+    let c = client();
+    let mut rng = Rng(0x0d2a_3b11);
+    let (mut same, mut all) = (0, 0);
+    for vocab in [1000usize, 5000, 49_152] {
+        let rows = 24;
+        let l: Vec<f32> = rng.vec(rows * vocab).iter().map(|v| v * 6.0).collect();
+        let mut pick = vec![];
+        for r in 0..rows {
+            let t = [0.3f32, 0.7, 1.0, 1.5][r % 4];
+            // Every sixth row greedy; row 1 draws at u = 0.
+            let u = if r == 1 { 0.0 } else { (rng.f() + 1.0) / 2.0 };
+            pick.extend(if r % 6 == 5 { [0.0, u] } else { [t, u] });
+        }
+        let logits = DeviceBuf::upload(&c, &l);
+        let ids = DeviceBuf::<u32>::uninit(&c, rows);
+        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, vocab);
+        let got = ids.read(&c).unwrap();
+        for (r, row) in l.chunks(vocab).enumerate() {
+            let (t, u) = (pick[2 * r], pick[2 * r + 1]);
+            if t == 0.0 {
+                assert_eq!(got[r], argmax(row), "vocab {vocab} row {r}: greedy");
+                continue;
+            }
+            let want = draw_temperature(row, t, u);
+            all += 1;
+            if got[r] == want {
+                same += 1;
+                continue;
+            }
+            // The exact cumulative mass up to each of the two tokens.
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let p: Vec<f64> = row.iter().map(|&x| ((x / t - max / t) as f64).exp()).collect();
+            let total: f64 = p.iter().sum();
+            let cut = (got[r].min(want) as usize + 1).min(vocab);
+            let edge: f64 = p[..cut].iter().sum::<f64>() / total;
+            assert!(
+                (edge - u as f64).abs() < 1e-5,
+                "vocab {vocab} row {r} (t {t}, u {u}): device {} host {want}, boundary at {edge}",
+                got[r]
+            );
+        }
+        assert_eq!(got[1], 0, "u = 0 draws the first token");
+    }
+    assert!(same + 1 >= all, "{same} of {all} draws equal the host's");
+    // A low temperature draws the best token whatever the uniform; a
+    // high one spreads over many.
+    let vocab = 5000;
+    let mut row = rng.vec(vocab);
+    row[1234] = 3.0;
+    let rows = 64;
+    let l = row.repeat(rows);
+    let mut pick = vec![];
+    for r in 0..rows {
+        let t = if r < rows / 2 { 0.01 } else { 50.0 };
+        pick.extend([t, (r % 32) as f32 / 32.0 + 0.01]);
+    }
+    let ids = DeviceBuf::<u32>::uninit(&c, rows);
+    let (logits, pick) = (DeviceBuf::upload(&c, &l), DeviceBuf::upload(&c, &pick));
+    launch::pick_rows(&c, &logits, &pick, &ids, vocab);
+    let got = ids.read(&c).unwrap();
+    assert!(got[..rows / 2].iter().all(|&t| t == 1234), "{got:?}");
+    let spread: std::collections::HashSet<_> = got[rows / 2..].iter().collect();
+    assert!(spread.len() > 25, "{spread:?}");
 }

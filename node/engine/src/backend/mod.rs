@@ -149,15 +149,29 @@ pub enum BackendError {
     GpuLoad(String),
 }
 
+/// What one sequence of a step needs back ([`PagedDecoder::forward_select`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pick {
+    /// Its logits: logprobs, a grammar's mask, top-k / top-p / min-p,
+    /// a bias or a penalty (the host's [`crate::sampling::Sampler`]).
+    Logits,
+    /// Its argmax: greedy over the raw logits.
+    Argmax,
+    /// The token plain temperature sampling draws at `u`
+    /// ([`crate::sampling::draw_temperature`]): no copy of the logits.
+    Draw { temperature: f32, u: f32 },
+}
+
 /// A step's output as [`PagedDecoder::forward_select`] returns it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepLogits {
     /// `[seqs × vocab]` logits, or empty when no sequence asked for them
-    /// and `argmax` is given.
+    /// and `picked` is given.
     pub logits: Vec<f32>,
-    /// Each sequence's argmax (ties to the lowest id, as
-    /// [`crate::sampling::argmax`]), where the backend computes it.
-    pub argmax: Option<Vec<u32>>,
+    /// Each sequence's pick, where the backend computes it: for
+    /// [`Pick::Draw`] the drawn token, for the others the argmax (ties to
+    /// the lowest id, as [`crate::sampling::argmax`]).
+    pub picked: Option<Vec<u32>>,
 }
 
 /// A decoder's paged forward step over the K/V storage it owns.
@@ -175,17 +189,13 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// One step over a batch of sequences (prefill chunks and decode rows);
     /// host logits `[seqs.len() * vocab]` for each sequence's last new row.
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>>;
-    /// The same step, where only the sequences marked in `want_logits`
-    /// need their logits: a GPU computes every sequence's argmax on the
-    /// device and copies logits back only when one is wanted (a greedy
-    /// sequence needs its argmax alone). Default: every row's logits.
-    fn forward_select(
-        &mut self,
-        seqs: &[PagedSeq<'_>],
-        want_logits: &[bool],
-    ) -> Result<StepLogits> {
-        let _ = want_logits;
-        Ok(StepLogits { logits: self.forward_paged(seqs)?, argmax: None })
+    /// The same step, where each sequence needs what `picks` says: a GPU
+    /// picks each sequence's token on the device (its argmax or its draw)
+    /// and copies logits back only when one needs them. Default: every
+    /// row's logits, the host picks.
+    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
+        let _ = picks;
+        Ok(StepLogits { logits: self.forward_paged(seqs)?, picked: None })
     }
     /// `Some` while the steps carry batch work only (no interactive
     /// sequence in them). A host decoder runs such steps on threads of a

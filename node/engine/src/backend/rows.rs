@@ -1,11 +1,12 @@
 //! A paged forward step's rows as flat host arrays: what a GPU decoder
 //! uploads (or, for a replayed graph, writes into its bucket) per step.
 
+use super::Pick;
 use crate::llama::PagedSeq;
 use crate::paged::BLOCK_SIZE as BLOCK;
 
 /// A step's per-row inputs on the host.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct HostRows {
     pub tokens: Vec<u32>,
     /// Each row's position.
@@ -22,6 +23,9 @@ pub struct HostRows {
     /// attention: its position is at or past its sequence's `decode_from`
     /// (`attn::PagedSeqRef::decode_from`).
     pub single: Vec<u32>,
+    /// Each sequence's `[temperature, uniform]`: temperature 0 picks its
+    /// argmax, a positive one draws at the uniform ([`Pick`]).
+    pub pick: Vec<f32>,
 }
 
 impl HostRows {
@@ -40,8 +44,21 @@ impl HostRows {
                 r.single.push(u32::from(p >= s.decode_from));
             }
             r.last.push(r.tokens.len() as u32 - 1);
+            r.pick.extend([0.0, 0.0]);
         }
         r
+    }
+
+    /// Each sequence's pick (one per sequence, in order); the argmax for
+    /// those not given.
+    pub fn set_picks(&mut self, picks: &[Pick]) {
+        for (p, pick) in self.pick.chunks_exact_mut(2).zip(picks) {
+            let (t, u) = match *pick {
+                Pick::Draw { temperature, u } => (temperature, u),
+                Pick::Logits | Pick::Argmax => (0.0, 0.0),
+            };
+            p.copy_from_slice(&[t, u]);
+        }
     }
 
     /// Pad a decode step (one row per sequence) to `rows` rows. A padding
@@ -60,6 +77,7 @@ impl HostRows {
             self.table.push(at);
             self.single.push(1);
             self.last.push(i as u32);
+            self.pick.extend([0.0, 0.0]);
         }
     }
 
@@ -110,5 +128,19 @@ mod tests {
         assert_eq!(r.tables, vec![3, 4, 8, 99]);
         assert_eq!(r.last, vec![0, 1, 2, 3]);
         assert_eq!(r.single, vec![1, 1, 1, 1]);
+        assert_eq!(r.pick, vec![0.0; 8], "padding rows pick their argmax");
+    }
+
+    #[test]
+    fn a_draw_carries_its_temperature_and_uniform_and_the_rest_their_argmax() {
+        let (a, b, c) = ([5u32], [9u32], [7u32]);
+        let seqs = [
+            PagedSeq { tokens: &a, past: 0, table: &[1], decode_from: 0 },
+            PagedSeq { tokens: &b, past: 0, table: &[2], decode_from: 0 },
+            PagedSeq { tokens: &c, past: 0, table: &[3], decode_from: 0 },
+        ];
+        let mut r = HostRows::new(&seqs);
+        r.set_picks(&[Pick::Logits, Pick::Draw { temperature: 0.7, u: 0.25 }, Pick::Argmax]);
+        assert_eq!(r.pick, vec![0.0, 0.0, 0.7, 0.25, 0.0, 0.0]);
     }
 }

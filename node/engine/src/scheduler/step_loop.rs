@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BatchConfig, Pending, Priority, SeqEvent, SeqRequest, SeqResult, Shared};
-use crate::backend::{Interrupt, PagedDecoder};
+use crate::backend::{Interrupt, PagedDecoder, Pick};
 use crate::error::EngineError;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
@@ -64,10 +64,20 @@ struct Seq {
 }
 
 impl Seq {
-    /// Whether picking this sequence's next token needs the logits, not
-    /// just their argmax (logprobs, a grammar's mask, sampling, penalties).
-    fn wants_logits(&self, vocab: usize) -> bool {
-        self.logprobs.is_some() || self.grammar.is_some() || !self.sampler.plain_greedy(vocab)
+    /// What picking this sequence's next token needs of a step: its
+    /// argmax (greedy), a plain temperature draw, or else the logits
+    /// (logprobs, a grammar's mask, top-k / top-p / min-p, penalties).
+    fn pick(&self, vocab: usize) -> Pick {
+        if self.logprobs.is_some() || self.grammar.is_some() {
+            return Pick::Logits;
+        }
+        if self.sampler.plain_greedy(vocab) {
+            return Pick::Argmax;
+        }
+        match self.sampler.next_draw(vocab) {
+            Some((temperature, u)) => Pick::Draw { temperature, u },
+            None => Pick::Logits,
+        }
     }
 
     fn generated(&self) -> usize {
@@ -115,12 +125,14 @@ impl Seq {
 /// How a sequence ends this step: a finish reason, or a failure message.
 type End = std::result::Result<FinishReason, String>;
 
-/// A sequence's row of a step's output: its logits where they came
-/// back, its argmax where the backend computed it.
+/// A sequence's row of a step's output: what the step was asked for
+/// (`pick`), its logits where they came back, the token the backend
+/// picked where it did.
 #[derive(Debug, Clone, Copy)]
 struct Row<'a> {
+    pick: Pick,
     logits: Option<&'a [f32]>,
-    argmax: Option<u32>,
+    picked: Option<u32>,
 }
 
 /// The state of the engine thread: the decoder (the model and its K/V
@@ -363,12 +375,20 @@ impl StepLoop {
         }));
         let vocab = self.dec.vocab();
         // A sequence that samples greedily from the raw logits needs only
-        // their argmax, which a GPU computes without copying them back.
-        let want: Vec<bool> = work
+        // their argmax, one that draws at a temperature alone only its
+        // draw: a GPU computes either without copying the logits back. A
+        // row that n > 1 samples share needs its logits unless all are
+        // greedy (each sample draws with its own RNG).
+        let picks: Vec<Pick> = work
             .iter()
             .map(|w| {
                 let s = &self.running[w.idx];
-                std::iter::once(s).chain(&s.samples).any(|q| q.wants_logits(vocab))
+                let greedy = |q: &Seq| q.pick(vocab) == Pick::Argmax;
+                match s.pick(vocab) {
+                    p if s.samples.is_empty() => p,
+                    Pick::Argmax if s.samples.iter().all(greedy) => Pick::Argmax,
+                    _ => Pick::Logits,
+                }
             })
             .collect();
         let out = {
@@ -384,7 +404,7 @@ impl StepLoop {
                     })
                 })
                 .collect();
-            self.dec.forward_select(&seqs, &want)
+            self.dec.forward_select(&seqs, &picks)
         };
         let out = match out {
             Ok(l) => l,
@@ -417,8 +437,9 @@ impl StepLoop {
                 continue; // more prompt to prefill
             }
             let row = Row {
+                pick: picks[wi],
                 logits: out.logits.get(wi * vocab..(wi + 1) * vocab),
-                argmax: out.argmax.as_ref().and_then(|a| a.get(wi).copied()),
+                picked: out.picked.as_ref().and_then(|a| a.get(wi).copied()),
             };
             // n > 1: the other samples share the prompt's blocks from now on.
             for mut child in std::mem::take(&mut self.running[w.idx].samples) {
@@ -464,10 +485,11 @@ impl StepLoop {
         let eos = self.tok.eos_id;
         let vocab = self.dec.vocab();
         let seq = &mut self.running[idx];
-        let row = match (row.logits, row.argmax) {
-            // Greedy from the device's argmax: the same token `sample`
-            // would pick from these logits, counted the same way.
-            (_, Some(tok)) if !seq.wants_logits(vocab) => {
+        let row = match (row.logits, row.picked) {
+            // The device's argmax or draw: the token `sample` would pick
+            // from these logits at the same uniform, counted and drawn
+            // the same way. (A row asked for its logits is sampled here.)
+            (_, Some(tok)) if row.pick != Pick::Logits => {
                 seq.sampler.replay(tok, vocab);
                 return self.take_token(idx, tok, None, done, need_slot);
             }

@@ -13,12 +13,12 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
-use super::launch::{self, Attn, FusedRope, Input, LayerPool, QActs};
-use super::step::{StepIo, StepShape};
+use super::launch::{self, Attn, FusedRope, Input, LayerPool};
+use super::step::{ExactIo, StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
 use crate::backend::rows::HostRows;
-use crate::backend::{BackendKind, PagedDecoder, StepLogits};
+use crate::backend::{BackendKind, PagedDecoder, Pick, StepLogits};
 use crate::error::{EngineError, Result};
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 
@@ -67,9 +67,10 @@ pub struct GpuDecoder {
     v_pool: DeviceBuf<f32>,
     n_blocks: usize,
     shape: StepShape,
-    /// Each step ends with the logits' argmax on the device (off with
-    /// `GCS_GPU_ARGMAX=0`: every step copies its logits back).
-    argmax: bool,
+    /// Each step ends with each sequence's token picked on the device, its
+    /// argmax or its draw (off with `GCS_GPU_ARGMAX=0`: every step copies
+    /// its logits back, and the host picks).
+    device_pick: bool,
 }
 
 impl std::fmt::Debug for GpuDecoder {
@@ -156,9 +157,9 @@ impl GpuDecoder {
         }
         let cuda = kind == BackendKind::Cuda;
         let graphs = Graphs::new(graph::graphs_enabled(cuda), c.context_length.div_ceil(BLOCK));
-        let argmax = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
+        let device_pick = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
         Self {
-            argmax,
+            device_pick,
             graphs,
             shape: StepShape::new(c, sh, lm_head.rows, false),
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
@@ -270,35 +271,42 @@ impl GpuDecoder {
     }
 
     /// What comes back of a step over `io`, for its first `n` sequences:
-    /// the argmax always, the logits when `want` (one sequence needs them).
+    /// the picked tokens always, the logits when `want` (one sequence
+    /// needs them).
     fn read_out(
         &self,
         io: &StepIo,
         n: usize,
         want: bool,
     ) -> std::result::Result<StepLogits, GpuError> {
-        let argmax = if self.argmax {
+        let picked = if self.device_pick {
             let mut ids = io.ids.read(&self.client)?;
             ids.truncate(n);
             Some(ids)
         } else {
             None
         };
-        let logits = if want || argmax.is_none() {
+        let logits = if want || picked.is_none() {
             let mut l = io.logits.read(&self.client)?;
             l.truncate(n * self.shape.vocab);
             l
         } else {
             vec![]
         };
-        Ok(StepLogits { logits, argmax })
+        Ok(StepLogits { logits, picked })
     }
 
     /// An eager step: buffers of the step's size, inputs uploaded.
-    fn step(&self, seqs: &[PagedSeq<'_>], want: bool) -> std::result::Result<StepLogits, GpuError> {
-        let io = StepIo::upload(&self.client, self.shape, &HostRows::new(seqs));
+    fn step(
+        &self,
+        seqs: &[PagedSeq<'_>],
+        picks: &[Pick],
+    ) -> std::result::Result<StepLogits, GpuError> {
+        let mut host = HostRows::new(seqs);
+        host.set_picks(picks);
+        let io = StepIo::upload(&self.client, self.shape, &host);
         self.launch_step(&io);
-        self.read_out(&io, seqs.len(), want)
+        self.read_out(&io, seqs.len(), wants_logits(picks))
     }
 
     /// A decode step (one new token per sequence) in its bucket: the
@@ -308,7 +316,7 @@ impl GpuDecoder {
     fn decode_step(
         &mut self,
         seqs: &[PagedSeq<'_>],
-        want: bool,
+        picks: &[Pick],
     ) -> Option<std::result::Result<StepLogits, GpuError>> {
         let n = seqs.len();
         if !self.graphs.enabled || n > graph::MAX_BUCKET || seqs.iter().any(|s| s.tokens.len() != 1)
@@ -321,7 +329,9 @@ impl GpuDecoder {
         if host.tables.len() + 1 > tables_len {
             return None;
         }
+        host.set_picks(picks);
         host.pad_decode(rows, self.n_blocks as u32);
+        let want = wants_logits(picks);
         let cl = self.client.clone();
         let mut bucket = match self.graphs.buckets.remove(&rows) {
             Some(b) => b,
@@ -392,19 +402,25 @@ impl GpuDecoder {
         launch::embed(cl, &self.embed, &io.tok, &io.x, exact);
         let layer_len = (self.n_blocks + 1) * sh.block_len();
         let scale = 1.0 / (c.head_dim as f32).sqrt();
+        // A decode step (each row its sequence's only one): RoPE and the
+        // K/V store inside the attention, one launch fewer. Prefill rows
+        // read keys other rows of their step write: a launch of their own.
+        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
+        let fused = (io.rows() == io.seqs()).then_some(rope);
         for (li, l) in self.layers.iter().enumerate() {
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
-            match &io.acts {
-                Some(acts) => self.exact_layer(io, l, li == 0, pool, scale, acts),
-                None => self.float_layer(io, l, pool, scale),
+            let layer = Layer { w: l, pool, scale, fused };
+            match &io.exact {
+                Some(e) => self.exact_layer(io, e, &layer, li == 0),
+                None => self.float_layer(io, &layer),
             }
         }
         // Only each sequence's last row: the output norm, the logits.
         let (n, eps) = (io.seqs(), c.rms_eps);
-        match &io.acts {
-            Some(acts) => {
-                let (x, w) = (&io.x, &self.output_norm);
-                launch::add_rms_norm_q8(cl, x, Some(&io.d), w, &io.hl, &io.last, eps, acts);
+        match &io.exact {
+            Some(e) => {
+                let (x, w, acts) = (&io.x, &self.output_norm, &e.acts);
+                launch::add_rms_norm_q8(cl, x, Some(&e.d), w, &io.hl, &io.last, eps, acts);
                 launch::matmul_q8(cl, &self.lm_head, acts, n, &io.logits, self.wide_fma());
             }
             None => {
@@ -412,8 +428,8 @@ impl GpuDecoder {
                 launch::matmul(cl, &self.lm_head, &io.hl, n, &io.logits);
             }
         }
-        if self.argmax {
-            launch::argmax_rows(cl, &io.logits, &io.ids, self.shape.vocab);
+        if self.device_pick {
+            launch::pick_rows(cl, &io.logits, &io.pick, &io.ids, self.shape.vocab);
         }
     }
 
@@ -422,15 +438,12 @@ impl GpuDecoder {
     /// the down projection, the O and down projections add to the
     /// residual `x` themselves, and in a decode step the attention rotates
     /// Q and K and stores K/V.
-    fn float_layer(&self, io: &StepIo, l: &GpuLayer, pool: LayerPool<'_>, scale: f32) {
+    fn float_layer(&self, io: &StepIo, layer: &Layer<'_>) {
         let (cl, sh, eps) = (&self.client, self.sh, self.config.rms_eps);
         let (t, meta) = (io.rows(), &io.meta);
         let (x, qkv) = (&io.x, &io.qkv);
+        let Layer { w: l, pool, scale, fused } = *layer;
         launch::matmul_in(cl, &l.wqkv, x, Input::Norm(&l.attn_norm, eps), t, qkv, false);
-        // A decode step (each row its sequence's only one): RoPE and the
-        // K/V store inside the attention, one launch fewer.
-        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
-        let fused = (t == io.seqs()).then_some(rope);
         if fused.is_none() {
             launch::rope_kv_store(cl, sh, qkv, pool, &self.cos, &self.sin, meta, None);
         }
@@ -445,38 +458,43 @@ impl GpuDecoder {
     /// matmul's input), as the attention does; the SwiGLU output is
     /// quantized by its own launch (SwiGLU computed there); in a decode
     /// step the attention rotates Q and K and stores K/V.
-    #[allow(clippy::too_many_arguments)]
-    fn exact_layer(
-        &self,
-        io: &StepIo,
-        l: &GpuLayer,
-        first: bool,
-        pool: LayerPool<'_>,
-        scale: f32,
-        acts: &QActs,
-    ) {
+    fn exact_layer(&self, io: &StepIo, e: &ExactIo, layer: &Layer<'_>, first: bool) {
         let (cl, sh, eps, wide) = (&self.client, self.sh, self.config.rms_eps, self.wide_fma());
         let (t, meta, exact) = (io.rows(), &io.meta, Some(wide));
+        let Layer { w: l, pool, scale, fused } = *layer;
+        let (acts, h) = (&e.acts, &e.h);
         // x += the previous layer's FFN output, fused with this norm.
-        let prev = (!first).then_some(&io.d);
-        launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, &io.h, &io.all, eps, acts);
+        let prev = (!first).then_some(&e.d);
+        launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, h, &io.all, eps, acts);
         launch::matmul_q8(cl, &l.wqkv, acts, t, &io.qkv, wide);
-        // As in `float_layer`: RoPE inside the attention in a decode step.
-        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
-        let fused = (t == io.seqs()).then_some(rope);
         if fused.is_none() {
             launch::rope_kv_store(cl, sh, &io.qkv, pool, &self.cos, &self.sin, meta, exact);
         }
         // The attention quantizes its output for O itself.
         let how = Attn::Exact { wide, acts, rope: fused };
         launch::paged_attention(cl, sh, &io.qkv, pool, &io.attn, meta, scale, 0, how);
-        launch::matmul_q8(cl, &l.wo, acts, t, &io.o, wide);
-        launch::add_rms_norm_q8(cl, &io.x, Some(&io.o), &l.ffn_norm, &io.h, &io.all, eps, acts);
+        launch::matmul_q8(cl, &l.wo, acts, t, &e.o, wide);
+        launch::add_rms_norm_q8(cl, &io.x, Some(&e.o), &l.ffn_norm, h, &io.all, eps, acts);
         launch::matmul_q8(cl, &l.w_gate_up, acts, t, &io.gu, wide);
         // SwiGLU inside the down projection's quantizer.
         launch::quantize_q8(cl, &io.gu, t, l.w_down.cols, acts, exact);
-        launch::matmul_q8(cl, &l.w_down, acts, t, &io.d, wide);
+        launch::matmul_q8(cl, &l.w_down, acts, t, &e.d, wide);
     }
+}
+
+/// One layer of a step: its weights, its K/V pool, the attention's scale,
+/// and RoPE inside the attention in a decode step.
+#[derive(Clone, Copy)]
+struct Layer<'a> {
+    w: &'a GpuLayer,
+    pool: LayerPool<'a>,
+    scale: f32,
+    fused: Option<FusedRope<'a>>,
+}
+
+/// Whether one sequence of a step needs its logits back.
+fn wants_logits(picks: &[Pick]) -> bool {
+    picks.contains(&Pick::Logits)
 }
 
 impl PagedDecoder for GpuDecoder {
@@ -502,19 +520,14 @@ impl PagedDecoder for GpuDecoder {
         launch::copy_block(&self.client, self.sh, &self.k_pool, &self.v_pool, src, dst, n);
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
-        Ok(self.forward_select(seqs, &[true])?.logits)
+        Ok(self.forward_select(seqs, &vec![Pick::Logits; seqs.len()])?.logits)
     }
-    fn forward_select(
-        &mut self,
-        seqs: &[PagedSeq<'_>],
-        want_logits: &[bool],
-    ) -> Result<StepLogits> {
+    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
         self.check(seqs)?;
-        let want = want_logits.iter().any(|&w| w);
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
-        let res = match self.decode_step(seqs, want) {
+        let res = match self.decode_step(seqs, picks) {
             Some(r) => r,
-            None => self.step(seqs, want),
+            None => self.step(seqs, picks),
         };
         res.map_err(|e| EngineError::Backend(e.to_string()))
     }

@@ -416,14 +416,22 @@ pub fn add_rms_norm_q8(
     );
 }
 
-/// `ids[r]` = argmax of row `r` of `logits[rows, vocab]` ([`ops::argmax_rows`]).
-pub fn argmax_rows(c: &Client, logits: &DeviceBuf<f32>, ids: &DeviceBuf<u32>, vocab: usize) {
+/// `ids[r]` = row `r`'s token of `logits[rows, vocab]`: its argmax, or its
+/// draw at the `[temperature, uniform]` of `pick[2r..]` ([`ops::pick_rows`]).
+pub fn pick_rows(
+    c: &Client,
+    logits: &DeviceBuf<f32>,
+    pick: &DeviceBuf<f32>,
+    ids: &DeviceBuf<u32>,
+    vocab: usize,
+) {
     counted();
-    ops::argmax_rows::launch(
+    ops::pick_rows::launch(
         c,
         CubeCount::Static(ids.len() as u32, 1, 1),
-        CubeDim::new_1d(ops::ARGMAX_THREADS as u32),
+        CubeDim::new_1d(ops::PICK_THREADS as u32),
         logits.arg(),
+        pick.arg(),
         ids.arg(),
         vocab,
     );

@@ -48,24 +48,35 @@ pub struct StepIo {
     /// The residual stream (the float step's O and down projections add
     /// to it).
     pub x: DeviceBuf<f32>,
-    /// The exact step's normed rows (its matmuls read them quantized,
-    /// `acts`; the float step's matmuls norm `x` as they read it).
-    pub h: DeviceBuf<f32>,
     pub qkv: DeviceBuf<f32>,
     pub attn: DeviceBuf<f32>,
-    /// The exact step's O projection, added to `x` by the next norm.
-    pub o: DeviceBuf<f32>,
     /// Gate and up rows; the down projection reads their SwiGLU.
     pub gu: DeviceBuf<f32>,
-    /// The exact step's down projection, added to `x` by the next norm.
-    pub d: DeviceBuf<f32>,
     /// The last rows, normed.
     pub hl: DeviceBuf<f32>,
     pub logits: DeviceBuf<f32>,
-    /// Each sequence's argmax.
+    /// Each sequence's `[temperature, uniform]` ([`HostRows::pick`]).
+    pub pick: DeviceBuf<f32>,
+    /// Each sequence's picked token: its argmax, or its draw.
     pub ids: DeviceBuf<u32>,
-    /// A matmul's quantized input, with [`StepShape::exact`].
-    pub acts: Option<QActs>,
+    /// The exact step's own buffers, with [`StepShape::exact`].
+    pub exact: Option<ExactIo>,
+}
+
+/// What only a step in the CPU's arithmetic reads and writes: its
+/// matmuls read quantized inputs, and its norms add the residual (the
+/// float step's matmuls norm `x` as they read it and add to it).
+#[derive(Debug)]
+pub struct ExactIo {
+    /// A matmul's quantized input.
+    pub acts: QActs,
+    /// The normed rows (`acts` holds them quantized; kept for the tests'
+    /// bit-for-bit check).
+    pub h: DeviceBuf<f32>,
+    /// The O projection, added to `x` by the next norm.
+    pub o: DeviceBuf<f32>,
+    /// The down projection, added to `x` by the next norm.
+    pub d: DeviceBuf<f32>,
 }
 
 impl StepIo {
@@ -81,7 +92,8 @@ impl StepIo {
         };
         let tok = DeviceBuf::upload(cl, &host.tokens);
         let (all, last) = (DeviceBuf::upload(cl, &all), DeviceBuf::upload(cl, &host.last));
-        Self::with_inputs(cl, s, tok, meta, all, last)
+        let pick = DeviceBuf::upload(cl, &host.pick);
+        Self::with_inputs(cl, s, tok, meta, all, last, pick)
     }
 
     /// Buffers of a decode bucket: `rows` rows, one per sequence, inputs
@@ -98,7 +110,8 @@ impl StepIo {
         };
         let tok = DeviceBuf::zeros(cl, rows);
         let (all, last) = (DeviceBuf::upload(cl, &ids), DeviceBuf::upload(cl, &ids));
-        Self::with_inputs(cl, s, tok, meta, all, last)
+        let pick = DeviceBuf::zeros(cl, 2 * rows);
+        Self::with_inputs(cl, s, tok, meta, all, last, pick)
     }
 
     fn with_inputs(
@@ -108,19 +121,22 @@ impl StepIo {
         meta: RowMeta,
         all: DeviceBuf<u32>,
         last: DeviceBuf<u32>,
+        pick: DeviceBuf<f32>,
     ) -> Self {
         let (t, n) = (tok.len(), last.len());
         let buf = |len| DeviceBuf::<f32>::uninit(cl, len);
         let widest = s.hidden.max(s.q_dim).max(s.inter);
         Self {
-            acts: s.exact.then(|| QActs::new(cl, t * widest)),
+            exact: s.exact.then(|| ExactIo {
+                acts: QActs::new(cl, t * widest),
+                h: buf(t * s.hidden),
+                o: buf(t * s.hidden),
+                d: buf(t * s.hidden),
+            }),
             x: buf(t * s.hidden),
-            h: buf(t * s.hidden),
             qkv: buf(t * s.qkv),
             attn: buf(t * s.q_dim),
-            o: buf(t * s.hidden),
             gu: buf(t * 2 * s.inter),
-            d: buf(t * s.hidden),
             hl: buf(n * s.hidden),
             logits: buf(n * s.vocab),
             ids: DeviceBuf::uninit(cl, n),
@@ -128,6 +144,7 @@ impl StepIo {
             meta,
             all,
             last,
+            pick,
         }
     }
 
@@ -140,6 +157,7 @@ impl StepIo {
         self.meta.table.write(cl, &host.table);
         self.meta.tables.write(cl, &host.tables);
         self.meta.single.write(cl, &host.single);
+        self.pick.write(cl, &host.pick);
     }
 
     /// Batch rows.

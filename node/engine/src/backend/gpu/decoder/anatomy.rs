@@ -1,7 +1,7 @@
 //! [`GpuDecoder::anatomy`]: where a decode step's time goes, for the
 //! device check (`devcheck/anatomy.rs`).
 
-use super::{GpuDecoder, GpuError, StepIo, BLOCK, STEP};
+use super::{DeviceBuf, GpuDecoder, GpuError, StepIo, BLOCK, STEP};
 use crate::backend::gpu::launch::{self, Attn, FusedRope, Input, LayerPool};
 use crate::backend::rows::HostRows;
 use crate::llama::PagedSeq;
@@ -82,6 +82,10 @@ impl GpuDecoder {
         time("read ids", &mut || io.ids.read(&cl).map(|_| ()))?;
         let l = &self.layers[0];
         let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: 0 };
+        // Where the parts' residual adds and norms write, so the step's
+        // own buffers keep their inputs.
+        let scratch = DeviceBuf::<f32>::uninit(&cl, io.rows() * c.hidden);
+        let normed = DeviceBuf::<f32>::uninit(&cl, io.rows() * c.hidden);
         let (t, n, meta) = (io.rows(), io.seqs(), &io.meta);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         time("embed", &mut || {
@@ -112,9 +116,9 @@ impl GpuDecoder {
                 })?;
             }
         }
-        // The residual adds go to `d` (scratch in a float step), not `x`.
+        // The residual adds go to `scratch`, not `x`.
         time("matmul o (+ residual)", &mut || {
-            launch::matmul_in(&cl, &l.wo, &io.attn, Input::Rows, t, &io.d, true);
+            launch::matmul_in(&cl, &l.wo, &io.attn, Input::Rows, t, &scratch, true);
             Ok(())
         })?;
         time("matmul gate_up (normed input)", &mut || {
@@ -122,7 +126,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("matmul down (SwiGLU input, + residual)", &mut || {
-            launch::matmul_in(&cl, &l.w_down, &io.gu, Input::Glu, t, &io.d, true);
+            launch::matmul_in(&cl, &l.w_down, &io.gu, Input::Glu, t, &scratch, true);
             Ok(())
         })?;
         time("output rms_norm", &mut || {
@@ -133,8 +137,14 @@ impl GpuDecoder {
             launch::matmul(&cl, &self.lm_head, &io.hl, n, &io.logits);
             Ok(())
         })?;
-        time("argmax", &mut || {
-            launch::argmax_rows(&cl, &io.logits, &io.ids, self.shape.vocab);
+        time("pick (argmax)", &mut || {
+            launch::pick_rows(&cl, &io.logits, &io.pick, &io.ids, self.shape.vocab);
+            Ok(())
+        })?;
+        // Every row drawing at temperature 1 instead (the OpenAI default).
+        let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5].repeat(n));
+        time("pick (temperature draw)", &mut || {
+            launch::pick_rows(&cl, &io.logits, &draws, &io.ids, self.shape.vocab);
             Ok(())
         })?;
         // Each matmul kernel on the largest two (they give the same bits;
@@ -161,8 +171,8 @@ impl GpuDecoder {
         let acts = launch::QActs::new(&cl, t * self.shape.inter.max(self.shape.hidden));
         let wide_fma = self.wide_fma();
         time("add_rms_norm + quantize q8 exact", &mut || {
-            let (x, d, w) = (&io.x, Some(&io.o), &l.ffn_norm);
-            launch::add_rms_norm_q8(&cl, x, d, w, &io.h, &io.all, eps, &acts);
+            let (x, d, w) = (&io.x, Some(&scratch), &l.ffn_norm);
+            launch::add_rms_norm_q8(&cl, x, d, w, &normed, &io.all, eps, &acts);
             Ok(())
         })?;
         // Both q8 kernels (the same bits; `matmul_q8` picks by rows).

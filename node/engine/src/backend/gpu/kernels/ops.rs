@@ -1,6 +1,6 @@
 //! Element-wise and per-row kernels of a decoder layer: RMSNorm (and the
 //! order of its sum every kernel that norms a row follows), SwiGLU, and
-//! the argmax of a row.
+//! a row's token: its argmax or a temperature draw.
 
 use cubecl::prelude::*;
 
@@ -122,17 +122,28 @@ pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
     }
 }
 
-/// Units per cube of [`argmax_rows`].
-pub const ARGMAX_THREADS: usize = 256;
+/// Units per cube of [`pick_rows`].
+pub const PICK_THREADS: usize = 256;
 
-/// `out[r]` = the index of row `r`'s largest logit, the lowest index on
-/// ties (as the host's `sampling::argmax`, so a greedy token is the same
-/// whichever side picks it). Each unit scans a stride of the row, keeping
-/// its first best; the units' bests meet in a shared-memory tree that
-/// prefers the lower index on equal values. Launch with
-/// `CubeCount (rows)`, `CubeDim (ARGMAX_THREADS)`.
+/// `out[r]` = row `r`'s token: with `pick[2r]` (its temperature) `<= 0`
+/// the index of its largest logit, the lowest index on ties (as the
+/// host's `sampling::argmax`, so a greedy token is the same whichever side
+/// picks it); with a positive temperature `t`, the token plain
+/// temperature sampling draws at the uniform `u = pick[2r + 1]`, as the
+/// host's `sampling::draw_temperature`: the first id whose running sum of
+/// `exp(l / t - max / t)` passes `u` times the whole sum, the last id when
+/// rounding leaves none. The running sum is grouped by ranges of ids (unit
+/// `k` sums range `k` in order, unit 0 adds the ranges in order and scans
+/// the range the draw falls in), so it may round differently from the
+/// host's one sum: a draw right at a boundary between two tokens can
+/// differ, as a greedy token can where float logits differ.
+///
+/// For the argmax each unit scans a stride of the row, keeping its first
+/// best; the units' bests meet in a shared-memory tree that prefers the
+/// lower index on equal values. Launch with `CubeCount (rows)`,
+/// `CubeDim (PICK_THREADS)`.
 #[cube(launch)]
-pub fn argmax_rows(logits: &[f32], out: &mut [u32], vocab: usize) {
+pub fn pick_rows(logits: &[f32], pick: &[f32], out: &mut [u32], vocab: usize) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
     let base = row * vocab;
@@ -142,19 +153,19 @@ pub fn argmax_rows(logits: &[f32], out: &mut [u32], vocab: usize) {
     // does not wait a load latency per logit.
     let mut lv = Array::<f32>::new(8usize);
     let mut i = tid;
-    while i + 7 * ARGMAX_THREADS < vocab {
+    while i + 7 * PICK_THREADS < vocab {
         #[unroll]
         for u in 0..8usize {
-            lv[u] = logits[base + i + u * ARGMAX_THREADS];
+            lv[u] = logits[base + i + u * PICK_THREADS];
         }
         #[unroll]
         for u in 0..8usize {
             if lv[u] > best || at == u32::MAX {
                 best = lv[u];
-                at = (i + u * ARGMAX_THREADS) as u32;
+                at = (i + u * PICK_THREADS) as u32;
             }
         }
-        i += 8 * ARGMAX_THREADS;
+        i += 8 * PICK_THREADS;
     }
     while i < vocab {
         let v = logits[base + i];
@@ -162,14 +173,14 @@ pub fn argmax_rows(logits: &[f32], out: &mut [u32], vocab: usize) {
             best = v;
             at = i as u32;
         }
-        i += ARGMAX_THREADS;
+        i += PICK_THREADS;
     }
-    let mut sv = Shared::new_slice(ARGMAX_THREADS);
-    let mut si = Shared::new_slice(ARGMAX_THREADS);
+    let mut sv = Shared::new_slice(PICK_THREADS);
+    let mut si = Shared::new_slice(PICK_THREADS);
     sv[tid] = best;
     si[tid] = at;
     sync_cube();
-    let mut stride = (ARGMAX_THREADS / 2).runtime();
+    let mut stride = (PICK_THREADS / 2).runtime();
     while stride > 0 {
         if tid < stride {
             let (v, j) = (sv[tid + stride], si[tid + stride]);
@@ -184,7 +195,70 @@ pub fn argmax_rows(logits: &[f32], out: &mut [u32], vocab: usize) {
         sync_cube();
         stride /= 2;
     }
-    if tid == 0 {
+    // The same value for every unit of the cube: the branch is uniform.
+    let t = pick[2 * row];
+    if t > 0.0 {
+        let (max, u) = (sv[0], pick[2 * row + 1]);
+        // Every unit has read the max before the sums overwrite it.
+        sync_cube();
+        let range = (vocab + PICK_THREADS - 1) / PICK_THREADS;
+        let lo = select(tid * range < vocab, tid * range, vocab);
+        let hi = select(lo + range < vocab, lo + range, vocab);
+        let mut s = 0.0f32.runtime();
+        let mut i = lo;
+        while i < hi {
+            s += weight(logits[base + i], t, max);
+            i += 1;
+        }
+        sv[tid] = s;
+        sync_cube();
+        if tid == 0 {
+            let mut total = 0.0f32.runtime();
+            for k in 0..PICK_THREADS {
+                total += sv[k];
+            }
+            let r = u * total;
+            // The first range whose end passes r, and the sum before it.
+            let (mut hit, mut before, mut sum) =
+                (PICK_THREADS.runtime(), 0.0f32.runtime(), 0.0f32.runtime());
+            for k in 0..PICK_THREADS {
+                let next = sum + sv[k];
+                if hit == PICK_THREADS && r < next {
+                    hit = k;
+                    before = sum;
+                }
+                sum = next;
+            }
+            // Rounding left no range: the last id, as the host.
+            let mut tok = (vocab - 1) as u32;
+            if hit < PICK_THREADS {
+                // The range's own sum again, in its order: it passes r by
+                // its end at the latest (its last id otherwise).
+                let lo = hit * range;
+                let hi = select(lo + range < vocab, lo + range, vocab);
+                let (mut acc, mut found) = (0.0f32.runtime(), false.runtime());
+                tok = (hi - 1) as u32;
+                let mut i = lo;
+                while i < hi {
+                    acc += weight(logits[base + i], t, max);
+                    if !found && r < before + acc {
+                        tok = i as u32;
+                        found = true;
+                    }
+                    i += 1;
+                }
+            }
+            out[row] = tok;
+        }
+    } else if tid == 0 {
         out[row] = si[0];
     }
+}
+
+/// A logit's unnormalised probability at temperature `t` (the host's
+/// `exp(l / t - max / t)`); one function, so both passes over a range
+/// compute the same bits.
+#[cube]
+fn weight(l: f32, t: f32, max: f32) -> f32 {
+    f32::exp(l / t - max / t)
 }
