@@ -358,6 +358,12 @@ impl KvPool {
         self.sh.n_kv_heads * BS * self.sh.head_dim
     }
 
+    /// Layer `layer`'s K and V: block by block, each KV head's
+    /// `head_dim × 16` values dimension-major (`[d · 16 + pos % 16]`).
+    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
+        (&self.k[layer], &self.v[layer])
+    }
+
     /// Copy block `src` into `dst` in every layer (copy-on-write).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = self.block_len();

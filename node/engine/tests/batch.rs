@@ -368,8 +368,8 @@ use gcs_engine::backend::{CpuDecoder, PagedDecoder, Pick, StepLogits};
 
 /// The CPU decoder answering as a GPU does: each sequence's argmax or
 /// its plain temperature draw (`draw_temperature` at the uniform the
-/// step was given), and logits only when a sequence asked for them.
-/// Counts the steps that copied none, and the draws.
+/// step was given), and the logits of only the sequences that asked for
+/// them. Counts the steps that copied none, and the draws.
 #[derive(Debug)]
 struct PickOnly {
     inner: CpuDecoder,
@@ -405,11 +405,12 @@ impl PagedDecoder for PickOnly {
                 Pick::Argmax | Pick::Logits => argmax(l),
             })
             .collect();
-        let keep = picks.contains(&Pick::Logits);
-        if !keep {
+        let rows: Vec<usize> = (0..picks.len()).filter(|&i| picks[i] == Pick::Logits).collect();
+        if rows.is_empty() {
             self.bare_steps.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(StepLogits { logits: if keep { logits } else { vec![] }, picked: Some(picked) })
+        let kept = rows.iter().flat_map(|&i| logits[i * v..(i + 1) * v].iter().copied()).collect();
+        Ok(StepLogits { logits: kept, rows: Some(rows), picked: Some(picked) })
     }
 }
 

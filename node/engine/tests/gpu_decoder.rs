@@ -216,7 +216,8 @@ fn a_k_quant_model_is_refused_naming_the_type() {
 /// block) give the eager decoder's logits bit for bit, step after step;
 /// the device's picks are the host's argmax of those logits, or its
 /// temperature draw at the same uniform (`draw_temperature`) for the row
-/// that draws; a step that wants no logits copies none back.
+/// that draws; only the rows that ask for their logits get them back, and
+/// a step that wants none copies none.
 #[test]
 fn decode_graphs_replay_the_eager_steps_exactly() {
     let Some(path) = common::smollm_path() else { return };
@@ -246,10 +247,19 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
             .collect();
         let (temperature, u) = (0.8, [0.1, 0.9, 0.45, 0.6, 0.3][step]);
         let picks = [Pick::Logits, Pick::Draw { temperature, u }, Pick::Argmax];
+        // Every row's logits first (the step again writes the same K/V).
+        let all = eager.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
+        assert_eq!((all.logits.len(), &all.rows), (3 * vocab, &None));
+        let replayed = graphed.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
+        assert_eq!(all.logits, replayed.logits, "step {step}");
         let a = eager.forward_select(&seqs, &picks).unwrap();
         let b = graphed.forward_select(&seqs, &picks).unwrap();
+        // Only the row that asked for its logits comes back.
+        let row = |i: usize| all.row(i, vocab).unwrap();
+        assert_eq!(a.rows, Some(vec![0]), "step {step}");
+        assert_eq!(a.row(0, vocab), Some(row(0)), "step {step}");
+        assert_eq!((a.row(1, vocab), a.row(2, vocab)), (None, None), "step {step}");
         assert_eq!(a.logits, b.logits, "step {step}");
-        let row = |i: usize| &a.logits[i * vocab..(i + 1) * vocab];
         let host = vec![argmax(row(0)), draw_temperature(row(1), temperature, u), argmax(row(2))];
         assert_eq!(a.picked.as_deref(), Some(&host[..]), "step {step}");
         assert_eq!(b.picked.as_deref(), Some(&host[..]), "step {step}");

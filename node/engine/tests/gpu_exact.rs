@@ -164,6 +164,21 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
         // Its output quantized for the O projection, as `QActs::quantize`.
         let want = QActs::quantize(&cout, rows, qd);
         assert_acts_eq(&c, &acts, &want, &format!("step {step:?}: quantized output"));
+        // Both f16 pools as the CPU's, bit for bit (the device's are
+        // position-major in a head, the CPU's dimension-major).
+        let (ck, cv) = cpu.layer(layer);
+        for (what, dev, host) in [("K", &rig.kp, ck), ("V", &rig.vp, cv)] {
+            let dev = dev.read(&c).unwrap();
+            let off = pool.off;
+            let at = |i: usize| {
+                let (b, r) = (i / sh.block_len(), i % sh.block_len());
+                let (h, r) = (r / (16 * 64), r % (16 * 64));
+                let (d, o) = (r / 16, r % 16);
+                dev[off + b * sh.block_len() + (h * 16 + o) * 64 + d]
+            };
+            let differ = (0..host.len()).filter(|&i| at(i).to_bits() != host[i].to_bits()).count();
+            assert_eq!(differ, 0, "step {step:?}: {what} pool");
+        }
         eprintln!("step {step:?}: {rows} rows equal");
         for (s, &t) in seqs.iter_mut().zip(&step) {
             s.past += t;

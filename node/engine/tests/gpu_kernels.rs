@@ -15,7 +15,8 @@
 
 use cubecl::client::Client;
 use cubecl::prelude::*;
-use gcs_engine::attn::{AttnShape, PagedSeqRef, Rope};
+use gcs_engine::attn::{AttnShape, PagedSeqRef};
+use gcs_engine::backend::gpu::kernels::attention::HeadShape;
 use gcs_engine::backend::gpu::kernels::basic;
 use gcs_engine::backend::gpu::launch::{
     self, Attn, AttentionKernel, FusedRope, Input, MatmulKernel, RowMeta,
@@ -416,25 +417,16 @@ struct Seq {
     hist: Vec<Vec<f32>>,
 }
 
-/// Exact attention of `q` (already rotated) over `hist[..=pos]`, in f64.
-fn reference(sh: AttnShape, rope: &Rope, hist: &[Vec<f32>], q: &[f32], pos: usize) -> Vec<f32> {
+/// Exact attention of `q` (already rotated) over the keys and values
+/// `kv[..=pos]` (each position's K then V, all KV heads), in f64.
+fn reference(sh: AttnShape, kv: &[(Vec<f32>, Vec<f32>)], q: &[f32], pos: usize) -> Vec<f32> {
     let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
-    let qd = nh * hd;
-    let keys: Vec<Vec<f32>> = hist[..=pos]
-        .iter()
-        .enumerate()
-        .map(|(j, r)| {
-            let mut k = r[qd..qd + nkv * hd].to_vec();
-            rope.apply(&mut k, j);
-            k
-        })
-        .collect();
-    let mut out = vec![0f32; qd];
+    let mut out = vec![0f32; nh * hd];
     for h in 0..nh {
         let kvh = h / (nh / nkv);
-        let s: Vec<f64> = keys
+        let s: Vec<f64> = kv[..=pos]
             .iter()
-            .map(|k| {
+            .map(|(k, _)| {
                 let dot: f64 = (0..hd).map(|d| q[h * hd + d] as f64 * k[kvh * hd + d] as f64).sum();
                 dot / (hd as f64).sqrt()
             })
@@ -443,12 +435,28 @@ fn reference(sh: AttnShape, rope: &Rope, hist: &[Vec<f32>], q: &[f32], pos: usiz
         let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
         let z: f64 = e.iter().sum();
         for d in 0..hd {
-            let v: f64 =
-                (0..=pos).map(|j| e[j] * hist[j][qd + nkv * hd + kvh * hd + d] as f64).sum();
+            let v: f64 = (0..=pos).map(|j| e[j] * kv[j].1[kvh * hd + d] as f64).sum();
             out[h * hd + d] = (v / z) as f32;
         }
     }
     out
+}
+
+/// Position `p`'s K and V (all KV heads) in the device's f16 pools `k`,
+/// `v` of the layer at `off`, through the sequence's block `table`.
+fn pooled(
+    sh: HeadShape,
+    (k, v): (&[half::f16], &[half::f16]),
+    off: usize,
+    table: &[u32],
+    p: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let hd = sh.head_dim;
+    let at = |kvh: usize, d: usize| {
+        off + table[p / 16] as usize * sh.block_len() + (kvh * 16 + p % 16) * hd + d
+    };
+    let idx: Vec<usize> = (0..sh.n_kv_heads * hd).map(|i| at(i / hd, i % hd)).collect();
+    (idx.iter().map(|&i| k[i].to_f32()).collect(), idx.iter().map(|&i| v[i].to_f32()).collect())
 }
 
 #[test]
@@ -499,6 +507,27 @@ fn paged_attention_matches_the_cpu_pool() {
         launch::paged_attention(&c, sh, &hq, pool, &ho, &meta, 1.0 / 8.0, 0, Attn::Float(None));
         let got = ho.read(&c).unwrap();
         let rotated = hq.read(&c).unwrap();
+        let (kp, vp) = (rig.kp.read(&c).unwrap(), rig.vp.read(&c).unwrap());
+        // The pools hold each position's rotated K and its V rounded to
+        // f16: V exactly, K within one f16 step (a rotation one f32 ulp
+        // apart can round to the neighbour).
+        let mut kv: Vec<Vec<(Vec<f32>, Vec<f32>)>> = vec![];
+        for s in &seqs {
+            let at: Vec<_> =
+                (0..s.hist.len()).map(|p| pooled(sh, (&kp, &vp), pool.off, &s.table, p)).collect();
+            for (p, (k, v)) in at.iter().enumerate() {
+                let mut want = s.hist[p][qd..qd + 3 * 64].to_vec();
+                rope.apply(&mut want, p);
+                for (g, w) in k.iter().zip(&want) {
+                    let step = w.abs().max(6.2e-5) / 1024.0;
+                    assert!((g - w).abs() <= step, "K at {p}: {g} for {w}");
+                }
+                let raw = &s.hist[p][qd + 3 * 64..qd + 6 * 64];
+                let f16 = |x: &f32| half::f16::from_f32(*x).to_f32();
+                assert_eq!(v, &raw.iter().map(f16).collect::<Vec<_>>(), "V at {p}");
+            }
+            kv.push(at);
+        }
 
         let mut cq = qkv.clone();
         let mut cout = vec![0f32; rows * qd];
@@ -511,7 +540,7 @@ fn paged_attention_matches_the_cpu_pool() {
 
         let (mut e_ref, mut e_cpu, mut e_rope) = (0f64, 0f64, 0f64);
         let mut r = 0;
-        for (s, &(past, t)) in seqs.iter().zip(&refs_meta) {
+        for ((s, &(past, t)), kv) in seqs.iter().zip(&refs_meta).zip(&kv) {
             for i in 0..t {
                 let mut q = s.hist[past + i][..qd].to_vec();
                 rope.apply(&mut q, past + i);
@@ -520,7 +549,7 @@ fn paged_attention_matches_the_cpu_pool() {
                 // and the CPU contracts it into an FMA the GPU may not.
                 let qs = vec![q.iter().fold(0f32, |a, v| a.max(v.abs())) as f64; qd];
                 e_rope = e_rope.max(max_rel(gq, &q, &qs));
-                let want = reference(ash, rope, &s.hist, &q, past + i);
+                let want = reference(ash, kv, &q, past + i);
                 let g = &got[r * qd..(r + 1) * qd];
                 let scale = vec![want.iter().fold(0f32, |a, v| a.max(v.abs())) as f64; qd];
                 e_ref = e_ref.max(max_rel(g, &want, &scale));
@@ -621,6 +650,7 @@ fn the_attention_kernels_agree_bit_for_bit() {
     let q3 = rng.vec(3 * sh.width());
     let (k0, v0) = (rig.kp.read(&c).unwrap(), rig.vp.read(&c).unwrap());
     let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let wide = |v: Vec<half::f16>| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
     let step = |rope: Option<FusedRope<'_>>, k: AttentionKernel| {
         // Each run from the same state (`rope_kv_store` rotates Q in place).
         let hq = DeviceBuf::upload(&c, &q3);
@@ -631,10 +661,11 @@ fn the_attention_kernels_agree_bit_for_bit() {
         }
         let o = DeviceBuf::<f32>::uninit(&c, 3 * 9 * 64);
         launch::paged_attention_with(&c, sh, &hq, pool, &o, &decode, 0.125, 0, Attn::Float(rope), k);
-        [o.read(&c).unwrap(), rig.kp.read(&c).unwrap(), rig.vp.read(&c).unwrap()].map(bits)
+        let (kp, vp) = (wide(rig.kp.read(&c).unwrap()), wide(rig.vp.read(&c).unwrap()));
+        [o.read(&c).unwrap(), kp, vp].map(bits)
     };
     let apart = step(None, AttentionKernel::Head);
-    assert_ne!(apart[1], bits(k0.clone()), "the step stores its rows' keys");
+    assert_ne!(apart[1], bits(wide(k0.clone())), "the step stores its rows' keys");
     let rope = FusedRope { cos: &rig.cos, sin: &rig.sin };
     for k in [AttentionKernel::Head, AttentionKernel::KvHead] {
         let fused = step(Some(rope), k);

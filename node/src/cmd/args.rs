@@ -142,7 +142,7 @@ pub struct RunArgs {
     /// KV-cache memory of the worker's chat models together, in MiB,
     /// shared in equal parts between them (default: 360, 1024 blocks of
     /// SmolLM2-135M; on a GPU that reports its memory, 90% of it less the
-    /// weights and 2 GiB, at most 16 GiB a model).
+    /// weights and 2 GiB, at most 8 GiB of f16 K/V a model).
     #[arg(long, env = "GCS_KV_CACHE_MB",
           value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub kv_cache_mb: Option<u64>,

@@ -165,13 +165,28 @@ pub enum Pick {
 /// A step's output as [`PagedDecoder::forward_select`] returns it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepLogits {
-    /// `[seqs × vocab]` logits, or empty when no sequence asked for them
-    /// and `picked` is given.
+    /// `[seqs × vocab]` logits (`rows` is `None`), or those of the
+    /// sequences `rows` names, in its order; empty when no sequence asked
+    /// for them and `picked` is given.
     pub logits: Vec<f32>,
+    /// The sequences whose rows `logits` holds when not all: a GPU copies
+    /// back only the rows asked for ([`Pick::Logits`]).
+    pub rows: Option<Vec<usize>>,
     /// Each sequence's pick, where the backend computes it: for
     /// [`Pick::Draw`] the drawn token, for the others the argmax (ties to
     /// the lowest id, as [`crate::sampling::argmax`]).
     pub picked: Option<Vec<u32>>,
+}
+
+impl StepLogits {
+    /// Sequence `seq`'s logits, where they came back.
+    pub fn row(&self, seq: usize, vocab: usize) -> Option<&[f32]> {
+        let at = match &self.rows {
+            None => seq,
+            Some(rows) => rows.iter().position(|&r| r == seq)?,
+        };
+        self.logits.get(at * vocab..(at + 1) * vocab)
+    }
 }
 
 /// A decoder's paged forward step over the K/V storage it owns.
@@ -195,7 +210,7 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// row's logits, the host picks.
     fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
         let _ = picks;
-        Ok(StepLogits { logits: self.forward_paged(seqs)?, picked: None })
+        Ok(StepLogits { logits: self.forward_paged(seqs)?, rows: None, picked: None })
     }
     /// `Some` while the steps carry batch work only (no interactive
     /// sequence in them). A host decoder runs such steps on threads of a

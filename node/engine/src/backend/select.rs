@@ -49,8 +49,8 @@ pub fn ensure_servable(device: ComputeDevice) -> Result<Option<GpuInfo>, Backend
 }
 
 /// Most K/V bytes one model's pools may take on a GPU: the kernels index a
-/// pool with 32-bit element offsets, and K and V are two f32 pools.
-pub const GPU_KV_CAP_BYTES: u64 = 2 * 4 * (i32::MAX as u64);
+/// pool with 32-bit element offsets, and K and V are two f16 pools.
+pub const GPU_KV_CAP_BYTES: u64 = 2 * 2 * (i32::MAX as u64);
 
 /// Memory left on the GPU for activations, the kernels and the runtime's
 /// pools, beyond weights and K/V.
@@ -80,13 +80,10 @@ pub fn gpu_max_kv_blocks(config: &LlamaConfig) -> usize {
     (i32::MAX as usize / per_block.max(1)).saturating_sub(1)
 }
 
-/// Bytes of K/V per cached position of a model on `device`: f16 K and V on
-/// the CPU, f32 on a GPU (`GpuDecoder`'s pools).
-pub fn kv_bytes_per_token(config: &LlamaConfig, device: ComputeDevice) -> usize {
-    match device {
-        ComputeDevice::Cpu => config.kv_bytes_per_token(),
-        _ => 2 * 4 * config.n_layers * config.n_kv_heads * config.head_dim,
-    }
+/// Bytes of K/V per cached position of a model on `device`: f16 K and V,
+/// on the CPU and in a GPU's pools (`GpuDecoder`) alike.
+pub fn kv_bytes_per_token(config: &LlamaConfig, _device: ComputeDevice) -> usize {
+    config.kv_bytes_per_token()
 }
 
 /// Bytes of `model`'s projection and embedding weights (what a GPU holds
@@ -276,7 +273,8 @@ mod tests {
 
     #[test]
     fn gpu_batch_follows_the_kv_capacity() {
-        // SmolLM2 on an H200: 16 GiB of f32 K/V, ~370k positions.
+        // SmolLM2 on an H200: the 32-bit offsets' ~372k positions (8 GiB
+        // of f16 K/V; 16 GiB of K/V would be 740k).
         assert_eq!(gpu_max_running(372_000, 8192), 181);
         assert_eq!(gpu_max_running(10_000_000, 8192), GPU_MAX_RUNNING);
         // A short context counts jobs of that length.

@@ -438,7 +438,7 @@ impl StepLoop {
             }
             let row = Row {
                 pick: picks[wi],
-                logits: out.logits.get(wi * vocab..(wi + 1) * vocab),
+                logits: out.row(wi, vocab),
                 picked: out.picked.as_ref().and_then(|a| a.get(wi).copied()),
             };
             // n > 1: the other samples share the prompt's blocks from now on.

@@ -20,8 +20,8 @@ pub struct AttnRig {
     pub rope: Rope,
     pub cos: DeviceBuf<f32>,
     pub sin: DeviceBuf<f32>,
-    pub kp: DeviceBuf<f32>,
-    pub vp: DeviceBuf<f32>,
+    pub kp: DeviceBuf<launch::KvElem>,
+    pub vp: DeviceBuf<launch::KvElem>,
     pub layer: usize,
     pub n_blocks: usize,
 }

@@ -70,6 +70,37 @@ impl<T: CubeElement> DeviceBuf<T> {
         client.write(&self.handle, Bytes::from_bytes_vec(T::as_bytes(data).to_vec()));
     }
 
+    /// Rows `rows` of the buffer taken as rows of `row_len` elements, one
+    /// after another: one read (one wait) for all, each run of adjacent
+    /// rows copied as one range.
+    pub fn read_rows(
+        &self,
+        client: &Client,
+        row_len: usize,
+        rows: &[usize],
+    ) -> Result<Vec<T>, GpuError> {
+        let mut runs: Vec<(usize, usize)> = vec![];
+        for &r in rows {
+            match runs.last_mut() {
+                Some((_, end)) if *end == r => *end += 1,
+                _ => runs.push((r, r + 1)),
+            }
+        }
+        if runs.iter().any(|&(_, end)| end * row_len > self.len) {
+            return Err(GpuError::Unsupported(format!("rows {rows:?} past the buffer")));
+        }
+        let (size, elem) = (self.handle.size(), std::mem::size_of::<T>() as u64);
+        let handles = runs
+            .iter()
+            .map(|&(start, end)| {
+                let (a, b) = ((start * row_len) as u64 * elem, (end * row_len) as u64 * elem);
+                self.handle.clone().offset_start(a).offset_end(size - b)
+            })
+            .collect();
+        let bytes = client.read(handles).map_err(GpuError::server)?;
+        Ok(bytes.iter().flat_map(|b| T::from_bytes(b).iter().copied()).collect())
+    }
+
     /// Copy the buffer back to the host (waits for the kernels writing it).
     pub fn read(&self, client: &Client) -> Result<Vec<T>, GpuError> {
         let bytes = client.read_one(self.handle.clone()).map_err(GpuError::server)?;

@@ -13,7 +13,7 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
-use super::launch::{self, Attn, FusedRope, Input, LayerPool};
+use super::launch::{self, Attn, FusedRope, Input, KvElem, LayerPool};
 use super::step::{ExactIo, StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
@@ -63,8 +63,8 @@ pub struct GpuDecoder {
     lm_head: GpuMatrix,
     cos: DeviceBuf<f32>,
     sin: DeviceBuf<f32>,
-    k_pool: DeviceBuf<f32>,
-    v_pool: DeviceBuf<f32>,
+    k_pool: DeviceBuf<KvElem>,
+    v_pool: DeviceBuf<KvElem>,
     n_blocks: usize,
     shape: StepShape,
     /// Each step ends with each sequence's token picked on the device, its
@@ -271,13 +271,13 @@ impl GpuDecoder {
     }
 
     /// What comes back of a step over `io`, for its first `n` sequences:
-    /// the picked tokens always, the logits when `want` (one sequence
-    /// needs them).
+    /// the picked tokens always, and the logits of the sequences that ask
+    /// for them (all, without device picks).
     fn read_out(
         &self,
         io: &StepIo,
         n: usize,
-        want: bool,
+        picks: &[Pick],
     ) -> std::result::Result<StepLogits, GpuError> {
         let picked = if self.device_pick {
             let mut ids = io.ids.read(&self.client)?;
@@ -286,14 +286,18 @@ impl GpuDecoder {
         } else {
             None
         };
-        let logits = if want || picked.is_none() {
+        let vocab = self.shape.vocab;
+        let asked: Vec<usize> = (0..n).filter(|&i| picks.get(i) == Some(&Pick::Logits)).collect();
+        let (logits, rows) = if picked.is_none() || asked.len() == n {
             let mut l = io.logits.read(&self.client)?;
-            l.truncate(n * self.shape.vocab);
-            l
+            l.truncate(n * vocab);
+            (l, None)
+        } else if asked.is_empty() {
+            (vec![], None)
         } else {
-            vec![]
+            (io.logits.read_rows(&self.client, vocab, &asked)?, Some(asked))
         };
-        Ok(StepLogits { logits, picked })
+        Ok(StepLogits { logits, rows, picked })
     }
 
     /// An eager step: buffers of the step's size, inputs uploaded.
@@ -306,7 +310,7 @@ impl GpuDecoder {
         host.set_picks(picks);
         let io = StepIo::upload(&self.client, self.shape, &host);
         self.launch_step(&io);
-        self.read_out(&io, seqs.len(), wants_logits(picks))
+        self.read_out(&io, seqs.len(), picks)
     }
 
     /// A decode step (one new token per sequence) in its bucket: the
@@ -331,7 +335,6 @@ impl GpuDecoder {
         }
         host.set_picks(picks);
         host.pad_decode(rows, self.n_blocks as u32);
-        let want = wants_logits(picks);
         let cl = self.client.clone();
         let mut bucket = match self.graphs.buckets.remove(&rows) {
             Some(b) => b,
@@ -347,9 +350,10 @@ impl GpuDecoder {
                 // written and the logits are read on this thread's stream.
                 #[allow(unsafe_code)]
                 let replayed = unsafe { g.replay() };
-                replayed.map_err(GpuError::server).and_then(|()| self.read_out(&bucket.io, n, want))
+                let read = |()| self.read_out(&bucket.io, n, picks);
+                replayed.map_err(GpuError::server).and_then(read)
             }
-            None => self.record(&mut bucket, n, want),
+            None => self.record(&mut bucket, n, picks),
         };
         self.graphs.buckets.insert(rows, bucket);
         Some(res)
@@ -362,12 +366,12 @@ impl GpuDecoder {
         &mut self,
         bucket: &mut Bucket,
         n: usize,
-        want: bool,
+        picks: &[Pick],
     ) -> std::result::Result<StepLogits, GpuError> {
         let cl = self.client.clone();
         let prepared = cl.graph_prepare().map_err(|e| format!("{e:?}"));
         self.launch_step(&bucket.io);
-        let out = self.read_out(&bucket.io, n, want);
+        let out = self.read_out(&bucket.io, n, picks);
         let graph = prepared.and_then(|()| {
             // Record only after a good warm-up; a prepared stream stays in
             // capture mode until `stop_capture`, so that ends it either way.
@@ -492,10 +496,7 @@ struct Layer<'a> {
     fused: Option<FusedRope<'a>>,
 }
 
-/// Whether one sequence of a step needs its logits back.
-fn wants_logits(picks: &[Pick]) -> bool {
-    picks.contains(&Pick::Logits)
-}
+
 
 impl PagedDecoder for GpuDecoder {
     fn kind(&self) -> BackendKind {
@@ -511,8 +512,9 @@ impl PagedDecoder for GpuDecoder {
         self.n_blocks
     }
     fn kv_bytes_per_token(&self) -> usize {
-        // f32 K and V (the CPU pool holds f16).
-        2 * 4 * self.config.n_layers * self.sh.n_kv_heads * self.sh.head_dim
+        // f16 K and V, as the CPU pool.
+        let kv = std::mem::size_of::<KvElem>();
+        2 * kv * self.config.n_layers * self.sh.n_kv_heads * self.sh.head_dim
     }
     fn copy_block(&mut self, src: u32, dst: u32) {
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());

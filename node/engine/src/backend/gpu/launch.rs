@@ -467,11 +467,17 @@ impl RowMeta {
     }
 }
 
+/// What the K/V pools hold: f16, as the CPU's pool (half the bytes of
+/// f32 and of each attention's reads; the kernels compute in f32). The
+/// CPU's arithmetic rounds K and V to f16 before it stores them, so the
+/// exact kernels lose nothing to it.
+pub type KvElem = half::f16;
+
 /// A layer's K and V pools (views into the all-layer buffers).
 #[derive(Debug, Clone, Copy)]
 pub struct LayerPool<'a> {
-    pub k: &'a DeviceBuf<f32>,
-    pub v: &'a DeviceBuf<f32>,
+    pub k: &'a DeviceBuf<KvElem>,
+    pub v: &'a DeviceBuf<KvElem>,
     /// Element offset of the layer in both.
     pub off: usize,
 }
@@ -498,7 +504,7 @@ pub fn rope_kv_store(
     let (cs, sn, pos, slot) = (cos.arg(), sin.arg(), meta.pos.arg(), meta.slot.arg());
     let (on, wide) = (exact.is_some(), exact.unwrap_or(false));
     counted();
-    attention::rope_kv_store::launch::<f32>(
+    attention::rope_kv_store::launch::<KvElem>(
         c, count, dim, q, k, v, cs, sn, pos, slot, pool.off, sh, on, wide,
     );
 }
@@ -607,7 +613,7 @@ pub fn paged_attention_with(
                 Some(r) => (r.cos.arg(), r.sin.arg()),
                 None => (meta.pos.arg(), meta.pos.arg()),
             };
-            exact::paged_attention_exact::launch(
+            exact::paged_attention_exact::launch::<KvElem>(
                 c,
                 count,
                 CubeDim::new_1d(exact::EXACT_THREADS as u32),
@@ -645,7 +651,7 @@ pub fn paged_attention_with(
             };
             // Without `rope` the tables are never read; `qkv` stands in.
             let (cos, sin) = rope.map_or((qkv, qkv), |r| (r.cos, r.sin));
-            attention::paged_attention::launch::<f32>(
+            attention::paged_attention::launch::<KvElem>(
                 c,
                 count,
                 dim,
@@ -675,8 +681,8 @@ pub fn paged_attention_with(
 pub fn copy_block(
     c: &Client,
     sh: HeadShape,
-    k: &DeviceBuf<f32>,
-    v: &DeviceBuf<f32>,
+    k: &DeviceBuf<KvElem>,
+    v: &DeviceBuf<KvElem>,
     src: u32,
     dst: u32,
     n_layers: usize,
@@ -684,7 +690,7 @@ pub fn copy_block(
     let bl = sh.block_len();
     let layer_len = k.len() / n_layers.max(1);
     counted();
-    attention::copy_block::launch::<f32>(
+    attention::copy_block::launch::<KvElem>(
         c,
         CubeCount::Static(groups(n_layers * bl, 256), 1, 1),
         CubeDim::new_1d(256),

@@ -172,10 +172,10 @@ pub fn embed_exact(
 /// rotated Q and K/V first in a decode step).
 #[cube]
 #[allow(clippy::too_many_arguments, unused_assignments)]
-fn qk_dot(
+fn qk_dot<KV: Float>(
     qkv: &mut [f32],
     qo: usize,
-    k_pool: &mut [f32],
+    k_pool: &mut [KV],
     ko: usize,
     single: bool,
     #[comptime] hd: usize,
@@ -197,7 +197,7 @@ fn qk_dot(
                 #[unroll]
                 for j in 0..4usize {
                     let e = 64 * c + 16 * j + l;
-                    a[j] = fused(qkv[qo + e], k_pool[ko + e], a[j], wide);
+                    a[j] = fused(qkv[qo + e], f32::cast_from(k_pool[ko + e]), a[j], wide);
                 }
             }
             x[l] = (a[0] + a[2]) + (a[1] + a[3]);
@@ -205,7 +205,7 @@ fn qk_dot(
         let mut sum = f64::cast_from(reduce16(&x));
         #[unroll]
         for e in np..hd {
-            sum += f64::cast_from(mul(qkv[qo + e], k_pool[ko + e], wide));
+            sum += f64::cast_from(mul(qkv[qo + e], f32::cast_from(k_pool[ko + e]), wide));
         }
         out = f32::cast_from(sum);
     } else {
@@ -218,7 +218,7 @@ fn qk_dot(
             #[unroll]
             for l in 0..16usize {
                 let e = 16 * c + l;
-                x[l] = fused(qkv[qo + e], k_pool[ko + e], x[l], wide);
+                x[l] = fused(qkv[qo + e], f32::cast_from(k_pool[ko + e]), x[l], wide);
             }
         }
         out = reduce16(&x);
@@ -252,10 +252,10 @@ const DECODE_LANES: usize = 64;
 /// Launch with `CubeCount (rows, n_heads)`, `CubeDim (EXACT_THREADS)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention_exact(
+pub fn paged_attention_exact<KV: Float>(
     qkv: &mut [f32],
-    k_pool: &mut [f32],
-    v_pool: &mut [f32],
+    k_pool: &mut [KV],
+    v_pool: &mut [KV],
     out: &mut [f32],
     cos: &[f32],
     sin: &[f32],
@@ -315,8 +315,8 @@ pub fn paged_attention_exact(
         sync_cube();
         if tid < hd {
             qkv[qo + tid] = yq;
-            k_pool[kvo] = yk;
-            v_pool[kvo] = yv;
+            k_pool[kvo] = KV::cast_from(yk);
+            v_pool[kvo] = KV::cast_from(yv);
         }
         sync_storage();
     }
@@ -416,7 +416,7 @@ pub fn paged_attention_exact(
                         let vo = layer_off
                             + tables[toff + key / BLOCK] as usize * bl
                             + (kvh * BLOCK + key % BLOCK) * hd;
-                        acc[i] = fused(v_pool[vo + d], pt[kk], acc[i], wide);
+                        acc[i] = fused(f32::cast_from(v_pool[vo + d]), pt[kk], acc[i], wide);
                     }
                     kk += lanes;
                 }
