@@ -39,7 +39,8 @@ impl SamplingParams {
 /// The full set of sampling options of an OpenAI-style request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingOptions {
-    /// `<= 0` means greedy (argmax after bias and penalties).
+    /// Below [`MIN_TEMPERATURE`] (0 included) means greedy (argmax after
+    /// bias and penalties).
     pub temperature: f32,
     /// Nucleus mass in (0, 1]; 1 disables.
     pub top_p: f32,
@@ -115,6 +116,12 @@ impl SamplingOptions {
         Ok(())
     }
 }
+
+/// Temperatures below this sample greedily (vLLM's threshold): the draw's
+/// `l / t` overflows f32 for a small enough `t` (a temperature of 1e-40
+/// made every probability NaN and drew the last id of the vocabulary),
+/// and long before that the draw is the argmax in all but exact ties.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
 
 /// Most `top_logprobs` a request may ask for (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -231,7 +238,7 @@ impl Sampler {
     /// never, so the RNG's position after `n` tokens is `n` or 0 draws.
     pub fn draws_rng(&self, vocab: usize) -> bool {
         let p = &self.opts;
-        !(p.temperature <= 0.0 || p.top_k == 1 || vocab <= 1)
+        !(p.temperature < MIN_TEMPERATURE || p.top_k == 1 || vocab <= 1)
     }
 
     /// Whether the next token is the raw logits' argmax, whatever came

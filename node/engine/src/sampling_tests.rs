@@ -250,3 +250,19 @@ fn draw_temperature_follows_the_cumulative_mass() {
     assert_eq!(draw_temperature(&logits, 0.05, 0.2), 1);
     assert_eq!(draw_temperature(&logits, 0.05, 0.99), 1);
 }
+
+/// A temperature too small for `l / t` (a subnormal one overflowed every
+/// probability to NaN and drew the last id) samples greedily, draws
+/// nothing from the RNG, and is picked as an argmax; from
+/// `MIN_TEMPERATURE` on it draws.
+#[test]
+fn a_vanishing_temperature_is_greedy() {
+    let logits = vec![0.5, 3.0, -1.0, 2.9];
+    for t in [1e-40, 1e-20, MIN_TEMPERATURE / 2.0] {
+        let mut s = Sampler::new(opts(t, 9));
+        assert!(s.plain_greedy(logits.len()) && s.next_draw(logits.len()).is_none(), "{t}");
+        assert_eq!(s.sample(&logits), 1, "{t}");
+        assert_eq!(s.draws(), 0, "{t}");
+    }
+    assert!(Sampler::new(opts(MIN_TEMPERATURE, 9)).next_draw(logits.len()).is_some());
+}
