@@ -174,6 +174,15 @@ t = time.time()
 r = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "temperature": 0,
                                "messages": [{"role": "user", "content": "Name a colour."}]})
 r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
+# OpenAI's default request (temperature 1), seeded: its tokens drawn on the device.
+try:
+    t = time.time()
+    s = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "seed": 7,
+                                   "messages": [{"role": "user", "content": "Name a colour."}]})
+    r["check"]["sampled"] = {"content": s["choices"][0]["message"]["content"],
+                             "usage": s["usage"], "request_s": time.time() - t}
+except Exception as e:
+    r["check"]["sampled"] = {"error": repr(e)}
 json.dump(r, open(sys.argv[1], "w"), indent=1)
 print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], r["check"])
 PY
