@@ -758,6 +758,7 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
         }
         assert_eq!(got[1], 0, "u = 0 draws the first token");
     }
+    eprintln!("{same} of {all} draws equal the host's");
     assert!(same + 1 >= all, "{same} of {all} draws equal the host's");
     // A low temperature draws the best token whatever the uniform; a
     // high one spreads over many.
