@@ -163,10 +163,9 @@ impl EngineExecutor {
             }
         }
         let device = serving.device;
-        let per_token: Vec<usize> = loaded
-            .iter()
-            .map(|(_, e)| compute::kv_bytes_per_token(&e.model.config, device))
-            .collect();
+        // f16 K and V a position, on the CPU and in a GPU's pools alike.
+        let per_token: Vec<usize> =
+            loaded.iter().map(|(_, e)| e.model.config.kv_bytes_per_token()).collect();
         let weights: u64 = loaded.iter().map(|(_, e)| compute::weight_bytes(&e.model)).sum();
         let kv_bytes = serving
             .kv_bytes

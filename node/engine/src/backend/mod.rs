@@ -27,7 +27,7 @@ use std::sync::Arc;
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
     check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
-    kv_bytes_per_token, paged_decoder, weight_bytes, GpuInfo, GpuOptions,
+    paged_decoder, weight_bytes, GpuInfo, GpuOptions,
 };
 
 /// The device a decoder computes on.

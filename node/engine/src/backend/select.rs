@@ -80,12 +80,6 @@ pub fn gpu_max_kv_blocks(config: &LlamaConfig) -> usize {
     (i32::MAX as usize / per_block.max(1)).saturating_sub(1)
 }
 
-/// Bytes of K/V per cached position of a model on `device`: f16 K and V,
-/// on the CPU and in a GPU's pools (`GpuDecoder`) alike.
-pub fn kv_bytes_per_token(config: &LlamaConfig, _device: ComputeDevice) -> usize {
-    config.kv_bytes_per_token()
-}
-
 /// Bytes of `model`'s projection and embedding weights (what a GPU holds
 /// of it, within a few norm vectors).
 pub fn weight_bytes(model: &Llama) -> u64 {
