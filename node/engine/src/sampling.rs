@@ -221,6 +221,37 @@ fn top_n(v: &[f32], n: usize) -> Vec<(u32, f32)> {
     all
 }
 
+/// Candidates a row's top-k / top-p / min-p draw is finished from
+/// ([`Sampler::sample_top`]) when another side (a GPU) computes the
+/// logits: the row's best [`TOP_CANDIDATES`] ids with their logits, best
+/// first and ties to the lower id, and `mass`, the sum of
+/// `exp(l / t - max / t)` over the whole vocabulary at the draw's
+/// temperature `t` (`max` the best logit). [`top_candidates`] is the
+/// host's computation of the same.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopCandidates {
+    pub cand: Vec<(u32, f32)>,
+    pub mass: f32,
+}
+
+/// How many candidates [`TopCandidates`] holds (fewer when the vocabulary
+/// is smaller). A nucleus wider than this is drawn from the row's logits.
+pub const TOP_CANDIDATES: usize = 256;
+
+/// A row's [`TopCandidates`] at `temperature`, computed on the host.
+pub fn top_candidates(logits: &[f32], temperature: f32) -> TopCandidates {
+    let cand = top_n(logits, TOP_CANDIDATES);
+    let t = temperature;
+    let total = cand.first().map_or(0.0, |&(_, best)| mass(logits.iter().copied(), t, best / t));
+    TopCandidates { cand, mass: total }
+}
+
+/// `Σ exp(l / t - max)` over `logits`, in their order: the normaliser of
+/// a draw at temperature `t` (`max` the best logit over `t`).
+fn mass(logits: impl Iterator<Item = f32>, t: f32, max: f32) -> f32 {
+    logits.map(|l| (l / t - max).exp()).sum()
+}
+
 impl Sampler {
     pub fn new(opts: impl Into<SamplingOptions>) -> Self {
         let opts = opts.into();
@@ -266,6 +297,54 @@ impl Sampler {
             && p.min_p <= 0.0
             && !self.adjusts();
         plain.then(|| (p.temperature, self.rng.clone().random::<f32>()))
+    }
+
+    /// The temperature of the next token's draw when it cuts the
+    /// distribution (top-k of at most [`TOP_CANDIDATES`], top-p, min-p)
+    /// and no bias or penalty applies: a step may then return the row's
+    /// [`TopCandidates`] instead of its logits, and
+    /// [`Sampler::sample_top`] finishes the draw.
+    pub fn next_top(&self, vocab: usize) -> Option<f32> {
+        let p = &self.opts;
+        let k = self.top_k(vocab);
+        let cuts = k < vocab || p.top_p < 1.0 || p.min_p > 0.0;
+        let fits = k == vocab || k <= TOP_CANDIDATES;
+        (self.draws_rng(vocab) && !self.adjusts() && cuts && fits).then_some(p.temperature)
+    }
+
+    /// The next token drawn from a row's `top` candidates, counted and
+    /// drawn as [`Sampler::sample`] would from the row's logits; `None`,
+    /// nothing drawn, when the candidates do not reach the cut (a nucleus
+    /// wider than they are) or the draw is not one [`Sampler::next_top`]
+    /// names: then sample from the logits.
+    pub fn sample_top(&mut self, top: &TopCandidates, vocab: usize) -> Option<u32> {
+        let t = self.next_top(vocab)?;
+        let k = self.top_k(vocab);
+        let cand = &top.cand[..top.cand.len().min(k)];
+        let complete = cand.len() == k;
+        let z = match cand.first() {
+            None => return None,
+            Some(&(_, best)) if complete => mass(cand.iter().map(|c| c.1), t, best / t),
+            // `mass` is the whole vocabulary's, the normaliser only
+            // without a top-k.
+            Some(_) if k == vocab => top.mass,
+            Some(_) => return None,
+        };
+        let probs = self.cut(cand, complete, z)?;
+        let tok = self.draw(&probs, |i| cand[i].0);
+        *self.counts.entry(tok).or_insert(0) += 1;
+        Some(tok)
+    }
+
+    /// The top-k set's size over a vocabulary of `vocab` (all of it
+    /// without a top-k).
+    fn top_k(&self, vocab: usize) -> usize {
+        let k = self.opts.top_k;
+        if k > 0 {
+            k.min(vocab)
+        } else {
+            vocab
+        }
     }
 
     /// RNG draws made so far.
@@ -368,7 +447,7 @@ impl Sampler {
         }
         let p = &self.opts;
         let t = p.temperature;
-        let k = if p.top_k > 0 { p.top_k.min(logits.len()) } else { logits.len() };
+        let k = self.top_k(logits.len());
         if k == logits.len() && p.top_p >= 1.0 && p.min_p <= 0.0 {
             // Plain temperature sampling needs no sort: draw in id order.
             let u = self.uniform();
@@ -404,17 +483,25 @@ impl Sampler {
     /// min-p, normalised over the top-`k` set. `None` when neither cut
     /// falls inside `cand` and `cand` is not the whole top-k set yet.
     fn kept_probs(&self, logits: &[f32], cand: &[(u32, f32)], k: usize) -> Option<Vec<f32>> {
+        let t = self.opts.temperature;
+        let max = cand[0].1 / t;
+        let complete = cand.len() == k;
+        let z = if complete {
+            mass(cand.iter().map(|c| c.1), t, max)
+        } else if k == logits.len() {
+            mass(logits.iter().copied(), t, max)
+        } else {
+            mass(top_n(logits, k).iter().map(|c| c.1), t, max)
+        };
+        self.cut(cand, complete, z)
+    }
+
+    /// [`Sampler::kept_probs`] given `z`, the mass of the top-`k` set
+    /// (`complete`: `cand` is that whole set).
+    fn cut(&self, cand: &[(u32, f32)], complete: bool, z: f32) -> Option<Vec<f32>> {
         let p = &self.opts;
         let t = p.temperature;
         let max = cand[0].1 / t;
-        let complete = cand.len() == k;
-        let z: f32 = if complete {
-            cand.iter().map(|&(_, l)| (l / t - max).exp()).sum()
-        } else if k == logits.len() {
-            logits.iter().map(|&l| (l / t - max).exp()).sum()
-        } else {
-            top_n(logits, k).iter().map(|&(_, l)| (l / t - max).exp()).sum()
-        };
         let probs: Vec<f32> = cand.iter().map(|&(_, l)| (l / t - max).exp() / z).collect();
         let mut keep = probs.len();
         let mut cut = complete;

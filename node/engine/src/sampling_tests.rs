@@ -266,3 +266,58 @@ fn a_vanishing_temperature_is_greedy() {
     }
     assert!(Sampler::new(opts(MIN_TEMPERATURE, 9)).next_draw(logits.len()).is_some());
 }
+
+/// A top-k / top-p / min-p draw finished from a row's best candidates and
+/// its mass (what a GPU returns instead of the logits) is the draw
+/// `sample` makes from the logits, RNG and counts included; where the
+/// candidates do not reach the cut nothing is drawn, and sampling the
+/// logits then continues the same stream.
+#[test]
+fn a_draw_from_the_top_candidates_equals_sampling() {
+    // A flat row (a wide nucleus) and a peaked one, over a vocabulary
+    // larger and smaller than the candidates.
+    let row = |v: usize, spread: f32| -> Vec<f32> {
+        (0..v).map(|i| ((i * 7919 % 997) as f32 / 997.0 - 0.5) * spread).collect()
+    };
+    let cases = [
+        (row(5000, 30.0), SamplingOptions { top_p: 0.9, ..opts(1.0, 1) }),
+        (row(5000, 30.0), SamplingOptions { top_k: 40, ..opts(0.7, 2) }),
+        (row(5000, 30.0), SamplingOptions { top_k: 200, top_p: 0.5, ..opts(1.0, 3) }),
+        (row(5000, 2.0), SamplingOptions { top_p: 0.95, ..opts(1.2, 4) }),
+        (row(5000, 4.0), SamplingOptions { min_p: 0.5, ..opts(1.0, 5) }),
+        (row(100, 3.0), SamplingOptions { top_p: 0.99, ..opts(1.0, 6) }),
+        (row(100, 3.0), SamplingOptions { top_k: 150, min_p: 0.05, ..opts(0.9, 7) }),
+    ];
+    let (mut hits, mut misses) = (0, 0);
+    for (i, (logits, o)) in cases.iter().enumerate() {
+        let v = logits.len();
+        let mut from_top = Sampler::new(o.clone());
+        let mut plain = Sampler::new(o.clone());
+        for step in 0..30 {
+            // The counts change nothing here (no penalty), the RNG does.
+            let want = plain.sample(logits);
+            let t = from_top.next_top(v).unwrap_or_else(|| panic!("case {i}: not a top draw"));
+            let top = top_candidates(logits, t);
+            assert_eq!(top.cand.len(), v.min(TOP_CANDIDATES));
+            let got = match from_top.sample_top(&top, v) {
+                Some(tok) => {
+                    hits += 1;
+                    tok
+                }
+                None => {
+                    misses += 1;
+                    from_top.sample(logits)
+                }
+            };
+            assert_eq!(got, want, "case {i} step {step}");
+            assert_eq!(from_top.draws(), plain.draws(), "case {i} step {step}");
+        }
+    }
+    assert!(hits > 0 && misses > 0, "{hits} hits, {misses} misses");
+    let top = |o: SamplingOptions| Sampler::new(o).next_top(5000);
+    assert_eq!(top(opts(0.0, 1)), None, "greedy");
+    assert_eq!(top(opts(1.0, 1)), None, "a plain draw needs no candidates");
+    assert_eq!(top(SamplingOptions { top_k: 1000, ..opts(1.0, 1) }), None, "top-k past them");
+    assert_eq!(top(SamplingOptions { top_p: 0.9, logit_bias: vec![(3, 1.0)], ..opts(1.0, 1) }), None);
+    assert_eq!(top(SamplingOptions { top_k: 256, ..opts(0.5, 1) }), Some(0.5));
+}

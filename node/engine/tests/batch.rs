@@ -373,8 +373,20 @@ use gcs_engine::backend::{CpuDecoder, PagedDecoder, Pick, StepLogits};
 #[derive(Debug)]
 struct PickOnly {
     inner: CpuDecoder,
-    bare_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    draws: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    counts: std::sync::Arc<PickCounts>,
+    /// The last step's logits, for `last_logits`.
+    last: Vec<f32>,
+}
+
+/// What a [`PickOnly`] decoder was asked for.
+#[derive(Debug, Default)]
+struct PickCounts {
+    /// Steps that returned no logits.
+    bare_steps: std::sync::atomic::AtomicUsize,
+    draws: std::sync::atomic::AtomicUsize,
+    tops: std::sync::atomic::AtomicUsize,
+    /// Rows read back after their step (candidates that missed the cut).
+    misses: std::sync::atomic::AtomicUsize,
 }
 
 impl PagedDecoder for PickOnly {
@@ -390,58 +402,78 @@ impl PagedDecoder for PickOnly {
         seqs: &[gcs_engine::llama::PagedSeq<'_>],
         picks: &[Pick],
     ) -> gcs_engine::Result<StepLogits> {
-        use gcs_engine::sampling::{argmax, draw_temperature};
+        use gcs_engine::sampling::{argmax, draw_temperature, top_candidates};
         use std::sync::atomic::Ordering;
         let logits = self.inner.forward_paged(seqs)?;
         let v = self.vocab();
+        let n = &self.counts;
         let picked = logits
             .chunks(v)
             .zip(picks)
             .map(|(l, p)| match *p {
                 Pick::Draw { temperature, u } => {
-                    self.draws.fetch_add(1, Ordering::Relaxed);
+                    n.draws.fetch_add(1, Ordering::Relaxed);
                     draw_temperature(l, temperature, u)
                 }
-                Pick::Argmax | Pick::Logits => argmax(l),
+                Pick::Argmax | Pick::Logits | Pick::Top { .. } => argmax(l),
+            })
+            .collect();
+        let tops = picks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match *p {
+                Pick::Top { temperature } => {
+                    n.tops.fetch_add(1, Ordering::Relaxed);
+                    Some((i, top_candidates(&logits[i * v..(i + 1) * v], temperature)))
+                }
+                _ => None,
             })
             .collect();
         let rows: Vec<usize> = (0..picks.len()).filter(|&i| picks[i] == Pick::Logits).collect();
         if rows.is_empty() {
-            self.bare_steps.fetch_add(1, Ordering::Relaxed);
+            n.bare_steps.fetch_add(1, Ordering::Relaxed);
         }
         let kept = rows.iter().flat_map(|&i| logits[i * v..(i + 1) * v].iter().copied()).collect();
-        Ok(StepLogits { logits: kept, rows: Some(rows), picked: Some(picked) })
+        self.last = logits;
+        Ok(StepLogits { logits: kept, rows: Some(rows), picked: Some(picked), tops })
+    }
+    fn last_logits(&mut self, seqs: &[usize]) -> gcs_engine::Result<Vec<f32>> {
+        let v = self.vocab();
+        self.counts.misses.fetch_add(seqs.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(seqs.iter().flat_map(|&i| self.last[i * v..(i + 1) * v].iter().copied()).collect())
     }
 }
 
 /// The scheduler over a decoder that picks tokens without returning
 /// logits (as the GPU decoder does: argmax ids for greedy sequences,
-/// draws for plain temperature sampling) gives the same tokens as the
-/// plain CPU engine: greedy and seeded plain-temperature ones from the
-/// picks, and for a top-p sequence and one with logprobs (which ask for
-/// the logits) the same tokens and logprobs; steps without any such
-/// sequence copy no logits.
+/// draws for plain temperature sampling, the best candidates for top-k /
+/// top-p / min-p draws) gives the same tokens as the plain CPU engine:
+/// greedy and seeded plain-temperature ones from the picks, top-k /
+/// top-p / min-p ones from the candidates (and, where a wide nucleus
+/// misses them, from the row read after the step), and for a sequence
+/// with logprobs (which asks for the logits) the same tokens and
+/// logprobs; steps without any such sequence copy no logits.
 #[test]
 fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let Some((_, plain)) = load() else { return };
     let path = common::smollm_path().unwrap();
-    let (bare, draws) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (bare_steps, drawn) = (bare.clone(), draws.clone());
+    let counts = Arc::new(PickCounts::default());
+    let n = counts.clone();
     let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
     let select =
         BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
-            Box::new(PickOnly { inner: CpuDecoder::new(m, k), bare_steps, draws: drawn })
+            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
         });
+    let sampled = |q: &str, o: SamplingOptions| SeqRequest {
+        sampling: o,
+        ..SeqRequest::new(Prompt::Chat(chat(q)), 12)
+    };
     let requests = || {
         let greedy = |q: &str| SeqRequest::new(Prompt::Chat(chat(q)), 12);
-        let mut seeded = greedy(QUESTIONS[2]);
-        seeded.sampling =
-            SamplingOptions { temperature: 0.8, seed: 7, ..SamplingOptions::default() };
-        let mut nucleus = greedy(QUESTIONS[0]);
-        nucleus.sampling =
-            SamplingOptions { temperature: 1.2, top_p: 0.9, seed: 3, ..SamplingOptions::default() };
+        let o = |temperature, seed| SamplingOptions { temperature, seed, ..SamplingOptions::default() };
+        let seeded = sampled(QUESTIONS[2], o(0.8, 7));
+        let nucleus = sampled(QUESTIONS[0], SamplingOptions { top_p: 0.9, ..o(1.2, 3) });
         let lp = SeqRequest { logprobs: Some(2), ..greedy(QUESTIONS[3]) };
         vec![greedy(QUESTIONS[0]), greedy(QUESTIONS[1]), seeded, nucleus, lp]
     };
@@ -449,10 +481,10 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     // no logits at all.
     let alone: Vec<Collected> =
         requests().into_iter().take(3).map(|r| collect(select.submit(r).unwrap())).collect();
-    assert!(bare.load(Ordering::Relaxed) > 0, "greedy steps copied no logits");
+    assert!(n_of(&counts.bare_steps) > 0, "greedy steps copied no logits");
     // Every token of the seeded stream was drawn by the decoder (and a
     // prompt chunk before its last may be asked for a draw it ignores).
-    let (drawn_alone, seeded) = (draws.load(Ordering::Relaxed), alone[2].tokens.len());
+    let (drawn_alone, seeded) = (n_of(&counts.draws), alone[2].tokens.len());
     assert!(seeded > 0 && drawn_alone >= seeded, "{drawn_alone} draws, {seeded} tokens");
     let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
     let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
@@ -464,6 +496,34 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
             assert_eq!(alone[i].tokens, w.tokens, "request {i} alone");
         }
     }
-    let drawn = draws.load(Ordering::Relaxed) - drawn_alone;
+    let drawn = n_of(&counts.draws) - drawn_alone;
     assert!(drawn >= seeded, "drawn beside the others too: {drawn}");
+    // Top-k, top-p and min-p draws from the candidates, side by side;
+    // a hot, wide nucleus misses them on some steps.
+    let o = |seed| SamplingOptions { seed, ..SamplingOptions::default() };
+    let cut = || {
+        vec![
+            sampled(QUESTIONS[1], SamplingOptions { temperature: 0.9, top_k: 40, ..o(5) }),
+            sampled(QUESTIONS[2], SamplingOptions { temperature: 1.0, min_p: 0.05, ..o(6) }),
+            sampled(QUESTIONS[3], SamplingOptions { temperature: 2.0, top_p: 0.999, ..o(8) }),
+        ]
+    };
+    let (tops_before, misses_before) = (n_of(&counts.tops), n_of(&counts.misses));
+    let got: Vec<SeqStream> = cut().into_iter().map(|r| select.submit(r).unwrap()).collect();
+    let want: Vec<SeqStream> = cut().into_iter().map(|r| plain.submit(r).unwrap()).collect();
+    let mut tokens = 0;
+    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
+        let (g, w) = (collect(g), collect(w));
+        assert_eq!(g.tokens, w.tokens, "cut request {i}");
+        assert_eq!(g.result.text, w.result.text, "cut request {i}");
+        tokens += g.tokens.len();
+    }
+    let (tops, misses) = (n_of(&counts.tops) - tops_before, n_of(&counts.misses) - misses_before);
+    eprintln!("{tokens} tokens: {tops} candidate rows, {misses} read after their step");
+    assert!(tops >= tokens, "every cut token asked for candidates: {tops} of {tokens}");
+    assert!(misses > 0 && misses < tops, "{misses} misses of {tops}");
+}
+
+fn n_of(c: &std::sync::atomic::AtomicUsize) -> usize {
+    c.load(std::sync::atomic::Ordering::Relaxed)
 }

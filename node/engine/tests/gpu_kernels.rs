@@ -18,6 +18,7 @@ use cubecl::prelude::*;
 use gcs_engine::attn::{AttnShape, PagedSeqRef};
 use gcs_engine::backend::gpu::kernels::attention::HeadShape;
 use gcs_engine::backend::gpu::kernels::basic;
+use gcs_engine::backend::gpu::kernels::top::TOP_STRIDE;
 use gcs_engine::backend::gpu::launch::{
     self, Attn, AttentionKernel, FusedRope, Input, MatmulKernel, RowMeta,
 };
@@ -675,6 +676,11 @@ fn the_attention_kernels_agree_bit_for_bit() {
     }
 }
 
+/// A `pick_rows` candidates' buffer for `rows` rows.
+fn tops(c: &Client, rows: usize) -> DeviceBuf<f32> {
+    DeviceBuf::uninit(c, rows * TOP_STRIDE)
+}
+
 /// Rows of 1,000 and of 5,000 logits (each unit's first eight-load groups
 /// and its tail: ties across both), picked at temperature 0.
 #[test]
@@ -695,7 +701,7 @@ fn pick_rows_at_temperature_0_is_the_host_argmax_with_ties() {
         let logits = DeviceBuf::upload(&c, &l);
         let ids = DeviceBuf::<u32>::uninit(&c, rows);
         let greedy = DeviceBuf::upload(&c, &vec![0.0f32; 2 * rows]);
-        launch::pick_rows(&c, &logits, &greedy, &ids, vocab);
+        launch::pick_rows(&c, &logits, &greedy, &ids, &tops(&c, rows), vocab);
         let got = ids.read(&c).unwrap();
         let want: Vec<u32> = l.chunks(vocab).map(argmax).collect();
         assert_eq!(got, want, "vocab {vocab}");
@@ -730,7 +736,7 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
         }
         let logits = DeviceBuf::upload(&c, &l);
         let ids = DeviceBuf::<u32>::uninit(&c, rows);
-        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, vocab);
+        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, &tops(&c, rows), vocab);
         let got = ids.read(&c).unwrap();
         for (r, row) in l.chunks(vocab).enumerate() {
             let (t, u) = (pick[2 * r], pick[2 * r + 1]);
@@ -774,9 +780,60 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
     }
     let ids = DeviceBuf::<u32>::uninit(&c, rows);
     let (logits, pick) = (DeviceBuf::upload(&c, &l), DeviceBuf::upload(&c, &pick));
-    launch::pick_rows(&c, &logits, &pick, &ids, vocab);
+    launch::pick_rows(&c, &logits, &pick, &ids, &tops(&c, rows), vocab);
     let got = ids.read(&c).unwrap();
     assert!(got[..rows / 2].iter().all(|&t| t == 1234), "{got:?}");
     let spread: std::collections::HashSet<_> = got[rows / 2..].iter().collect();
     assert!(spread.len() > 25, "{spread:?}");
+}
+
+/// The best candidates of top-k / top-p / min-p rows, selected on the
+/// device, against the host's `top_candidates`: the same ids in the same
+/// order with the same logits (bit for bit), and the mass within
+/// rounding of the host's one sum. Rows of random logits, of few distinct
+/// values (ties across the cut: the select's id passes), all equal (the
+/// lowest ids), with -0.0 beside 0.0 and -inf (`total_cmp`'s order), over
+/// vocabularies smaller and larger than the candidates; a greedy row in
+/// the same launch keeps its argmax.
+#[test]
+fn pick_rows_selects_the_host_top_candidates() {
+    use gcs_engine::sampling::{argmax, top_candidates, TOP_CANDIDATES};
+    let c = client();
+    let mut rng = Rng(0x7095_e1ec);
+    for vocab in [100usize, 1000, 5000, 49_152] {
+        let rows = 6;
+        let mut l: Vec<f32> = rng.vec(rows * vocab).iter().map(|v| v * 6.0).collect();
+        let row = |r: usize| r * vocab..(r + 1) * vocab;
+        l[row(1)].iter_mut().for_each(|v| *v = (*v * 2.0).round() / 4.0);
+        l[row(2)].fill(0.25);
+        l[row(3)].iter_mut().enumerate().for_each(|(i, v)| {
+            *v = [-0.0, 0.0, -v.abs(), f32::NEG_INFINITY][i % 4];
+        });
+        l[row(4)].iter_mut().step_by(2).for_each(|v| *v = f32::NEG_INFINITY);
+        let temps = [0.7f32, 1.0, 1.3, 0.5, 1.0, 0.0];
+        let pick: Vec<f32> = temps.iter().flat_map(|&t| [t, -1.0]).collect();
+        let (logits, ids, top) = (DeviceBuf::upload(&c, &l), DeviceBuf::uninit(&c, rows), tops(&c, rows));
+        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, &top, vocab);
+        let (got_ids, got) = (ids.read(&c).unwrap(), top.read(&c).unwrap());
+        for (r, &t) in temps.iter().enumerate() {
+            let host = &l[row(r)];
+            assert_eq!(got_ids[r], argmax(host), "vocab {vocab} row {r}: the argmax");
+            if t == 0.0 {
+                continue;
+            }
+            let want = top_candidates(host, t);
+            let g = &got[r * TOP_STRIDE..(r + 1) * TOP_STRIDE];
+            let k = vocab.min(TOP_CANDIDATES);
+            let cand: Vec<(u32, u32)> =
+                (0..k).map(|i| (g[i] as u32, g[TOP_CANDIDATES + i].to_bits())).collect();
+            let want_cand: Vec<(u32, u32)> = want.cand.iter().map(|&(i, v)| (i, v.to_bits())).collect();
+            assert_eq!(cand, want_cand, "vocab {vocab} row {r}");
+            let mass = g[2 * TOP_CANDIDATES];
+            assert!(
+                ((mass - want.mass) / want.mass).abs() < 1e-4,
+                "vocab {vocab} row {r}: mass {mass}, host {}",
+                want.mass
+            );
+        }
+    }
 }

@@ -17,7 +17,8 @@ pub mod rows;
 pub mod select;
 
 use crate::attn::KvPool;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+use crate::sampling::TopCandidates;
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 use crate::par::SpinPool;
 
@@ -152,14 +153,20 @@ pub enum BackendError {
 /// What one sequence of a step needs back ([`PagedDecoder::forward_select`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pick {
-    /// Its logits: logprobs, a grammar's mask, top-k / top-p / min-p,
-    /// a bias or a penalty (the host's [`crate::sampling::Sampler`]).
+    /// Its logits: logprobs, a grammar's mask, a bias or a penalty, a
+    /// top-k past [`crate::sampling::TOP_CANDIDATES`] (the host's
+    /// [`crate::sampling::Sampler`]).
     Logits,
     /// Its argmax: greedy over the raw logits.
     Argmax,
     /// The token plain temperature sampling draws at `u`
     /// ([`crate::sampling::draw_temperature`]): no copy of the logits.
     Draw { temperature: f32, u: f32 },
+    /// Its [`TopCandidates`] at this temperature: a top-k / top-p / min-p
+    /// draw, finished on the host ([`crate::sampling::Sampler::sample_top`])
+    /// or, where the candidates miss the cut, from
+    /// [`PagedDecoder::last_logits`].
+    Top { temperature: f32 },
 }
 
 /// A step's output as [`PagedDecoder::forward_select`] returns it.
@@ -176,6 +183,9 @@ pub struct StepLogits {
     /// [`Pick::Draw`] the drawn token, for the others the argmax (ties to
     /// the lowest id, as [`crate::sampling::argmax`]).
     pub picked: Option<Vec<u32>>,
+    /// The [`TopCandidates`] of the sequences that asked ([`Pick::Top`]),
+    /// by sequence, where the backend computes them.
+    pub tops: Vec<(usize, TopCandidates)>,
 }
 
 impl StepLogits {
@@ -186,6 +196,11 @@ impl StepLogits {
             Some(rows) => rows.iter().position(|&r| r == seq)?,
         };
         self.logits.get(at * vocab..(at + 1) * vocab)
+    }
+
+    /// Sequence `seq`'s candidates, where they came back.
+    pub fn top(&self, seq: usize) -> Option<&TopCandidates> {
+        self.tops.iter().find(|(s, _)| *s == seq).map(|(_, t)| t)
     }
 }
 
@@ -210,7 +225,15 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// row's logits, the host picks.
     fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
         let _ = picks;
-        Ok(StepLogits { logits: self.forward_paged(seqs)?, rows: None, picked: None })
+        Ok(StepLogits { logits: self.forward_paged(seqs)?, ..StepLogits::default() })
+    }
+    /// Rows `seqs` (indices into the last step's sequences) of the last
+    /// [`PagedDecoder::forward_select`]'s logits, which it did not return:
+    /// a [`Pick::Top`] row whose candidates missed its cut. Valid until
+    /// the next step. Default: none kept (such a decoder returns every
+    /// row's logits).
+    fn last_logits(&mut self, seqs: &[usize]) -> Result<Vec<f32>> {
+        Err(EngineError::Backend(format!("no logits of rows {seqs:?} kept")))
     }
     /// `Some` while the steps carry batch work only (no interactive
     /// sequence in them). A host decoder runs such steps on threads of a
@@ -220,8 +243,6 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// [`EngineError::Yielded`] at a layer boundary once
     /// [`Interrupt::due`]: batch work fills idle capacity. Default:
     /// nothing (the step runs to its end).
-    ///
-    /// [`EngineError::Yielded`]: crate::error::EngineError::Yielded
     fn set_background(&mut self, background: Option<Interrupt>) {
         let _ = background;
     }

@@ -24,7 +24,8 @@ pub struct HostRows {
     /// (`attn::PagedSeqRef::decode_from`).
     pub single: Vec<u32>,
     /// Each sequence's `[temperature, uniform]`: temperature 0 picks its
-    /// argmax, a positive one draws at the uniform ([`Pick`]).
+    /// argmax, a positive one draws at the uniform, or with a uniform of
+    /// -1 selects the row's top candidates ([`Pick`]).
     pub pick: Vec<f32>,
 }
 
@@ -55,6 +56,7 @@ impl HostRows {
         for (p, pick) in self.pick.chunks_exact_mut(2).zip(picks) {
             let (t, u) = match *pick {
                 Pick::Draw { temperature, u } => (temperature, u),
+                Pick::Top { temperature } => (temperature, -1.0),
                 Pick::Logits | Pick::Argmax => (0.0, 0.0),
             };
             p.copy_from_slice(&[t, u]);
@@ -142,5 +144,7 @@ mod tests {
         let mut r = HostRows::new(&seqs);
         r.set_picks(&[Pick::Logits, Pick::Draw { temperature: 0.7, u: 0.25 }, Pick::Argmax]);
         assert_eq!(r.pick, vec![0.0, 0.0, 0.7, 0.25, 0.0, 0.0]);
+        r.set_picks(&[Pick::Top { temperature: 0.9 }]);
+        assert_eq!(&r.pick[..2], &[0.9, -1.0]);
     }
 }

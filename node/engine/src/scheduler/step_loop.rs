@@ -14,7 +14,7 @@ use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::llama::PagedSeq;
 use crate::paged::{prompt_decode_from, tenant_salt, BlockManager, BLOCK_SIZE};
-use crate::sampling::{Logprobs, Sampler};
+use crate::sampling::{Logprobs, Sampler, TopCandidates};
 use crate::stop::StopMatcher;
 use crate::tokenizer::GgufTokenizer;
 
@@ -65,8 +65,9 @@ struct Seq {
 
 impl Seq {
     /// What picking this sequence's next token needs of a step: its
-    /// argmax (greedy), a plain temperature draw, or else the logits
-    /// (logprobs, a grammar's mask, top-k / top-p / min-p, penalties).
+    /// argmax (greedy), a plain temperature draw, the top candidates of a
+    /// top-k / top-p / min-p draw, or else the logits (logprobs, a
+    /// grammar's mask, bias, penalties).
     fn pick(&self, vocab: usize) -> Pick {
         if self.logprobs.is_some() || self.grammar.is_some() {
             return Pick::Logits;
@@ -74,8 +75,11 @@ impl Seq {
         if self.sampler.plain_greedy(vocab) {
             return Pick::Argmax;
         }
-        match self.sampler.next_draw(vocab) {
-            Some((temperature, u)) => Pick::Draw { temperature, u },
+        if let Some((temperature, u)) = self.sampler.next_draw(vocab) {
+            return Pick::Draw { temperature, u };
+        }
+        match self.sampler.next_top(vocab) {
+            Some(temperature) => Pick::Top { temperature },
             None => Pick::Logits,
         }
     }
@@ -125,14 +129,17 @@ impl Seq {
 /// How a sequence ends this step: a finish reason, or a failure message.
 type End = std::result::Result<FinishReason, String>;
 
-/// A sequence's row of a step's output: what the step was asked for
-/// (`pick`), its logits where they came back, the token the backend
-/// picked where it did.
+/// A sequence's row of a step's output: its index among the step's
+/// sequences (`at`), what the step was asked for (`pick`), its logits
+/// where they came back, the token the backend picked and the top
+/// candidates it selected where it did.
 #[derive(Debug, Clone, Copy)]
 struct Row<'a> {
+    at: usize,
     pick: Pick,
     logits: Option<&'a [f32]>,
     picked: Option<u32>,
+    top: Option<&'a TopCandidates>,
 }
 
 /// The state of the engine thread: the decoder (the model and its K/V
@@ -437,9 +444,11 @@ impl StepLoop {
                 continue; // more prompt to prefill
             }
             let row = Row {
+                at: wi,
                 pick: picks[wi],
                 logits: out.row(wi, vocab),
                 picked: out.picked.as_ref().and_then(|a| a.get(wi).copied()),
+                top: out.top(wi),
             };
             // n > 1: the other samples share the prompt's blocks from now on.
             for mut child in std::mem::take(&mut self.running[w.idx].samples) {
@@ -485,16 +494,39 @@ impl StepLoop {
         let eos = self.tok.eos_id;
         let vocab = self.dec.vocab();
         let seq = &mut self.running[idx];
-        let row = match (row.logits, row.picked) {
+        match (row.pick, row.picked, row.top) {
             // The device's argmax or draw: the token `sample` would pick
             // from these logits at the same uniform, counted and drawn
             // the same way. (A row asked for its logits is sampled here.)
-            (_, Some(tok)) if row.pick != Pick::Logits => {
+            (Pick::Argmax | Pick::Draw { .. }, Some(tok), _) => {
                 seq.sampler.replay(tok, vocab);
                 return self.take_token(idx, tok, None, done, need_slot);
             }
-            (Some(l), _) => l,
-            (None, _) => {
+            // A top-k / top-p / min-p draw from the device's candidates,
+            // as `sample` draws it from the logits; unless its cut lies
+            // past them (a wide nucleus): then from the logits.
+            (Pick::Top { .. }, _, Some(top)) => {
+                if let Some(tok) = seq.sampler.sample_top(top, vocab) {
+                    return self.take_token(idx, tok, None, done, need_slot);
+                }
+            }
+            _ => {}
+        }
+        let fetched;
+        let row = match row.logits {
+            Some(l) => l,
+            None if row.top.is_some() => match self.dec.last_logits(&[row.at]) {
+                Ok(l) if l.len() == vocab => {
+                    fetched = l;
+                    &fetched
+                }
+                Ok(l) => {
+                    let msg = format!("the step's logits came back with {} values", l.len());
+                    return done.push((idx, Err(msg)));
+                }
+                Err(e) => return done.push((idx, Err(e.to_string()))),
+            },
+            None => {
                 let msg = "the step returned no logits for a sequence that needs them".to_string();
                 return done.push((idx, Err(msg)));
             }

@@ -79,6 +79,13 @@ impl<T: CubeElement> DeviceBuf<T> {
         row_len: usize,
         rows: &[usize],
     ) -> Result<Vec<T>, GpuError> {
+        let bytes = client.read(self.row_ranges(row_len, rows)?).map_err(GpuError::server)?;
+        Ok(Self::decode(&bytes))
+    }
+
+    /// The ranges [`DeviceBuf::read_rows`] reads, for a read of several
+    /// buffers at once (decoded with [`DeviceBuf::decode`]).
+    pub fn row_ranges(&self, row_len: usize, rows: &[usize]) -> Result<Vec<Handle>, GpuError> {
         let mut runs: Vec<(usize, usize)> = vec![];
         for &r in rows {
             match runs.last_mut() {
@@ -90,15 +97,18 @@ impl<T: CubeElement> DeviceBuf<T> {
             return Err(GpuError::Unsupported(format!("rows {rows:?} past the buffer")));
         }
         let (size, elem) = (self.handle.size(), std::mem::size_of::<T>() as u64);
-        let handles = runs
+        Ok(runs
             .iter()
             .map(|&(start, end)| {
                 let (a, b) = ((start * row_len) as u64 * elem, (end * row_len) as u64 * elem);
                 self.handle.clone().offset_start(a).offset_end(size - b)
             })
-            .collect();
-        let bytes = client.read(handles).map_err(GpuError::server)?;
-        Ok(bytes.iter().flat_map(|b| T::from_bytes(b).iter().copied()).collect())
+            .collect())
+    }
+
+    /// The elements of ranges read back, one after another.
+    pub fn decode(bytes: &[Bytes]) -> Vec<T> {
+        bytes.iter().flat_map(|b| T::from_bytes(b).iter().copied()).collect()
     }
 
     /// Copy the buffer back to the host (waits for the kernels writing it).

@@ -13,6 +13,7 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
+use super::kernels::top::{TOP_MAX_VOCAB, TOP_N, TOP_STRIDE};
 use super::launch::{self, Attn, FusedRope, Input, KvElem, LayerPool};
 use super::step::{ExactIo, StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
@@ -21,6 +22,7 @@ use crate::backend::rows::HostRows;
 use crate::backend::{BackendKind, PagedDecoder, Pick, StepLogits};
 use crate::error::{EngineError, Result};
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
+use crate::sampling::TopCandidates;
 
 #[derive(Debug)]
 struct GpuLayer {
@@ -71,6 +73,16 @@ pub struct GpuDecoder {
     /// argmax or its draw (off with `GCS_GPU_ARGMAX=0`: every step copies
     /// its logits back, and the host picks).
     device_pick: bool,
+    /// The last step's logits, where a sequence may need its row after
+    /// all ([`Pick::Top`], [`PagedDecoder::last_logits`]).
+    kept: Option<DeviceBuf<f32>>,
+}
+
+/// A step's output, and its logits' buffer where they may be asked for
+/// after it ([`GpuDecoder::read_out`]).
+struct Read {
+    out: StepLogits,
+    kept: Option<DeviceBuf<f32>>,
 }
 
 impl std::fmt::Debug for GpuDecoder {
@@ -137,6 +149,9 @@ impl GpuDecoder {
                 w_down: up(&b.q.w_down)?,
             });
         }
+        if c.vocab > TOP_MAX_VOCAB {
+            return Err(GpuError::Unsupported(format!("a vocabulary of {}", c.vocab)));
+        }
         let embed = GpuMatrix::upload(&client, &model.embed)?;
         if embed.parts.len() != 1 {
             return Err(GpuError::Unsupported("a stacked embedding table".into()));
@@ -160,6 +175,7 @@ impl GpuDecoder {
         let device_pick = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
         Self {
             device_pick,
+            kept: None,
             graphs,
             shape: StepShape::new(c, sh, lm_head.rows, false),
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
@@ -270,34 +286,48 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// What comes back of a step over `io`, for its first `n` sequences:
-    /// the picked tokens always, and the logits of the sequences that ask
-    /// for them (all, without device picks).
-    fn read_out(
-        &self,
-        io: &StepIo,
-        n: usize,
-        picks: &[Pick],
-    ) -> std::result::Result<StepLogits, GpuError> {
-        let picked = if self.device_pick {
-            let mut ids = io.ids.read(&self.client)?;
-            ids.truncate(n);
-            Some(ids)
-        } else {
-            None
+    /// What comes back of a step over `io`, for its first `n` sequences,
+    /// in one read: the picked tokens, the logits of the sequences that
+    /// ask for them (all, without device picks) and the candidates of
+    /// those that ask for them. With candidates, the logits' buffer is
+    /// kept for [`PagedDecoder::last_logits`].
+    fn read_out(&self, io: &StepIo, n: usize, picks: &[Pick]) -> std::result::Result<Read, GpuError> {
+        let (cl, vocab) = (&self.client, self.shape.vocab);
+        if n == 0 {
+            return Ok(Read { out: StepLogits::default(), kept: None });
+        }
+        let asked = |want: fn(&Pick) -> bool| -> Vec<usize> {
+            (0..n).filter(|&i| picks.get(i).is_some_and(want)).collect()
         };
-        let vocab = self.shape.vocab;
-        let asked: Vec<usize> = (0..n).filter(|&i| picks.get(i) == Some(&Pick::Logits)).collect();
-        let (logits, rows) = if picked.is_none() || asked.len() == n {
-            let mut l = io.logits.read(&self.client)?;
-            l.truncate(n * vocab);
-            (l, None)
-        } else if asked.is_empty() {
-            (vec![], None)
+        let (logits_of, topped) = if self.device_pick {
+            (asked(|p| *p == Pick::Logits), asked(|p| matches!(p, Pick::Top { .. })))
         } else {
-            (io.logits.read_rows(&self.client, vocab, &asked)?, Some(asked))
+            ((0..n).collect(), vec![])
         };
-        Ok(StepLogits { logits, rows, picked })
+        // Every row's logits as one range; else each asked run of rows.
+        let all = logits_of.len() == n;
+        let (rows_len, rows) = if all { (n * vocab, vec![0]) } else { (vocab, logits_of.clone()) };
+        let mut handles = if self.device_pick { io.ids.row_ranges(n, &[0])? } else { vec![] };
+        let picked_at = handles.len();
+        handles.extend(io.logits.row_ranges(rows_len, &rows)?);
+        let logits_at = handles.len();
+        handles.extend(io.top.row_ranges(TOP_STRIDE, &topped)?);
+        let bytes = cl.read(handles).map_err(GpuError::server)?;
+        let picked = self.device_pick.then(|| DeviceBuf::<u32>::decode(&bytes[..picked_at]));
+        let logits = DeviceBuf::<f32>::decode(&bytes[picked_at..logits_at]);
+        let top = DeviceBuf::<f32>::decode(&bytes[logits_at..]);
+        let k = vocab.min(TOP_N);
+        let tops = topped
+            .iter()
+            .zip(top.chunks_exact(TOP_STRIDE))
+            .map(|(&seq, r)| {
+                let cand = (0..k).map(|i| (r[i] as u32, r[TOP_N + i])).collect();
+                (seq, TopCandidates { cand, mass: r[2 * TOP_N] })
+            })
+            .collect();
+        let kept = (!topped.is_empty()).then(|| io.logits.clone());
+        let rows = (!all).then_some(logits_of);
+        Ok(Read { out: StepLogits { logits, rows, picked, tops }, kept })
     }
 
     /// An eager step: buffers of the step's size, inputs uploaded.
@@ -305,7 +335,7 @@ impl GpuDecoder {
         &self,
         seqs: &[PagedSeq<'_>],
         picks: &[Pick],
-    ) -> std::result::Result<StepLogits, GpuError> {
+    ) -> std::result::Result<Read, GpuError> {
         let mut host = HostRows::new(seqs);
         host.set_picks(picks);
         let io = StepIo::upload(&self.client, self.shape, &host);
@@ -321,7 +351,7 @@ impl GpuDecoder {
         &mut self,
         seqs: &[PagedSeq<'_>],
         picks: &[Pick],
-    ) -> Option<std::result::Result<StepLogits, GpuError>> {
+    ) -> Option<std::result::Result<Read, GpuError>> {
         let n = seqs.len();
         if !self.graphs.enabled || n > graph::MAX_BUCKET || seqs.iter().any(|s| s.tokens.len() != 1)
         {
@@ -367,7 +397,7 @@ impl GpuDecoder {
         bucket: &mut Bucket,
         n: usize,
         picks: &[Pick],
-    ) -> std::result::Result<StepLogits, GpuError> {
+    ) -> std::result::Result<Read, GpuError> {
         let cl = self.client.clone();
         let prepared = cl.graph_prepare().map_err(|e| format!("{e:?}"));
         self.launch_step(&bucket.io);
@@ -433,7 +463,7 @@ impl GpuDecoder {
             }
         }
         if self.device_pick {
-            launch::pick_rows(cl, &io.logits, &io.pick, &io.ids, self.shape.vocab);
+            launch::pick_rows(cl, &io.logits, &io.pick, &io.ids, &io.top, self.shape.vocab);
         }
     }
 
@@ -527,10 +557,21 @@ impl PagedDecoder for GpuDecoder {
     fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
         self.check(seqs)?;
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
+        self.kept = None;
         let res = match self.decode_step(seqs, picks) {
             Some(r) => r,
             None => self.step(seqs, picks),
         };
-        res.map_err(|e| EngineError::Backend(e.to_string()))
+        let read = res.map_err(|e| EngineError::Backend(e.to_string()))?;
+        self.kept = read.kept;
+        Ok(read.out)
+    }
+    fn last_logits(&mut self, seqs: &[usize]) -> Result<Vec<f32>> {
+        let Some(kept) = &self.kept else {
+            return Err(EngineError::Backend(format!("no logits of rows {seqs:?} kept")));
+        };
+        let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
+        kept.read_rows(&self.client, self.shape.vocab, seqs)
+            .map_err(|e| EngineError::Backend(e.to_string()))
     }
 }

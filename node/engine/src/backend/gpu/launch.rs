@@ -5,6 +5,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
+use super::kernels::top::{self, TOP_STRIDE};
 use super::kernels::{exact, ops, q8, q8_tiled, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
@@ -417,14 +418,18 @@ pub fn add_rms_norm_q8(
 }
 
 /// `ids[r]` = row `r`'s token of `logits[rows, vocab]`: its argmax, or its
-/// draw at the `[temperature, uniform]` of `pick[2r..]` ([`ops::pick_rows`]).
+/// draw at the `[temperature, uniform]` of `pick[2r..]`, or (a uniform of
+/// -1) its best candidates and mass in `top[r * TOP_STRIDE..]`
+/// ([`ops::pick_rows`]).
 pub fn pick_rows(
     c: &Client,
     logits: &DeviceBuf<f32>,
     pick: &DeviceBuf<f32>,
     ids: &DeviceBuf<u32>,
+    top: &DeviceBuf<f32>,
     vocab: usize,
 ) {
+    debug_assert!(top.len() >= ids.len() * TOP_STRIDE && vocab <= top::TOP_MAX_VOCAB);
     counted();
     ops::pick_rows::launch(
         c,
@@ -433,9 +438,15 @@ pub fn pick_rows(
         logits.arg(),
         pick.arg(),
         ids.arg(),
+        top.arg(),
         vocab,
     );
 }
+
+// One candidate per unit of the picking cube (`top::select_top`'s sort),
+// as many as the host's sampler takes.
+const _: () = assert!(top::TOP_N == ops::PICK_THREADS);
+const _: () = assert!(top::TOP_N == crate::sampling::TOP_CANDIDATES);
 
 /// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]` (with
 /// `exact`: ggml's SiLU, [`exact::swiglu_exact`]).

@@ -4,6 +4,7 @@
 //! place: `graph.rs`).
 
 use super::kernels::attention::HeadShape;
+use super::kernels::top::TOP_STRIDE;
 use super::launch::{QActs, RowMeta};
 use super::DeviceBuf;
 use crate::backend::rows::HostRows;
@@ -59,6 +60,9 @@ pub struct StepIo {
     pub pick: DeviceBuf<f32>,
     /// Each sequence's picked token: its argmax, or its draw.
     pub ids: DeviceBuf<u32>,
+    /// Each sequence's candidates, where it asks for them
+    /// ([`crate::backend::Pick::Top`]): `TOP_STRIDE` floats a sequence.
+    pub top: DeviceBuf<f32>,
     /// The exact step's own buffers, with [`StepShape::exact`].
     pub exact: Option<ExactIo>,
 }
@@ -140,6 +144,7 @@ impl StepIo {
             hl: buf(n * s.hidden),
             logits: buf(n * s.vocab),
             ids: DeviceBuf::uninit(cl, n),
+            top: buf(n * TOP_STRIDE),
             tok,
             meta,
             all,

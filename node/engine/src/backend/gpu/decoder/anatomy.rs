@@ -138,13 +138,19 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("pick (argmax)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &io.pick, &io.ids, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &io.pick, &io.ids, &io.top, self.shape.vocab);
             Ok(())
         })?;
         // Every row drawing at temperature 1 instead (the OpenAI default).
         let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5].repeat(n));
         time("pick (temperature draw)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &draws, &io.ids, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &draws, &io.ids, &io.top, self.shape.vocab);
+            Ok(())
+        })?;
+        // Every row a top-p draw instead: its best candidates selected.
+        let tops = DeviceBuf::upload(&cl, &[1.0f32, -1.0].repeat(n));
+        time("pick (top candidates)", &mut || {
+            launch::pick_rows(&cl, &io.logits, &tops, &io.ids, &io.top, self.shape.vocab);
             Ok(())
         })?;
         // Each matmul kernel on the largest two (they give the same bits;

@@ -8,3 +8,4 @@ pub mod q8;
 pub mod q8_tiled;
 pub mod quant;
 pub mod tiled;
+pub mod top;

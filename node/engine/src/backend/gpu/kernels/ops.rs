@@ -1,8 +1,11 @@
 //! Element-wise and per-row kernels of a decoder layer: RMSNorm (and the
 //! order of its sum every kernel that norms a row follows), SwiGLU, and
-//! a row's token: its argmax or a temperature draw.
+//! a row's token: its argmax or a temperature draw (or its best
+//! candidates, `top.rs`).
 
 use cubecl::prelude::*;
+
+use super::top::{select_top, TOP_N, TOP_STRIDE};
 
 /// Units per cube of [`rms_norm`].
 pub const ROW_THREADS: usize = 128;
@@ -138,12 +141,23 @@ pub const PICK_THREADS: usize = 256;
 /// host's one sum: a draw right at a boundary between two tokens can
 /// differ, as a greedy token can where float logits differ.
 ///
+/// With a positive temperature and `u = -1` (a top-k / top-p / min-p
+/// draw the host finishes), row `r`'s best candidates instead
+/// ([`top::select_top`]) in `top[r * TOP_STRIDE..]`, followed by the
+/// whole sum of the draw above (its mass); `out[r]` is then its argmax.
+///
 /// For the argmax each unit scans a stride of the row, keeping its first
 /// best; the units' bests meet in a shared-memory tree that prefers the
 /// lower index on equal values. Launch with `CubeCount (rows)`,
 /// `CubeDim (PICK_THREADS)`.
 #[cube(launch)]
-pub fn pick_rows(logits: &[f32], pick: &[f32], out: &mut [u32], vocab: usize) {
+pub fn pick_rows(
+    logits: &[f32],
+    pick: &[f32],
+    out: &mut [u32],
+    top: &mut [f32],
+    vocab: usize,
+) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
     let base = row * vocab;
@@ -197,8 +211,9 @@ pub fn pick_rows(logits: &[f32], pick: &[f32], out: &mut [u32], vocab: usize) {
     }
     // The same value for every unit of the cube: the branch is uniform.
     let t = pick[2 * row];
+    let u = pick[2 * row + 1];
     if t > 0.0 {
-        let (max, u) = (sv[0], pick[2 * row + 1]);
+        let max = sv[0];
         // Every unit has read the max before the sums overwrite it.
         sync_cube();
         let range = (vocab + PICK_THREADS - 1) / PICK_THREADS;
@@ -217,38 +232,47 @@ pub fn pick_rows(logits: &[f32], pick: &[f32], out: &mut [u32], vocab: usize) {
             for k in 0..PICK_THREADS {
                 total += sv[k];
             }
-            let r = u * total;
-            // The first range whose end passes r, and the sum before it.
-            let (mut hit, mut before, mut sum) =
-                (PICK_THREADS.runtime(), 0.0f32.runtime(), 0.0f32.runtime());
-            for k in 0..PICK_THREADS {
-                let next = sum + sv[k];
-                if hit == PICK_THREADS && r < next {
-                    hit = k;
-                    before = sum;
-                }
-                sum = next;
-            }
-            // Rounding left no range: the last id, as the host.
-            let mut tok = (vocab - 1) as u32;
-            if hit < PICK_THREADS {
-                // The range's own sum again, in its order: it passes r by
-                // its end at the latest (its last id otherwise).
-                let lo = hit * range;
-                let hi = select(lo + range < vocab, lo + range, vocab);
-                let (mut acc, mut found) = (0.0f32.runtime(), false.runtime());
-                tok = (hi - 1) as u32;
-                let mut i = lo;
-                while i < hi {
-                    acc += weight(logits[base + i], t, max);
-                    if !found && r < before + acc {
-                        tok = i as u32;
-                        found = true;
+            if u < 0.0 {
+                top[row * TOP_STRIDE + 2 * TOP_N] = total;
+                out[row] = si[0];
+            } else {
+                let r = u * total;
+                // The first range whose end passes r, and the sum before it.
+                let (mut hit, mut before, mut sum) =
+                    (PICK_THREADS.runtime(), 0.0f32.runtime(), 0.0f32.runtime());
+                for k in 0..PICK_THREADS {
+                    let next = sum + sv[k];
+                    if hit == PICK_THREADS && r < next {
+                        hit = k;
+                        before = sum;
                     }
-                    i += 1;
+                    sum = next;
                 }
+                // Rounding left no range: the last id, as the host.
+                let mut tok = (vocab - 1) as u32;
+                if hit < PICK_THREADS {
+                    // The range's own sum again, in its order: it passes r by
+                    // its end at the latest (its last id otherwise).
+                    let lo = hit * range;
+                    let hi = select(lo + range < vocab, lo + range, vocab);
+                    let (mut acc, mut found) = (0.0f32.runtime(), false.runtime());
+                    tok = (hi - 1) as u32;
+                    let mut i = lo;
+                    while i < hi {
+                        acc += weight(logits[base + i], t, max);
+                        if !found && r < before + acc {
+                            tok = i as u32;
+                            found = true;
+                        }
+                        i += 1;
+                    }
+                }
+                out[row] = tok;
             }
-            out[row] = tok;
+        }
+        // The same `u` for every unit: the branch is uniform.
+        if u < 0.0 {
+            select_top(logits, base, vocab, tid, top, row * TOP_STRIDE);
         }
     } else if tid == 0 {
         out[row] = si[0];
