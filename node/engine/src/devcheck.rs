@@ -107,6 +107,10 @@ pub struct CheckReport {
     /// those whose first tokens equal the CPU engine's draws with that
     /// seed.
     pub decode_sampled: Vec<DecodeFigure>,
+    /// The same with a nucleus ([`NUCLEUS_TOP_P`]): each draw finished on
+    /// the host from the row's best candidates a GPU selects, or from its
+    /// logits where the nucleus is wider.
+    pub decode_nucleus: Vec<DecodeFigure>,
     /// The same checks in the CPU's arithmetic (GPU only).
     pub exact: Option<ExactFigures>,
     /// Whether decode steps replayed recorded graphs (`decode`), and the
@@ -150,14 +154,17 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
-    let cpu_sampled = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens)?;
+    let (plain, nucleus) = (sampled(1.0), sampled(NUCLEUS_TOP_P));
+    let cpu_sampled = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &plain)?;
+    let cpu_nucleus = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &nucleus)?;
     drop(cpu_engine);
 
     let (engine, decode) = decode_figures(cfg, &short, cpu_ref, GpuOptions::default())?;
-    let mut decode_sampled = vec![];
+    let (mut decode_sampled, mut decode_nucleus) = (vec![], vec![]);
     for &b in &cfg.batches {
         let (n, t) = (b.max(1), cfg.decode_tokens);
-        decode_sampled.push(measure(&engine, &short, n, t, &cpu_sampled, Some(1.0))?);
+        decode_sampled.push(measure(&engine, &short, n, t, &cpu_sampled, Some(&plain))?);
+        decode_nucleus.push(measure(&engine, &short, n, t, &cpu_nucleus, Some(&nucleus))?);
     }
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
@@ -178,6 +185,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         parity,
         decode,
         decode_sampled,
+        decode_nucleus,
         exact: None,
         graphs,
         decode_eager,
@@ -330,23 +338,41 @@ fn decode_figures(
 /// The seed of every sampled stream of the check.
 pub const SAMPLED_SEED: u64 = 7;
 
-/// A stream of `prompt`: greedy, or sampled at `temperature` with
-/// [`SAMPLED_SEED`].
-fn request(prompt: &[u32], max_tokens: usize, salt: usize, temperature: Option<f32>) -> SeqRequest {
+/// The nucleus of the check's top-p streams (`decode_nucleus`).
+pub const NUCLEUS_TOP_P: f32 = 0.9;
+
+/// The check's sampled streams: temperature 1 (OpenAI's default), with
+/// [`SAMPLED_SEED`], keeping the nucleus `top_p`.
+fn sampled(top_p: f32) -> SamplingOptions {
+    SamplingOptions { temperature: 1.0, top_p, seed: SAMPLED_SEED, ..Default::default() }
+}
+
+/// A stream of `prompt`: greedy, or sampled as `sampling` says.
+fn request(
+    prompt: &[u32],
+    max_tokens: usize,
+    salt: usize,
+    sampling: Option<&SamplingOptions>,
+) -> SeqRequest {
     let mut r = SeqRequest::new(Prompt::Tokens(prompt.to_vec()), max_tokens);
     r.ignore_eos = true;
     // A salt of its own per stream: no stream reuses another's prefix.
     r.tenant = format!("gcs-engine/check/{salt}");
-    if let Some(temperature) = temperature {
-        r.sampling = SamplingOptions { temperature, seed: SAMPLED_SEED, ..Default::default() };
+    if let Some(o) = sampling {
+        r.sampling = o.clone();
     }
     r
 }
 
-/// The first `tokens` tokens `engine` samples from `prompt` at
-/// temperature 1 with [`SAMPLED_SEED`].
-fn sampled_tokens(engine: &BatchEngine, prompt: &[u32], tokens: usize) -> Result<Vec<u32>> {
-    let s = engine.submit(request(prompt, tokens, usize::MAX, Some(1.0)))?;
+/// The first `tokens` tokens `engine` samples from `prompt` as `sampling`
+/// says.
+fn sampled_tokens(
+    engine: &BatchEngine,
+    prompt: &[u32],
+    tokens: usize,
+    sampling: &SamplingOptions,
+) -> Result<Vec<u32>> {
+    let s = engine.submit(request(prompt, tokens, usize::MAX, Some(sampling)))?;
     let mut ids = vec![];
     loop {
         match s.recv() {
@@ -359,7 +385,7 @@ fn sampled_tokens(engine: &BatchEngine, prompt: &[u32], tokens: usize) -> Result
 }
 
 /// `batch` streams of `tokens` tokens after the first, at once: greedy,
-/// or sampled at `temperature`; `reference` is what each stream's first
+/// or sampled as `sampling` says; `reference` is what each stream's first
 /// tokens should be.
 fn measure(
     engine: &BatchEngine,
@@ -367,10 +393,10 @@ fn measure(
     batch: usize,
     tokens: usize,
     reference: &[u32],
-    temperature: Option<f32>,
+    sampling: Option<&SamplingOptions>,
 ) -> Result<DecodeFigure> {
     let streams = (0..batch)
-        .map(|i| engine.submit(request(prompt, tokens + 1, i, temperature)))
+        .map(|i| engine.submit(request(prompt, tokens + 1, i, sampling)))
         .collect::<Result<Vec<_>>>()?;
     let mut got = vec![0usize; batch];
     let mut ids: Vec<Vec<u32>> = vec![vec![]; batch];

@@ -143,7 +143,9 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
     // Sampled at temperature 1 with one seed: every stream of a batch
     // draws the same tokens, those of the CPU engine's own stream.
     assert_eq!(r.decode_sampled.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
-    for d in &r.decode_sampled {
+    // And with a nucleus (top-p 0.9) the same.
+    assert_eq!(r.decode_nucleus.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
+    for d in r.decode_sampled.iter().chain(&r.decode_nucleus) {
         assert!(d.tokens > 0 && d.tokens_per_s > 0.0, "{d:?}");
         assert_eq!((d.streams_equal, d.streams_match_cpu), (d.batch, d.batch), "{d:?}");
     }

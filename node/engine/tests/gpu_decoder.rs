@@ -10,7 +10,7 @@ mod common;
 use gcs_engine::backend::gpu::{launch, GpuDecoder};
 use gcs_engine::backend::{BackendKind, CpuDecoder, PagedDecoder, Pick};
 use gcs_engine::llama::PagedSeq;
-use gcs_engine::sampling::{argmax, draw_temperature};
+use gcs_engine::sampling::{argmax, draw_temperature, top_candidates};
 use gcs_engine::{cpu_device, ChatMessage, Engine};
 
 /// Teacher-forced steps of two prompts batched together on both decoders
@@ -148,12 +148,14 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     use gcs_engine::sampling::SamplingOptions;
     use gcs_engine::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest};
     let Some(path) = common::smollm_path() else { return };
-    let submit = |engine: &BatchEngine, ids: &[u32], temperature: f32| {
+    let submit_with = |engine: &BatchEngine, ids: &[u32], sampling: SamplingOptions| {
         let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
         r.ignore_eos = true;
-        r.sampling = SamplingOptions { temperature, seed: 5, ..SamplingOptions::default() };
+        r.sampling = sampling;
         engine.submit(r).unwrap()
     };
+    let at = |temperature| SamplingOptions { temperature, seed: 5, ..SamplingOptions::default() };
+    let submit = |engine: &BatchEngine, ids: &[u32], t: f32| submit_with(engine, ids, at(t));
     let collect = |s: gcs_engine::SeqStream| {
         let mut toks = vec![];
         loop {
@@ -191,6 +193,18 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     assert_eq!(alone.len(), 6);
     assert_eq!(beside, alone, "a draw does not depend on the batch");
     assert_eq!(other, g, "nor does the greedy stream beside it");
+    // Top-p draws finished from the device's candidates (the hot, wide
+    // nucleus from rows read after their step): the same alone and
+    // beside a greedy stream.
+    for o in [SamplingOptions { top_p: 0.9, ..at(1.0) }, SamplingOptions { top_p: 0.999, ..at(2.0) }] {
+        let (alone, _) = collect(submit_with(&gpu, &ids, o.clone()));
+        let (beside, other) = (submit_with(&gpu, &ids, o.clone()), submit(&gpu, &ids, 0.0));
+        let ((beside, _), (other, _)) = (collect(beside), collect(other));
+        eprintln!("GPU drew {alone:?} at top-p {} (t {})", o.top_p, o.temperature);
+        assert_eq!(alone.len(), 6);
+        assert_eq!(beside, alone, "top-p {}: a draw does not depend on the batch", o.top_p);
+        assert_eq!(other, g, "top-p {}: nor does the greedy stream beside it", o.top_p);
+    }
     assert!(gpu.measure_decode(4).unwrap() > 0.0);
 }
 
@@ -286,8 +300,24 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         .collect();
     let draw = Pick::Draw { temperature: 1.0, u: 0.5 };
     let c = graphed.forward_select(&seqs, &[Pick::Argmax, draw, Pick::Argmax]).unwrap();
-    assert!(c.logits.is_empty());
+    assert!(c.logits.is_empty() && c.tops.is_empty());
     assert_eq!(c.picked.map(|a| a.len()), Some(3));
+    // A top-p row beside them: its candidates come back instead of its
+    // logits (those of the host's `top_candidates`), and its logits can
+    // still be read after the step, eager or replayed.
+    let all = eager.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
+    let picks = [Pick::Argmax, Pick::Top { temperature: 0.9 }, draw];
+    for (what, dec) in [("eager", &mut eager), ("replayed", &mut graphed)] {
+        let d = dec.forward_select(&seqs, &picks).unwrap();
+        assert!(d.logits.is_empty(), "{what}");
+        let want = top_candidates(all.row(1, vocab).unwrap(), 0.9);
+        let got = d.top(1).unwrap_or_else(|| panic!("{what}: no candidates"));
+        assert_eq!((d.tops.len(), &got.cand), (1, &want.cand), "{what}");
+        let row = all.row(1, vocab).unwrap();
+        assert!(common::gpu::mass_is_exact(got.mass, row, 0.9), "{what}: {}", got.mass);
+        let read = dec.last_logits(&[1, 2]).unwrap();
+        assert_eq!(read, all.logits[vocab..].to_vec(), "{what}: rows read after the step");
+    }
 }
 
 /// The device check's step anatomy (`GpuDecoder::anatomy`) runs every part

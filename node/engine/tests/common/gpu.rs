@@ -71,3 +71,14 @@ pub fn assert_acts_eq(c: &Client, got: &launch::QActs, want: &QActs, what: &str)
         got.qs.read(c).unwrap().iter().flat_map(|w| w.to_le_bytes().map(|b| b as i8)).collect();
     assert_eq!(qs, want.qs, "{what}: bytes");
 }
+
+/// Whether `mass`, a device's sum of `exp(l / t - max / t)` over `logits`
+/// (`sampling::TopCandidates::mass`), is that sum's exact value within
+/// float rounding (2e-5 relative). The exact value, not the host's own
+/// f32 sum: that one, in id order, drops the tiny terms once it nears 1,
+/// and is the further off (1.3e-4 of a peaked row at 0.9).
+pub fn mass_is_exact(mass: f32, logits: &[f32], t: f32) -> bool {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) / t;
+    let exact: f64 = logits.iter().map(|&l| ((l / t - max) as f64).exp()).sum();
+    ((mass as f64 - exact) / exact).abs() < 2e-5
+}

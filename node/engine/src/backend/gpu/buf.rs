@@ -96,7 +96,9 @@ impl<T: CubeElement> DeviceBuf<T> {
         if runs.iter().any(|&(_, end)| end * row_len > self.len) {
             return Err(GpuError::Unsupported(format!("rows {rows:?} past the buffer")));
         }
-        let (size, elem) = (self.handle.size(), std::mem::size_of::<T>() as u64);
+        // Offsets add to the handle's own: an allocation may be a padded
+        // slice of a larger one.
+        let (size, elem) = (self.handle.size_in_used(), std::mem::size_of::<T>() as u64);
         Ok(runs
             .iter()
             .map(|&(start, end)| {
