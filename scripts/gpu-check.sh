@@ -20,7 +20,8 @@
 #      on 3), decode tok/s at batch 1, 8, 64, 256 through the batch
 #      scheduler (decode graphs and the device's picks, then eagerly, side
 #      by side; and every stream sampled at temperature 1 with one seed,
-#      each token drawn on the device), the same parity and decode figures for the decoder in the
+#      each token drawn on the device, then with top-p 0.9, each draw
+#      finished from the device's best candidates), the same parity and decode figures for the decoder in the
 #      CPU's arithmetic (`exact`: GCS_GPU_EXACT), issue 17's naive burn
 #      loop at the same batches, MiniLM
 #      (synthetic weights, scripts/st-synth.py) on burn-cuda against the
@@ -111,7 +112,7 @@ device() {
     echo "FAIL: MiniLM synthesis (the embedder is not checked)"
   fi
 
-  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1)"
+  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1, and at top-p 0.9)"
   # The check's own log goes aside: CubeCL logs a kernel it cannot compile
   # with its whole IR (the first device run's log passed 16 MiB and did not
   # come back). log.txt gets it without the IR lines, cut to 2 MB;
@@ -174,15 +175,18 @@ t = time.time()
 r = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "temperature": 0,
                                "messages": [{"role": "user", "content": "Name a colour."}]})
 r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
-# OpenAI's default request (temperature 1), seeded: its tokens drawn on the device.
-try:
-    t = time.time()
-    s = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "seed": 7,
-                                   "messages": [{"role": "user", "content": "Name a colour."}]})
-    r["check"]["sampled"] = {"content": s["choices"][0]["message"]["content"],
-                             "usage": s["usage"], "request_s": time.time() - t}
-except Exception as e:
-    r["check"]["sampled"] = {"error": repr(e)}
+# OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
+# then with a nucleus: each draw finished from the device's best candidates.
+for key, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9})):
+    try:
+        t = time.time()
+        s = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "seed": 7,
+                                       "messages": [{"role": "user", "content": "Name a colour."}],
+                                       **extra})
+        r["check"][key] = {"content": s["choices"][0]["message"]["content"],
+                           "usage": s["usage"], "request_s": time.time() - t}
+    except Exception as e:
+        r["check"][key] = {"error": repr(e)}
 json.dump(r, open(sys.argv[1], "w"), indent=1)
 print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], r["check"])
 PY
