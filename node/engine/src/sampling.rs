@@ -195,13 +195,37 @@ fn draw_at(probs: &[f32], u: f32, id: impl Fn(usize) -> u32) -> u32 {
 /// `log_softmax` of `logits` at the requested ids, plus the `n` best.
 pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> Logprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = log_sum_exp(max, unit_mass(logits, max));
     let lp = |id: u32| TokenLogprob {
         token: id,
         logprob: logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| l - lse),
     };
     let top = top_n(logits, n.min(MAX_TOP_LOGPROBS)).into_iter().map(|(id, _)| lp(id)).collect();
     Logprobs { chosen: lp(chosen), top }
+}
+
+/// [`logprobs`] from a row's candidates: `None` where they do not hold
+/// `chosen` (a draw outside them).
+pub fn logprobs_from_top(top: &TopCandidates, chosen: u32, n: usize) -> Option<Logprobs> {
+    let &(_, max) = top.cand.first()?;
+    let &(_, logit) = top.cand.iter().find(|c| c.0 == chosen)?;
+    let lse = log_sum_exp(max, top.unit_mass);
+    let lp = |(token, l): (u32, f32)| TokenLogprob { token, logprob: l - lse };
+    let n = n.min(MAX_TOP_LOGPROBS).min(top.cand.len());
+    Some(Logprobs {
+        chosen: lp((chosen, logit)),
+        top: top.cand[..n].iter().copied().map(lp).collect(),
+    })
+}
+
+/// `Σ exp(l - max)` over `logits`, in f64 (the logprobs' normaliser).
+fn unit_mass(logits: &[f32], max: f32) -> f64 {
+    logits.iter().map(|&l| ((l - max) as f64).exp()).sum()
+}
+
+/// `log Σ exp(l)` from the best logit `max` and [`unit_mass`].
+fn log_sum_exp(max: f32, unit_mass: f64) -> f32 {
+    max + unit_mass.ln() as f32
 }
 
 /// The `n` largest `(id, value)` pairs, best first; ties go to the lower id
@@ -226,24 +250,28 @@ fn top_n(v: &[f32], n: usize) -> Vec<(u32, f32)> {
 /// logits: the row's best [`TOP_CANDIDATES`] ids with their logits, best
 /// first and ties to the lower id, and `mass`, the sum of
 /// `exp(l / t - max / t)` over the whole vocabulary at the draw's
-/// temperature `t` (`max` the best logit). [`top_candidates`] is the
-/// host's computation of the same.
+/// temperature `t` (`max` the best logit), and `unit_mass`, the sum of
+/// `exp(l - max)` (the logprobs' normaliser: [`logprobs_from_top`]).
+/// [`top_candidates`] is the host's computation of the same.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TopCandidates {
     pub cand: Vec<(u32, f32)>,
     pub mass: f32,
+    pub unit_mass: f64,
 }
 
 /// How many candidates [`TopCandidates`] holds (fewer when the vocabulary
 /// is smaller). A nucleus wider than this is drawn from the row's logits.
 pub const TOP_CANDIDATES: usize = 256;
 
-/// A row's [`TopCandidates`] at `temperature`, computed on the host.
+/// A row's [`TopCandidates`] at `temperature` (a `mass` of 0 at 0),
+/// computed on the host.
 pub fn top_candidates(logits: &[f32], temperature: f32) -> TopCandidates {
     let cand = top_n(logits, TOP_CANDIDATES);
     let t = temperature;
-    let total = cand.first().map_or(0.0, |&(_, best)| mass(logits.iter().copied(), t, best / t));
-    TopCandidates { cand, mass: total }
+    let best = cand.first().map_or(0.0, |c| c.1);
+    let total = if t > 0.0 { mass(logits.iter().copied(), t, best / t) } else { 0.0 };
+    TopCandidates { cand, mass: total, unit_mass: unit_mass(logits, best) }
 }
 
 /// `Σ exp(l / t - max)` over `logits`, in their order: the normaliser of

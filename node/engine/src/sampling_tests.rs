@@ -318,6 +318,30 @@ fn a_draw_from_the_top_candidates_equals_sampling() {
     assert_eq!(top(opts(0.0, 1)), None, "greedy");
     assert_eq!(top(opts(1.0, 1)), None, "a plain draw needs no candidates");
     assert_eq!(top(SamplingOptions { top_k: 1000, ..opts(1.0, 1) }), None, "top-k past them");
-    assert_eq!(top(SamplingOptions { top_p: 0.9, logit_bias: vec![(3, 1.0)], ..opts(1.0, 1) }), None);
+    assert_eq!(
+        top(SamplingOptions { top_p: 0.9, logit_bias: vec![(3, 1.0)], ..opts(1.0, 1) }),
+        None
+    );
     assert_eq!(top(SamplingOptions { top_k: 256, ..opts(0.5, 1) }), Some(0.5));
+}
+
+/// Logprobs from a row's candidates equal those of its logits (the same
+/// normaliser, in f64) for any token among them, with at most 20
+/// alternatives; a token outside them has none.
+#[test]
+fn logprobs_from_the_candidates_equal_the_logits() {
+    let logits: Vec<f32> =
+        (0..3000).map(|i| ((i * 7919 % 997) as f32 / 997.0 - 0.5) * 12.0).collect();
+    let top = top_candidates(&logits, 0.8);
+    for (rank, n) in [(0, 5), (17, 20), (255, 40), (3, 0)] {
+        let tok = top.cand[rank].0;
+        let want = logprobs(&logits, tok, n);
+        assert_eq!(logprobs_from_top(&top, tok, n), Some(want), "rank {rank}, n {n}");
+    }
+    let outside = (0..3000u32).find(|i| top.cand.iter().all(|c| c.0 != *i)).unwrap();
+    assert_eq!(logprobs_from_top(&top, outside, 5), None);
+    // A vocabulary smaller than the alternatives asked.
+    let small = [0.5f32, -1.0, 2.0];
+    let top = top_candidates(&small, 1.0);
+    assert_eq!(logprobs_from_top(&top, 1, 20), Some(logprobs(&small, 1, 20)));
 }

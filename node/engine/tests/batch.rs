@@ -14,21 +14,23 @@ use gcs_engine::{
 struct Collected {
     tokens: Vec<u32>,
     deltas: Vec<String>,
+    logprobs: Vec<gcs_engine::sampling::Logprobs>,
     result: SeqResult,
 }
 
 fn collect(s: SeqStream) -> Collected {
-    let (mut tokens, mut deltas) = (Vec::new(), Vec::new());
+    let (mut tokens, mut deltas, mut lps) = (Vec::new(), Vec::new(), Vec::new());
     loop {
         match s.recv_timeout(Duration::from_secs(120)).expect("event in time") {
-            SeqEvent::Delta { text, token_ids, .. } => {
+            SeqEvent::Delta { text, token_ids, logprobs } => {
                 tokens.extend(token_ids);
                 deltas.push(text);
+                lps.extend(logprobs);
             }
             SeqEvent::Done(result) => {
                 assert_eq!(deltas.concat(), result.text, "deltas add up to the text");
                 assert_eq!(tokens.len(), result.completion_tokens);
-                return Collected { tokens, deltas, result };
+                return Collected { tokens, deltas, logprobs: lps, result };
             }
             SeqEvent::Error(e) => panic!("sequence failed: {e}"),
         }
@@ -411,18 +413,20 @@ impl PagedDecoder for PickOnly {
             .chunks(v)
             .zip(picks)
             .map(|(l, p)| match *p {
-                Pick::Draw { temperature, u } => {
+                Pick::Draw { temperature, u } | Pick::Top { temperature, u }
+                    if temperature > 0.0 && u >= 0.0 =>
+                {
                     n.draws.fetch_add(1, Ordering::Relaxed);
                     draw_temperature(l, temperature, u)
                 }
-                Pick::Argmax | Pick::Logits | Pick::Top { .. } => argmax(l),
+                _ => argmax(l),
             })
             .collect();
         let tops = picks
             .iter()
             .enumerate()
             .filter_map(|(i, p)| match *p {
-                Pick::Top { temperature } => {
+                Pick::Top { temperature, .. } => {
                     n.tops.fetch_add(1, Ordering::Relaxed);
                     Some((i, top_candidates(&logits[i * v..(i + 1) * v], temperature)))
                 }
@@ -447,12 +451,13 @@ impl PagedDecoder for PickOnly {
 /// The scheduler over a decoder that picks tokens without returning
 /// logits (as the GPU decoder does: argmax ids for greedy sequences,
 /// draws for plain temperature sampling, the best candidates for top-k /
-/// top-p / min-p draws) gives the same tokens as the plain CPU engine:
-/// greedy and seeded plain-temperature ones from the picks, top-k /
-/// top-p / min-p ones from the candidates (and, where a wide nucleus
-/// misses them, from the row read after the step), and for a sequence
-/// with logprobs (which asks for the logits) the same tokens and
-/// logprobs; steps without any such sequence copy no logits.
+/// top-p / min-p draws and for logprobs) gives the same tokens as the
+/// plain CPU engine: greedy and seeded plain-temperature ones from the
+/// picks, top-k / top-p / min-p ones from the candidates (and, where a
+/// wide nucleus misses them, from the row read after the step), and the
+/// same logprobs from the candidates (greedy, drawn, cut), where the
+/// token lies outside them from the row read after the step; steps
+/// without any such sequence copy no logits.
 #[test]
 fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     use std::sync::Arc;
@@ -471,7 +476,8 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     };
     let requests = || {
         let greedy = |q: &str| SeqRequest::new(Prompt::Chat(chat(q)), 12);
-        let o = |temperature, seed| SamplingOptions { temperature, seed, ..SamplingOptions::default() };
+        let o =
+            |temperature, seed| SamplingOptions { temperature, seed, ..SamplingOptions::default() };
         let seeded = sampled(QUESTIONS[2], o(0.8, 7));
         let nucleus = sampled(QUESTIONS[0], SamplingOptions { top_p: 0.9, ..o(1.2, 3) });
         let lp = SeqRequest { logprobs: Some(2), ..greedy(QUESTIONS[3]) };
@@ -492,6 +498,7 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
         let (g, w) = (collect(g), collect(w));
         assert_eq!(g.tokens, w.tokens, "request {i}");
         assert_eq!(g.result.text, w.result.text, "request {i}");
+        assert_eq!(g.logprobs, w.logprobs, "request {i}");
         if i < 3 {
             assert_eq!(alone[i].tokens, w.tokens, "request {i} alone");
         }
@@ -501,11 +508,17 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     // Top-k, top-p and min-p draws from the candidates, side by side;
     // a hot, wide nucleus misses them on some steps.
     let o = |seed| SamplingOptions { seed, ..SamplingOptions::default() };
+    // With logprobs: a cut draw's, a hot plain draw's (some tokens
+    // outside the candidates) and a greedy one's from the candidates.
+    let scored = |r: SeqRequest| SeqRequest { logprobs: Some(3), ..r };
     let cut = || {
         vec![
             sampled(QUESTIONS[1], SamplingOptions { temperature: 0.9, top_k: 40, ..o(5) }),
             sampled(QUESTIONS[2], SamplingOptions { temperature: 1.0, min_p: 0.05, ..o(6) }),
             sampled(QUESTIONS[3], SamplingOptions { temperature: 2.0, top_p: 0.999, ..o(8) }),
+            scored(sampled(QUESTIONS[0], SamplingOptions { temperature: 0.8, top_p: 0.9, ..o(9) })),
+            scored(sampled(QUESTIONS[1], SamplingOptions { temperature: 3.0, ..o(10) })),
+            scored(sampled(QUESTIONS[2], SamplingOptions::default())),
         ]
     };
     let (tops_before, misses_before) = (n_of(&counts.tops), n_of(&counts.misses));
@@ -516,6 +529,8 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
         let (g, w) = (collect(g), collect(w));
         assert_eq!(g.tokens, w.tokens, "cut request {i}");
         assert_eq!(g.result.text, w.result.text, "cut request {i}");
+        assert_eq!(g.logprobs, w.logprobs, "cut request {i}");
+        assert_eq!(g.logprobs.len(), if i < 3 { 0 } else { g.tokens.len() }, "cut request {i}");
         tokens += g.tokens.len();
     }
     let (tops, misses) = (n_of(&counts.tops) - tops_before, n_of(&counts.misses) - misses_before);

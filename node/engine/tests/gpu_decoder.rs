@@ -196,7 +196,9 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     // Top-p draws finished from the device's candidates (the hot, wide
     // nucleus from rows read after their step): the same alone and
     // beside a greedy stream.
-    for o in [SamplingOptions { top_p: 0.9, ..at(1.0) }, SamplingOptions { top_p: 0.999, ..at(2.0) }] {
+    for o in
+        [SamplingOptions { top_p: 0.9, ..at(1.0) }, SamplingOptions { top_p: 0.999, ..at(2.0) }]
+    {
         let (alone, _) = collect(submit_with(&gpu, &ids, o.clone()));
         let (beside, other) = (submit_with(&gpu, &ids, o.clone()), submit(&gpu, &ids, 0.0));
         let ((beside, _), (other, _)) = (collect(beside), collect(other));
@@ -204,6 +206,28 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
         assert_eq!(alone.len(), 6);
         assert_eq!(beside, alone, "top-p {}: a draw does not depend on the batch", o.top_p);
         assert_eq!(other, g, "top-p {}: nor does the greedy stream beside it", o.top_p);
+    }
+    // Greedy with logprobs (from the device's candidates): the greedy
+    // tokens, each the best of its alternatives.
+    let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
+    (r.ignore_eos, r.logprobs) = (true, Some(2));
+    let s = gpu.submit(r).unwrap();
+    let (mut toks, mut lps) = (vec![], vec![]);
+    loop {
+        match s.recv().unwrap() {
+            SeqEvent::Delta { token_ids, logprobs, .. } => {
+                toks.extend(token_ids);
+                lps.extend(logprobs);
+            }
+            SeqEvent::Done(_) => break,
+            SeqEvent::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(toks, g, "greedy with logprobs");
+    assert_eq!(lps.len(), 6);
+    for (lp, &t) in lps.iter().zip(&toks) {
+        assert_eq!((lp.chosen.token, lp.top.len(), lp.top[0].token), (t, 2, t), "{lp:?}");
+        assert!(lp.chosen.logprob <= 0.0 && lp.top[1].logprob <= lp.chosen.logprob, "{lp:?}");
     }
     assert!(gpu.measure_decode(4).unwrap() > 0.0);
 }
@@ -302,19 +326,26 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
     let c = graphed.forward_select(&seqs, &[Pick::Argmax, draw, Pick::Argmax]).unwrap();
     assert!(c.logits.is_empty() && c.tops.is_empty());
     assert_eq!(c.picked.map(|a| a.len()), Some(3));
-    // A top-p row beside them: its candidates come back instead of its
-    // logits (those of the host's `top_candidates`), and its logits can
-    // still be read after the step, eager or replayed.
+    // A top-p row and a drawing row with logprobs beside them: their
+    // candidates come back instead of their logits (those of the host's
+    // `top_candidates`), the draw as before, and their logits can still
+    // be read after the step, eager or replayed.
     let all = eager.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
-    let picks = [Pick::Argmax, Pick::Top { temperature: 0.9 }, draw];
+    let (top_p, scored) =
+        (Pick::Top { temperature: 0.9, u: -1.0 }, Pick::Top { temperature: 1.0, u: 0.5 });
     for (what, dec) in [("eager", &mut eager), ("replayed", &mut graphed)] {
-        let d = dec.forward_select(&seqs, &picks).unwrap();
-        assert!(d.logits.is_empty(), "{what}");
-        let want = top_candidates(all.row(1, vocab).unwrap(), 0.9);
-        let got = d.top(1).unwrap_or_else(|| panic!("{what}: no candidates"));
-        assert_eq!((d.tops.len(), &got.cand), (1, &want.cand), "{what}");
-        let row = all.row(1, vocab).unwrap();
-        assert!(common::gpu::mass_is_exact(got.mass, row, 0.9), "{what}: {}", got.mass);
+        let d = dec.forward_select(&seqs, &[Pick::Argmax, top_p, scored]).unwrap();
+        assert!(d.logits.is_empty() && d.tops.len() == 2, "{what}");
+        for (i, t) in [(1, 0.9), (2, 1.0)] {
+            let row = all.row(i, vocab).unwrap();
+            let got = d.top(i).unwrap_or_else(|| panic!("{what}: no candidates"));
+            assert_eq!(got.cand, top_candidates(row, t).cand, "{what} row {i}");
+            assert!(common::gpu::mass_is_exact(got.mass, row, t), "{what}: {}", got.mass);
+            let unit = got.unit_mass as f32;
+            assert!(common::gpu::mass_is_exact(unit, row, 1.0), "{what}: {unit}");
+        }
+        let drawn = draw_temperature(all.row(2, vocab).unwrap(), 1.0, 0.5);
+        assert_eq!(d.picked.as_ref().map(|p| p[2]), Some(drawn), "{what}");
         let read = dec.last_logits(&[1, 2]).unwrap();
         assert_eq!(read, all.logits[vocab..].to_vec(), "{what}: rows read after the step");
     }

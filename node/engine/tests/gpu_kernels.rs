@@ -700,7 +700,7 @@ fn pick_rows_at_temperature_0_is_the_host_argmax_with_ties() {
         l[4 * vocab] = -0.5;
         let logits = DeviceBuf::upload(&c, &l);
         let ids = DeviceBuf::<u32>::uninit(&c, rows);
-        let greedy = DeviceBuf::upload(&c, &vec![0.0f32; 2 * rows]);
+        let greedy = DeviceBuf::upload(&c, &vec![0.0f32; 3 * rows]);
         launch::pick_rows(&c, &logits, &greedy, &ids, &tops(&c, rows), vocab);
         let got = ids.read(&c).unwrap();
         let want: Vec<u32> = l.chunks(vocab).map(argmax).collect();
@@ -732,14 +732,14 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
             let t = [0.3f32, 0.7, 1.0, 1.5][r % 4];
             // Every sixth row greedy; row 1 draws at u = 0.
             let u = if r == 1 { 0.0 } else { (rng.f() + 1.0) / 2.0 };
-            pick.extend(if r % 6 == 5 { [0.0, u] } else { [t, u] });
+            pick.extend(if r % 6 == 5 { [0.0, u, 0.0] } else { [t, u, 0.0] });
         }
         let logits = DeviceBuf::upload(&c, &l);
         let ids = DeviceBuf::<u32>::uninit(&c, rows);
         launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, &tops(&c, rows), vocab);
         let got = ids.read(&c).unwrap();
         for (r, row) in l.chunks(vocab).enumerate() {
-            let (t, u) = (pick[2 * r], pick[2 * r + 1]);
+            let (t, u) = (pick[3 * r], pick[3 * r + 1]);
             if t == 0.0 {
                 assert_eq!(got[r], argmax(row), "vocab {vocab} row {r}: greedy");
                 continue;
@@ -776,7 +776,7 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
     let mut pick = vec![];
     for r in 0..rows {
         let t = if r < rows / 2 { 0.01 } else { 50.0 };
-        pick.extend([t, (r % 32) as f32 / 32.0 + 0.01]);
+        pick.extend([t, (r % 32) as f32 / 32.0 + 0.01, 0.0]);
     }
     let ids = DeviceBuf::<u32>::uninit(&c, rows);
     let (logits, pick) = (DeviceBuf::upload(&c, &l), DeviceBuf::upload(&c, &pick));
@@ -793,11 +793,14 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
 /// rounding of its exact value. Rows of random logits, of few distinct
 /// values (ties across the cut: the select's id passes), all equal (the
 /// lowest ids), with -0.0 beside 0.0 and -inf (`total_cmp`'s order), over
-/// vocabularies smaller and larger than the candidates; a greedy row in
-/// the same launch keeps its argmax.
+/// vocabularies smaller and larger than the candidates; the logprobs'
+/// normaliser (the mass at temperature 1) within rounding of its exact
+/// value. A greedy row and a drawing row selecting candidates too (a
+/// sequence with logprobs) keep their argmax and their draw, and a row
+/// without candidates in the same launch its argmax.
 #[test]
 fn pick_rows_selects_the_host_top_candidates() {
-    use gcs_engine::sampling::{argmax, top_candidates, TOP_CANDIDATES};
+    use gcs_engine::sampling::{argmax, draw_temperature, top_candidates, TOP_CANDIDATES};
     let c = client();
     let mut rng = Rng(0x7095_e1ec);
     for vocab in [100usize, 1000, 5000, 49_152] {
@@ -810,15 +813,24 @@ fn pick_rows_selects_the_host_top_candidates() {
             *v = [-0.0, 0.0, -v.abs(), f32::NEG_INFINITY][i % 4];
         });
         l[row(4)].iter_mut().step_by(2).for_each(|v| *v = f32::NEG_INFINITY);
-        let temps = [0.7f32, 1.0, 1.3, 0.5, 1.0, 0.0];
-        let pick: Vec<f32> = temps.iter().flat_map(|&t| [t, -1.0]).collect();
-        let (logits, ids, top) = (DeviceBuf::upload(&c, &l), DeviceBuf::uninit(&c, rows), tops(&c, rows));
+        let rows = 8;
+        l.extend(rng.vec(2 * vocab).iter().map(|v| v * 6.0));
+        // [temperature, uniform, candidates] a row: the last two a greedy
+        // and a drawing row with candidates, then a greedy row without.
+        let picks = [[0.7f32, -1.0, 1.0], [1.0, -1.0, 1.0], [1.3, -1.0, 1.0], [0.5, -1.0, 1.0]];
+        let picks =
+            [&picks[..], &[[1.0, -1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.3, 1.0], [0.0; 3]]].concat();
+        let pick: Vec<f32> = picks.concat();
+        let (logits, ids, top) =
+            (DeviceBuf::upload(&c, &l), DeviceBuf::uninit(&c, rows), tops(&c, rows));
         launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, &top, vocab);
         let (got_ids, got) = (ids.read(&c).unwrap(), top.read(&c).unwrap());
-        for (r, &t) in temps.iter().enumerate() {
+        for (r, &[t, u, sel]) in picks.iter().enumerate() {
             let host = &l[row(r)];
-            assert_eq!(got_ids[r], argmax(host), "vocab {vocab} row {r}: the argmax");
-            if t == 0.0 {
+            let token =
+                if u >= 0.0 && t > 0.0 { draw_temperature(host, t, u) } else { argmax(host) };
+            assert_eq!(got_ids[r], token, "vocab {vocab} row {r}: the token");
+            if sel == 0.0 {
                 continue;
             }
             let want = top_candidates(host, t);
@@ -826,14 +838,16 @@ fn pick_rows_selects_the_host_top_candidates() {
             let k = vocab.min(TOP_CANDIDATES);
             let cand: Vec<(u32, u32)> =
                 (0..k).map(|i| (g[i] as u32, g[TOP_CANDIDATES + i].to_bits())).collect();
-            let want_cand: Vec<(u32, u32)> = want.cand.iter().map(|&(i, v)| (i, v.to_bits())).collect();
+            let want_cand: Vec<(u32, u32)> =
+                want.cand.iter().map(|&(i, v)| (i, v.to_bits())).collect();
             assert_eq!(cand, want_cand, "vocab {vocab} row {r}");
-            let mass = g[2 * TOP_CANDIDATES];
-            assert!(
-                common::gpu::mass_is_exact(mass, host, t),
-                "vocab {vocab} row {r}: mass {mass}, host {}",
-                want.mass
-            );
+            let (mass, unit) = (g[2 * TOP_CANDIDATES], g[2 * TOP_CANDIDATES + 1]);
+            if t > 0.0 {
+                let ok = common::gpu::mass_is_exact(mass, host, t);
+                assert!(ok, "vocab {vocab} row {r}: mass {mass}, host {}", want.mass);
+            }
+            let ok = common::gpu::mass_is_exact(unit, host, 1.0);
+            assert!(ok, "vocab {vocab} row {r}: unit mass {unit}, host {}", want.unit_mass);
         }
     }
 }

@@ -18,9 +18,9 @@ pub mod select;
 
 use crate::attn::KvPool;
 use crate::error::{EngineError, Result};
-use crate::sampling::TopCandidates;
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 use crate::par::SpinPool;
+use crate::sampling::TopCandidates;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -162,11 +162,14 @@ pub enum Pick {
     /// The token plain temperature sampling draws at `u`
     /// ([`crate::sampling::draw_temperature`]): no copy of the logits.
     Draw { temperature: f32, u: f32 },
-    /// Its [`TopCandidates`] at this temperature: a top-k / top-p / min-p
-    /// draw, finished on the host ([`crate::sampling::Sampler::sample_top`])
-    /// or, where the candidates miss the cut, from
+    /// Its [`TopCandidates`] at this temperature, and its token as
+    /// [`Pick::Argmax`] (`temperature` 0) or [`Pick::Draw`] (`u >= 0`)
+    /// pick it: a sequence with logprobs, which come from the candidates.
+    /// With `u < 0`, a top-k / top-p / min-p draw the host finishes from
+    /// them ([`crate::sampling::Sampler::sample_top`]). Where they miss
+    /// the cut or the token, the row comes from
     /// [`PagedDecoder::last_logits`].
-    Top { temperature: f32 },
+    Top { temperature: f32, u: f32 },
 }
 
 /// A step's output as [`PagedDecoder::forward_select`] returns it.

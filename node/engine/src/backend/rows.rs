@@ -2,6 +2,10 @@
 //! uploads (or, for a replayed graph, writes into its bucket) per step.
 
 use super::Pick;
+
+/// Floats of [`HostRows::pick`] a sequence (the GPU kernel's
+/// `ops::PICK_STRIDE`).
+pub const PICK_STRIDE: usize = 3;
 use crate::llama::PagedSeq;
 use crate::paged::BLOCK_SIZE as BLOCK;
 
@@ -23,9 +27,10 @@ pub struct HostRows {
     /// attention: its position is at or past its sequence's `decode_from`
     /// (`attn::PagedSeqRef::decode_from`).
     pub single: Vec<u32>,
-    /// Each sequence's `[temperature, uniform]`: temperature 0 picks its
-    /// argmax, a positive one draws at the uniform, or with a uniform of
-    /// -1 selects the row's top candidates ([`Pick`]).
+    /// Each sequence's `[temperature, uniform, candidates]`: temperature 0
+    /// picks its argmax, a positive one draws at a uniform `>= 0` (its
+    /// argmax below 0); `candidates` 1 also selects the row's best
+    /// candidates ([`Pick`]).
     pub pick: Vec<f32>,
 }
 
@@ -45,7 +50,7 @@ impl HostRows {
                 r.single.push(u32::from(p >= s.decode_from));
             }
             r.last.push(r.tokens.len() as u32 - 1);
-            r.pick.extend([0.0, 0.0]);
+            r.pick.extend([0.0; PICK_STRIDE]);
         }
         r
     }
@@ -53,13 +58,12 @@ impl HostRows {
     /// Each sequence's pick (one per sequence, in order); the argmax for
     /// those not given.
     pub fn set_picks(&mut self, picks: &[Pick]) {
-        for (p, pick) in self.pick.chunks_exact_mut(2).zip(picks) {
-            let (t, u) = match *pick {
-                Pick::Draw { temperature, u } => (temperature, u),
-                Pick::Top { temperature } => (temperature, -1.0),
-                Pick::Logits | Pick::Argmax => (0.0, 0.0),
-            };
-            p.copy_from_slice(&[t, u]);
+        for (p, pick) in self.pick.chunks_exact_mut(PICK_STRIDE).zip(picks) {
+            p.copy_from_slice(&match *pick {
+                Pick::Draw { temperature, u } => [temperature, u, 0.0],
+                Pick::Top { temperature, u } => [temperature, u, 1.0],
+                Pick::Logits | Pick::Argmax => [0.0; PICK_STRIDE],
+            });
         }
     }
 
@@ -79,7 +83,7 @@ impl HostRows {
             self.table.push(at);
             self.single.push(1);
             self.last.push(i as u32);
-            self.pick.extend([0.0, 0.0]);
+            self.pick.extend([0.0; PICK_STRIDE]);
         }
     }
 
@@ -130,7 +134,7 @@ mod tests {
         assert_eq!(r.tables, vec![3, 4, 8, 99]);
         assert_eq!(r.last, vec![0, 1, 2, 3]);
         assert_eq!(r.single, vec![1, 1, 1, 1]);
-        assert_eq!(r.pick, vec![0.0; 8], "padding rows pick their argmax");
+        assert_eq!(r.pick, vec![0.0; 12], "padding rows pick their argmax");
     }
 
     #[test]
@@ -143,8 +147,8 @@ mod tests {
         ];
         let mut r = HostRows::new(&seqs);
         r.set_picks(&[Pick::Logits, Pick::Draw { temperature: 0.7, u: 0.25 }, Pick::Argmax]);
-        assert_eq!(r.pick, vec![0.0, 0.0, 0.7, 0.25, 0.0, 0.0]);
-        r.set_picks(&[Pick::Top { temperature: 0.9 }]);
-        assert_eq!(&r.pick[..2], &[0.9, -1.0]);
+        assert_eq!(r.pick, vec![0.0, 0.0, 0.0, 0.7, 0.25, 0.0, 0.0, 0.0, 0.0]);
+        r.set_picks(&[Pick::Top { temperature: 0.9, u: -1.0 }]);
+        assert_eq!(&r.pick[..3], &[0.9, -1.0, 1.0]);
     }
 }

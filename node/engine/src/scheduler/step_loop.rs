@@ -20,6 +20,7 @@ use crate::tokenizer::GgufTokenizer;
 
 mod admission;
 mod plan;
+mod sample;
 
 /// A sequence owned by the engine thread.
 #[derive(Debug)]
@@ -64,26 +65,6 @@ struct Seq {
 }
 
 impl Seq {
-    /// What picking this sequence's next token needs of a step: its
-    /// argmax (greedy), a plain temperature draw, the top candidates of a
-    /// top-k / top-p / min-p draw, or else the logits (logprobs, a
-    /// grammar's mask, bias, penalties).
-    fn pick(&self, vocab: usize) -> Pick {
-        if self.logprobs.is_some() || self.grammar.is_some() {
-            return Pick::Logits;
-        }
-        if self.sampler.plain_greedy(vocab) {
-            return Pick::Argmax;
-        }
-        if let Some((temperature, u)) = self.sampler.next_draw(vocab) {
-            return Pick::Draw { temperature, u };
-        }
-        match self.sampler.next_top(vocab) {
-            Some(temperature) => Pick::Top { temperature },
-            None => Pick::Logits,
-        }
-    }
-
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -480,127 +461,6 @@ impl StepLoop {
             self.reserve_slot(id);
         }
         self.publish();
-    }
-
-    /// Sample the next token of `running[idx]` from `row`, stream it, and
-    /// note whether the sequence is done or needs a KV slot.
-    fn sample_into(
-        &mut self,
-        idx: usize,
-        row: &Row<'_>,
-        done: &mut Vec<(usize, End)>,
-        need_slot: &mut Vec<u64>,
-    ) {
-        let eos = self.tok.eos_id;
-        let vocab = self.dec.vocab();
-        let seq = &mut self.running[idx];
-        match (row.pick, row.picked, row.top) {
-            // The device's argmax or draw: the token `sample` would pick
-            // from these logits at the same uniform, counted and drawn
-            // the same way. (A row asked for its logits is sampled here.)
-            (Pick::Argmax | Pick::Draw { .. }, Some(tok), _) => {
-                seq.sampler.replay(tok, vocab);
-                return self.take_token(idx, tok, None, done, need_slot);
-            }
-            // A top-k / top-p / min-p draw from the device's candidates,
-            // as `sample` draws it from the logits; unless its cut lies
-            // past them (a wide nucleus): then from the logits.
-            (Pick::Top { .. }, _, Some(top)) => {
-                if let Some(tok) = seq.sampler.sample_top(top, vocab) {
-                    return self.take_token(idx, tok, None, done, need_slot);
-                }
-            }
-            _ => {}
-        }
-        let fetched;
-        let row = match row.logits {
-            Some(l) => l,
-            None if row.top.is_some() => match self.dec.last_logits(&[row.at]) {
-                Ok(l) if l.len() == vocab => {
-                    fetched = l;
-                    &fetched
-                }
-                Ok(l) => {
-                    let msg = format!("the step's logits came back with {} values", l.len());
-                    return done.push((idx, Err(msg)));
-                }
-                Err(e) => return done.push((idx, Err(e.to_string()))),
-            },
-            None => {
-                let msg = "the step returned no logits for a sequence that needs them".to_string();
-                return done.push((idx, Err(msg)));
-            }
-        };
-        let (tok, lp) = match seq.grammar.as_mut() {
-            None => match seq.logprobs {
-                Some(n) => {
-                    let (t, lp) = seq.sampler.sample_with_logprobs(row, n);
-                    (t, Some(lp))
-                }
-                None => (seq.sampler.sample(row), None),
-            },
-            Some(g) => {
-                let mask = match g.mask(eos) {
-                    Ok(m) => m,
-                    Err(e) => return done.push((idx, Err(e.to_string()))),
-                };
-                // Every stop token (EOS, end of turn) ends the grammar's
-                // output, so each is allowed exactly when the grammar may end.
-                let stop_ids = &seq.stop_ids;
-                let allowed = |id: u32| {
-                    if id == eos || stop_ids.contains(&id) {
-                        mask.accepting
-                    } else {
-                        mask.allows(id)
-                    }
-                };
-                match seq.sampler.sample_masked(row, allowed, seq.logprobs) {
-                    Some(t) => t,
-                    None => {
-                        let msg = "grammar: no token is allowed".to_string();
-                        return done.push((idx, Err(msg)));
-                    }
-                }
-            }
-        };
-        self.take_token(idx, tok, lp, done, need_slot);
-    }
-
-    /// `tok` is `running[idx]`'s next token: stream it, and note whether
-    /// the sequence is done or needs a KV slot.
-    fn take_token(
-        &mut self,
-        idx: usize,
-        tok: u32,
-        lp: Option<Logprobs>,
-        done: &mut Vec<(usize, End)>,
-        need_slot: &mut Vec<u64>,
-    ) {
-        let context = self.dec.config().context_length;
-        let eos = self.tok.eos_id;
-        let seq = &mut self.running[idx];
-        if seq.stop_ids.contains(&tok) || (seq.grammar.is_some() && tok == eos) {
-            done.push((idx, Ok(FinishReason::Stop)));
-            return;
-        }
-        if let Some(g) = seq.grammar.as_mut() {
-            if let Err(e) = g.commit(tok) {
-                return done.push((idx, Err(e.to_string())));
-            }
-        }
-        seq.tokens.push(tok);
-        let st = seq.stop.push(self.tok.token_bytes(tok));
-        seq.emit(st.text, Some(tok), lp);
-        // A complete grammar (nothing may follow) ends the sequence now
-        // rather than after one more forward pass that can only give EOS.
-        let complete = seq.grammar.as_ref().is_some_and(SeqGrammar::is_stopped);
-        if st.stopped || complete {
-            done.push((idx, Ok(FinishReason::Stop)));
-        } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= context {
-            done.push((idx, Ok(FinishReason::Length)));
-        } else {
-            need_slot.push(seq.id);
-        }
     }
 
     /// Give the newest token of `id` a KV slot while blocks are short:

@@ -3,9 +3,9 @@
 
 use std::marker::PhantomData;
 
+use cubecl::bytes::Bytes;
 use cubecl::client::Client;
 use cubecl::prelude::*;
-use cubecl::bytes::Bytes;
 use cubecl::server::Handle;
 
 use super::GpuError;

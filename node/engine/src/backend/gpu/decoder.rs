@@ -291,7 +291,12 @@ impl GpuDecoder {
     /// ask for them (all, without device picks) and the candidates of
     /// those that ask for them. With candidates, the logits' buffer is
     /// kept for [`PagedDecoder::last_logits`].
-    fn read_out(&self, io: &StepIo, n: usize, picks: &[Pick]) -> std::result::Result<Read, GpuError> {
+    fn read_out(
+        &self,
+        io: &StepIo,
+        n: usize,
+        picks: &[Pick],
+    ) -> std::result::Result<Read, GpuError> {
         let (cl, vocab) = (&self.client, self.shape.vocab);
         if n == 0 {
             return Ok(Read { out: StepLogits::default(), kept: None });
@@ -322,7 +327,8 @@ impl GpuDecoder {
             .zip(top.chunks_exact(TOP_STRIDE))
             .map(|(&seq, r)| {
                 let cand = (0..k).map(|i| (r[i] as u32, r[TOP_N + i])).collect();
-                (seq, TopCandidates { cand, mass: r[2 * TOP_N] })
+                let unit_mass = f64::from(r[2 * TOP_N + 1]);
+                (seq, TopCandidates { cand, mass: r[2 * TOP_N], unit_mass })
             })
             .collect();
         let kept = (!topped.is_empty()).then(|| io.logits.clone());
@@ -331,11 +337,7 @@ impl GpuDecoder {
     }
 
     /// An eager step: buffers of the step's size, inputs uploaded.
-    fn step(
-        &self,
-        seqs: &[PagedSeq<'_>],
-        picks: &[Pick],
-    ) -> std::result::Result<Read, GpuError> {
+    fn step(&self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> std::result::Result<Read, GpuError> {
         let mut host = HostRows::new(seqs);
         host.set_picks(picks);
         let io = StepIo::upload(&self.client, self.shape, &host);
@@ -525,8 +527,6 @@ struct Layer<'a> {
     scale: f32,
     fused: Option<FusedRope<'a>>,
 }
-
-
 
 impl PagedDecoder for GpuDecoder {
     fn kind(&self) -> BackendKind {

@@ -418,9 +418,9 @@ pub fn add_rms_norm_q8(
 }
 
 /// `ids[r]` = row `r`'s token of `logits[rows, vocab]`: its argmax, or its
-/// draw at the `[temperature, uniform]` of `pick[2r..]`, or (a uniform of
-/// -1) its best candidates and mass in `top[r * TOP_STRIDE..]`
-/// ([`ops::pick_rows`]).
+/// draw at the `[temperature, uniform, candidates]` of `pick[3r..]`; with
+/// `candidates` 1 also its best candidates and masses in
+/// `top[r * TOP_STRIDE..]` ([`ops::pick_rows`]).
 pub fn pick_rows(
     c: &Client,
     logits: &DeviceBuf<f32>,
@@ -447,6 +447,7 @@ pub fn pick_rows(
 // as many as the host's sampler takes.
 const _: () = assert!(top::TOP_N == ops::PICK_THREADS);
 const _: () = assert!(top::TOP_N == crate::sampling::TOP_CANDIDATES);
+const _: () = assert!(ops::PICK_STRIDE == crate::backend::rows::PICK_STRIDE);
 
 /// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]` (with
 /// `exact`: ggml's SiLU, [`exact::swiglu_exact`]).

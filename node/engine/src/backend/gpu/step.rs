@@ -7,7 +7,7 @@ use super::kernels::attention::HeadShape;
 use super::kernels::top::TOP_STRIDE;
 use super::launch::{QActs, RowMeta};
 use super::DeviceBuf;
-use crate::backend::rows::HostRows;
+use crate::backend::rows::{HostRows, PICK_STRIDE};
 use crate::llama::LlamaConfig;
 use cubecl::client::Client;
 
@@ -56,7 +56,8 @@ pub struct StepIo {
     /// The last rows, normed.
     pub hl: DeviceBuf<f32>,
     pub logits: DeviceBuf<f32>,
-    /// Each sequence's `[temperature, uniform]` ([`HostRows::pick`]).
+    /// Each sequence's `[temperature, uniform, candidates]`
+    /// ([`HostRows::pick`]).
     pub pick: DeviceBuf<f32>,
     /// Each sequence's picked token: its argmax, or its draw.
     pub ids: DeviceBuf<u32>,
@@ -114,7 +115,7 @@ impl StepIo {
         };
         let tok = DeviceBuf::zeros(cl, rows);
         let (all, last) = (DeviceBuf::upload(cl, &ids), DeviceBuf::upload(cl, &ids));
-        let pick = DeviceBuf::zeros(cl, 2 * rows);
+        let pick = DeviceBuf::zeros(cl, PICK_STRIDE * rows);
         Self::with_inputs(cl, s, tok, meta, all, last, pick)
     }
 

@@ -142,13 +142,13 @@ impl GpuDecoder {
             Ok(())
         })?;
         // Every row drawing at temperature 1 instead (the OpenAI default).
-        let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5].repeat(n));
+        let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5, 0.0].repeat(n));
         time("pick (temperature draw)", &mut || {
             launch::pick_rows(&cl, &io.logits, &draws, &io.ids, &io.top, self.shape.vocab);
             Ok(())
         })?;
         // Every row a top-p draw instead: its best candidates selected.
-        let tops = DeviceBuf::upload(&cl, &[1.0f32, -1.0].repeat(n));
+        let tops = DeviceBuf::upload(&cl, &[1.0f32, -1.0, 1.0].repeat(n));
         time("pick (top candidates)", &mut || {
             launch::pick_rows(&cl, &io.logits, &tops, &io.ids, &io.top, self.shape.vocab);
             Ok(())

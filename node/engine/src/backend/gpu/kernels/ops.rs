@@ -128,36 +128,35 @@ pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
 /// Units per cube of [`pick_rows`].
 pub const PICK_THREADS: usize = 256;
 
-/// `out[r]` = row `r`'s token: with `pick[2r]` (its temperature) `<= 0`
-/// the index of its largest logit, the lowest index on ties (as the
-/// host's `sampling::argmax`, so a greedy token is the same whichever side
-/// picks it); with a positive temperature `t`, the token plain
-/// temperature sampling draws at the uniform `u = pick[2r + 1]`, as the
-/// host's `sampling::draw_temperature`: the first id whose running sum of
+/// Floats per row of [`pick_rows`]' `pick`: temperature, uniform, and
+/// whether to select the row's candidates.
+pub const PICK_STRIDE: usize = 3;
+
+/// `out[r]` = row `r`'s token, with `[t, u, sel] = pick[3r..]`: with the
+/// temperature `t <= 0` the index of its largest logit, the lowest index
+/// on ties (as the host's `sampling::argmax`, so a greedy token is the
+/// same whichever side picks it); with `t > 0` and the uniform `u >= 0`,
+/// the token plain temperature sampling draws at `u`, as the host's
+/// `sampling::draw_temperature`: the first id whose running sum of
 /// `exp(l / t - max / t)` passes `u` times the whole sum, the last id when
 /// rounding leaves none. The running sum is grouped by ranges of ids (unit
 /// `k` sums range `k` in order, unit 0 adds the ranges in order and scans
 /// the range the draw falls in), so it may round differently from the
 /// host's one sum: a draw right at a boundary between two tokens can
-/// differ, as a greedy token can where float logits differ.
+/// differ, as a greedy token can where float logits differ. With `t > 0`
+/// and `u < 0` (a draw the host finishes) the argmax.
 ///
-/// With a positive temperature and `u = -1` (a top-k / top-p / min-p
-/// draw the host finishes), row `r`'s best candidates instead
-/// ([`top::select_top`]) in `top[r * TOP_STRIDE..]`, followed by the
-/// whole sum of the draw above (its mass); `out[r]` is then its argmax.
+/// With `sel = 1` (a top-k / top-p / min-p draw, or logprobs), also the
+/// row's best candidates ([`top::select_top`]) in `top[r * TOP_STRIDE..]`,
+/// then the whole sum of the draw's weights above (0 without a draw) and
+/// the sum of `exp(l - max)` (temperature 1), both grouped as above.
 ///
 /// For the argmax each unit scans a stride of the row, keeping its first
 /// best; the units' bests meet in a shared-memory tree that prefers the
 /// lower index on equal values. Launch with `CubeCount (rows)`,
 /// `CubeDim (PICK_THREADS)`.
 #[cube(launch)]
-pub fn pick_rows(
-    logits: &[f32],
-    pick: &[f32],
-    out: &mut [u32],
-    top: &mut [f32],
-    vocab: usize,
-) {
+pub fn pick_rows(logits: &[f32], pick: &[f32], out: &mut [u32], top: &mut [f32], vocab: usize) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
     let base = row * vocab;
@@ -209,74 +208,105 @@ pub fn pick_rows(
         sync_cube();
         stride /= 2;
     }
-    // The same value for every unit of the cube: the branch is uniform.
-    let t = pick[2 * row];
-    let u = pick[2 * row + 1];
-    if t > 0.0 {
+    // The same values for every unit of the cube: the branches are uniform.
+    let t = pick[PICK_STRIDE * row];
+    let u = pick[PICK_STRIDE * row + 1];
+    let sel = pick[PICK_STRIDE * row + 2] > 0.5;
+    let at = row * TOP_STRIDE;
+    if t > 0.0 || sel {
         let max = sv[0];
         // Every unit has read the max before the sums overwrite it.
         sync_cube();
         let range = (vocab + PICK_THREADS - 1) / PICK_THREADS;
         let lo = select(tid * range < vocab, tid * range, vocab);
         let hi = select(lo + range < vocab, lo + range, vocab);
-        let mut s = 0.0f32.runtime();
+        // The draw's weights, and (for the candidates) those at
+        // temperature 1, whose sum gives the logprobs' normaliser.
+        let mut su = Shared::new_slice(PICK_THREADS);
+        let (mut s, mut s1) = (0.0f32.runtime(), 0.0f32.runtime());
         let mut i = lo;
         while i < hi {
-            s += weight(logits[base + i], t, max);
+            let l = logits[base + i];
+            if t > 0.0 {
+                s += weight(l, t, max);
+            }
+            if sel {
+                s1 += weight(l, 1.0, max);
+            }
             i += 1;
         }
         sv[tid] = s;
+        su[tid] = s1;
         sync_cube();
         if tid == 0 {
-            let mut total = 0.0f32.runtime();
+            let (mut total, mut total1) = (0.0f32.runtime(), 0.0f32.runtime());
             for k in 0..PICK_THREADS {
                 total += sv[k];
+                total1 += su[k];
             }
-            if u < 0.0 {
-                top[row * TOP_STRIDE + 2 * TOP_N] = total;
-                out[row] = si[0];
+            if sel {
+                top[at + 2 * TOP_N] = total;
+                top[at + 2 * TOP_N + 1] = total1;
+            }
+            if t > 0.0 && u >= 0.0 {
+                out[row] = draw_in_ranges(logits, base, vocab, &sv, range, t, max, u * total);
             } else {
-                let r = u * total;
-                // The first range whose end passes r, and the sum before it.
-                let (mut hit, mut before, mut sum) =
-                    (PICK_THREADS.runtime(), 0.0f32.runtime(), 0.0f32.runtime());
-                for k in 0..PICK_THREADS {
-                    let next = sum + sv[k];
-                    if hit == PICK_THREADS && r < next {
-                        hit = k;
-                        before = sum;
-                    }
-                    sum = next;
-                }
-                // Rounding left no range: the last id, as the host.
-                let mut tok = (vocab - 1) as u32;
-                if hit < PICK_THREADS {
-                    // The range's own sum again, in its order: it passes r by
-                    // its end at the latest (its last id otherwise).
-                    let lo = hit * range;
-                    let hi = select(lo + range < vocab, lo + range, vocab);
-                    let (mut acc, mut found) = (0.0f32.runtime(), false.runtime());
-                    tok = (hi - 1) as u32;
-                    let mut i = lo;
-                    while i < hi {
-                        acc += weight(logits[base + i], t, max);
-                        if !found && r < before + acc {
-                            tok = i as u32;
-                            found = true;
-                        }
-                        i += 1;
-                    }
-                }
-                out[row] = tok;
+                out[row] = si[0];
             }
         }
-        // The same `u` for every unit: the branch is uniform.
-        if u < 0.0 {
-            select_top(logits, base, vocab, tid, top, row * TOP_STRIDE);
+        if sel {
+            select_top(logits, base, vocab, tid, top, at);
         }
     } else if tid == 0 {
         out[row] = si[0];
     }
+}
+
+/// The token whose running sum of weights (at temperature `t`) first
+/// passes `r`: the range `sums` says it falls in, rescanned in order; the
+/// last id when rounding leaves none.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn draw_in_ranges(
+    logits: &[f32],
+    base: usize,
+    vocab: usize,
+    sums: &[f32],
+    range: usize,
+    t: f32,
+    max: f32,
+    r: f32,
+) -> u32 {
+    // The first range whose end passes r, and the sum before it.
+    let (mut hit, mut before, mut sum) =
+        (PICK_THREADS.runtime(), 0.0f32.runtime(), 0.0f32.runtime());
+    for k in 0..PICK_THREADS {
+        let next = sum + sums[k];
+        if hit == PICK_THREADS && r < next {
+            hit = k;
+            before = sum;
+        }
+        sum = next;
+    }
+    let mut tok = (vocab - 1) as u32;
+    if hit < PICK_THREADS {
+        // The range's own sum again, in its order: it passes r by its
+        // end at the latest (its last id otherwise).
+        let lo = hit * range;
+        let hi = select(lo + range < vocab, lo + range, vocab);
+        let (mut acc, mut found) = (0.0f32.runtime(), false.runtime());
+        tok = (hi - 1) as u32;
+        let mut i = lo;
+        while i < hi {
+            acc += weight(logits[base + i], t, max);
+            if !found && r < before + acc {
+                tok = i as u32;
+                found = true;
+            }
+            i += 1;
+        }
+    }
+    tok
 }
 
 /// A logit's unnormalised probability at temperature `t` (the host's

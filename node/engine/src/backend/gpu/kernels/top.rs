@@ -10,8 +10,8 @@ pub const TOP_N: usize = 256;
 
 /// Floats per row of the candidates' buffer: `TOP_N` ids (exact in f32:
 /// vocabularies stay below 2²⁴), then their `TOP_N` logits, then the
-/// row's mass (`ops::pick_rows`).
-pub const TOP_STRIDE: usize = 2 * TOP_N + 1;
+/// row's mass at the draw's temperature and at 1 (`ops::pick_rows`).
+pub const TOP_STRIDE: usize = 2 * TOP_N + 2;
 
 /// Largest vocabulary whose ids the candidates carry exactly (f32) and
 /// the id passes below cover (three bytes).

@@ -1,0 +1,185 @@
+//! A sequence's next token from its row of a step: picked on the device
+//! (an argmax, a draw, or finished on the host from the row's best
+//! candidates), or sampled on the host from the row's logits, which a
+//! GPU returns only for the sequences that need them (`backend::Pick`).
+
+use std::borrow::Cow;
+
+use super::{End, Row, Seq, StepLoop};
+use crate::backend::{PagedDecoder, Pick};
+use crate::constraint::SeqGrammar;
+use crate::generate::FinishReason;
+use crate::sampling::{logprobs, logprobs_from_top, Logprobs};
+
+impl Seq {
+    /// What picking this sequence's next token needs of a step: its
+    /// argmax (greedy), a plain temperature draw, the top candidates of a
+    /// top-k / top-p / min-p draw or of a sequence with logprobs (with its
+    /// argmax or draw), or else the logits (a grammar's mask, bias,
+    /// penalties).
+    pub(super) fn pick(&self, vocab: usize) -> Pick {
+        if self.grammar.is_some() {
+            return Pick::Logits;
+        }
+        let scored = self.logprobs.is_some();
+        if self.sampler.plain_greedy(vocab) {
+            return if scored { Pick::Top { temperature: 0.0, u: 0.0 } } else { Pick::Argmax };
+        }
+        if let Some((temperature, u)) = self.sampler.next_draw(vocab) {
+            return if scored {
+                Pick::Top { temperature, u }
+            } else {
+                Pick::Draw { temperature, u }
+            };
+        }
+        match self.sampler.next_top(vocab) {
+            Some(temperature) => Pick::Top { temperature, u: -1.0 },
+            None => Pick::Logits,
+        }
+    }
+}
+
+/// `row`'s logits: as the step returned them, or read after it (a
+/// sequence whose candidates missed its cut or its token).
+fn row_logits<'a>(
+    dec: &mut dyn PagedDecoder,
+    row: &Row<'a>,
+    vocab: usize,
+) -> Result<Cow<'a, [f32]>, String> {
+    if let Some(l) = row.logits {
+        return Ok(Cow::Borrowed(l));
+    }
+    if row.top.is_none() {
+        return Err("the step returned no logits for a sequence that needs them".into());
+    }
+    match dec.last_logits(&[row.at]) {
+        Ok(l) if l.len() == vocab => Ok(Cow::Owned(l)),
+        Ok(l) => Err(format!("the step's logits came back with {} values", l.len())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl StepLoop {
+    /// Sample the next token of `running[idx]` from `row`, stream it, and
+    /// note whether the sequence is done or needs a KV slot.
+    pub(super) fn sample_into(
+        &mut self,
+        idx: usize,
+        row: &Row<'_>,
+        done: &mut Vec<(usize, End)>,
+        need_slot: &mut Vec<u64>,
+    ) {
+        let vocab = self.dec.vocab();
+        let seq = &mut self.running[idx];
+        let picked = match (row.pick, row.picked, row.top) {
+            // The device's argmax or draw: the token `sample` would pick
+            // from these logits at the same uniform, counted and drawn
+            // the same way. (A row asked for its logits is sampled here.)
+            (Pick::Argmax | Pick::Draw { .. }, Some(tok), _) => {
+                seq.sampler.replay(tok, vocab);
+                Some(tok)
+            }
+            (Pick::Top { temperature, u }, Some(tok), Some(_))
+                if temperature <= 0.0 || u >= 0.0 =>
+            {
+                seq.sampler.replay(tok, vocab);
+                Some(tok)
+            }
+            // A top-k / top-p / min-p draw from the device's candidates,
+            // as `sample` draws it from the logits; unless its cut lies
+            // past them (a wide nucleus): then from the logits below.
+            (Pick::Top { .. }, _, Some(top)) => seq.sampler.sample_top(top, vocab),
+            _ => None,
+        };
+        if let Some(tok) = picked {
+            // Logprobs from the candidates, or the row where the token
+            // lies outside them.
+            let lp = match seq.logprobs {
+                None => None,
+                Some(n) => match row.top.and_then(|top| logprobs_from_top(top, tok, n)) {
+                    Some(lp) => Some(lp),
+                    None => match row_logits(self.dec.as_mut(), row, vocab) {
+                        Ok(l) => Some(logprobs(&l, tok, n)),
+                        Err(e) => return done.push((idx, Err(e))),
+                    },
+                },
+            };
+            return self.take_token(idx, tok, lp, done, need_slot);
+        }
+        let logits = match row_logits(self.dec.as_mut(), row, vocab) {
+            Ok(l) => l,
+            Err(e) => return done.push((idx, Err(e))),
+        };
+        let (eos, seq) = (self.tok.eos_id, &mut self.running[idx]);
+        let (tok, lp) = match seq.grammar.as_mut() {
+            None => match seq.logprobs {
+                Some(n) => {
+                    let (t, lp) = seq.sampler.sample_with_logprobs(&logits, n);
+                    (t, Some(lp))
+                }
+                None => (seq.sampler.sample(&logits), None),
+            },
+            Some(g) => {
+                let mask = match g.mask(eos) {
+                    Ok(m) => m,
+                    Err(e) => return done.push((idx, Err(e.to_string()))),
+                };
+                // Every stop token (EOS, end of turn) ends the grammar's
+                // output, so each is allowed exactly when the grammar may end.
+                let stop_ids = &seq.stop_ids;
+                let allowed = |id: u32| {
+                    if id == eos || stop_ids.contains(&id) {
+                        mask.accepting
+                    } else {
+                        mask.allows(id)
+                    }
+                };
+                match seq.sampler.sample_masked(&logits, allowed, seq.logprobs) {
+                    Some(t) => t,
+                    None => {
+                        let msg = "grammar: no token is allowed".to_string();
+                        return done.push((idx, Err(msg)));
+                    }
+                }
+            }
+        };
+        self.take_token(idx, tok, lp, done, need_slot);
+    }
+
+    /// `tok` is `running[idx]`'s next token: stream it, and note whether
+    /// the sequence is done or needs a KV slot.
+    pub(super) fn take_token(
+        &mut self,
+        idx: usize,
+        tok: u32,
+        lp: Option<Logprobs>,
+        done: &mut Vec<(usize, End)>,
+        need_slot: &mut Vec<u64>,
+    ) {
+        let context = self.dec.config().context_length;
+        let eos = self.tok.eos_id;
+        let seq = &mut self.running[idx];
+        if seq.stop_ids.contains(&tok) || (seq.grammar.is_some() && tok == eos) {
+            done.push((idx, Ok(FinishReason::Stop)));
+            return;
+        }
+        if let Some(g) = seq.grammar.as_mut() {
+            if let Err(e) = g.commit(tok) {
+                return done.push((idx, Err(e.to_string())));
+            }
+        }
+        seq.tokens.push(tok);
+        let st = seq.stop.push(self.tok.token_bytes(tok));
+        seq.emit(st.text, Some(tok), lp);
+        // A complete grammar (nothing may follow) ends the sequence now
+        // rather than after one more forward pass that can only give EOS.
+        let complete = seq.grammar.as_ref().is_some_and(SeqGrammar::is_stopped);
+        if st.stopped || complete {
+            done.push((idx, Ok(FinishReason::Stop)));
+        } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= context {
+            done.push((idx, Ok(FinishReason::Length)));
+        } else {
+            need_slot.push(seq.id);
+        }
+    }
+}
