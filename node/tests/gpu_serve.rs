@@ -105,7 +105,10 @@ fn a_gpu_worker_serves_chat_through_the_gateway() {
     assert!(rate > 0.0, "decode speed measured on the GPU: {rate}");
 
     let m = gw.json("GET", "/v1/models/smollm2-135m-instruct", &key, "");
-    assert_eq!(m["gnus"]["decode_tokens_per_s"].as_f64(), Some(rate), "{m}");
+    // As logged, within the last bit of serde_json's float parsing (not
+    // correctly rounded without its `float_roundtrip` feature).
+    let listed = m["gnus"]["decode_tokens_per_s"].as_f64().unwrap_or_else(|| panic!("{m}"));
+    assert!((listed - rate).abs() <= rate * 1e-12, "{m}");
 
     let body = r#"{"model":"smollm2-135m-instruct","max_tokens":8,"temperature":0,
                    "messages":[{"role":"user","content":"Name a colour."}]}"#;
@@ -115,6 +118,23 @@ fn a_gpu_worker_serves_chat_through_the_gateway() {
     eprintln!("GPU chat in {:.1}s: {text:?} ({rate:.1} tok/s measured)", t.elapsed().as_secs_f64());
     assert!(!text.trim().is_empty(), "answered nothing: {r}");
     assert!(r["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{r}");
+
+    // A seeded top-p draw with logprobs: each token drawn from the
+    // device's best candidates, its logprobs computed from them.
+    let body = r#"{"model":"smollm2-135m-instruct","max_tokens":8,"top_p":0.9,"seed":7,
+                   "logprobs":true,"top_logprobs":2,
+                   "messages":[{"role":"user","content":"Name a colour."}]}"#;
+    let r = gw.json("POST", "/v1/chat/completions", &key, body);
+    let content =
+        r["choices"][0]["logprobs"]["content"].as_array().unwrap_or_else(|| panic!("{r}"));
+    eprintln!("GPU top-p 0.9: {:?}", r["choices"][0]["message"]["content"]);
+    assert_eq!(content.len() as u64, r["usage"]["completion_tokens"].as_u64().unwrap(), "{r}");
+    for c in content {
+        let lp = c["logprob"].as_f64().unwrap();
+        let top = c["top_logprobs"].as_array().unwrap();
+        assert!(lp <= 0.0 && top.len() == 2, "{c}");
+        assert!(top[0]["logprob"].as_f64().unwrap() >= lp, "{c}");
+    }
 }
 
 #[test]
