@@ -61,6 +61,10 @@ pub struct DecodeFigure {
     /// Streams whose first tokens equal the CPU decoder's greedy
     /// continuation of the prompt (as many as the parity check compared).
     pub streams_match_cpu: usize,
+    /// Rows read back after their step during the measurement: draws
+    /// whose cut lay past the device's best candidates
+    /// (`BatchEngine::rows_read_after_step`).
+    pub rows_read_after: u64,
 }
 
 /// A decoder against the CPU decoder on the check's prompts.
@@ -395,6 +399,7 @@ fn measure(
     reference: &[u32],
     sampling: Option<&SamplingOptions>,
 ) -> Result<DecodeFigure> {
+    let read_before = engine.rows_read_after_step();
     let streams = (0..batch)
         .map(|i| engine.submit(request(prompt, tokens + 1, i, sampling)))
         .collect::<Result<Vec<_>>>()?;
@@ -446,6 +451,7 @@ fn measure(
         tokens_per_s,
         streams_equal,
         streams_match_cpu,
+        rows_read_after: engine.rows_read_after_step() - read_before,
     })
 }
 

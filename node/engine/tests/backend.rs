@@ -147,6 +147,8 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
     assert_eq!(r.decode_nucleus.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
     for d in r.decode_sampled.iter().chain(&r.decode_nucleus) {
         assert!(d.tokens > 0 && d.tokens_per_s > 0.0, "{d:?}");
+        // The CPU returns every row's logits: none is read after its step.
+        assert_eq!(d.rows_read_after, 0, "{d:?}");
         assert_eq!((d.streams_equal, d.streams_match_cpu), (d.batch, d.batch), "{d:?}");
     }
     // Graphs are a GPU decoder's; the CPU has no eager twin to measure.

@@ -535,6 +535,7 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     }
     let (tops, misses) = (n_of(&counts.tops) - tops_before, n_of(&counts.misses) - misses_before);
     eprintln!("{tokens} tokens: {tops} candidate rows, {misses} read after their step");
+    assert_eq!(select.rows_read_after_step(), n_of(&counts.misses) as u64, "counted as read");
     assert!(tops >= tokens, "every cut token asked for candidates: {tops} of {tokens}");
     assert!(misses > 0 && misses < tops, "{misses} misses of {tops}");
 }

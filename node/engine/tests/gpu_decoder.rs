@@ -207,6 +207,9 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
         assert_eq!(beside, alone, "top-p {}: a draw does not depend on the batch", o.top_p);
         assert_eq!(other, g, "top-p {}: nor does the greedy stream beside it", o.top_p);
     }
+    // The hot nucleus lay past the candidates at some step: that row was
+    // read after its step.
+    assert!(gpu.rows_read_after_step() > 0);
     // Greedy with logprobs (from the device's candidates): the greedy
     // tokens, each the best of its alternatives.
     let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);

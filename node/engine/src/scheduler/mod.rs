@@ -273,6 +273,8 @@ struct Shared {
     interactive_arrivals: Arc<AtomicU64>,
     /// Batch-only steps that gave way to an interactive arrival.
     yielded: AtomicU64,
+    /// Rows read back after their step (`PagedDecoder::last_logits`).
+    rows_read_after: AtomicU64,
 }
 
 impl Shared {
@@ -465,6 +467,14 @@ impl BatchEngine {
     /// done again at a later step).
     pub fn yielded_steps(&self) -> u64 {
         self.inner.shared.yielded.load(Ordering::Relaxed)
+    }
+
+    /// Rows whose logits were read back after their step: a draw whose
+    /// cut, or a drawn token whose logprobs, lay past the best candidates
+    /// the decoder returned (`backend::Pick::Top`). 0 on the CPU, which
+    /// returns every row.
+    pub fn rows_read_after_step(&self) -> u64 {
+        self.inner.shared.rows_read_after.load(Ordering::Relaxed)
     }
 
     /// Validate and queue a request. Fails at once with

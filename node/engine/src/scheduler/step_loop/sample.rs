@@ -4,6 +4,7 @@
 //! GPU returns only for the sequences that need them (`backend::Pick`).
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{End, Row, Seq, StepLoop};
 use crate::backend::{PagedDecoder, Pick};
@@ -40,11 +41,13 @@ impl Seq {
 }
 
 /// `row`'s logits: as the step returned them, or read after it (a
-/// sequence whose candidates missed its cut or its token).
+/// sequence whose candidates missed its cut or its token), counted in
+/// `read_after`.
 fn row_logits<'a>(
     dec: &mut dyn PagedDecoder,
     row: &Row<'a>,
     vocab: usize,
+    read_after: &AtomicU64,
 ) -> Result<Cow<'a, [f32]>, String> {
     if let Some(l) = row.logits {
         return Ok(Cow::Borrowed(l));
@@ -52,6 +55,7 @@ fn row_logits<'a>(
     if row.top.is_none() {
         return Err("the step returned no logits for a sequence that needs them".into());
     }
+    read_after.fetch_add(1, Ordering::Relaxed);
     match dec.last_logits(&[row.at]) {
         Ok(l) if l.len() == vocab => Ok(Cow::Owned(l)),
         Ok(l) => Err(format!("the step's logits came back with {} values", l.len())),
@@ -69,7 +73,7 @@ impl StepLoop {
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
-        let vocab = self.dec.vocab();
+        let (vocab, read_after) = (self.dec.vocab(), &self.shared.rows_read_after);
         let seq = &mut self.running[idx];
         let picked = match (row.pick, row.picked, row.top) {
             // The device's argmax or draw: the token `sample` would pick
@@ -98,7 +102,7 @@ impl StepLoop {
                 None => None,
                 Some(n) => match row.top.and_then(|top| logprobs_from_top(top, tok, n)) {
                     Some(lp) => Some(lp),
-                    None => match row_logits(self.dec.as_mut(), row, vocab) {
+                    None => match row_logits(self.dec.as_mut(), row, vocab, read_after) {
                         Ok(l) => Some(logprobs(&l, tok, n)),
                         Err(e) => return done.push((idx, Err(e))),
                     },
@@ -106,7 +110,7 @@ impl StepLoop {
             };
             return self.take_token(idx, tok, lp, done, need_slot);
         }
-        let logits = match row_logits(self.dec.as_mut(), row, vocab) {
+        let logits = match row_logits(self.dec.as_mut(), row, vocab, read_after) {
             Ok(l) => l,
             Err(e) => return done.push((idx, Err(e))),
         };
