@@ -179,15 +179,15 @@ pub struct StepLogits {
     /// sequences `rows` names, in its order; empty when no sequence asked
     /// for them and `picked` is given.
     pub logits: Vec<f32>,
-    /// The sequences whose rows `logits` holds when not all: a GPU copies
-    /// back only the rows asked for ([`Pick::Logits`]).
+    /// The sequences whose rows `logits` holds when not all, ascending: a
+    /// GPU copies back only the rows asked for ([`Pick::Logits`]).
     pub rows: Option<Vec<usize>>,
     /// Each sequence's pick, where the backend computes it: for
     /// [`Pick::Draw`] the drawn token, for the others the argmax (ties to
     /// the lowest id, as [`crate::sampling::argmax`]).
     pub picked: Option<Vec<u32>>,
     /// The [`TopCandidates`] of the sequences that asked ([`Pick::Top`]),
-    /// by sequence, where the backend computes them.
+    /// by sequence (ascending), where the backend computes them.
     pub tops: Vec<(usize, TopCandidates)>,
 }
 
@@ -196,14 +196,16 @@ impl StepLogits {
     pub fn row(&self, seq: usize, vocab: usize) -> Option<&[f32]> {
         let at = match &self.rows {
             None => seq,
-            Some(rows) => rows.iter().position(|&r| r == seq)?,
+            // Found by halves: a step looks up each of its (up to 256) rows.
+            Some(rows) => rows.binary_search(&seq).ok()?,
         };
         self.logits.get(at * vocab..(at + 1) * vocab)
     }
 
     /// Sequence `seq`'s candidates, where they came back.
     pub fn top(&self, seq: usize) -> Option<&TopCandidates> {
-        self.tops.iter().find(|(s, _)| *s == seq).map(|(_, t)| t)
+        let at = self.tops.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+        Some(&self.tops[at].1)
     }
 }
 

@@ -417,6 +417,7 @@ impl StepLoop {
         self.shared.steps.fetch_add(1, Ordering::Relaxed);
         let mut done: Vec<(usize, End)> = Vec::new();
         let mut need_slot: Vec<u64> = Vec::new();
+        let mut deferred = Vec::new();
         for (wi, w) in work.iter().enumerate() {
             let seq = &mut self.running[w.idx];
             seq.computed = w.start + w.n;
@@ -445,10 +446,12 @@ impl StepLoop {
                 child.wait_steps = parent.wait_steps;
                 self.running.push(child);
                 let idx = self.running.len() - 1;
-                self.sample_into(idx, &row, &mut done, &mut need_slot);
+                self.sample_into(idx, &row, &mut done, &mut need_slot, &mut deferred);
             }
-            self.sample_into(w.idx, &row, &mut done, &mut need_slot);
+            self.sample_into(w.idx, &row, &mut done, &mut need_slot, &mut deferred);
         }
+        // Rows read after the step (candidates that missed): one read.
+        self.sample_read(&deferred, &mut done, &mut need_slot);
         done.sort_unstable_by_key(|d| d.0);
         for (idx, end) in done.into_iter().rev() {
             let seq = self.running.remove(idx);

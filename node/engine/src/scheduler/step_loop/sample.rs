@@ -3,11 +3,10 @@
 //! candidates), or sampled on the host from the row's logits, which a
 //! GPU returns only for the sequences that need them (`backend::Pick`).
 
-use std::borrow::Cow;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::{End, Row, Seq, StepLoop};
-use crate::backend::{PagedDecoder, Pick};
+use crate::backend::Pick;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
 use crate::sampling::{logprobs, logprobs_from_top, Logprobs};
@@ -40,40 +39,31 @@ impl Seq {
     }
 }
 
-/// `row`'s logits: as the step returned them, or read after it (a
-/// sequence whose candidates missed its cut or its token), counted in
-/// `read_after`.
-fn row_logits<'a>(
-    dec: &mut dyn PagedDecoder,
-    row: &Row<'a>,
-    vocab: usize,
-    read_after: &AtomicU64,
-) -> Result<Cow<'a, [f32]>, String> {
-    if let Some(l) = row.logits {
-        return Ok(Cow::Borrowed(l));
-    }
-    if row.top.is_none() {
-        return Err("the step returned no logits for a sequence that needs them".into());
-    }
-    read_after.fetch_add(1, Ordering::Relaxed);
-    match dec.last_logits(&[row.at]) {
-        Ok(l) if l.len() == vocab => Ok(Cow::Owned(l)),
-        Ok(l) => Err(format!("the step's logits came back with {} values", l.len())),
-        Err(e) => Err(e.to_string()),
-    }
+/// A sequence whose row must be read after its step (its candidates
+/// missed its cut, or its drawn token): all of a step's are read at once
+/// ([`StepLoop::sample_read`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deferred {
+    idx: usize,
+    /// Its index among the step's sequences.
+    at: usize,
+    /// Its token, where the device picked it (its logprobs need the row).
+    token: Option<u32>,
 }
 
 impl StepLoop {
     /// Sample the next token of `running[idx]` from `row`, stream it, and
-    /// note whether the sequence is done or needs a KV slot.
+    /// note whether the sequence is done or needs a KV slot; or, where it
+    /// needs its row read after the step, note that in `deferred`.
     pub(super) fn sample_into(
         &mut self,
         idx: usize,
         row: &Row<'_>,
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
+        deferred: &mut Vec<Deferred>,
     ) {
-        let (vocab, read_after) = (self.dec.vocab(), &self.shared.rows_read_after);
+        let vocab = self.dec.vocab();
         let seq = &mut self.running[idx];
         let picked = match (row.pick, row.picked, row.top) {
             // The device's argmax or draw: the token `sample` would pick
@@ -95,6 +85,9 @@ impl StepLoop {
             (Pick::Top { .. }, _, Some(top)) => seq.sampler.sample_top(top, vocab),
             _ => None,
         };
+        // Without its logits, a row with candidates is read after the step.
+        let read_later = row.logits.is_none() && row.top.is_some();
+        let no_logits = "the step returned no logits for a sequence that needs them";
         if let Some(tok) = picked {
             // Logprobs from the candidates, or the row where the token
             // lies outside them.
@@ -102,26 +95,76 @@ impl StepLoop {
                 None => None,
                 Some(n) => match row.top.and_then(|top| logprobs_from_top(top, tok, n)) {
                     Some(lp) => Some(lp),
-                    None => match row_logits(self.dec.as_mut(), row, vocab, read_after) {
-                        Ok(l) => Some(logprobs(&l, tok, n)),
-                        Err(e) => return done.push((idx, Err(e))),
+                    None => match row.logits {
+                        Some(l) => Some(logprobs(l, tok, n)),
+                        None if read_later => {
+                            return deferred.push(Deferred { idx, at: row.at, token: Some(tok) })
+                        }
+                        None => return done.push((idx, Err(no_logits.into()))),
                     },
                 },
             };
             return self.take_token(idx, tok, lp, done, need_slot);
         }
-        let logits = match row_logits(self.dec.as_mut(), row, vocab, read_after) {
-            Ok(l) => l,
-            Err(e) => return done.push((idx, Err(e))),
+        match row.logits {
+            Some(l) => self.sample_logits(idx, l, done, need_slot),
+            None if read_later => deferred.push(Deferred { idx, at: row.at, token: None }),
+            None => done.push((idx, Err(no_logits.into()))),
+        }
+    }
+
+    /// Finish the `deferred` sequences of a step from their rows, read in
+    /// one read.
+    pub(super) fn sample_read(
+        &mut self,
+        deferred: &[Deferred],
+        done: &mut Vec<(usize, End)>,
+        need_slot: &mut Vec<u64>,
+    ) {
+        if deferred.is_empty() {
+            return;
+        }
+        let vocab = self.dec.vocab();
+        let ats: Vec<usize> = deferred.iter().map(|d| d.at).collect();
+        self.shared.rows_read_after.fetch_add(ats.len() as u64, Ordering::Relaxed);
+        let rows = match self.dec.last_logits(&ats) {
+            Ok(l) if l.len() == ats.len() * vocab => l,
+            other => {
+                let msg = match other {
+                    Ok(l) => format!("the step's logits came back with {} values", l.len()),
+                    Err(e) => e.to_string(),
+                };
+                return deferred.iter().for_each(|d| done.push((d.idx, Err(msg.clone()))));
+            }
         };
+        for (d, l) in deferred.iter().zip(rows.chunks_exact(vocab)) {
+            match (d.token, self.running[d.idx].logprobs) {
+                (Some(tok), Some(n)) => {
+                    self.take_token(d.idx, tok, Some(logprobs(l, tok, n)), done, need_slot)
+                }
+                (Some(tok), None) => self.take_token(d.idx, tok, None, done, need_slot),
+                (None, _) => self.sample_logits(d.idx, l, done, need_slot),
+            }
+        }
+    }
+
+    /// Sample the next token of `running[idx]` from its `logits` on the
+    /// host: with logprobs, or among a grammar's allowed tokens.
+    fn sample_logits(
+        &mut self,
+        idx: usize,
+        logits: &[f32],
+        done: &mut Vec<(usize, End)>,
+        need_slot: &mut Vec<u64>,
+    ) {
         let (eos, seq) = (self.tok.eos_id, &mut self.running[idx]);
         let (tok, lp) = match seq.grammar.as_mut() {
             None => match seq.logprobs {
                 Some(n) => {
-                    let (t, lp) = seq.sampler.sample_with_logprobs(&logits, n);
+                    let (t, lp) = seq.sampler.sample_with_logprobs(logits, n);
                     (t, Some(lp))
                 }
-                None => (seq.sampler.sample(&logits), None),
+                None => (seq.sampler.sample(logits), None),
             },
             Some(g) => {
                 let mask = match g.mask(eos) {
@@ -138,7 +181,7 @@ impl StepLoop {
                         mask.allows(id)
                     }
                 };
-                match seq.sampler.sample_masked(&logits, allowed, seq.logprobs) {
+                match seq.sampler.sample_masked(logits, allowed, seq.logprobs) {
                     Some(t) => t,
                     None => {
                         let msg = "grammar: no token is allowed".to_string();
