@@ -51,6 +51,24 @@ fn two_part_stack(rng: &mut Rng, rows: (usize, usize)) -> (QMatrix, Vec<u8>, Vec
     (m, a, b)
 }
 
+/// Every weight type the float matmul reads.
+const ALL_TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// `shapes`, with widths rounded up to whole 256-element super-blocks for
+/// a K-quant (576 becomes 768: 24 blocks of 32 against the 18 of 576).
+fn shapes(ty: GgmlType, shapes: [(usize, usize); 2]) -> [(usize, usize); 2] {
+    let (per, _) = ty.block_layout();
+    shapes.map(|(r, c)| (r, c.next_multiple_of(per)))
+}
+
 fn max_rel(a: &[f32], b: &[f32], scale: &[f64]) -> f64 {
     a.iter()
         .zip(b)
@@ -105,8 +123,8 @@ fn check_matmul(c: &Client, m: &QMatrix, w: &[f32], n: usize, rng: &mut Rng) -> 
 fn quantized_matmul_matches_the_dequantized_weights() {
     let c = client();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        for (rows, cols) in [(37, 96), (64, 576)] {
+    for ty in ALL_TYPES {
+        for (rows, cols) in shapes(ty, [(37, 96), (64, 576)]) {
             let bytes = gguf_blocks(&mut rng, ty, rows, cols);
             let m = QMatrix::from_gguf(ty, rows, cols, &bytes);
             let w = dequantize(ty, &bytes);
@@ -163,8 +181,8 @@ fn the_matmul_kernels_agree_bit_for_bit() {
     let run =
         |m: &GpuMatrix, x: &DeviceBuf<f32>, n: usize, k: MatmulKernel| run_in(m, x, n, k, Input::Rows);
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        for (rows, cols) in [(70, 1536), (45, 576)] {
+    for ty in ALL_TYPES {
+        for (rows, cols) in shapes(ty, [(70, 1536), (45, 576)]) {
             let m = QMatrix::from_gguf(ty, rows, cols, &gguf_blocks(&mut rng, ty, rows, cols));
             let g = GpuMatrix::upload(&c, &m).unwrap();
             for n in [1, 2, 3, 9, 21, 64, 100] {
@@ -359,7 +377,7 @@ fn embedding_rows_match_the_cpu_rows() {
         let tokens = [3u32, 49, 0, 3, 17];
         let g = GpuMatrix::upload(&c, &m).unwrap();
         let (ht, hx) = (DeviceBuf::upload(&c, &tokens), DeviceBuf::<f32>::uninit(&c, 5 * cols));
-        launch::embed(&c, &g, &ht, &hx, None);
+        launch::embed(&c, &g, &ht, &hx, 1.0, None);
         let got = hx.read(&c).unwrap();
         let mut want = vec![0f32; 5 * cols];
         for (i, &t) in tokens.iter().enumerate() {
@@ -371,7 +389,7 @@ fn embedding_rows_match_the_cpu_rows() {
         assert!(e <= 2.5e-7, "{ty:?}: {e:e}");
         // In the CPU's arithmetic (`exact::embed_exact`, with the f64
         // `fma` of wgpu): the same bits.
-        launch::embed(&c, &g, &ht, &hx, Some(true));
+        launch::embed(&c, &g, &ht, &hx, 1.0, Some(true));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&hx.read(&c).unwrap()), bits(&want), "{ty:?}, exact");
     }
@@ -409,6 +427,93 @@ fn rms_norm_and_swiglu_match_the_cpu() {
     let e = max_rel(&ha.read(&c).unwrap(), &want, &scale);
     eprintln!("swiglu: {e:.2e}");
     assert!(e <= 1e-5, "swiglu {e:e}");
+}
+
+/// gemma3's ops against the CPU's: the per-head Q/K norms (Q then
+/// scaled, V untouched), the post-norm residual add, and GeGLU read by a
+/// matmul against the matmul of the CPU's GeGLU rows (the f16 table).
+#[test]
+fn gemma_ops_match_the_cpu() {
+    let c = client();
+    let mut rng = Rng(29);
+    let (n, hd, eps) = (3, 256, 1e-6);
+    let sh = HeadShape { n_heads: 4, n_kv_heads: 1, head_dim: hd, neox: true };
+    let width = sh.width();
+    let qkv: Vec<f32> = rng.vec(n * width).iter().map(|v| v * 3.0).collect();
+    let (qn, kn) = (rng.vec(hd), rng.vec(hd));
+    let hq = DeviceBuf::upload(&c, &qkv);
+    let (hqn, hkn) = (DeviceBuf::upload(&c, &qn), DeviceBuf::upload(&c, &kn));
+    launch::head_norm(&c, sh, &hq, n, &hqn, &hkn, 0.0625, eps);
+    let got = hq.read(&c).unwrap();
+    let mut want = qkv.clone();
+    for row in want.chunks_exact_mut(width) {
+        let (q, rest) = row.split_at_mut(4 * hd);
+        rms_norm_rows(q, &qn, eps);
+        q.iter_mut().for_each(|v| *v *= 0.0625);
+        rms_norm_rows(&mut rest[..hd], &kn, eps);
+    }
+    let scale: Vec<f64> = want.iter().map(|v| (v.abs() as f64).max(1e-2)).collect();
+    let e = max_rel(&got, &want, &scale);
+    eprintln!("head_norm: {e:.2e}");
+    assert!(e <= 1e-5, "head_norm {e:e}");
+    for r in 0..n {
+        let v = r * width + 5 * hd..(r + 1) * width;
+        assert_eq!(got[v.clone()], qkv[v], "V of row {r} untouched");
+    }
+
+    let hid = 640;
+    let (x, d, w) = (rng.vec(n * hid), rng.vec(n * hid), rng.vec(hid));
+    let (hx, hd_) = (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &d));
+    launch::add_normed(&c, &hx, &hd_, &DeviceBuf::upload(&c, &w), n, eps);
+    let mut normed = d.clone();
+    rms_norm_rows(&mut normed, &w, eps);
+    let want: Vec<f32> = x.iter().zip(&normed).map(|(a, b)| a + b).collect();
+    let scale: Vec<f64> = want.iter().map(|v| (v.abs() as f64).max(1e-2)).collect();
+    let e = max_rel(&hx.read(&c).unwrap(), &want, &scale);
+    eprintln!("add_normed: {e:.2e}");
+    assert!(e <= 1e-5, "add_normed {e:e}");
+
+    // GeGLU as the down projection reads it, through an identity matrix
+    // (Q8_0 blocks of scale 1 and one quant of 1: each output is one
+    // product, exact), against the CPU's rows. Gate values past ±10 take
+    // the table's ends (0, and g · u).
+    let inter = 576;
+    let mut ident = Vec::new();
+    for r in 0..inter {
+        for b in 0..inter / 32 {
+            ident.extend(half::f16::from_f32(1.0).to_le_bytes());
+            ident.extend((0..32).map(|e| u8::from(b * 32 + e == r)));
+        }
+    }
+    let m = QMatrix::from_gguf(GgmlType::Q8_0, inter, inter, &ident);
+    let g = GpuMatrix::upload(&c, &m).unwrap();
+    let gu: Vec<f32> = rng.vec(n * 2 * inter).iter().map(|v| v * 12.0).collect();
+    let mut want = vec![0f32; n * inter];
+    gcs_engine::gemma3::geglu_rows(&gu, &mut want, inter);
+    let hg = DeviceBuf::upload(&c, &gu);
+    for k in MatmulKernel::ALL {
+        let run = |input: Input<'_>| {
+            let o = DeviceBuf::<f32>::uninit(&c, n * inter);
+            launch::matmul_with(&c, &g, &hg, input, n, &o, false, k);
+            o.read(&c).unwrap()
+        };
+        let got = run(Input::GeGlu);
+        // The up value of output i (the tolerance scales with it).
+        let up = |i: usize| gu[(i / inter) * 2 * inter + inter + i % inter].abs();
+        let off: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+        let show: Vec<(f32, f32)> = off.iter().take(4).map(|&i| (got[i], want[i])).collect();
+        eprintln!("GeGLU input {k:?}: {} of {} differ: {show:?}", off.len(), got.len());
+        // Where the two differ: by one f16 step of the GELU, or where the
+        // CPU's `1 + tanh` cancels (GELU values below 3e-7).
+        for &i in &off {
+            let (a, b) = (got[i], want[i]);
+            assert!((a - b).abs() <= b.abs() * 1e-3 + 1e-6 * up(i), "{k:?} {i}: {a} against {b}");
+        }
+        assert!(off.len() * 10 <= got.len(), "{k:?}: {} differ", off.len());
+        // SwiGLU's input is another function (the test can fail).
+        let silu = run(Input::Glu);
+        assert!(silu.iter().zip(&want).filter(|(a, b)| a != b).count() > got.len() / 2);
+    }
 }
 
 /// One batch row of the attention test: sequence, position.

@@ -76,7 +76,8 @@ pub fn gpu_kv_budget(gpu: &GpuInfo, weight_bytes: u64, models: usize) -> Option<
 /// On an H200 the memory budget alone would give SmolLM2 one block more
 /// than that (the first device run's served request).
 pub fn gpu_max_kv_blocks(config: &LlamaConfig) -> usize {
-    let per_block = config.n_layers * crate::paged::BLOCK_SIZE * config.n_kv_heads * config.head_dim;
+    let per_block =
+        config.n_layers * crate::paged::BLOCK_SIZE * config.n_kv_heads * config.head_dim;
     (i32::MAX as usize / per_block.max(1)).saturating_sub(1)
 }
 
@@ -128,9 +129,10 @@ pub struct GpuOptions {
 
 /// The decoder for `model` on `device`, with `kv_blocks` K/V blocks and,
 /// on a GPU, as `gpu` says. A GPU
-/// is probed first; a model the GPU kernels do not cover (a K-quant weight
-/// type, gemma3, biases) is refused before anything is uploaded, with an
-/// error naming what is missing.
+/// is probed first; a model the GPU kernels do not cover (a weight type
+/// without a kernel, an architecture other than llama and gemma3, biases)
+/// is refused before anything is uploaded, with an error naming what is
+/// missing.
 pub fn paged_decoder(
     device: ComputeDevice,
     model: Llama,

@@ -166,6 +166,42 @@ fn unpack_k(ty: GgmlType, x: &[u8], b: &mut KBlock) {
     }
 }
 
+/// A K-quant super-block's 32-element sub-block as one scale per 16
+/// elements, a min and 32 signed quants: element `e` is
+/// `a[e / 16] · q[e] − m`, the float operations of [`dequantize_blocks`]
+/// (Q4_K/Q5_K: `d1 · q − m1`, both halves one scale; Q6_K: `(d · sc) · q`
+/// with `m = 0`, a scale a 16). The GPU decoder's K-quant format.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KSub {
+    pub a: [f32; 2],
+    pub m: f32,
+    pub q: [i8; 32],
+}
+
+/// Every 32-element sub-block of `bytes` (whole super-blocks of a
+/// K-quant `ty`), in element order.
+pub fn k_sub_blocks(ty: GgmlType, bytes: &[u8]) -> Vec<KSub> {
+    let (_, bsz) = ty.block_layout();
+    let mut kb = KBlock { q: [0; QK_K], scales: [0; 16], mins: [0; 8], d: 0.0, dmin: 0.0 };
+    let mut out = Vec::with_capacity(bytes.len() / bsz * 8);
+    for x in bytes.chunks_exact(bsz) {
+        unpack_k(ty, x, &mut kb);
+        for j in 0..8 {
+            let mut q = [0i8; 32];
+            q.copy_from_slice(&kb.q[32 * j..][..32]);
+            let (a, m) = if ty == GgmlType::Q6_K {
+                let s = |i: usize| kb.d * kb.scales[i] as f32;
+                ([s(2 * j), s(2 * j + 1)], 0.0)
+            } else {
+                let a = kb.d * kb.scales[j] as f32;
+                ([a, a], kb.dmin * kb.mins[j] as f32)
+            };
+            out.push(KSub { a, m, q });
+        }
+    }
+    out
+}
+
 /// `Σ a·b` of equal-length int8 slices (exact).
 #[inline(always)]
 fn idot(a: &[i8], b: &[i8]) -> i32 {

@@ -282,3 +282,26 @@ fn packed_scale_shuffle_equals_get_scale_min_k4() {
         }
     }
 }
+
+/// The GPU decoder's sub-blocks (`k_sub_blocks`: a scale a 16, a min, 32
+/// quants) give `dequantize_blocks`' values bit for bit, by `a · q − m`.
+#[test]
+fn k_sub_blocks_rebuild_the_reference_bit_for_bit() {
+    let mut seed = 23;
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let bytes = random_blocks(ty, 5, &mut seed);
+        let mut want = vec![0f32; 5 * QK_K];
+        dequantize_blocks(ty, &bytes, &mut want);
+        let subs = k_sub_blocks(ty, &bytes);
+        assert_eq!(subs.len(), 5 * 8);
+        let got: Vec<f32> = subs
+            .iter()
+            .flat_map(|s| (0..32).map(move |e| s.a[e / 16] * s.q[e] as f32 - s.m))
+            .collect();
+        let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+        assert!(same, "{ty:?}");
+        // Q6_K's two halves have their own scales; the others one.
+        let split = subs.iter().any(|s| s.a[0] != s.a[1]);
+        assert_eq!(split, ty == GgmlType::Q6_K, "{ty:?}");
+    }
+}

@@ -26,8 +26,12 @@ pub fn gguf_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec
     for _ in 0..rows * cols / per {
         let mut b: Vec<u8> = (0..bsz).map(|_| rng.next() as u8).collect();
         b[..2].copy_from_slice(&half::f16::from_f32(0.02 * rng.f()).to_le_bytes());
-        if ty == GgmlType::Q4_1 {
+        // The K-quants' mins' scale beside their scale; Q6_K's scale last.
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K) {
             b[2..4].copy_from_slice(&half::f16::from_f32(0.05 * rng.f()).to_le_bytes());
+        }
+        if ty == GgmlType::Q6_K {
+            b[208..210].copy_from_slice(&half::f16::from_f32(0.002 * rng.f()).to_le_bytes());
         }
         out.extend(b);
     }

@@ -32,6 +32,27 @@ struct GpuLayer {
     wo: GpuMatrix,
     w_gate_up: GpuMatrix,
     w_down: GpuMatrix,
+    /// gemma3's extra norms.
+    gemma: Option<GemmaNorms>,
+}
+
+/// A gemma3 layer's Q and K head norms and its post-attention and
+/// post-FFN norms (`crate::gemma3::Gemma3Norms`).
+#[derive(Debug)]
+struct GemmaNorms {
+    q: DeviceBuf<f32>,
+    k: DeviceBuf<f32>,
+    post_attn: DeviceBuf<f32>,
+    post_ffn: DeviceBuf<f32>,
+}
+
+/// gemma3's sliding-window layers: their RoPE tables (another base) and
+/// the keys a query sees, itself included.
+#[derive(Debug)]
+struct LocalAttn {
+    cos: DeviceBuf<f32>,
+    sin: DeviceBuf<f32>,
+    window: usize,
 }
 
 /// Whether a new decoder computes every op in the CPU's arithmetic
@@ -47,6 +68,10 @@ fn exact_default() -> bool {
 /// global capture mode, in which another thread's allocation would fail
 /// the capture (and two decoders on one GPU gain nothing by overlapping).
 static STEP: Mutex<()> = Mutex::new(());
+
+/// The largest buffer a weight part takes on wgpu: half of wgpu's
+/// default `max_storage_buffer_binding_size` (lavapipe refused 180 MB).
+const WGPU_MAX_PART_BYTES: usize = 64 << 20;
 
 mod anatomy;
 pub use anatomy::{Anatomy, StepPart};
@@ -65,6 +90,13 @@ pub struct GpuDecoder {
     lm_head: GpuMatrix,
     cos: DeviceBuf<f32>,
     sin: DeviceBuf<f32>,
+    /// gemma3's sliding-window layers' attention.
+    local: Option<LocalAttn>,
+    /// The embedding's scale (gemma3: `sqrt(hidden)`; else 1).
+    embed_scale: f32,
+    /// Q's scale after its norm (gemma3) and the scores' scale.
+    q_scale: f32,
+    score_scale: f32,
     k_pool: DeviceBuf<KvElem>,
     v_pool: DeviceBuf<KvElem>,
     n_blocks: usize,
@@ -106,8 +138,8 @@ fn host1(t: Tensor<1>) -> std::result::Result<Vec<f32>, GpuError> {
 impl GpuDecoder {
     /// Upload `model` to `client`'s device with a pool of `kv_blocks`
     /// K/V blocks. Refuses what the kernels do not cover yet
-    /// ([`check_model`]: gemma3's extra norms, biases, weight types other
-    /// than Q4_0/Q4_1/Q8_0).
+    /// ([`check_model`]: weight types without a kernel, biases, a final
+    /// soft-cap, architectures other than llama and gemma3).
     pub fn new(
         client: Client,
         kind: BackendKind,
@@ -135,11 +167,15 @@ impl GpuDecoder {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
-            neox: false,
+            // gemma3 rotates NEOX pairs (`Llama::load`'s RoPE layout).
+            neox: c.gemma3.is_some(),
         };
+        // A wgpu adapter refuses a buffer past its limit (lavapipe's is
+        // 128 MiB binding): matrices are uploaded in parts below it.
+        let max_part = if kind == BackendKind::Wgpu { WGPU_MAX_PART_BYTES } else { usize::MAX };
+        let up = |m| GpuMatrix::upload_parts(&client, m, max_part);
         let mut layers = Vec::with_capacity(c.n_layers);
         for b in &model.blocks {
-            let up = |m| GpuMatrix::upload(&client, m);
             layers.push(GpuLayer {
                 attn_norm: DeviceBuf::upload(&client, &host1(b.attn_norm.val())?),
                 ffn_norm: DeviceBuf::upload(&client, &host1(b.ffn_norm.val())?),
@@ -147,21 +183,33 @@ impl GpuDecoder {
                 wo: up(&b.q.wo)?,
                 w_gate_up: up(&b.q.w_gate_up)?,
                 w_down: up(&b.q.w_down)?,
+                gemma: b.gemma3.as_ref().map(|g| GemmaNorms {
+                    q: DeviceBuf::upload(&client, &g.q_norm),
+                    k: DeviceBuf::upload(&client, &g.k_norm),
+                    post_attn: DeviceBuf::upload(&client, &g.post_attn),
+                    post_ffn: DeviceBuf::upload(&client, &g.post_ffn),
+                }),
             });
         }
         if c.vocab > TOP_MAX_VOCAB {
             return Err(GpuError::Unsupported(format!("a vocabulary of {}", c.vocab)));
         }
-        let embed = GpuMatrix::upload(&client, &model.embed)?;
-        if embed.parts.len() != 1 {
-            return Err(GpuError::Unsupported("a stacked embedding table".into()));
-        }
+        let embed = up(&model.embed)?;
         let lm_head = if std::sync::Arc::ptr_eq(&model.embed, &model.lm_head) {
             embed.clone()
         } else {
-            GpuMatrix::upload(&client, &model.lm_head)?
+            up(&model.lm_head)?
         };
         let (cos, sin) = rope_tables(c.head_dim, c.rope_base, c.context_length);
+        let local = c.gemma3.as_ref().map(|g| {
+            let (cos, sin) = rope_tables(c.head_dim, g.rope_base_local, c.context_length);
+            let (cos, sin) = (DeviceBuf::upload(&client, &cos), DeviceBuf::upload(&client, &sin));
+            LocalAttn { cos, sin, window: g.sliding_window }
+        });
+        let inv_sqrt = 1.0 / (c.head_dim as f32).sqrt();
+        // gemma3 scales Q after its norm, the scores by 1 (`gemma3_qk`).
+        let (q_scale, score_scale) =
+            c.gemma3.as_ref().map_or((1.0, inv_sqrt), |g| (g.attn_scale, 1.0));
         // One block more than the block manager hands out: the scratch
         // block a padded decode row writes and reads.
         let pool_len = c.n_layers * (kv_blocks + 1) * sh.block_len();
@@ -178,6 +226,10 @@ impl GpuDecoder {
             kept: None,
             graphs,
             shape: StepShape::new(c, sh, lm_head.rows, false),
+            local,
+            embed_scale: if c.gemma3.is_some() { (c.hidden as f32).sqrt() } else { 1.0 },
+            q_scale,
+            score_scale,
             output_norm: DeviceBuf::upload(&client, &host1(model.output_norm.val())?),
             cos: DeviceBuf::upload(&client, &cos),
             sin: DeviceBuf::upload(&client, &sin),
@@ -206,6 +258,18 @@ impl GpuDecoder {
     /// finishes one output dimension).
     pub fn with_exact(mut self, on: bool) -> std::result::Result<Self, GpuError> {
         let hd = self.sh.head_dim;
+        let kinds = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down])
+            .all(GpuMatrix::exact_kinds)
+            && self.lm_head.exact_kinds();
+        let embed = self.embed.exact_kinds() && self.embed.parts.len() == 1;
+        if on && (self.config.gemma3.is_some() || !kinds || !embed) {
+            return Err(GpuError::Unsupported(
+                "exact arithmetic for gemma3 or weights other than Q4_0, Q4_1 and Q8_0".into(),
+            ));
+        }
         if on && (!hd.is_multiple_of(32) || hd > exact::EXACT_THREADS) {
             return Err(GpuError::Unsupported(format!(
                 "exact arithmetic with head size {hd} (a multiple of 32 up to {} needed)",
@@ -435,17 +499,23 @@ impl GpuDecoder {
     fn launch_step(&self, io: &StepIo) {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
         let exact = self.shape.exact.then_some(self.wide_fma());
-        launch::embed(cl, &self.embed, &io.tok, &io.x, exact);
+        launch::embed(cl, &self.embed, &io.tok, &io.x, self.embed_scale, exact);
         let layer_len = (self.n_blocks + 1) * sh.block_len();
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         // A decode step (each row its sequence's only one): RoPE and the
         // K/V store inside the attention, one launch fewer. Prefill rows
         // read keys other rows of their step write: a launch of their own.
-        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
-        let fused = (io.rows() == io.seqs()).then_some(rope);
+        let decode = io.rows() == io.seqs();
         for (li, l) in self.layers.iter().enumerate() {
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
-            let layer = Layer { w: l, pool, scale, fused };
+            // gemma3's local layers: their own tables and window.
+            let local =
+                self.local.as_ref().filter(|_| c.gemma3.as_ref().is_some_and(|g| g.is_local(li)));
+            let (rope, window) = match local {
+                Some(a) => (FusedRope { cos: &a.cos, sin: &a.sin }, a.window),
+                None => (FusedRope { cos: &self.cos, sin: &self.sin }, 0),
+            };
+            let fused = decode.then_some(rope);
+            let layer = Layer { w: l, pool, scale: self.score_scale, rope, window, fused };
             match &io.exact {
                 Some(e) => self.exact_layer(io, e, &layer, li == 0),
                 None => self.float_layer(io, &layer),
@@ -478,15 +548,30 @@ impl GpuDecoder {
         let (cl, sh, eps) = (&self.client, self.sh, self.config.rms_eps);
         let (t, meta) = (io.rows(), &io.meta);
         let (x, qkv) = (&io.x, &io.qkv);
-        let Layer { w: l, pool, scale, fused } = *layer;
+        let Layer { w: l, pool, scale, rope, window, fused } = *layer;
         launch::matmul_in(cl, &l.wqkv, x, Input::Norm(&l.attn_norm, eps), t, qkv, false);
-        if fused.is_none() {
-            launch::rope_kv_store(cl, sh, qkv, pool, &self.cos, &self.sin, meta, None);
+        if let Some(g) = &l.gemma {
+            launch::head_norm(cl, sh, qkv, t, &g.q, &g.k, self.q_scale, eps);
         }
-        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, 0, Attn::Float(fused));
-        launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, x, true);
+        if fused.is_none() {
+            launch::rope_kv_store(cl, sh, qkv, pool, rope.cos, rope.sin, meta, None);
+        }
+        let attn = Attn::Float(fused);
+        launch::paged_attention(cl, sh, qkv, pool, &io.attn, meta, scale, window, attn);
+        let Some(g) = &l.gemma else {
+            launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, x, true);
+            launch::matmul_in(cl, &l.w_gate_up, x, Input::Norm(&l.ffn_norm, eps), t, &io.gu, false);
+            launch::matmul_in(cl, &l.w_down, &io.gu, Input::Glu, t, x, true);
+            return;
+        };
+        // gemma3: the O and down projections are normed before they join
+        // the residual, and the FFN is GeGLU.
+        let Some(post) = &io.post else { return };
+        launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, post, false);
+        launch::add_normed(cl, x, post, &g.post_attn, t, eps);
         launch::matmul_in(cl, &l.w_gate_up, x, Input::Norm(&l.ffn_norm, eps), t, &io.gu, false);
-        launch::matmul_in(cl, &l.w_down, &io.gu, Input::Glu, t, x, true);
+        launch::matmul_in(cl, &l.w_down, &io.gu, Input::GeGlu, t, post, false);
+        launch::add_normed(cl, x, post, &g.post_ffn, t, eps);
     }
 
     /// A layer in the CPU's arithmetic, 9 launches (8 in a decode step):
@@ -497,8 +582,9 @@ impl GpuDecoder {
     fn exact_layer(&self, io: &StepIo, e: &ExactIo, layer: &Layer<'_>, first: bool) {
         let (cl, sh, eps, wide) = (&self.client, self.sh, self.config.rms_eps, self.wide_fma());
         let (t, meta, exact) = (io.rows(), &io.meta, Some(wide));
-        let Layer { w: l, pool, scale, fused } = *layer;
+        let Layer { w: l, pool, fused, .. } = *layer;
         let (acts, h) = (&e.acts, &e.h);
+        let scale = layer.scale;
         // x += the previous layer's FFN output, fused with this norm.
         let prev = (!first).then_some(&e.d);
         launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, h, &io.all, eps, acts);
@@ -519,12 +605,15 @@ impl GpuDecoder {
 }
 
 /// One layer of a step: its weights, its K/V pool, the attention's scale,
-/// and RoPE inside the attention in a decode step.
+/// its RoPE tables and window (0: every key), and RoPE inside the
+/// attention in a decode step.
 #[derive(Clone, Copy)]
 struct Layer<'a> {
     w: &'a GpuLayer,
     pool: LayerPool<'a>,
     scale: f32,
+    rope: FusedRope<'a>,
+    window: usize,
     fused: Option<FusedRope<'a>>,
 }
 

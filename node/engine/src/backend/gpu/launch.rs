@@ -6,7 +6,7 @@ use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
 use super::kernels::top::{self, TOP_STRIDE};
-use super::kernels::{exact, ops, q8, q8_tiled, quant, tiled};
+use super::kernels::{exact, gemma, ops, q8, q8_tiled, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
@@ -77,6 +77,8 @@ pub enum Input<'a> {
     /// The SwiGLU of `x`'s `[gate | up]` rows, `[n, 2 · m.cols]`: what
     /// [`swiglu`] would write, computed as the kernel reads it.
     Glu,
+    /// The GeGLU of `x`'s `[gate | up]` rows (gemma3's FFN).
+    GeGlu,
     /// `x`'s rows RMS-normed with these weights and `eps`: what
     /// [`rms_norm`] would write, computed by each cube for its rows.
     Norm(&'a DeviceBuf<f32>, f32),
@@ -87,6 +89,7 @@ impl Input<'_> {
         match self {
             Input::Rows => quant::InputKind::Rows,
             Input::Glu => quant::InputKind::Glu,
+            Input::GeGlu => quant::InputKind::GeGlu,
             Input::Norm(..) => quant::InputKind::Norm,
         }
     }
@@ -126,7 +129,7 @@ pub fn matmul_with(
     add: bool,
     kernel: MatmulKernel,
 ) {
-    let width = if matches!(input, Input::Glu) { 2 * m.cols } else { m.cols };
+    let width = if matches!(input, Input::Glu | Input::GeGlu) { 2 * m.cols } else { m.cols };
     debug_assert!(x.len() >= n * width && out.len() >= n * m.rows);
     // Without a norm the kernels never read its weights; `x` stands in
     // (read-only, as `x`).
@@ -321,12 +324,20 @@ pub fn matmul_q8_with(
     }
 }
 
-/// `x[i] = m[tokens[i]]`; `m` must be one part (embedding tables are).
-/// With `exact`, [`exact::embed_exact`] (the CPU's rounding of Q4_1).
-pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f32>, exact: Exact) {
-    let Some(p) = m.parts.first() else { return };
-    counted();
-    if let Some(wide) = exact {
+/// `x[i] = m[tokens[i]] · scale`, one launch a part of `m`. With `exact`,
+/// [`exact::embed_exact`] (the CPU's rounding of Q4_1; one part, the
+/// scale 1).
+pub fn embed(
+    c: &Client,
+    m: &GpuMatrix,
+    tokens: &DeviceBuf<u32>,
+    x: &DeviceBuf<f32>,
+    scale: f32,
+    exact: Exact,
+) {
+    if let (Some(wide), Some(p)) = (exact, m.parts.first()) {
+        debug_assert!(scale == 1.0 && m.parts.len() == 1);
+        counted();
         let n = tokens.len();
         return exact::embed_exact::launch(
             c,
@@ -342,16 +353,24 @@ pub fn embed(c: &Client, m: &GpuMatrix, tokens: &DeviceBuf<u32>, x: &DeviceBuf<f
         );
     }
     let nb = m.cols / 32;
-    quant::embed_q::launch(
-        c,
-        CubeCount::Static(tokens.len() as u32, groups(nb, 64), 1),
-        CubeDim::new_1d(64),
-        p.words.arg(),
-        tokens.arg(),
-        x.arg(),
-        m.cols,
-        p.kind,
-    );
+    let mut row0 = 0;
+    for p in &m.parts {
+        counted();
+        quant::embed_q::launch(
+            c,
+            CubeCount::Static(tokens.len() as u32, groups(nb, 64), 1),
+            CubeDim::new_1d(64),
+            p.words.arg(),
+            tokens.arg(),
+            x.arg(),
+            m.cols,
+            scale,
+            row0,
+            p.rows,
+            p.kind,
+        );
+        row0 += p.rows;
+    }
 }
 
 /// `h = RMSNorm(x) · w` over the rows `idx` ([`ops::rms_norm`]; the
@@ -374,6 +393,58 @@ pub fn rms_norm(
         w.arg(),
         h.arg(),
         idx.arg(),
+        w.len(),
+        eps,
+    );
+}
+
+/// gemma3's per-head norms of `qkv`'s Q and K heads, in place, Q then
+/// times `q_scale` ([`gemma::head_norm`]).
+#[allow(clippy::too_many_arguments)]
+pub fn head_norm(
+    c: &Client,
+    sh: HeadShape,
+    qkv: &DeviceBuf<f32>,
+    rows: usize,
+    q_norm: &DeviceBuf<f32>,
+    k_norm: &DeviceBuf<f32>,
+    q_scale: f32,
+    eps: f32,
+) {
+    counted();
+    gemma::head_norm::launch(
+        c,
+        CubeCount::Static(rows as u32, (sh.n_heads + sh.n_kv_heads) as u32, 1),
+        CubeDim::new_1d(ops::ROW_THREADS as u32),
+        qkv.arg(),
+        q_norm.arg(),
+        k_norm.arg(),
+        q_scale,
+        eps,
+        sh.n_heads,
+        sh.n_kv_heads,
+        sh.head_dim,
+    );
+}
+
+/// `x[r] += RMSNorm(d[r]) · w` for the first `rows` rows
+/// ([`gemma::add_normed`]: gemma3's post-attention and post-FFN norms).
+pub fn add_normed(
+    c: &Client,
+    x: &DeviceBuf<f32>,
+    d: &DeviceBuf<f32>,
+    w: &DeviceBuf<f32>,
+    rows: usize,
+    eps: f32,
+) {
+    counted();
+    gemma::add_normed::launch(
+        c,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(ops::ROW_THREADS as u32),
+        x.arg(),
+        d.arg(),
+        w.arg(),
         w.len(),
         eps,
     );

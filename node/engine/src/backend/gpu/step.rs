@@ -22,6 +22,9 @@ pub struct StepShape {
     /// Every op in the CPU's arithmetic (`kernels::q8` and
     /// `kernels::exact`): the step keeps quantized matmul inputs.
     pub exact: bool,
+    /// gemma3's post-norms: the O and down projections are written to
+    /// [`StepIo::post`] and normed into the residual.
+    pub post: bool,
 }
 
 impl StepShape {
@@ -33,6 +36,7 @@ impl StepShape {
             inter: c.intermediate,
             vocab,
             exact,
+            post: c.gemma3.is_some(),
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct StepIo {
     pub top: DeviceBuf<f32>,
     /// The exact step's own buffers, with [`StepShape::exact`].
     pub exact: Option<ExactIo>,
+    /// An O or down projection before its norm, with [`StepShape::post`].
+    pub post: Option<DeviceBuf<f32>>,
 }
 
 /// What only a step in the CPU's arithmetic reads and writes: its
@@ -138,6 +144,7 @@ impl StepIo {
                 o: buf(t * s.hidden),
                 d: buf(t * s.hidden),
             }),
+            post: s.post.then(|| buf(t * s.hidden)),
             x: buf(t * s.hidden),
             qkv: buf(t * s.qkv),
             attn: buf(t * s.q_dim),

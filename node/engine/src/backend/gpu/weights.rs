@@ -11,7 +11,19 @@ use crate::quant::blocks::GgufPart;
 use crate::quant::{GgmlType, QData, QKind, QMatrix};
 
 /// The weight types the GPU matmul and embedding kernels dequantize.
-pub const GPU_WEIGHT_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+pub const GPU_WEIGHT_TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// The weight types the exact kernels (the CPU's arithmetic,
+/// `GpuDecoder::with_exact`) dequantize.
+pub const EXACT_WEIGHT_KINDS: [WeightKind; 3] = [WeightKind::Q4_0, WeightKind::Q4_1, WeightKind::Q8_0];
 
 /// Every GGUF type `m` is stored in (its parts' types when stacked).
 fn types(m: &QMatrix, out: &mut Vec<GgmlType>) {
@@ -29,9 +41,8 @@ fn types(m: &QMatrix, out: &mut Vec<GgmlType>) {
 
 /// Whether the GPU decoder covers `model`, checked on the host before
 /// anything is uploaded: weights in [`GPU_WEIGHT_TYPES`] (checked first,
-/// so the error names the first tensor and type without a kernel: a
-/// Q4_K_M file says `Q4_K`), then llama only (no gemma3 norms, no
-/// projection biases).
+/// so the error names the first tensor and type without a kernel), then
+/// llama or gemma3 (without a final soft-cap), no projection biases.
 pub fn check_model(model: &Llama) -> Result<(), GpuError> {
     let mut named: Vec<(String, &QMatrix)> =
         vec![("token_embd".into(), &*model.embed), ("output".into(), &*model.lm_head)];
@@ -51,16 +62,19 @@ pub fn check_model(model: &Llama) -> Result<(), GpuError> {
         if let Some(t) = ts.into_iter().find(|t| !GPU_WEIGHT_TYPES.contains(t)) {
             return Err(GpuError::Unsupported(format!(
                 "no GPU kernel for {t:?} weights yet ({name}; the GPU decoder dequantizes \
-                 Q4_0, Q4_1 and Q8_0)"
+                 {GPU_WEIGHT_TYPES:?})"
             )));
         }
     }
     let c = &model.config;
-    if c.arch != "llama" || c.gemma3.is_some() {
+    if !matches!(c.arch.as_str(), "llama" | "gemma3") {
         return Err(GpuError::Unsupported(format!(
-            "architecture {:?} (the GPU decoder runs llama only)",
+            "architecture {:?} (the GPU decoder runs llama and gemma3)",
             c.arch
         )));
+    }
+    if c.gemma3.as_ref().is_some_and(|g| g.final_softcap.is_some()) {
+        return Err(GpuError::Unsupported("a final logit soft-cap (no GPU kernel yet)".into()));
     }
     let biased = model.lm_head_bias.is_some()
         || model.blocks.iter().any(|b| b.biases.qkv.is_some() || b.biases.attn_out.is_some());
@@ -71,13 +85,31 @@ pub fn check_model(model: &Llama) -> Result<(), GpuError> {
 }
 
 /// GGUF blocks of `ty` as the kernel's words: Q4_1 as stored (20 bytes);
-/// Q4_0 and Q8_0 with two zero bytes after the f16 scale so the quants
-/// start on a word. Other types are not supported by the kernels yet.
+/// Q4_0, Q5_0 and Q8_0 with two zero bytes after the f16 scale so the
+/// rest starts on a word; the K-quants as [`WeightKind::KSub`]s (f32
+/// scales and min, one signed byte a quant: 2.4 times Q4_K's bytes, one
+/// 32-element format for all three). Other types are not supported by the
+/// kernels yet.
 pub fn device_words(ty: GgmlType, bytes: &[u8]) -> Result<(WeightKind, Vec<u32>), GpuError> {
+    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+        if bytes.len() % ty.block_layout().1 != 0 {
+            return Err(GpuError::Unsupported(format!("{ty:?} payload of {} bytes", bytes.len())));
+        }
+        let subs = crate::quant::rows::k_sub_blocks(ty, bytes);
+        let mut words = Vec::with_capacity(subs.len() * WeightKind::KSub.words());
+        for s in subs {
+            words.extend([s.a[0].to_bits(), s.a[1].to_bits(), s.m.to_bits()]);
+            let q: Vec<u8> = s.q.iter().map(|&v| v as u8).collect();
+            words.extend(q.chunks_exact(4).map(word));
+        }
+        return Ok((WeightKind::KSub, words));
+    }
     let (kind, bsz) = match ty {
         GgmlType::Q4_0 => (WeightKind::Q4_0, 18),
         GgmlType::Q4_1 => (WeightKind::Q4_1, 20),
         GgmlType::Q8_0 => (WeightKind::Q8_0, 34),
+        GgmlType::Q5_0 => (WeightKind::Q5_0, 22),
         other => {
             return Err(GpuError::Unsupported(format!("no GPU kernel for {other:?} weights yet")))
         }
@@ -86,11 +118,12 @@ pub fn device_words(ty: GgmlType, bytes: &[u8]) -> Result<(WeightKind, Vec<u32>)
         return Err(GpuError::Unsupported(format!("{ty:?} payload of {} bytes", bytes.len())));
     }
     let mut words = Vec::with_capacity(bytes.len() / bsz * kind.words());
-    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     for blk in bytes.chunks_exact(bsz) {
         match kind {
             WeightKind::Q4_1 => words.extend(blk.chunks_exact(4).map(word)),
-            WeightKind::Q4_0 | WeightKind::Q8_0 => {
+            // Repacked above.
+            WeightKind::KSub => {}
+            WeightKind::Q4_0 | WeightKind::Q8_0 | WeightKind::Q5_0 => {
                 words.push(u16::from_le_bytes([blk[0], blk[1]]) as u32);
                 words.extend(blk[2..].chunks_exact(4).map(word));
             }
@@ -118,8 +151,16 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    /// Upload `m`'s GGUF blocks once.
+    /// Upload `m`'s GGUF blocks once, each part in one buffer.
     pub fn upload(client: &Client, m: &QMatrix) -> Result<Self, GpuError> {
+        Self::upload_parts(client, m, usize::MAX)
+    }
+
+    /// [`Self::upload`] with no part's buffer over `max_bytes` (whole
+    /// rows a part; a matmul launches once a part, each writing its rows):
+    /// wgpu adapters refuse buffers past their limit (lavapipe: Gemma 3's
+    /// 180 MB embedding table), CUDA has none.
+    pub fn upload_parts(client: &Client, m: &QMatrix, max_bytes: usize) -> Result<Self, GpuError> {
         if m.cols % 32 != 0 {
             return Err(GpuError::Unsupported(format!(
                 "matrix width {} is not blocks of 32",
@@ -140,15 +181,22 @@ impl GpuMatrix {
                 _ => host.push((kind, rows, words)),
             }
         }
-        let parts = host
-            .into_iter()
-            .map(|(kind, rows, words)| GpuPart {
-                kind,
-                rows,
-                words: DeviceBuf::upload(client, &words),
-            })
-            .collect();
+        let mut parts = Vec::with_capacity(host.len());
+        for (kind, rows, words) in host {
+            let row_words = m.cols / 32 * kind.words();
+            let per = (max_bytes / 4 / row_words).clamp(1, rows.max(1));
+            for (i, chunk) in words.chunks(per * row_words).enumerate() {
+                let rows = (rows - i * per).min(per);
+                parts.push(GpuPart { kind, rows, words: DeviceBuf::upload(client, chunk) });
+            }
+        }
         Ok(Self { rows: m.rows, cols: m.cols, parts })
+    }
+
+    /// Whether every part is in a format the exact kernels read
+    /// ([`EXACT_WEIGHT_KINDS`]).
+    pub fn exact_kinds(&self) -> bool {
+        self.parts.iter().all(|p| EXACT_WEIGHT_KINDS.contains(&p.kind))
     }
 
     /// Bytes held on the device.

@@ -89,7 +89,7 @@ impl GpuDecoder {
         let (t, n, meta) = (io.rows(), io.seqs(), &io.meta);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         time("embed", &mut || {
-            launch::embed(&cl, &self.embed, &io.tok, &io.x, None);
+            launch::embed(&cl, &self.embed, &io.tok, &io.x, self.embed_scale, None);
             Ok(())
         })?;
         let eps = c.rms_eps;

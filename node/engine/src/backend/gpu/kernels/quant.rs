@@ -24,6 +24,7 @@
 
 use cubecl::prelude::*;
 
+use super::gemma::gelu_mul;
 use super::ops::{row_scales, silu_mul};
 
 /// Units along a weight row (over its blocks); the tiled kernel's tree is
@@ -47,6 +48,13 @@ pub enum WeightKind {
     Q4_1,
     /// `w = d · q`, 9 words: `d | pad`, 32 signed bytes.
     Q8_0,
+    /// `w = d · (q − 16)`, 6 words: `d | pad`, the 32 high bits, 16 nibble
+    /// bytes (GGUF's Q5_0 with its scale padded to a word).
+    Q5_0,
+    /// A K-quant's 32-element sub-block (`quant::rows::KSub`):
+    /// `w = a[e / 16] · q − m`, 11 words: `a[0]`, `a[1]`, `m` as f32, 32
+    /// signed bytes. Q4_K, Q5_K and Q6_K, repacked on upload.
+    KSub,
 }
 
 impl WeightKind {
@@ -55,6 +63,8 @@ impl WeightKind {
         match self {
             WeightKind::Q4_0 | WeightKind::Q4_1 => 5,
             WeightKind::Q8_0 => 9,
+            WeightKind::Q5_0 => 6,
+            WeightKind::KSub => 11,
         }
     }
 }
@@ -83,6 +93,9 @@ pub enum InputKind {
     /// same operations as `ops::swiglu`): the down projection reads the
     /// gate/up output itself, one launch and one buffer fewer a layer.
     Glu,
+    /// The GeGLU of `x`'s `[gate | up]` rows (`gemma::gelu_mul`; gemma3's
+    /// FFN), read as `Glu`.
+    GeGlu,
     /// `x[j]` RMS-normed, `(x[j, c] · scale_j) · nw[c]` with the row's
     /// scale from `ops::row_scales` (the operations of `ops::rms_norm`):
     /// the layer's norms before Q/K/V and gate/up, computed by the matmul
@@ -107,6 +120,10 @@ pub fn input(
         InputKind::Glu => {
             let o = j * 2 * cols + c;
             silu_mul(x[o], x[o + cols])
+        }
+        InputKind::GeGlu => {
+            let o = j * 2 * cols + c;
+            gelu_mul(x[o], x[o + cols])
         }
         InputKind::Norm => (x[j * cols + c] * sc) * nw[c],
         InputKind::Rows => x[j * cols + c],
@@ -163,6 +180,13 @@ pub fn dequant_block(w: &[u32], base: usize, wv: &mut Array<f32>, #[comptime] ki
     let w0 = w[base];
     let d = f16_to_f32(w0 & 0xffff);
     match comptime!(kind) {
+        WeightKind::Q5_0 | WeightKind::KSub =>
+        {
+            #[unroll]
+            for c in 0..4usize {
+                dequant_eighth(w, base, c, wv, c * 8, kind);
+            }
+        }
         WeightKind::Q8_0 =>
         {
             #[unroll]
@@ -276,8 +300,10 @@ pub fn matmul_q(
     }
 }
 
-/// Embedding lookup: row `tokens[cube_x]` of the quantized table into
-/// `x[cube_x, ..]`. Launch with `CubeCount (n_tokens, cols / 32)`, one
+/// Embedding lookup: row `tokens[cube_x]` of the quantized table, times
+/// `scale` (gemma3's `sqrt(hidden)`; 1 leaves every value as it is), into
+/// `x[cube_x, ..]`, where that row is in this part of the table (its rows
+/// `row0 .. row0 + rows`). Launch with `CubeCount (n_tokens, cols / 32)`, one
 /// unit per block.
 #[cube(launch)]
 pub fn embed_q(
@@ -285,19 +311,26 @@ pub fn embed_q(
     tokens: &[u32],
     x: &mut [f32],
     cols: usize,
+    scale: f32,
+    row0: usize,
+    rows: usize,
     #[comptime] kind: WeightKind,
 ) {
     let t = tokens[CUBE_POS_X as usize] as usize;
     let b = CUBE_POS_Y as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     let nb = cols / 32;
-    if b < nb {
+    // A part of the table holds rows row0 .. row0 + rows; the others are
+    // another launch's.
+    let inside = t >= row0 && t < row0 + rows;
+    let t = select(inside, t - row0, 0usize);
+    if b < nb && inside {
         let words = comptime!(kind.words());
         let mut wv = Array::<f32>::new(32usize);
         dequant_block(w, (t * nb + b) * words, &mut wv, kind);
         let o = CUBE_POS_X as usize * cols + b * 32;
         #[unroll]
         for e in 0..32usize {
-            x[o + e] = wv[e];
+            x[o + e] = wv[e] * scale;
         }
     }
 }
@@ -320,6 +353,33 @@ pub fn dequant_eighth(
     let w0 = w[base];
     let d = f16_to_f32(w0 & 0xffff);
     match comptime!(kind) {
+        WeightKind::Q5_0 => {
+            let qh = w[base + 1];
+            #[unroll]
+            for e in 0..8usize {
+                // Nibbles as Q4_0's; element el's fifth bit is bit el.
+                let el = c * 8 + e;
+                let bi = el % 16;
+                let word = w[base + 2 + bi / 4];
+                let byte = (word >> (8 * (bi % 4) as u32)) & 0xff;
+                let nib = (byte >> (4 * (el / 16) as u32)) & 15;
+                let q = nib | (((qh >> el as u32) & 1) << 4);
+                wv[o + e] = (f32::cast_from(q) - 16.0f32) * d;
+            }
+        }
+        WeightKind::KSub => {
+            // Elements 0..16 (eighths 0, 1) take a[0], 16..32 a[1].
+            let a = f32::reinterpret(w[base + c / 2]);
+            let m = f32::reinterpret(w[base + 2]);
+            #[unroll]
+            for e in 0..8usize {
+                let el = c * 8 + e;
+                let word = w[base + 3 + el / 4];
+                let byte = (word >> (8 * (el % 4) as u32)) & 0xff;
+                let q = i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32);
+                wv[o + e] = a * f32::cast_from(q) - m;
+            }
+        }
         WeightKind::Q8_0 =>
         {
             #[unroll]
