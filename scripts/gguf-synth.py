@@ -4,7 +4,7 @@ with synthetic weights rebuilt from it (scripts/gpu-check.sh).
 
 The GPU check runs on a machine that can receive at most 64 MiB and
 reach no network; SmolLM2's weights are 98 MB. The header (metadata, the
-tokenizer, the tensor table: ~2 MB, <1 MB compressed) travels instead, and
+tokenizer, the tensor table: ~2 MB, <1 MB compressed; Gemma 3: ~6 MB) travels instead, and
 the device rebuilds a file of exactly the model's shapes and types with
 seeded random blocks: speed is the real model's, CPU/GPU agreement is
 measured on the same weights, and the tokenizer is the real one (the text
@@ -18,8 +18,24 @@ import struct
 import sys
 
 # ggml type -> (block elements, block bytes); only what the GPU decoder
-# uploads (Q4_0, Q4_1, Q8_0) and the f32/f16 norms.
-TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34)}
+# uploads (Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K) and the f32/f16 norms.
+TYPES = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    8: ("Q8_0", 32, 34),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+}
+# Where a block's f16 scale sits, and the scale that gives weights of about
+# +-0.075 (std ~0.043) from its random quants: Q4_0/Q4_1 d * q (q to 15),
+# Q5_0 d * (q - 16), Q8_0 d * q (q to 127), Q4_K/Q5_K d * sc * q - dmin * m
+# (6-bit sc and m, q to 15 or 31), Q6_K d * sc * q (int8 sc, q to 32).
+SCALE_AT = {"Q6_K": 208}
+SCALE = {"Q8_0": 8.0 / 128.0, "Q5_0": 0.5, "Q4_K": 1.0 / 63, "Q5_K": 0.5 / 63, "Q6_K": 0.25 / 127}
 MAGIC = b"GGUF"
 FORMAT = "gcs-gguf-header/1"
 
@@ -128,12 +144,14 @@ def synth(hdr, out, seed=17):
             blk = bytearray(rng.randbytes(nb * bb))
             # Weights of about +-0.075 (std ~0.043): activations stay O(1)
             # through RMSNorm'd layers and the logits keep a spread.
-            scale = 8.0 / 128.0 if name == "Q8_0" else 1.0  # Q8_0: d * q, q in -128..127
+            scale, at = SCALE.get(name, 1.0), SCALE_AT.get(name, 0)
             d = struct.pack(f"<{nb}e", *(scale * 0.01 * (0.8 + 0.4 * rng.random()) for _ in range(nb)))
-            blk[0::bb], blk[1::bb] = d[0::2], d[1::2]
+            blk[at::bb], blk[at + 1::bb] = d[0::2], d[1::2]
             if name == "Q4_1":  # w = d * q + m, q in 0..15
                 m = struct.pack("<e", -0.075)
                 blk[2::bb], blk[3::bb] = m[0:1] * nb, m[1:2] * nb
+            if name in ("Q4_K", "Q5_K"):  # the mins' scale, as d
+                blk[2::bb], blk[3::bb] = d[0::2], d[1::2]
             o.write(blk)
         # Up to the last tensor's end (a writer may have left no slack).
         o.truncate(data + max(t["offset"] + t["bytes"] for t in table["tensors"]))

@@ -29,7 +29,9 @@
 #      of a 512-token prompt; if it fails,
 #      again with GCS_GPU_GRAPHS=0 GCS_GPU_ARGMAX=0;
 #   2. a served request: `gcs-node --role all --gpu 0` and one chat
-#      completion through its OpenAI API.
+#      completion through its OpenAI API (greedy, then seeded draws);
+#   3. the same for Gemma 3 270M (Q5_0 and K-quant weights, gemma3's
+#      layers), from its header with synthetic weights (gemma.json).
 #   GCS_CHECK_ARGS adds flags to step 1 (a rerun: `--naive-steps 0`).
 #   Everything goes to $OUT (gpu-check.json, served.json, log.txt); each
 #   step has its own timeout, and a failing step does not stop the next.
@@ -39,6 +41,7 @@ dir=.gpu-check
 models="${GCS_MODEL_DIR:-$HOME/.cache/gcs/models}"
 model_src="${GCS_CHECK_SOURCE:-$models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}"
 embed_src="$models/all-minilm-l6-v2"
+gemma_src="$models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf"
 
 build() {
   set -e
@@ -61,12 +64,85 @@ build() {
   tar -C "$dir" -cJf "$dir/libs.tar.xz" lib && rm -rf "$dir/lib"
   python3 scripts/gguf-synth.py header "$model_src" "$dir/smollm2.header"
   xz -6 -f "$dir/smollm2.header"
+  # Gemma's header (~6 MB, 1.2 MB compressed) where it is fetched.
+  rm -f "$dir/gemma.header.xz"
+  if [ -f "$gemma_src" ]; then
+    python3 scripts/gguf-synth.py header "$gemma_src" "$dir/gemma.header" && xz -6 -f "$dir/gemma.header"
+  else
+    echo "no $gemma_src: the device run skips Gemma (scripts/fetch-models.sh gemma3-270m)" >&2
+  fi
   # MiniLM without its 90 MB of weights (scripts/st-synth.py rebuilds them there).
   rm -rf "$dir/minilm" && python3 scripts/st-synth.py header "$embed_src" "$dir/minilm"
   tar -C "$dir" -cJf "$dir/minilm.tar.xz" minilm && rm -rf "$dir/minilm"
-  (cd "$dir" && sha256sum gcs-node.xz libs.tar.xz smollm2.header.xz minilm.tar.xz >SHA256SUMS)
+  (cd "$dir" && sha256sum gcs-node.xz libs.tar.xz smollm2.header.xz minilm.tar.xz \
+    $(ls gemma.header.xz 2>/dev/null) >SHA256SUMS)
   du -b "$dir"/* | sed 's/^/  /'
   echo "ready: carry $dir (the device run unpacks it)" >&2
+}
+
+# serve BIN MODEL ID JSON LOG PORT: `BIN --role all --gpu 0` serving MODEL as
+# ID, a greedy chat completion then two seeded draws (OpenAI's default
+# request, and top-p 0.9), the answers and timings into JSON, the node's log
+# into LOG (what it advertised printed).
+serve() {
+  local bin=$1 model=$2 id=$3 json=$4 log=$5 port=$6 data key node rc
+  data=$(mktemp -d)
+  key=$("$bin" keys create --data-dir "$data" --tenant check --project gpu 2>>"$log")
+  timeout 200 "$bin" --role all --gpu 0 --data-dir "$data" --no-mdns \
+    --http "127.0.0.1:$port" --listen /ip4/127.0.0.1/tcp/0 --model "$model" --model-id "$id" \
+    --heartbeat-ms 500 --first-token-timeout-ms 60000 >>"$log" 2>&1 &
+  node=$!
+  GCS_NODE_PID="$node" GCS_KEY="$key" GCS_PORT="$port" GCS_MODEL_ID="$id" timeout 150 python3 - "$json" <<'PY'
+import json, os, sys, time, urllib.request
+base, key = f"http://127.0.0.1:{os.environ['GCS_PORT']}/v1", os.environ["GCS_KEY"]
+model = os.environ["GCS_MODEL_ID"]
+def call(path, body=None):
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+t, err = time.time(), None
+while True:
+    try:
+        if any(m["id"] == model for m in call("/models")["data"]):
+            break
+    except Exception as e:
+        err = e
+    try:
+        os.kill(int(os.environ["GCS_NODE_PID"]), 0)
+    except OSError:
+        sys.exit(f"FAIL: the node exited ({err!r}); see its log")
+    if time.time() - t > 120:
+        sys.exit(f"FAIL: model never listed ({err!r})")
+    time.sleep(1)
+listed = time.time() - t
+t = time.time()
+r = call("/chat/completions", {"model": model, "max_tokens": 16, "temperature": 0,
+                               "messages": [{"role": "user", "content": "Name a colour."}]})
+r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
+# OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
+# then with a nucleus: each draw finished from the device's best candidates.
+for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9})):
+    try:
+        t = time.time()
+        s = call("/chat/completions", {"model": model, "max_tokens": 16, "seed": 7,
+                                       "messages": [{"role": "user", "content": "Name a colour."}],
+                                       **extra})
+        r["check"][name] = {"content": s["choices"][0]["message"]["content"],
+                           "usage": s["usage"], "request_s": time.time() - t}
+    except Exception as e:
+        r["check"][name] = {"error": repr(e)}
+json.dump(r, open(sys.argv[1], "w"), indent=1)
+print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], r["check"])
+PY
+  rc=$?
+  kill "$node" 2>/dev/null; wait "$node" 2>/dev/null
+  grep -E "GPU decoder loaded|worker accelerator|chat model ready|error" "$log" | head -20
+  if [ "$(stat -c %s "$log")" -gt 4000000 ]; then
+    xz -T4 -6 -k "$log" && truncate -s 4000000 "$log"
+  fi
+  rm -rf "$data"
+  return $rc
 }
 
 device() {
@@ -141,60 +217,15 @@ device() {
   fi
 
   echo "== 2. served request (gcs-node --role all --gpu 0)"
-  data="$work/node"
-  key=$("$work/gcs-node" keys create --data-dir "$data" --tenant check --project gpu 2>>"$out/node.log")
-  port=18089
-  timeout 200 "$work/gcs-node" --role all --gpu 0 --data-dir "$data" --no-mdns \
-    --http "127.0.0.1:$port" --listen /ip4/127.0.0.1/tcp/0 --model "$model" --model-id smollm2-check \
-    --heartbeat-ms 500 --first-token-timeout-ms 60000 >>"$out/node.log" 2>&1 &
-  node=$!
-  GCS_NODE_PID="$node" GCS_KEY="$key" GCS_PORT="$port" timeout 150 python3 - "$out/served.json" <<'PY'
-import json, os, sys, time, urllib.request
-base, key = f"http://127.0.0.1:{os.environ['GCS_PORT']}/v1", os.environ["GCS_KEY"]
-def call(path, body=None):
-    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-t, err = time.time(), None
-while True:
-    try:
-        if any(m["id"] == "smollm2-check" for m in call("/models")["data"]):
-            break
-    except Exception as e:
-        err = e
-    try:
-        os.kill(int(os.environ["GCS_NODE_PID"]), 0)
-    except OSError:
-        sys.exit(f"FAIL: the node exited ({err!r}); see node.log")
-    if time.time() - t > 120:
-        sys.exit(f"FAIL: model never listed ({err!r})")
-    time.sleep(1)
-listed = time.time() - t
-t = time.time()
-r = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "temperature": 0,
-                               "messages": [{"role": "user", "content": "Name a colour."}]})
-r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
-# OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
-# then with a nucleus: each draw finished from the device's best candidates.
-for key, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9})):
-    try:
-        t = time.time()
-        s = call("/chat/completions", {"model": "smollm2-check", "max_tokens": 16, "seed": 7,
-                                       "messages": [{"role": "user", "content": "Name a colour."}],
-                                       **extra})
-        r["check"][key] = {"content": s["choices"][0]["message"]["content"],
-                           "usage": s["usage"], "request_s": time.time() - t}
-    except Exception as e:
-        r["check"][key] = {"error": repr(e)}
-json.dump(r, open(sys.argv[1], "w"), indent=1)
-print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], r["check"])
-PY
+  serve "$work/gcs-node" "$model" smollm2-check "$out/served.json" "$out/node.log" 18089
   echo "served exit $?, $(( $(date +%s) - t0 )) s"
-  kill "$node" 2>/dev/null; wait "$node" 2>/dev/null
-  grep -E "GPU decoder loaded|worker accelerator|chat model ready|error" "$out/node.log" | head -20
-  if [ "$(stat -c %s "$out/node.log")" -gt 4000000 ]; then
-    xz -T4 -6 -k "$out/node.log" && truncate -s 4000000 "$out/node.log"
+  if [ -f "$dir/gemma.header.xz" ]; then
+    echo "== 3. Gemma 3 270M served (synthetic weights)"
+    xz -dc "$dir/gemma.header.xz" >"$work/gemma.header"
+    python3 scripts/gguf-synth.py synth "$work/gemma.header" "$work/gemma-synth.gguf" || echo "FAIL: synthesis"
+    serve "$work/gcs-node" "$work/gemma-synth.gguf" gemma-check "$out/gemma.json" "$out/gemma-node.log" 18090
+    echo "gemma served exit $?, $(( $(date +%s) - t0 )) s"
+    rm -f "$work/gemma-synth.gguf"
   fi
   echo "== done in $(( $(date +%s) - t0 )) s; results in $out"
 }

@@ -172,9 +172,9 @@ impl EngineExecutor {
             .or_else(|| compute::gpu_kv_budget(serving.gpu.as_ref()?, weights, loaded.len()))
             .unwrap_or(crate::models::DEFAULT_KV_BYTES);
         let mut blocks = kv_blocks(kv_bytes, &per_token);
-        if serving.gpu.is_some() {
+        if let Some(gpu) = &serving.gpu {
             for (b, (_, e)) in blocks.iter_mut().zip(&loaded) {
-                *b = (*b).min(compute::gpu_max_kv_blocks(&e.model.config));
+                *b = (*b).min(compute::gpu_max_kv_blocks(&e.model.config, gpu.kind));
             }
         }
         // On a GPU the batch follows the K/V capacity of the smallest pool.

@@ -28,7 +28,7 @@ use std::sync::Arc;
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
     check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
-    paged_decoder, weight_bytes, GpuInfo, GpuOptions,
+    paged_decoder, weight_bytes, GpuInfo, GpuOptions, WGPU_MAX_BUFFER_BYTES,
 };
 
 /// The device a decoder computes on.
@@ -366,7 +366,8 @@ impl PagedDecoder for CpuDecoder {
         self.pool.copy_block(src, dst);
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
-        let Some(interrupt) = self.background.as_ref().filter(|_| self.mode.low || self.mode.yields)
+        let Some(interrupt) =
+            self.background.as_ref().filter(|_| self.mode.low || self.mode.yields)
         else {
             let (model, pool, threads) = (&self.model, &mut self.pool, &self.threads);
             // The matmuls and attention run on the spinning pool (the calling

@@ -71,15 +71,26 @@ pub fn gpu_kv_budget(gpu: &GpuInfo, weight_bytes: u64, models: usize) -> Option<
     (left > 0).then_some(left.min(cap))
 }
 
-/// Most K/V blocks a GPU pool of `config` may have: `GpuDecoder`'s pools
-/// (every layer, one scratch block more) are indexed with 32-bit offsets.
-/// On an H200 the memory budget alone would give SmolLM2 one block more
-/// than that (the first device run's served request).
-pub fn gpu_max_kv_blocks(config: &LlamaConfig) -> usize {
+/// Most K/V blocks a GPU pool of `config` may have on a `kind` device:
+/// `GpuDecoder`'s pools (every layer, one scratch block more) are indexed
+/// with 32-bit offsets (on an H200 the memory budget alone would give
+/// SmolLM2 one block more than that: the first device run's served
+/// request), and on wgpu each pool is one buffer within wgpu's default
+/// binding limit ([`WGPU_MAX_BUFFER_BYTES`]: lavapipe failed Gemma's
+/// default 189 MB pools).
+pub fn gpu_max_kv_blocks(config: &LlamaConfig, kind: BackendKind) -> usize {
     let per_block =
         config.n_layers * crate::paged::BLOCK_SIZE * config.n_kv_heads * config.head_dim;
-    (i32::MAX as usize / per_block.max(1)).saturating_sub(1)
+    let elements = match kind {
+        BackendKind::Wgpu => WGPU_MAX_BUFFER_BYTES / 2,
+        _ => i32::MAX as usize,
+    };
+    (elements / per_block.max(1)).saturating_sub(1)
 }
+
+/// wgpu's default `max_storage_buffer_binding_size`: the largest buffer a
+/// kernel binds on adapters that keep the default.
+pub const WGPU_MAX_BUFFER_BYTES: usize = 128 << 20;
 
 /// Bytes of `model`'s projection and embedding weights (what a GPU holds
 /// of it, within a few norm vectors).
@@ -261,8 +272,12 @@ mod tests {
             context_length: 8192,
         };
         let per_block = 30 * 16 * 3 * 64;
-        let n = gpu_max_kv_blocks(&c);
+        let n = gpu_max_kv_blocks(&c, BackendKind::Cuda);
         assert_eq!(n, 23300);
+        // On wgpu a pool is one buffer of at most 128 MiB of f16.
+        let w = gpu_max_kv_blocks(&c, BackendKind::Wgpu);
+        assert_eq!(w, 727);
+        assert!((w + 1) * per_block * 2 <= 128 << 20 && (w + 2) * per_block * 2 > 128 << 20);
         assert!((n + 1) * per_block <= i32::MAX as usize, "the pool with its scratch block");
         assert!((n + 2) * per_block > i32::MAX as usize, "and not a block less than it could");
     }

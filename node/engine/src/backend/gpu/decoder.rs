@@ -70,8 +70,8 @@ fn exact_default() -> bool {
 static STEP: Mutex<()> = Mutex::new(());
 
 /// The largest buffer a weight part takes on wgpu: half of wgpu's
-/// default `max_storage_buffer_binding_size` (lavapipe refused 180 MB).
-const WGPU_MAX_PART_BYTES: usize = 64 << 20;
+/// default binding limit (lavapipe refused Gemma's 189 MB table whole).
+const WGPU_MAX_PART_BYTES: usize = crate::backend::WGPU_MAX_BUFFER_BYTES / 2;
 
 mod anatomy;
 pub use anatomy::{Anatomy, StepPart};

@@ -23,7 +23,8 @@ pub const GPU_WEIGHT_TYPES: [GgmlType; 7] = [
 
 /// The weight types the exact kernels (the CPU's arithmetic,
 /// `GpuDecoder::with_exact`) dequantize.
-pub const EXACT_WEIGHT_KINDS: [WeightKind; 3] = [WeightKind::Q4_0, WeightKind::Q4_1, WeightKind::Q8_0];
+pub const EXACT_WEIGHT_KINDS: [WeightKind; 3] =
+    [WeightKind::Q4_0, WeightKind::Q4_1, WeightKind::Q8_0];
 
 /// Every GGUF type `m` is stored in (its parts' types when stacked).
 fn types(m: &QMatrix, out: &mut Vec<GgmlType>) {
@@ -79,7 +80,9 @@ pub fn check_model(model: &Llama) -> Result<(), GpuError> {
     let biased = model.lm_head_bias.is_some()
         || model.blocks.iter().any(|b| b.biases.qkv.is_some() || b.biases.attn_out.is_some());
     if biased {
-        return Err(GpuError::Unsupported("projection biases (no GPU kernel adds them yet)".into()));
+        return Err(GpuError::Unsupported(
+            "projection biases (no GPU kernel adds them yet)".into(),
+        ));
     }
     Ok(())
 }
