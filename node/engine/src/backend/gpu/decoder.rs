@@ -565,7 +565,8 @@ impl GpuDecoder {
             return;
         };
         // gemma3: the O and down projections are normed before they join
-        // the residual, and the FFN is GeGLU.
+        // the residual, and the FFN is GeGLU. `post` is there whenever the
+        // layers have gemma3's norms (`StepShape::post`, from the config).
         let Some(post) = &io.post else { return };
         launch::matmul_in(cl, &l.wo, &io.attn, Input::Rows, t, post, false);
         launch::add_normed(cl, x, post, &g.post_attn, t, eps);
@@ -582,9 +583,8 @@ impl GpuDecoder {
     fn exact_layer(&self, io: &StepIo, e: &ExactIo, layer: &Layer<'_>, first: bool) {
         let (cl, sh, eps, wide) = (&self.client, self.sh, self.config.rms_eps, self.wide_fma());
         let (t, meta, exact) = (io.rows(), &io.meta, Some(wide));
-        let Layer { w: l, pool, fused, .. } = *layer;
+        let Layer { w: l, pool, scale, fused, .. } = *layer;
         let (acts, h) = (&e.acts, &e.h);
-        let scale = layer.scale;
         // x += the previous layer's FFN output, fused with this norm.
         let prev = (!first).then_some(&e.d);
         launch::add_rms_norm_q8(cl, &io.x, prev, &l.attn_norm, h, &io.all, eps, acts);

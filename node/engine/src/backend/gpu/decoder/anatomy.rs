@@ -30,7 +30,9 @@ impl GpuDecoder {
     /// and a read of the step's ids, which waits for the stream. `enqueue_us` is
     /// the host's time a call before that wait, `us` a call's share of the
     /// whole: launch-bound parts have the two close, GPU-bound ones not.
-    /// Layer 0's weights stand for every layer's.
+    /// Layer 0's weights stand for every layer's. The parts are llama's
+    /// layer ops: a gemma3 model's head norms and post-norms are timed
+    /// only within the whole step.
     pub fn anatomy(
         &self,
         rows: usize,

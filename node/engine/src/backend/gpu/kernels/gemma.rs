@@ -7,7 +7,7 @@
 use cubecl::prelude::*;
 
 use super::ops::{row_scales, ROW_THREADS};
-use super::q8::round_f16;
+use super::rounding::round_f16;
 
 /// `qkv`'s Q and K heads RMS-normed in place, cube `(r, h)` head `h` of
 /// row `r`: a query head (`h < n_heads`) with `q_norm` and then times

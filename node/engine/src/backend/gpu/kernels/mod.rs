@@ -4,6 +4,7 @@ pub mod attention;
 pub mod basic;
 pub mod exact;
 pub mod gemma;
+pub mod rounding;
 pub mod ops;
 pub mod q8;
 pub mod q8_tiled;
