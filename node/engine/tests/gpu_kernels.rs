@@ -22,7 +22,7 @@ use gcs_engine::backend::gpu::kernels::top::TOP_STRIDE;
 use gcs_engine::backend::gpu::launch::{
     self, Attn, AttentionKernel, FusedRope, Input, MatmulKernel, RowMeta,
 };
-use gcs_engine::backend::gpu::weights::GpuMatrix;
+use gcs_engine::backend::gpu::weights::{GpuMatrix, GPU_WEIGHT_TYPES};
 use gcs_engine::backend::gpu::DeviceBuf;
 use gcs_engine::numerics::{rms_norm_rows, swiglu_rows};
 use gcs_engine::quant::{dequantize, GgmlType, QActs, QMatrix};
@@ -52,15 +52,7 @@ fn two_part_stack(rng: &mut Rng, rows: (usize, usize)) -> (QMatrix, Vec<u8>, Vec
 }
 
 /// Every weight type the float matmul reads.
-const ALL_TYPES: [GgmlType; 7] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q8_0,
-    GgmlType::Q5_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const ALL_TYPES: [GgmlType; 7] = GPU_WEIGHT_TYPES;
 
 /// `shapes`, with widths rounded up to whole 256-element super-blocks for
 /// a K-quant (576 becomes 768: 24 blocks of 32 against the 18 of 576).

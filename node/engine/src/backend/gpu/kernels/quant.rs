@@ -338,6 +338,22 @@ pub fn embed_q(
 /// Weight rows per unit of [`matmul_q_wide`].
 pub const RPU: usize = 4;
 
+/// Element `el` (0..32) of 16 nibble bytes from word `at`: byte `el`'s low
+/// nibble below 16, byte `el − 16`'s high one from 16.
+#[cube]
+fn nibble(w: &[u32], at: usize, el: usize) -> u32 {
+    let bi = el % 16;
+    let byte = (w[at + bi / 4] >> (8 * (bi % 4) as u32)) & 0xff;
+    (byte >> (4 * (el / 16) as u32)) & 15
+}
+
+/// Element `el` of 32 signed bytes from word `at`.
+#[cube]
+fn signed_byte(w: &[u32], at: usize, el: usize) -> i32 {
+    let byte = (w[at + el / 4] >> (8 * (el % 4) as u32)) & 0xff;
+    i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32)
+}
+
 /// Elements `8c .. 8c + 8` of the block at word `base`, into
 /// `wv[o .. o + 8]`: the same values, by the same float operations, as
 /// [`dequant_block`] gives those elements.
@@ -359,11 +375,7 @@ pub fn dequant_eighth(
             for e in 0..8usize {
                 // Nibbles as Q4_0's; element el's fifth bit is bit el.
                 let el = c * 8 + e;
-                let bi = el % 16;
-                let word = w[base + 2 + bi / 4];
-                let byte = (word >> (8 * (bi % 4) as u32)) & 0xff;
-                let nib = (byte >> (4 * (el / 16) as u32)) & 15;
-                let q = nib | (((qh >> el as u32) & 1) << 4);
+                let q = nibble(w, base + 2, el) | (((qh >> el as u32) & 1) << 4);
                 wv[o + e] = (f32::cast_from(q) - 16.0f32) * d;
             }
         }
@@ -373,22 +385,14 @@ pub fn dequant_eighth(
             let m = f32::reinterpret(w[base + 2]);
             #[unroll]
             for e in 0..8usize {
-                let el = c * 8 + e;
-                let word = w[base + 3 + el / 4];
-                let byte = (word >> (8 * (el % 4) as u32)) & 0xff;
-                let q = i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32);
-                wv[o + e] = a * f32::cast_from(q) - m;
+                wv[o + e] = a * f32::cast_from(signed_byte(w, base + 3, c * 8 + e)) - m;
             }
         }
         WeightKind::Q8_0 =>
         {
             #[unroll]
             for e in 0..8usize {
-                let el = c * 8 + e;
-                let word = w[base + 1 + el / 4];
-                let byte = (word >> (8 * (el % 4) as u32)) & 0xff;
-                let q = i32::cast_from(byte) - select(byte >= 128, 256i32, 0i32);
-                wv[o + e] = f32::cast_from(q) * d;
+                wv[o + e] = f32::cast_from(signed_byte(w, base + 1, c * 8 + e)) * d;
             }
         }
         _ => {
@@ -397,13 +401,7 @@ pub fn dequant_eighth(
             let off = select(q4_1, 0.0f32.runtime(), (-8.0f32).runtime());
             #[unroll]
             for e in 0..8usize {
-                // Element el < 16 is byte el's low nibble, el ≥ 16 byte
-                // el − 16's high one.
-                let el = c * 8 + e;
-                let bi = el % 16;
-                let word = w[base + 1 + bi / 4];
-                let byte = (word >> (8 * (bi % 4) as u32)) & 0xff;
-                let nib = (byte >> (4 * (el / 16) as u32)) & 15;
+                let nib = nibble(w, base + 1, c * 8 + e);
                 wv[o + e] = (f32::cast_from(nib) + off) * d + m;
             }
         }
