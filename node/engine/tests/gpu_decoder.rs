@@ -274,6 +274,13 @@ fn gemma_on_the_gpu_decoder_agrees_with_the_cpu_decoder() {
         Ok(_) => panic!("exact arithmetic for gemma3 was accepted"),
     };
     assert!(matches!(&err, GpuError::Unsupported(m) if m.contains("gemma3")), "{err}");
+    // A pool past wgpu's binding limit (909 blocks for Gemma) is refused
+    // before any upload, naming the limit.
+    let client = cubecl::Device::Wgpu(Default::default()).client();
+    match GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 910) {
+        Err(GpuError::Unsupported(m)) => assert!(m.contains("at most 909"), "{m}"),
+        other => panic!("910 blocks on wgpu: {:?}", other.map(|_| ())),
+    }
     let mut gpu: Box<dyn PagedDecoder> = Box::new(gpu.with_exact(false).unwrap());
     let model = Engine::load(&path, &cpu_device()).unwrap().model;
     let mut cpu: Box<dyn PagedDecoder> = Box::new(CpuDecoder::new(model, blocks));

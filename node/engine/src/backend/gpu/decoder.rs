@@ -147,6 +147,16 @@ impl GpuDecoder {
         kv_blocks: usize,
     ) -> std::result::Result<Self, GpuError> {
         check_model(model)?;
+        // Before any upload: the pools' 32-bit offsets, and on wgpu one
+        // buffer a pool within the binding limit (`gpu_max_kv_blocks`).
+        let most = crate::backend::gpu_max_kv_blocks(&model.config, kind);
+        if kv_blocks > most {
+            return Err(GpuError::Unsupported(format!(
+                "{kv_blocks} K/V blocks (at most {most} on {kind:?}: 32-bit offsets, and on wgpu \
+                 {} MiB a pool)",
+                crate::backend::WGPU_MAX_BUFFER_BYTES >> 20
+            )));
+        }
         // Every upload, launch and read of this decoder on one stream, the
         // one of the thread creating it. CubeCL gives each thread its own
         // stream by default, and the batch engine steps on another thread
@@ -213,11 +223,6 @@ impl GpuDecoder {
         // One block more than the block manager hands out: the scratch
         // block a padded decode row writes and reads.
         let pool_len = c.n_layers * (kv_blocks + 1) * sh.block_len();
-        if pool_len > i32::MAX as usize {
-            return Err(GpuError::Unsupported(format!(
-                "{kv_blocks} K/V blocks ({pool_len} elements a pool; the kernels' offsets are 32-bit)"
-            )));
-        }
         let cuda = kind == BackendKind::Cuda;
         let graphs = Graphs::new(graph::graphs_enabled(cuda), c.context_length.div_ceil(BLOCK));
         let device_pick = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
