@@ -21,7 +21,8 @@
 #      scheduler (decode graphs and the device's picks, then eagerly, side
 #      by side; and every stream sampled at temperature 1 with one seed,
 #      each token drawn on the device, then with top-p 0.9, each draw
-#      finished from the device's best candidates), the same parity and decode figures for the decoder in the
+#      finished from the device's best candidates, then with penalties and
+#      a bias added on the device), the same parity and decode figures for the decoder in the
 #      CPU's arithmetic (`exact`: GCS_GPU_EXACT), issue 17's naive burn
 #      loop at the same batches, MiniLM
 #      (synthetic weights, scripts/st-synth.py) on burn-cuda against the
@@ -121,8 +122,10 @@ r = call("/chat/completions", {"model": model, "max_tokens": 16, "temperature": 
                                "messages": [{"role": "user", "content": "Name a colour."}]})
 r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
 # OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
-# then with a nucleus: each draw finished from the device's best candidates.
-for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9})):
+# then with a nucleus: each draw finished from the device's best candidates;
+# then with penalties and a bias, added on the device before it draws.
+penalized = {"frequency_penalty": 0.5, "presence_penalty": 0.3, "logit_bias": {"13": -2}}
+for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9}), ("penalized", penalized)):
     try:
         t = time.time()
         s = call("/chat/completions", {"model": model, "max_tokens": 16, "seed": 7,
@@ -188,7 +191,7 @@ device() {
     echo "FAIL: MiniLM synthesis (the embedder is not checked)"
   fi
 
-  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1, and at top-p 0.9)"
+  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1, at top-p 0.9, with penalties)"
   # The check's own log goes aside: CubeCL logs a kernel it cannot compile
   # with its whole IR (the first device run's log passed 16 MiB and did not
   # come back). log.txt gets it without the IR lines, cut to 2 MB;

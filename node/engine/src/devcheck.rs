@@ -115,6 +115,9 @@ pub struct CheckReport {
     /// the host from the row's best candidates a GPU selects, or from its
     /// logits where the nucleus is wider.
     pub decode_nucleus: Vec<DecodeFigure>,
+    /// The sampled streams with penalties ([`penalized`]): each row's
+    /// penalties added on a GPU before its draw, no logits copied.
+    pub decode_penalized: Vec<DecodeFigure>,
     /// The same checks in the CPU's arithmetic (GPU only).
     pub exact: Option<ExactFigures>,
     /// Whether decode steps replayed recorded graphs (`decode`), and the
@@ -158,17 +161,20 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
-    let (plain, nucleus) = (sampled(1.0), sampled(NUCLEUS_TOP_P));
+    let (plain, nucleus, penalized) = (sampled(1.0), sampled(NUCLEUS_TOP_P), penalized());
     let cpu_sampled = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &plain)?;
     let cpu_nucleus = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &nucleus)?;
+    let cpu_penalized = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &penalized)?;
     drop(cpu_engine);
 
     let (engine, decode) = decode_figures(cfg, &short, cpu_ref, GpuOptions::default())?;
-    let (mut decode_sampled, mut decode_nucleus) = (vec![], vec![]);
+    let (mut decode_sampled, mut decode_nucleus, mut decode_penalized) = (vec![], vec![], vec![]);
     for &b in &cfg.batches {
         let (n, t) = (b.max(1), cfg.decode_tokens);
         decode_sampled.push(measure(&engine, &short, n, t, &cpu_sampled, Some(&plain))?);
         decode_nucleus.push(measure(&engine, &short, n, t, &cpu_nucleus, Some(&nucleus))?);
+        let p = Some(&penalized);
+        decode_penalized.push(measure(&engine, &short, n, t, &cpu_penalized, p)?);
     }
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
@@ -190,6 +196,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         decode,
         decode_sampled,
         decode_nucleus,
+        decode_penalized,
         exact: None,
         graphs,
         decode_eager,
@@ -351,6 +358,14 @@ fn sampled(top_p: f32) -> SamplingOptions {
     SamplingOptions { temperature: 1.0, top_p, seed: SAMPLED_SEED, ..Default::default() }
 }
 
+/// The check's penalised streams: [`sampled`] without a nucleus, with
+/// OpenAI's frequency and presence penalties (0.5, 0.3) and a bias on a
+/// few ids.
+fn penalized() -> SamplingOptions {
+    let logit_bias = vec![(13, -2.0), (28, 1.5), (330, -1.0)];
+    SamplingOptions { frequency_penalty: 0.5, presence_penalty: 0.3, logit_bias, ..sampled(1.0) }
+}
+
 /// A stream of `prompt`: greedy, or sampled as `sampling` says.
 fn request(
     prompt: &[u32],
@@ -442,8 +457,7 @@ fn measure(
     let tokens_per_s = if seconds > 0.0 { counted as f64 / seconds } else { 0.0 };
     let streams_equal = ids.iter().filter(|t| **t == ids[0]).count();
     let k = reference.len().min(tokens);
-    let streams_match_cpu =
-        ids.iter().filter(|t| t.len() >= k && t[..k] == reference[..k]).count();
+    let streams_match_cpu = ids.iter().filter(|t| t.len() >= k && t[..k] == reference[..k]).count();
     Ok(DecodeFigure {
         batch,
         tokens: counted,

@@ -312,41 +312,45 @@ impl Sampler {
     }
 
     /// The next token's draw when it is plain temperature sampling (no
-    /// top-k, top-p, min-p, bias or penalty to apply): its temperature and
-    /// the uniform it draws at, so that another side (a GPU) can draw it
-    /// with [`draw_temperature`]. Peeks: the RNG moves when the drawn
-    /// token is [`Sampler::replay`]ed, so a step that does not happen
-    /// draws nothing.
-    pub fn next_draw(&self, vocab: usize) -> Option<(f32, f32)> {
+    /// top-k, top-p or min-p) from logits with no bias or penalty to
+    /// apply, or (`adjusted`) from logits that already carry them
+    /// ([`Sampler::adjustments`]): its temperature and the uniform it
+    /// draws at, so that another side (a GPU) can draw it with
+    /// [`draw_temperature`]. Peeks: the RNG moves when the drawn token is
+    /// [`Sampler::replay`]ed, so a step that does not happen draws nothing.
+    pub fn next_draw(&self, vocab: usize, adjusted: bool) -> Option<(f32, f32)> {
         let p = &self.opts;
         let plain = self.draws_rng(vocab)
             && (p.top_k == 0 || p.top_k >= vocab)
             && p.top_p >= 1.0
             && p.min_p <= 0.0
-            && !self.adjusts();
+            && (adjusted || !self.adjusts());
         plain.then(|| (p.temperature, self.rng.clone().random::<f32>()))
     }
 
     /// The temperature of the next token's draw when it cuts the
     /// distribution (top-k of at most [`TOP_CANDIDATES`], top-p, min-p)
-    /// and no bias or penalty applies: a step may then return the row's
-    /// [`TopCandidates`] instead of its logits, and
-    /// [`Sampler::sample_top`] finishes the draw.
-    pub fn next_top(&self, vocab: usize) -> Option<f32> {
+    /// and no bias or penalty applies, or (`adjusted`) the logits already
+    /// carry them: a step may then return the row's [`TopCandidates`]
+    /// instead of its logits, and [`Sampler::sample_top`] finishes the
+    /// draw.
+    pub fn next_top(&self, vocab: usize, adjusted: bool) -> Option<f32> {
         let p = &self.opts;
         let k = self.top_k(vocab);
         let cuts = k < vocab || p.top_p < 1.0 || p.min_p > 0.0;
         let fits = k == vocab || k <= TOP_CANDIDATES;
-        (self.draws_rng(vocab) && !self.adjusts() && cuts && fits).then_some(p.temperature)
+        let raw = adjusted || !self.adjusts();
+        (self.draws_rng(vocab) && raw && cuts && fits).then_some(p.temperature)
     }
 
-    /// The next token drawn from a row's `top` candidates, counted and
-    /// drawn as [`Sampler::sample`] would from the row's logits; `None`,
+    /// The next token drawn from a row's `top` candidates (of logits that
+    /// carry the bias and penalties, with `adjusted`), counted and drawn
+    /// as [`Sampler::sample`] would from the row's raw logits; `None`,
     /// nothing drawn, when the candidates do not reach the cut (a nucleus
     /// wider than they are) or the draw is not one [`Sampler::next_top`]
     /// names: then sample from the logits.
-    pub fn sample_top(&mut self, top: &TopCandidates, vocab: usize) -> Option<u32> {
-        let t = self.next_top(vocab)?;
+    pub fn sample_top(&mut self, top: &TopCandidates, vocab: usize, adjusted: bool) -> Option<u32> {
+        let t = self.next_top(vocab, adjusted)?;
         let k = self.top_k(vocab);
         let cand = &top.cand[..top.cand.len().min(k)];
         let complete = cand.len() == k;
@@ -395,6 +399,13 @@ impl Sampler {
 
     /// Sample the next token and count it as generated.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let adjusted = self.adjusted(logits);
+        self.sample_adjusted(adjusted.as_deref().unwrap_or(logits))
+    }
+
+    /// [`Sampler::sample`] from logits that already carry this sampler's
+    /// [`Sampler::adjustments`] (a device added them before it picked).
+    pub fn sample_adjusted(&mut self, logits: &[f32]) -> u32 {
         let tok = self.pick(logits);
         *self.counts.entry(tok).or_insert(0) += 1;
         tok
@@ -443,33 +454,51 @@ impl Sampler {
         !o.logit_bias.is_empty() || penalties
     }
 
+    /// What the bias and penalties add to the next pick's logits: each
+    /// bias, then each counted token's penalty as the addition of
+    /// `−(frequency · count + presence)` (the same float as subtracting
+    /// it), ordered by token id and, on one id, biases in their order
+    /// before its penalty. Two additions to different ids commute, so
+    /// applying these in order, or each id's run in order and the runs in
+    /// any order (a device, a run a unit), gives the logits
+    /// [`Sampler::sample`] picks from bit for bit. Empty when none apply.
+    pub fn adjustments(&self) -> Vec<(u32, f32)> {
+        let o = &self.opts;
+        if !self.adjusts() {
+            return vec![];
+        }
+        let mut adds = o.logit_bias.clone();
+        if o.frequency_penalty != 0.0 || o.presence_penalty != 0.0 {
+            adds.extend(
+                self.counts
+                    .iter()
+                    .map(|(&id, &c)| (id, -(o.frequency_penalty * c as f32 + o.presence_penalty))),
+            );
+        }
+        // Stable: an id's biases keep their order, its penalty (pushed
+        // after every bias) stays last.
+        adds.sort_by_key(|a| a.0);
+        adds
+    }
+
     /// Bias and penalties applied, or `None` when there are none (the common
     /// case: no copy of the logits).
     fn adjusted(&self, logits: &[f32]) -> Option<Vec<f32>> {
-        let o = &self.opts;
-        if !self.adjusts() {
+        let adds = self.adjustments();
+        if adds.is_empty() {
             return None;
         }
-        let penalties = o.frequency_penalty != 0.0 || o.presence_penalty != 0.0;
         let mut l = logits.to_vec();
-        for &(id, b) in &o.logit_bias {
+        for (id, a) in adds {
             if let Some(x) = l.get_mut(id as usize) {
-                *x += b;
-            }
-        }
-        if penalties {
-            for (&id, &c) in &self.counts {
-                if let Some(x) = l.get_mut(id as usize) {
-                    *x -= o.frequency_penalty * c as f32 + o.presence_penalty;
-                }
+                *x += a;
             }
         }
         Some(l)
     }
 
-    fn pick(&mut self, raw: &[f32]) -> u32 {
-        let adjusted = self.adjusted(raw);
-        let logits = adjusted.as_deref().unwrap_or(raw);
+    /// The next token of `logits` (bias and penalties applied).
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         if !self.draws_rng(logits.len()) {
             return argmax(logits);
         }

@@ -106,6 +106,80 @@ fn presence_penalty_is_applied_once() {
     assert_eq!(draws(&o, &[1.0, 2.0], 3), vec![1, 1, 1]);
 }
 
+/// The bias and penalties as a device applies them (`adjustments`, each
+/// id's run of additions in order, the runs in any order), then the pick
+/// made from those logits (an argmax, a plain draw, candidates, or the
+/// adjusted row itself) and replayed: the tokens, logits and draws of
+/// `sample` from the raw row, bit for bit, over every kind of pick, a
+/// duplicated bias id and penalties that grow with the stream.
+#[test]
+fn a_pick_from_device_adjusted_logits_equals_sampling() {
+    let raw: Vec<f32> = (0..3000).map(|i| ((i * 7919 % 997) as f32 / 997.0 - 0.5) * 9.0).collect();
+    let v = raw.len();
+    let adj = |o: SamplingOptions| SamplingOptions {
+        logit_bias: vec![(7, 3.25), (1200, -1.5), (7, 0.1), (42, 2.0)],
+        frequency_penalty: 0.37,
+        presence_penalty: 0.21,
+        ..o
+    };
+    let cases = [
+        adj(opts(0.0, 1)),
+        adj(opts(0.9, 2)),
+        adj(SamplingOptions { top_p: 0.8, ..opts(1.0, 3) }),
+        adj(SamplingOptions { top_k: 20, ..opts(0.7, 4) }),
+        adj(SamplingOptions { min_p: 0.3, ..opts(1.1, 5) }),
+        // A wide nucleus: candidates miss, the adjusted row is sampled.
+        adj(SamplingOptions { top_p: 0.999, ..opts(2.0, 6) }),
+        SamplingOptions { presence_penalty: -0.5, ..opts(0.0, 7) },
+    ];
+    let (mut kinds, mut misses) = ([0usize; 3], 0);
+    for (i, o) in cases.iter().enumerate() {
+        let (mut host, mut dev) = (Sampler::new(o.clone()), Sampler::new(o.clone()));
+        for step in 0..25 {
+            let adds = dev.adjustments();
+            assert!(adds.windows(2).all(|w| w[0].0 <= w[1].0), "grouped by id");
+            // The device: each id's run from its last to its first run.
+            let mut row = raw.clone();
+            let runs: Vec<&[(u32, f32)]> = adds.chunk_by(|a, b| a.0 == b.0).collect();
+            for run in runs.iter().rev() {
+                run.iter().for_each(|&(id, a)| row[id as usize] += a);
+            }
+            let want_row = host.adjusted(&raw).unwrap_or_else(|| raw.clone());
+            assert!(row.iter().zip(&want_row).all(|(a, b)| a.to_bits() == b.to_bits()));
+            let want = host.sample(&raw);
+            let got = if !dev.draws_rng(v) {
+                kinds[0] += 1;
+                dev.replay(argmax(&row), v);
+                argmax(&row)
+            } else if let Some((t, u)) = dev.next_draw(v, true) {
+                kinds[1] += 1;
+                let tok = draw_temperature(&row, t, u);
+                dev.replay(tok, v);
+                tok
+            } else {
+                kinds[2] += 1;
+                let t = dev.next_top(v, true).unwrap_or_else(|| panic!("case {i}: no top"));
+                assert_eq!(dev.next_top(v, false), None, "raw logits cannot be cut");
+                dev.sample_top(&top_candidates(&row, t), v, true).unwrap_or_else(|| {
+                    misses += 1;
+                    dev.sample_adjusted(&row)
+                })
+            };
+            assert_eq!(got, want, "case {i} step {step}");
+            assert_eq!(dev.draws(), host.draws(), "case {i} step {step}");
+        }
+    }
+    assert!(kinds.iter().all(|&k| k > 0) && misses > 0, "{kinds:?}, {misses} misses");
+    // On one id, its biases in order, then its penalty.
+    let mut s = Sampler::new(adj(opts(0.0, 1)));
+    assert_eq!(s.adjustments(), vec![(7, 3.25), (7, 0.1), (42, 2.0), (1200, -1.5)]);
+    s.replay(7, v);
+    s.replay(7, v);
+    let pen = -(0.37 * 2.0 + 0.21);
+    assert_eq!(s.adjustments(), vec![(7, 3.25), (7, 0.1), (7, pen), (42, 2.0), (1200, -1.5)]);
+    assert!(Sampler::new(opts(1.0, 1)).adjustments().is_empty());
+}
+
 #[test]
 fn validate_rejects_bad_values() {
     assert!(opts(-1.0, 0).validate(10).is_err());
@@ -204,8 +278,8 @@ fn a_peeked_draw_replayed_equals_sampling() {
     let mut peeked = Sampler::new(o.clone());
     let mut plain = Sampler::new(o);
     for _ in 0..40 {
-        let (t, u) = peeked.next_draw(v).unwrap();
-        assert_eq!(peeked.next_draw(v), Some((t, u)), "peeking draws nothing");
+        let (t, u) = peeked.next_draw(v, false).unwrap();
+        assert_eq!(peeked.next_draw(v, false), Some((t, u)), "peeking draws nothing");
         let tok = draw_temperature(&logits, t, u);
         peeked.replay(tok, v);
         assert_eq!(tok, plain.sample(&logits));
@@ -214,14 +288,14 @@ fn a_peeked_draw_replayed_equals_sampling() {
     // Ids drawn spread (the uniform moves between tokens).
     let spread: std::collections::HashSet<u32> = (0..40)
         .map(|_| {
-            let (t, u) = peeked.next_draw(v).unwrap();
+            let (t, u) = peeked.next_draw(v, false).unwrap();
             let tok = draw_temperature(&logits, t, u);
             peeked.replay(tok, v);
             tok
         })
         .collect();
     assert!(spread.len() > 5, "{spread:?}");
-    let none = |o: SamplingOptions| Sampler::new(o).next_draw(v);
+    let none = |o: SamplingOptions| Sampler::new(o).next_draw(v, false);
     assert_eq!(none(opts(0.0, 1)), None, "greedy");
     assert_eq!(none(SamplingOptions { top_k: 5, ..opts(1.0, 1) }), None);
     assert_eq!(none(SamplingOptions { top_p: 0.9, ..opts(1.0, 1) }), None);
@@ -229,9 +303,9 @@ fn a_peeked_draw_replayed_equals_sampling() {
     assert_eq!(none(SamplingOptions { logit_bias: vec![(3, 1.0)], ..opts(1.0, 1) }), None);
     assert!(none(SamplingOptions { top_k: v, ..opts(1.0, 1) }).is_some(), "top-k of all");
     let mut pen = Sampler::new(SamplingOptions { presence_penalty: 0.5, ..opts(1.0, 1) });
-    assert!(pen.next_draw(v).is_some(), "nothing counted yet: no penalty");
+    assert!(pen.next_draw(v, false).is_some(), "nothing counted yet: no penalty");
     pen.sample(&logits);
-    assert_eq!(pen.next_draw(v), None, "a counted token is penalised");
+    assert_eq!(pen.next_draw(v, false), None, "a counted token is penalised");
 }
 
 /// `draw_temperature` follows the running sum in id order: a uniform
@@ -260,11 +334,11 @@ fn a_vanishing_temperature_is_greedy() {
     let logits = vec![0.5, 3.0, -1.0, 2.9];
     for t in [1e-40, 1e-20, MIN_TEMPERATURE / 2.0] {
         let mut s = Sampler::new(opts(t, 9));
-        assert!(s.plain_greedy(logits.len()) && s.next_draw(logits.len()).is_none(), "{t}");
+        assert!(s.plain_greedy(logits.len()) && s.next_draw(logits.len(), false).is_none(), "{t}");
         assert_eq!(s.sample(&logits), 1, "{t}");
         assert_eq!(s.draws(), 0, "{t}");
     }
-    assert!(Sampler::new(opts(MIN_TEMPERATURE, 9)).next_draw(logits.len()).is_some());
+    assert!(Sampler::new(opts(MIN_TEMPERATURE, 9)).next_draw(logits.len(), false).is_some());
 }
 
 /// A top-k / top-p / min-p draw finished from a row's best candidates and
@@ -296,10 +370,11 @@ fn a_draw_from_the_top_candidates_equals_sampling() {
         for step in 0..30 {
             // The counts change nothing here (no penalty), the RNG does.
             let want = plain.sample(logits);
-            let t = from_top.next_top(v).unwrap_or_else(|| panic!("case {i}: not a top draw"));
+            let t =
+                from_top.next_top(v, false).unwrap_or_else(|| panic!("case {i}: not a top draw"));
             let top = top_candidates(logits, t);
             assert_eq!(top.cand.len(), v.min(TOP_CANDIDATES));
-            let got = match from_top.sample_top(&top, v) {
+            let got = match from_top.sample_top(&top, v, false) {
                 Some(tok) => {
                     hits += 1;
                     tok
@@ -314,7 +389,7 @@ fn a_draw_from_the_top_candidates_equals_sampling() {
         }
     }
     assert!(hits > 0 && misses > 0, "{hits} hits, {misses} misses");
-    let top = |o: SamplingOptions| Sampler::new(o).next_top(5000);
+    let top = |o: SamplingOptions| Sampler::new(o).next_top(5000, false);
     assert_eq!(top(opts(0.0, 1)), None, "greedy");
     assert_eq!(top(opts(1.0, 1)), None, "a plain draw needs no candidates");
     assert_eq!(top(SamplingOptions { top_k: 1000, ..opts(1.0, 1) }), None, "top-k past them");

@@ -143,9 +143,10 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
     // Sampled at temperature 1 with one seed: every stream of a batch
     // draws the same tokens, those of the CPU engine's own stream.
     assert_eq!(r.decode_sampled.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
-    // And with a nucleus (top-p 0.9) the same.
+    // And with a nucleus (top-p 0.9), and with penalties and a bias, the same.
     assert_eq!(r.decode_nucleus.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
-    for d in r.decode_sampled.iter().chain(&r.decode_nucleus) {
+    assert_eq!(r.decode_penalized.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
+    for d in r.decode_sampled.iter().chain(&r.decode_nucleus).chain(&r.decode_penalized) {
         assert!(d.tokens > 0 && d.tokens_per_s > 0.0, "{d:?}");
         // The CPU returns every row's logits: none is read after its step.
         assert_eq!(d.rows_read_after, 0, "{d:?}");

@@ -366,12 +366,13 @@ fn stress_cancel_and_preempt_leaks_nothing() {
     assert_eq!(batch.waiting(), 0);
 }
 
-use gcs_engine::backend::{CpuDecoder, PagedDecoder, Pick, StepLogits};
+use gcs_engine::backend::{Adjust, CpuDecoder, PagedDecoder, Pick, StepLogits};
 
 /// The CPU decoder answering as a GPU does: each sequence's argmax or
 /// its plain temperature draw (`draw_temperature` at the uniform the
-/// step was given), and the logits of only the sequences that asked for
-/// them. Counts the steps that copied none, and the draws.
+/// step was given) after its bias and penalty additions, and the logits
+/// of only the sequences that asked for them (raw). Counts the steps that
+/// copied none, the draws and the rows it added to.
 #[derive(Debug)]
 struct PickOnly {
     inner: CpuDecoder,
@@ -389,6 +390,8 @@ struct PickCounts {
     tops: std::sync::atomic::AtomicUsize,
     /// Rows read back after their step (candidates that missed the cut).
     misses: std::sync::atomic::AtomicUsize,
+    /// Rows it added a bias or penalties to.
+    adjusted: std::sync::atomic::AtomicUsize,
 }
 
 impl PagedDecoder for PickOnly {
@@ -403,12 +406,24 @@ impl PagedDecoder for PickOnly {
         &mut self,
         seqs: &[gcs_engine::llama::PagedSeq<'_>],
         picks: &[Pick],
+        adjust: &Adjust,
     ) -> gcs_engine::Result<StepLogits> {
         use gcs_engine::sampling::{argmax, draw_temperature, top_candidates};
         use std::sync::atomic::Ordering;
-        let logits = self.inner.forward_paged(seqs)?;
+        let mut logits = self.inner.forward_paged(seqs)?;
         let v = self.vocab();
         let n = &self.counts;
+        // The additions, in their order, to each row picked here.
+        for (i, p) in picks.iter().enumerate() {
+            let r = adjust.range(i);
+            if *p == Pick::Logits || r.is_empty() {
+                continue;
+            }
+            n.adjusted.fetch_add(1, Ordering::Relaxed);
+            for (&id, &a) in adjust.ids()[r.clone()].iter().zip(&adjust.adds()[r]) {
+                logits[i * v + id as usize] += a;
+            }
+        }
         let picked = logits
             .chunks(v)
             .zip(picks)
@@ -439,7 +454,8 @@ impl PagedDecoder for PickOnly {
         }
         let kept = rows.iter().flat_map(|&i| logits[i * v..(i + 1) * v].iter().copied()).collect();
         self.last = logits;
-        Ok(StepLogits { logits: kept, rows: Some(rows), picked: Some(picked), tops })
+        let adjusted = true;
+        Ok(StepLogits { logits: kept, rows: Some(rows), picked: Some(picked), tops, adjusted })
     }
     fn last_logits(&mut self, seqs: &[usize]) -> gcs_engine::Result<Vec<f32>> {
         let v = self.vocab();
@@ -538,6 +554,75 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     assert_eq!(select.rows_read_after_step(), n_of(&counts.misses) as u64, "counted as read");
     assert!(tops >= tokens, "every cut token asked for candidates: {tops} of {tokens}");
     assert!(misses > 0 && misses < tops, "{misses} misses of {tops}");
+}
+
+/// A bias and penalties added by the decoder before it picks (greedy, a
+/// plain draw, top-k / top-p / min-p from candidates of the adjusted row,
+/// a wide nucleus from the adjusted row read after its step) give the
+/// tokens the plain CPU engine gives, which adds them on the host; and
+/// such greedy steps copy no logits. With logprobs (of the raw logits)
+/// the row comes back and the host adds them.
+#[test]
+fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
+    use std::sync::Arc;
+    let Some((_, plain)) = load() else { return };
+    let path = common::smollm_path().unwrap();
+    let counts = Arc::new(PickCounts::default());
+    let n = counts.clone();
+    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
+    let select =
+        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
+            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
+        });
+    // A bias that changes the answer (its first greedy token banned, a
+    // few ids pushed and pulled), penalties that change it as it grows.
+    let raw = SeqRequest::new(Prompt::Chat(chat(QUESTIONS[0])), 14);
+    let raw = collect(plain.submit(raw).unwrap()).tokens;
+    let adjusted = |t, seed, top_k, top_p, min_p| SamplingOptions {
+        temperature: t,
+        seed,
+        top_k,
+        top_p,
+        min_p,
+        frequency_penalty: 0.8,
+        presence_penalty: 0.6,
+        logit_bias: vec![(raw[0], -100.0), (1848, 5.0), (330, 3.5), (28, -2.0)],
+    };
+    let requests = || {
+        let r = |q: &str, o: SamplingOptions| SeqRequest {
+            sampling: o,
+            ..SeqRequest::new(Prompt::Chat(chat(q)), 14)
+        };
+        vec![
+            r(QUESTIONS[0], adjusted(0.0, 1, 0, 1.0, 0.0)),
+            r(QUESTIONS[1], adjusted(0.9, 2, 0, 1.0, 0.0)),
+            r(QUESTIONS[2], adjusted(1.0, 3, 40, 1.0, 0.0)),
+            r(QUESTIONS[3], adjusted(1.0, 4, 0, 0.9, 0.0)),
+            r(QUESTIONS[0], adjusted(0.8, 5, 0, 1.0, 0.05)),
+            r(QUESTIONS[1], adjusted(2.0, 6, 0, 0.999, 0.0)),
+            SeqRequest { logprobs: Some(2), ..r(QUESTIONS[2], adjusted(0.0, 7, 0, 1.0, 0.0)) },
+        ]
+    };
+    // The greedy one alone: its steps copy nothing back.
+    let bare = n_of(&counts.bare_steps);
+    let alone = collect(select.submit(requests().remove(0)).unwrap());
+    assert!(n_of(&counts.bare_steps) - bare >= alone.tokens.len() - 1, "greedy, adjusted, bare");
+    let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
+    let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
+    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
+        let (g, w) = (collect(g), collect(w));
+        assert_eq!(g.tokens, w.tokens, "request {i}");
+        assert_eq!(g.result.text, w.result.text, "request {i}");
+        assert_eq!(g.logprobs, w.logprobs, "request {i}");
+        assert_eq!(g.logprobs.len(), if i == 6 { g.tokens.len() } else { 0 }, "request {i}");
+        if i == 0 {
+            assert_eq!(g.tokens, alone.tokens, "alone and beside others");
+        }
+    }
+    assert!(alone.tokens[0] != raw[0] && !alone.tokens.is_empty(), "the bias changed it");
+    let (rows, misses) = (n_of(&counts.adjusted), n_of(&counts.misses));
+    eprintln!("{rows} rows adjusted by the decoder, {misses} read after their step");
+    assert!(rows > 6 * 10 && misses > 0, "{rows} rows, {misses} misses");
 }
 
 fn n_of(c: &std::sync::atomic::AtomicUsize) -> usize {

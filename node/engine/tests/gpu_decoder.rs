@@ -8,7 +8,7 @@
 mod common;
 
 use gcs_engine::backend::gpu::{launch, GpuDecoder};
-use gcs_engine::backend::{BackendKind, CpuDecoder, PagedDecoder, Pick};
+use gcs_engine::backend::{Adjust, BackendKind, CpuDecoder, PagedDecoder, Pick};
 use gcs_engine::llama::PagedSeq;
 use gcs_engine::sampling::{argmax, draw_temperature, top_candidates};
 use gcs_engine::{cpu_device, ChatMessage, Engine};
@@ -217,6 +217,22 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     // The hot nucleus lay past the candidates at some step: that row was
     // read after its step.
     assert!(gpu.rows_read_after_step() > 0);
+    // A bias (the CPU's first greedy token banned) and penalties, added
+    // on the device before its argmax: the CPU's tokens (which adds them
+    // on the host), alone and beside a plain greedy stream.
+    let adjusted = SamplingOptions {
+        logit_bias: vec![(c[0], -100.0)],
+        frequency_penalty: 0.5,
+        presence_penalty: 0.4,
+        ..at(0.0)
+    };
+    let (alone, _) = collect(submit_with(&gpu, &ids, adjusted.clone()));
+    let (beside, other) = (submit_with(&gpu, &ids, adjusted.clone()), submit(&gpu, &ids, 0.0));
+    let ((beside, _), (other, _)) = (collect(beside), collect(other));
+    let (cpu_adjusted, _) = collect(submit_with(&cpu, &ids, adjusted));
+    eprintln!("GPU adjusted {alone:?}\nCPU adjusted {cpu_adjusted:?}");
+    assert_eq!(alone[..2], cpu_adjusted[..2], "the first adjusted greedy tokens agree");
+    assert!(alone[0] != c[0] && beside == alone && other == g);
     // Greedy with logprobs (from the device's candidates): the greedy
     // tokens, each the best of its alternatives.
     let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
@@ -377,6 +393,7 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         GpuDecoder::new(client, BackendKind::Wgpu, &engine.model, 16).unwrap().with_graphs(graphs)
     };
     let (mut graphed, mut eager) = (decoder(true), decoder(false));
+    let none = Adjust::default();
     let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?", "Say hello."];
     let toks: Vec<Vec<u32>> = prompts
         .iter()
@@ -406,12 +423,12 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         let picks = [first, draw, last];
         let asked: Vec<usize> = [0, 2].into_iter().filter(|&i| picks[i] == Pick::Logits).collect();
         // Every row's logits first (the step again writes the same K/V).
-        let all = eager.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
+        let all = eager.forward_select(&seqs, &[Pick::Logits; 3], &none).unwrap();
         assert_eq!((all.logits.len(), &all.rows), (3 * vocab, &None));
-        let replayed = graphed.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
+        let replayed = graphed.forward_select(&seqs, &[Pick::Logits; 3], &none).unwrap();
         assert_eq!(all.logits, replayed.logits, "step {step}");
-        let a = eager.forward_select(&seqs, &picks).unwrap();
-        let b = graphed.forward_select(&seqs, &picks).unwrap();
+        let a = eager.forward_select(&seqs, &picks, &none).unwrap();
+        let b = graphed.forward_select(&seqs, &picks, &none).unwrap();
         // Only the rows that asked for their logits come back.
         let row = |i: usize| all.row(i, vocab).unwrap();
         assert_eq!(a.rows.as_ref(), Some(&asked), "step {step}");
@@ -435,18 +452,18 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         .map(|i| PagedSeq { tokens: &feed[i], past: past[i], table: &tables[i], decode_from: 0 })
         .collect();
     let draw = Pick::Draw { temperature: 1.0, u: 0.5 };
-    let c = graphed.forward_select(&seqs, &[Pick::Argmax, draw, Pick::Argmax]).unwrap();
+    let c = graphed.forward_select(&seqs, &[Pick::Argmax, draw, Pick::Argmax], &none).unwrap();
     assert!(c.logits.is_empty() && c.tops.is_empty());
     assert_eq!(c.picked.map(|a| a.len()), Some(3));
     // A top-p row and a drawing row with logprobs beside them: their
     // candidates come back instead of their logits (those of the host's
     // `top_candidates`), the draw as before, and their logits can still
     // be read after the step, eager or replayed.
-    let all = eager.forward_select(&seqs, &[Pick::Logits; 3]).unwrap();
+    let all = eager.forward_select(&seqs, &[Pick::Logits; 3], &none).unwrap();
     let (top_p, scored) =
         (Pick::Top { temperature: 0.9, u: -1.0 }, Pick::Top { temperature: 1.0, u: 0.5 });
     for (what, dec) in [("eager", &mut eager), ("replayed", &mut graphed)] {
-        let d = dec.forward_select(&seqs, &[Pick::Argmax, top_p, scored]).unwrap();
+        let d = dec.forward_select(&seqs, &[Pick::Argmax, top_p, scored], &none).unwrap();
         assert!(d.logits.is_empty() && d.tops.len() == 2, "{what}");
         for (i, t) in [(1, 0.9), (2, 1.0)] {
             let row = all.row(i, vocab).unwrap();
@@ -461,6 +478,42 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         let read = dec.last_logits(&[1, 2]).unwrap();
         assert_eq!(read, all.logits[vocab..].to_vec(), "{what}: rows read after the step");
     }
+    // A bias and penalties added on the device before it picks: row 0's
+    // argmax banned and another id pushed past it (two additions on one
+    // id, in order), a draw's and a top-p row's own additions. The picks
+    // and candidates are those of the rows plus the additions on the
+    // host, bit for bit, and a top-p row read after the step is the
+    // adjusted row; a row whose logits come back gets none.
+    let best = argmax(all.row(0, vocab).unwrap());
+    let adds: [&[(u32, f32)]; 3] = [
+        &[(best, -100.0), (77, 60.0), (77, -0.3125), (900, -1.0)],
+        &[(5, 12.5), (best, -3.0)],
+        &[(40, 9.0), (41, -(0.4 * 3.0 + 0.25))],
+    ];
+    let adjust = Adjust::new(adds);
+    let host_row = |i: usize| {
+        let mut l = all.row(i, vocab).unwrap().to_vec();
+        adds[i].iter().for_each(|&(id, a)| l[id as usize] += a);
+        l
+    };
+    let draw = Pick::Draw { temperature: 0.7, u: 0.6 };
+    for (what, dec) in [("eager", &mut eager), ("replayed", &mut graphed)] {
+        let d = dec.forward_select(&seqs, &[Pick::Argmax, draw, top_p], &adjust).unwrap();
+        assert!(d.adjusted && d.logits.is_empty(), "{what}");
+        let want = [argmax(&host_row(0)), draw_temperature(&host_row(1), 0.7, 0.6)];
+        assert_eq!(want[0], 77, "the bias decides it");
+        assert_eq!(d.picked.as_ref().map(|p| &p[..2]), Some(&want[..]), "{what}");
+        let got = d.top(2).unwrap_or_else(|| panic!("{what}: no candidates"));
+        assert_eq!(got.cand, top_candidates(&host_row(2), 0.9).cand, "{what}");
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(dec.last_logits(&[2]).unwrap()), bits(host_row(2)), "{what}");
+        let raw = dec.forward_select(&seqs, &[Pick::Logits, draw, top_p], &adjust).unwrap();
+        assert_eq!(raw.row(0, vocab), all.row(0, vocab), "{what}: row 0 comes back raw");
+    }
+    // An addition past the vocabulary is refused before the step.
+    let past: [&[(u32, f32)]; 1] = [&[(vocab as u32, 1.0)]];
+    let err = eager.forward_select(&seqs[..1], &[Pick::Argmax], &Adjust::new(past)).unwrap_err();
+    assert!(err.to_string().contains(&vocab.to_string()), "{err}");
 }
 
 /// The device check's step anatomy (`GpuDecoder::anatomy`) runs every part
@@ -479,9 +532,10 @@ fn the_step_anatomy_times_every_part() {
     // decode step), O, gate/up and down (Q, K, V one launch, gate and up
     // one; the norms read inside QKV and gate/up, SwiGLU inside down, O
     // and down adding to the residual); the output norm, the LM head, the
-    // pick.
+    // bias and penalty additions (a decode bucket's step always launches
+    // them) and the pick.
     let layers = engine.model.config.n_layers;
-    assert_eq!(anatomy.launches, 1 + 5 * layers + 3, "launches a step");
+    assert_eq!(anatomy.launches, 1 + 5 * layers + 4, "launches a step");
     let parts = anatomy.parts;
     let names: Vec<&str> = parts.iter().map(|p| p.part.as_str()).collect();
     for want in [
@@ -489,6 +543,7 @@ fn the_step_anatomy_times_every_part() {
         "attention KvHead",
         "lm_head Tiled",
         "pick (temperature draw)",
+        "adjust (300 a row)",
         "gate_up q8",
         "step, graph replay",
     ] {

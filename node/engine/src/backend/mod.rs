@@ -153,11 +153,11 @@ pub enum BackendError {
 /// What one sequence of a step needs back ([`PagedDecoder::forward_select`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pick {
-    /// Its logits: logprobs, a grammar's mask, a bias or a penalty, a
-    /// top-k past [`crate::sampling::TOP_CANDIDATES`] (the host's
-    /// [`crate::sampling::Sampler`]).
+    /// Its logits: logprobs beside a bias or a penalty, a grammar's mask,
+    /// a top-k past [`crate::sampling::TOP_CANDIDATES`], samples sharing
+    /// the row (the host's [`crate::sampling::Sampler`]).
     Logits,
-    /// Its argmax: greedy over the raw logits.
+    /// Its argmax: greedy (over the logits its [`Adjust`] additions made).
     Argmax,
     /// The token plain temperature sampling draws at `u`
     /// ([`crate::sampling::draw_temperature`]): no copy of the logits.
@@ -170,6 +170,60 @@ pub enum Pick {
     /// the cut or the token, the row comes from
     /// [`PagedDecoder::last_logits`].
     Top { temperature: f32, u: f32 },
+}
+
+/// What a bias and penalties add to the logits of the rows a backend
+/// picks from, before it picks ([`crate::sampling::Sampler::adjustments`]):
+/// sequence `i`'s additions are `(ids, adds)[off[i]..off[i + 1]]`, grouped
+/// by token id, each id's run in the order given (so a backend may apply
+/// the runs in parallel and get the host's logits bit for bit). A row
+/// whose logits come back ([`Pick::Logits`]) gets none of its additions:
+/// the host makes them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Adjust {
+    off: Vec<u32>,
+    ids: Vec<u32>,
+    adds: Vec<f32>,
+}
+
+impl Adjust {
+    /// Each sequence's additions, one slice a sequence in step order.
+    pub fn new<'a>(per_seq: impl IntoIterator<Item = &'a [(u32, f32)]>) -> Self {
+        let mut a = Self { off: vec![0], ..Self::default() };
+        for adds in per_seq {
+            let mut adds = adds.to_vec();
+            // Stable: each id's additions keep their order.
+            adds.sort_by_key(|x| x.0);
+            a.ids.extend(adds.iter().map(|x| x.0));
+            a.adds.extend(adds.iter().map(|x| x.1));
+            a.off.push(a.ids.len() as u32);
+        }
+        a
+    }
+
+    /// No sequence has an addition.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The range of sequence `seq`'s additions in [`Adjust::ids`] and
+    /// [`Adjust::adds`] (empty past the sequences given).
+    pub fn range(&self, seq: usize) -> std::ops::Range<usize> {
+        match (self.off.get(seq), self.off.get(seq + 1)) {
+            (Some(&a), Some(&b)) => a as usize..b as usize,
+            _ => 0..0,
+        }
+    }
+
+    /// The token ids added to, every sequence's one after another.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// What is added to each of [`Adjust::ids`].
+    pub fn adds(&self) -> &[f32] {
+        &self.adds
+    }
 }
 
 /// A step's output as [`PagedDecoder::forward_select`] returns it.
@@ -189,6 +243,12 @@ pub struct StepLogits {
     /// The [`TopCandidates`] of the sequences that asked ([`Pick::Top`]),
     /// by sequence (ascending), where the backend computes them.
     pub tops: Vec<(usize, TopCandidates)>,
+    /// The backend made the step's [`Adjust`] additions: its picks,
+    /// candidates and rows read after the step
+    /// ([`PagedDecoder::last_logits`]) are of the adjusted logits (those in
+    /// `logits` never are). `false`: every row came back raw, for the host
+    /// to adjust.
+    pub adjusted: bool,
 }
 
 impl StepLogits {
@@ -225,11 +285,17 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// host logits `[seqs.len() * vocab]` for each sequence's last new row.
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>>;
     /// The same step, where each sequence needs what `picks` says: a GPU
-    /// picks each sequence's token on the device (its argmax or its draw)
-    /// and copies logits back only when one needs them. Default: every
-    /// row's logits, the host picks.
-    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
-        let _ = picks;
+    /// adds `adjust` to the rows it picks from, picks each sequence's
+    /// token on the device (its argmax or its draw) and copies logits back
+    /// only when one needs them. Default: every row's logits, raw, the
+    /// host picks.
+    fn forward_select(
+        &mut self,
+        seqs: &[PagedSeq<'_>],
+        picks: &[Pick],
+        adjust: &Adjust,
+    ) -> Result<StepLogits> {
+        let _ = (picks, adjust);
         Ok(StepLogits { logits: self.forward_paged(seqs)?, ..StepLogits::default() })
     }
     /// Rows `seqs` (indices into the last step's sequences) of the last

@@ -1,7 +1,7 @@
 //! A paged forward step's rows as flat host arrays: what a GPU decoder
 //! uploads (or, for a replayed graph, writes into its bucket) per step.
 
-use super::Pick;
+use super::{Adjust, Pick};
 
 /// Floats of [`HostRows::pick`] a sequence (the GPU kernel's
 /// `ops::PICK_STRIDE`).
@@ -32,6 +32,12 @@ pub struct HostRows {
     /// argmax below 0); `candidates` 1 also selects the row's best
     /// candidates ([`Pick`]).
     pub pick: Vec<f32>,
+    /// Each sequence's bias and penalty additions
+    /// (`adj_ids`/`adj_adds[adj_off[i]..adj_off[i + 1]]`, [`Adjust`]): one
+    /// offset more than sequences.
+    pub adj_off: Vec<u32>,
+    pub adj_ids: Vec<u32>,
+    pub adj_adds: Vec<f32>,
 }
 
 impl HostRows {
@@ -52,7 +58,25 @@ impl HostRows {
             r.last.push(r.tokens.len() as u32 - 1);
             r.pick.extend([0.0; PICK_STRIDE]);
         }
+        r.adj_off = vec![0; seqs.len() + 1];
         r
+    }
+
+    /// Each sequence's additions of `adjust`, but those of a sequence
+    /// whose logits come back ([`Pick::Logits`]: the host adds them).
+    pub fn set_adjust(&mut self, adjust: &Adjust, picks: &[Pick]) {
+        let n = self.last.len();
+        self.adj_ids.clear();
+        self.adj_adds.clear();
+        self.adj_off = vec![0];
+        for i in 0..n {
+            if picks.get(i).is_some_and(|p| *p != Pick::Logits) {
+                let r = adjust.range(i);
+                self.adj_ids.extend_from_slice(&adjust.ids()[r.clone()]);
+                self.adj_adds.extend_from_slice(&adjust.adds()[r]);
+            }
+            self.adj_off.push(self.adj_ids.len() as u32);
+        }
     }
 
     /// Each sequence's pick (one per sequence, in order); the argmax for
@@ -84,6 +108,7 @@ impl HostRows {
             self.single.push(1);
             self.last.push(i as u32);
             self.pick.extend([0.0; PICK_STRIDE]);
+            self.adj_off.push(self.adj_ids.len() as u32);
         }
     }
 
@@ -135,6 +160,7 @@ mod tests {
         assert_eq!(r.last, vec![0, 1, 2, 3]);
         assert_eq!(r.single, vec![1, 1, 1, 1]);
         assert_eq!(r.pick, vec![0.0; 12], "padding rows pick their argmax");
+        assert_eq!(r.adj_off, vec![0; 5], "and add nothing");
     }
 
     #[test]
@@ -150,5 +176,36 @@ mod tests {
         assert_eq!(r.pick, vec![0.0, 0.0, 0.0, 0.7, 0.25, 0.0, 0.0, 0.0, 0.0]);
         r.set_picks(&[Pick::Top { temperature: 0.9, u: -1.0 }]);
         assert_eq!(&r.pick[..3], &[0.9, -1.0, 1.0]);
+    }
+
+    /// A step's additions, each sequence's grouped by id in its order; a
+    /// row whose logits come back gets none (the host adds them), and a
+    /// decode bucket's padding rows none.
+    #[test]
+    fn additions_follow_their_sequences_but_those_of_rows_read_back() {
+        let (a, b, c) = ([5u32], [9u32], [7u32]);
+        let seqs = [
+            PagedSeq { tokens: &a, past: 0, table: &[1], decode_from: 0 },
+            PagedSeq { tokens: &b, past: 0, table: &[2], decode_from: 0 },
+            PagedSeq { tokens: &c, past: 0, table: &[3], decode_from: 0 },
+        ];
+        let adds: [&[(u32, f32)]; 3] =
+            [&[(4, 1.0), (2, -0.5), (4, 2.0)], &[(8, 3.0)], &[(1, -1.0), (0, 0.25)]];
+        let adjust = Adjust::new(adds);
+        assert_eq!(adjust.ids(), &[2, 4, 4, 8, 0, 1]);
+        assert_eq!(adjust.adds(), &[-0.5, 1.0, 2.0, 3.0, 0.25, -1.0]);
+        assert_eq!((adjust.range(1), adjust.range(3)), (3..4, 0..0));
+        let mut r = HostRows::new(&seqs);
+        assert_eq!(r.adj_off, vec![0; 4]);
+        r.set_adjust(
+            &adjust,
+            &[Pick::Argmax, Pick::Logits, Pick::Draw { temperature: 1.0, u: 0.5 }],
+        );
+        assert_eq!(r.adj_off, vec![0, 3, 3, 5]);
+        assert_eq!(r.adj_ids, vec![2, 4, 4, 0, 1]);
+        assert_eq!(r.adj_adds, vec![-0.5, 1.0, 2.0, 0.25, -1.0]);
+        r.pad_decode(4, 99);
+        assert_eq!(r.adj_off, vec![0, 3, 3, 5, 5]);
+        assert!(Adjust::default().is_empty() && Adjust::default().range(0).is_empty());
     }
 }

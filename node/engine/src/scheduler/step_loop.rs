@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BatchConfig, Pending, Priority, SeqEvent, SeqRequest, SeqResult, Shared};
-use crate::backend::{Interrupt, PagedDecoder, Pick};
+use crate::backend::{Adjust, Interrupt, PagedDecoder, Pick};
 use crate::error::EngineError;
 use crate::constraint::SeqGrammar;
 use crate::generate::FinishReason;
@@ -121,6 +121,9 @@ struct Row<'a> {
     logits: Option<&'a [f32]>,
     picked: Option<u32>,
     top: Option<&'a TopCandidates>,
+    /// The backend added the sequence's bias and penalties to the row
+    /// before it picked (not to `logits`, which come back raw).
+    adjusted: bool,
 }
 
 /// The state of the engine thread: the decoder (the model and its K/V
@@ -367,18 +370,20 @@ impl StepLoop {
         // draw: a GPU computes either without copying the logits back. A
         // row that n > 1 samples share needs its logits unless all are
         // greedy (each sample draws with its own RNG).
-        let picks: Vec<Pick> = work
+        // A bias or penalties are added on the device before it picks.
+        let (picks, adds): (Vec<Pick>, Vec<Vec<(u32, f32)>>) = work
             .iter()
             .map(|w| {
                 let s = &self.running[w.idx];
-                let greedy = |q: &Seq| q.pick(vocab) == Pick::Argmax;
+                let greedy = |q: &Seq| q.pick(vocab) == (Pick::Argmax, vec![]);
                 match s.pick(vocab) {
                     p if s.samples.is_empty() => p,
-                    Pick::Argmax if s.samples.iter().all(greedy) => Pick::Argmax,
-                    _ => Pick::Logits,
+                    p if greedy(s) && s.samples.iter().all(greedy) => p,
+                    _ => (Pick::Logits, vec![]),
                 }
             })
-            .collect();
+            .unzip();
+        let adjust = Adjust::new(adds.iter().map(Vec::as_slice));
         let out = {
             let seqs: Vec<PagedSeq<'_>> = work
                 .iter()
@@ -392,7 +397,7 @@ impl StepLoop {
                     })
                 })
                 .collect();
-            self.dec.forward_select(&seqs, &picks)
+            self.dec.forward_select(&seqs, &picks, &adjust)
         };
         let out = match out {
             Ok(l) => l,
@@ -425,12 +430,17 @@ impl StepLoop {
             if seq.computed < seq.tokens.len() {
                 continue; // more prompt to prefill
             }
+            // A pick or candidates of a row its backend did not adjust
+            // as asked are not this sequence's.
+            let adjusted = !adjust.range(wi).is_empty();
+            let valid = out.adjusted || !adjusted;
             let row = Row {
                 at: wi,
                 pick: picks[wi],
                 logits: out.row(wi, vocab),
-                picked: out.picked.as_ref().and_then(|a| a.get(wi).copied()),
-                top: out.top(wi),
+                picked: out.picked.as_ref().and_then(|a| a.get(wi).copied()).filter(|_| valid),
+                top: out.top(wi).filter(|_| valid),
+                adjusted: adjusted && out.adjusted,
             };
             // n > 1: the other samples share the prompt's blocks from now on.
             for mut child in std::mem::take(&mut self.running[w.idx].samples) {

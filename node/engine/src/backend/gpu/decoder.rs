@@ -19,7 +19,7 @@ use super::step::{ExactIo, StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
 use super::{DeviceBuf, GpuError};
 use crate::backend::rows::HostRows;
-use crate::backend::{BackendKind, PagedDecoder, Pick, StepLogits};
+use crate::backend::{Adjust, BackendKind, PagedDecoder, Pick, StepLogits};
 use crate::error::{EngineError, Result};
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
 use crate::sampling::TopCandidates;
@@ -402,13 +402,22 @@ impl GpuDecoder {
             .collect();
         let kept = (!topped.is_empty()).then(|| io.logits.clone());
         let rows = (!all).then_some(logits_of);
-        Ok(Read { out: StepLogits { logits, rows, picked, tops }, kept })
+        let adjusted = self.device_pick;
+        Ok(Read { out: StepLogits { logits, rows, picked, tops, adjusted }, kept })
     }
 
     /// An eager step: buffers of the step's size, inputs uploaded.
-    fn step(&self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> std::result::Result<Read, GpuError> {
+    fn step(
+        &self,
+        seqs: &[PagedSeq<'_>],
+        picks: &[Pick],
+        adjust: &Adjust,
+    ) -> std::result::Result<Read, GpuError> {
         let mut host = HostRows::new(seqs);
         host.set_picks(picks);
+        if self.device_pick {
+            host.set_adjust(adjust, picks);
+        }
         let io = StepIo::upload(&self.client, self.shape, &host);
         self.launch_step(&io);
         self.read_out(&io, seqs.len(), picks)
@@ -422,6 +431,7 @@ impl GpuDecoder {
         &mut self,
         seqs: &[PagedSeq<'_>],
         picks: &[Pick],
+        adjust: &Adjust,
     ) -> Option<std::result::Result<Read, GpuError>> {
         let n = seqs.len();
         if !self.graphs.enabled || n > graph::MAX_BUCKET || seqs.iter().any(|s| s.tokens.len() != 1)
@@ -435,6 +445,12 @@ impl GpuDecoder {
             return None;
         }
         host.set_picks(picks);
+        if self.device_pick {
+            host.set_adjust(adjust, picks);
+        }
+        if host.adj_ids.len() > StepIo::ADJUST_CAP {
+            return None;
+        }
         host.pad_decode(rows, self.n_blocks as u32);
         let cl = self.client.clone();
         let mut bucket = match self.graphs.buckets.remove(&rows) {
@@ -540,7 +556,11 @@ impl GpuDecoder {
             }
         }
         if self.device_pick {
-            launch::pick_rows(cl, &io.logits, &io.pick, &io.ids, &io.top, self.shape.vocab);
+            let vocab = self.shape.vocab;
+            if let Some(a) = &io.adjust {
+                launch::adjust_rows(cl, &io.logits, a, vocab);
+            }
+            launch::pick_rows(cl, &io.logits, &io.pick, &io.ids, &io.top, vocab);
         }
     }
 
@@ -646,15 +666,24 @@ impl PagedDecoder for GpuDecoder {
         launch::copy_block(&self.client, self.sh, &self.k_pool, &self.v_pool, src, dst, n);
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
-        Ok(self.forward_select(seqs, &vec![Pick::Logits; seqs.len()])?.logits)
+        let none = Adjust::default();
+        Ok(self.forward_select(seqs, &vec![Pick::Logits; seqs.len()], &none)?.logits)
     }
-    fn forward_select(&mut self, seqs: &[PagedSeq<'_>], picks: &[Pick]) -> Result<StepLogits> {
+    fn forward_select(
+        &mut self,
+        seqs: &[PagedSeq<'_>],
+        picks: &[Pick],
+        adjust: &Adjust,
+    ) -> Result<StepLogits> {
         self.check(seqs)?;
+        if let Some(&id) = adjust.ids().iter().find(|&&id| id as usize >= self.shape.vocab) {
+            return Err(EngineError::InvalidRequest(format!("logit addition to token {id}")));
+        }
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
         self.kept = None;
-        let res = match self.decode_step(seqs, picks) {
+        let res = match self.decode_step(seqs, picks, adjust) {
             Some(r) => r,
-            None => self.step(seqs, picks),
+            None => self.step(seqs, picks, adjust),
         };
         let read = res.map_err(|e| EngineError::Backend(e.to_string()))?;
         self.kept = read.kept;

@@ -514,6 +514,33 @@ pub fn pick_rows(
     );
 }
 
+/// A step's bias and penalty additions on the device
+/// ([`crate::backend::Adjust`]): row `r`'s are `(ids, adds)[off[r]..off[r + 1]]`.
+#[derive(Debug)]
+pub struct AdjustBufs {
+    pub off: DeviceBuf<u32>,
+    pub ids: DeviceBuf<u32>,
+    pub adds: DeviceBuf<f32>,
+}
+
+/// Each of the first `off.len() − 1` rows of `logits` plus its additions
+/// ([`ops::adjust_rows`]).
+pub fn adjust_rows(c: &Client, logits: &DeviceBuf<f32>, a: &AdjustBufs, vocab: usize) {
+    let rows = a.off.len() - 1;
+    debug_assert!(logits.len() >= rows * vocab);
+    counted();
+    ops::adjust_rows::launch(
+        c,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(ops::ADJUST_THREADS as u32),
+        logits.arg(),
+        a.off.arg(),
+        a.ids.arg(),
+        a.adds.arg(),
+        vocab,
+    );
+}
+
 // One candidate per unit of the picking cube (`top::select_top`'s sort),
 // as many as the host's sampler takes.
 const _: () = assert!(top::TOP_N == ops::PICK_THREADS);

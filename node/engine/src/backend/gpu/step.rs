@@ -5,7 +5,7 @@
 
 use super::kernels::attention::HeadShape;
 use super::kernels::top::TOP_STRIDE;
-use super::launch::{QActs, RowMeta};
+use super::launch::{AdjustBufs, QActs, RowMeta};
 use super::DeviceBuf;
 use crate::backend::rows::{HostRows, PICK_STRIDE};
 use crate::llama::LlamaConfig;
@@ -72,6 +72,10 @@ pub struct StepIo {
     pub exact: Option<ExactIo>,
     /// An O or down projection before its norm, with [`StepShape::post`].
     pub post: Option<DeviceBuf<f32>>,
+    /// The bias and penalty additions ([`HostRows::adj_off`]): an eager
+    /// step's where it has some, a bucket's always
+    /// ([`StepIo::ADJUST_CAP`] of them at most).
+    pub adjust: Option<AdjustBufs>,
 }
 
 /// What only a step in the CPU's arithmetic reads and writes: its
@@ -104,8 +108,18 @@ impl StepIo {
         let tok = DeviceBuf::upload(cl, &host.tokens);
         let (all, last) = (DeviceBuf::upload(cl, &all), DeviceBuf::upload(cl, &host.last));
         let pick = DeviceBuf::upload(cl, &host.pick);
-        Self::with_inputs(cl, s, tok, meta, all, last, pick)
+        let adjust = (!host.adj_ids.is_empty()).then(|| AdjustBufs {
+            off: DeviceBuf::upload(cl, &host.adj_off),
+            ids: DeviceBuf::upload(cl, &host.adj_ids),
+            adds: DeviceBuf::upload(cl, &host.adj_adds),
+        });
+        Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
+
+    /// Additions a bucket holds: 512 KiB of them, more than a step of
+    /// 256 sequences with the 300 biases a request may carry each; a
+    /// step with more runs eagerly.
+    pub const ADJUST_CAP: usize = 1 << 16;
 
     /// Buffers of a decode bucket: `rows` rows, one per sequence, inputs
     /// zeroed until [`StepIo::write`] fills them; `tables_len` entries of
@@ -122,7 +136,12 @@ impl StepIo {
         let tok = DeviceBuf::zeros(cl, rows);
         let (all, last) = (DeviceBuf::upload(cl, &ids), DeviceBuf::upload(cl, &ids));
         let pick = DeviceBuf::zeros(cl, PICK_STRIDE * rows);
-        Self::with_inputs(cl, s, tok, meta, all, last, pick)
+        let adjust = Some(AdjustBufs {
+            off: DeviceBuf::zeros(cl, rows + 1),
+            ids: DeviceBuf::zeros(cl, Self::ADJUST_CAP),
+            adds: DeviceBuf::zeros(cl, Self::ADJUST_CAP),
+        });
+        Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
 
     fn with_inputs(
@@ -158,6 +177,7 @@ impl StepIo {
             all,
             last,
             pick,
+            adjust: None,
         }
     }
 
@@ -171,6 +191,14 @@ impl StepIo {
         self.meta.tables.write(cl, &host.tables);
         self.meta.single.write(cl, &host.single);
         self.pick.write(cl, &host.pick);
+        if let Some(a) = &self.adjust {
+            debug_assert!(host.adj_ids.len() <= a.ids.len());
+            a.off.write(cl, &host.adj_off);
+            if !host.adj_ids.is_empty() {
+                a.ids.write(cl, &host.adj_ids);
+                a.adds.write(cl, &host.adj_adds);
+            }
+        }
     }
 
     /// Batch rows.

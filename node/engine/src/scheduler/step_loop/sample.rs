@@ -12,30 +12,40 @@ use crate::generate::FinishReason;
 use crate::sampling::{logprobs, logprobs_from_top, Logprobs};
 
 impl Seq {
-    /// What picking this sequence's next token needs of a step: its
-    /// argmax (greedy), a plain temperature draw, the top candidates of a
-    /// top-k / top-p / min-p draw or of a sequence with logprobs (with its
-    /// argmax or draw), or else the logits (a grammar's mask, bias,
-    /// penalties).
-    pub(super) fn pick(&self, vocab: usize) -> Pick {
-        if self.grammar.is_some() {
-            return Pick::Logits;
-        }
+    /// What picking this sequence's next token needs of a step, with what
+    /// its bias and penalties add to its row before the device picks
+    /// ([`crate::backend::Adjust`]): its argmax (greedy), a plain
+    /// temperature draw, the top candidates of a top-k / top-p / min-p
+    /// draw or of a sequence with logprobs (with its argmax or draw), or
+    /// else the logits (a grammar's mask; logprobs beside a bias or
+    /// penalties, since logprobs are of the raw logits and the candidates
+    /// would be of the adjusted ones).
+    pub(super) fn pick(&self, vocab: usize) -> (Pick, Vec<(u32, f32)>) {
         let scored = self.logprobs.is_some();
-        if self.sampler.plain_greedy(vocab) {
-            return if scored { Pick::Top { temperature: 0.0, u: 0.0 } } else { Pick::Argmax };
+        let adds = match self.grammar {
+            Some(_) => return (Pick::Logits, vec![]),
+            None => self.sampler.adjustments(),
+        };
+        if scored && !adds.is_empty() {
+            return (Pick::Logits, vec![]);
         }
-        if let Some((temperature, u)) = self.sampler.next_draw(vocab) {
-            return if scored {
-                Pick::Top { temperature, u }
-            } else {
-                Pick::Draw { temperature, u }
-            };
-        }
-        match self.sampler.next_top(vocab) {
-            Some(temperature) => Pick::Top { temperature, u: -1.0 },
-            None => Pick::Logits,
-        }
+        let pick = if !self.sampler.draws_rng(vocab) {
+            match scored {
+                true => Pick::Top { temperature: 0.0, u: 0.0 },
+                false => Pick::Argmax,
+            }
+        } else if let Some((temperature, u)) = self.sampler.next_draw(vocab, true) {
+            match scored {
+                true => Pick::Top { temperature, u },
+                false => Pick::Draw { temperature, u },
+            }
+        } else {
+            match self.sampler.next_top(vocab, true) {
+                Some(temperature) => Pick::Top { temperature, u: -1.0 },
+                None => return (Pick::Logits, vec![]),
+            }
+        };
+        (pick, adds)
     }
 }
 
@@ -49,6 +59,8 @@ pub(super) struct Deferred {
     at: usize,
     /// Its token, where the device picked it (its logprobs need the row).
     token: Option<u32>,
+    /// The row carries the sequence's bias and penalties.
+    adjusted: bool,
 }
 
 impl StepLoop {
@@ -82,7 +94,7 @@ impl StepLoop {
             // A top-k / top-p / min-p draw from the device's candidates,
             // as `sample` draws it from the logits; unless its cut lies
             // past them (a wide nucleus): then from the logits below.
-            (Pick::Top { .. }, _, Some(top)) => seq.sampler.sample_top(top, vocab),
+            (Pick::Top { .. }, _, Some(top)) => seq.sampler.sample_top(top, vocab, row.adjusted),
             _ => None,
         };
         // Without its logits, a row with candidates is read after the step.
@@ -98,7 +110,8 @@ impl StepLoop {
                     None => match row.logits {
                         Some(l) => Some(logprobs(l, tok, n)),
                         None if read_later => {
-                            return deferred.push(Deferred { idx, at: row.at, token: Some(tok) })
+                            let (at, adjusted) = (row.at, row.adjusted);
+                            return deferred.push(Deferred { idx, at, token: Some(tok), adjusted });
                         }
                         None => return done.push((idx, Err(no_logits.into()))),
                     },
@@ -107,8 +120,11 @@ impl StepLoop {
             return self.take_token(idx, tok, lp, done, need_slot);
         }
         match row.logits {
-            Some(l) => self.sample_logits(idx, l, done, need_slot),
-            None if read_later => deferred.push(Deferred { idx, at: row.at, token: None }),
+            Some(l) => self.sample_logits(idx, l, false, done, need_slot),
+            None if read_later => {
+                let (at, adjusted) = (row.at, row.adjusted);
+                deferred.push(Deferred { idx, at, token: None, adjusted })
+            }
             None => done.push((idx, Err(no_logits.into()))),
         }
     }
@@ -143,17 +159,20 @@ impl StepLoop {
                     self.take_token(d.idx, tok, Some(logprobs(l, tok, n)), done, need_slot)
                 }
                 (Some(tok), None) => self.take_token(d.idx, tok, None, done, need_slot),
-                (None, _) => self.sample_logits(d.idx, l, done, need_slot),
+                (None, _) => self.sample_logits(d.idx, l, d.adjusted, done, need_slot),
             }
         }
     }
 
     /// Sample the next token of `running[idx]` from its `logits` on the
-    /// host: with logprobs, or among a grammar's allowed tokens.
+    /// host: with logprobs, or among a grammar's allowed tokens; from
+    /// logits the device `adjusted` (a row with neither, read after its
+    /// step), without adding the bias and penalties again.
     fn sample_logits(
         &mut self,
         idx: usize,
         logits: &[f32],
+        adjusted: bool,
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
@@ -164,6 +183,7 @@ impl StepLoop {
                     let (t, lp) = seq.sampler.sample_with_logprobs(logits, n);
                     (t, Some(lp))
                 }
+                None if adjusted => (seq.sampler.sample_adjusted(logits), None),
                 None => (seq.sampler.sample(logits), None),
             },
             Some(g) => {

@@ -155,6 +155,29 @@ impl GpuDecoder {
             launch::pick_rows(&cl, &io.logits, &tops, &io.ids, &io.top, self.shape.vocab);
             Ok(())
         })?;
+        // The bias and penalty additions before a pick: none (what every
+        // replayed step launches), then 300 a row (the most biases a
+        // request may give), each adding 0 (the logits stay as they are).
+        let vocab = self.shape.vocab;
+        if let Some(a) = &io.adjust {
+            time("adjust (none)", &mut || {
+                launch::adjust_rows(&cl, &io.logits, a, vocab);
+                Ok(())
+            })?;
+        }
+        let mut row: Vec<u32> =
+            (0..300.min(vocab as u32)).map(|i| i * 163 % vocab as u32).collect();
+        row.sort_unstable();
+        let off: Vec<u32> = (0..=n as u32).map(|r| r * row.len() as u32).collect();
+        let many = launch::AdjustBufs {
+            off: DeviceBuf::upload(&cl, &off),
+            ids: DeviceBuf::upload(&cl, &row.repeat(n)),
+            adds: DeviceBuf::upload(&cl, &vec![0.0f32; row.len() * n]),
+        };
+        time("adjust (300 a row)", &mut || {
+            launch::adjust_rows(&cl, &io.logits, &many, vocab);
+            Ok(())
+        })?;
         // Each matmul kernel on the largest two (they give the same bits;
         // `MatmulKernel::for_rows` picks by speed), gate/up also over rows
         // not normed (the norm's cost inside it).

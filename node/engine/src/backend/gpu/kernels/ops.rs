@@ -1,7 +1,7 @@
 //! Element-wise and per-row kernels of a decoder layer: RMSNorm (and the
 //! order of its sum every kernel that norms a row follows), SwiGLU, and
-//! a row's token: its argmax or a temperature draw (or its best
-//! candidates, `top.rs`).
+//! a row's bias and penalties, and its token: its argmax or a temperature
+//! draw (or its best candidates, `top.rs`).
 
 use cubecl::prelude::*;
 
@@ -122,6 +122,46 @@ pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
     if p < act.len() {
         let (j, i) = (p / inter, p % inter);
         act[p] = silu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]);
+    }
+}
+
+/// Units per cube of [`adjust_rows`].
+pub const ADJUST_THREADS: usize = 64;
+
+/// Row `r` of `logits` plus its additions `(ids, adds)[off[r]..off[r + 1]]`
+/// (a bias and penalties, `backend::Adjust`), before [`pick_rows`] reads
+/// it. One token's additions are consecutive: the unit at the first of
+/// them adds them all, in order, so a logit ends as the host's additions
+/// one after another leave it, bit for bit, and no two units write one
+/// logit. An id past the vocabulary is skipped (the decoder refuses it
+/// before). Launch with `CubeCount (rows)`, `CubeDim (ADJUST_THREADS)`.
+#[cube(launch)]
+pub fn adjust_rows(logits: &mut [f32], off: &[u32], ids: &[u32], adds: &[f32], vocab: usize) {
+    let row = CUBE_POS_X as usize;
+    let (lo, hi) = (off[row] as usize, off[row + 1] as usize);
+    let mut i = lo + UNIT_POS_X as usize;
+    while i < hi {
+        let id = ids[i];
+        let mut first = i == lo;
+        if !first {
+            first = ids[i - 1] != id;
+        }
+        if first && (id as usize) < vocab {
+            let at = row * vocab + id as usize;
+            let mut x = logits[at];
+            let mut j = i;
+            let mut more = true;
+            while more {
+                x += adds[j];
+                j += 1;
+                more = j < hi;
+                if more {
+                    more = ids[j] == id;
+                }
+            }
+            logits[at] = x;
+        }
+        i += ADJUST_THREADS;
     }
 }
 
