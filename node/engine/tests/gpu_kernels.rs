@@ -778,6 +778,62 @@ fn tops(c: &Client, rows: usize) -> DeviceBuf<f32> {
     DeviceBuf::uninit(c, rows * TOP_STRIDE)
 }
 
+/// The bias and penalty additions (`launch::adjust_rows`) against the
+/// host adding them one after another: rows of 5,000 logits with up to
+/// 700 additions each (past the cube's 64 units), runs of one id up to 9
+/// long straddling the units' strides, ids at both ends of the row, a row
+/// with none, and values whose sum depends on the order (1e8 then ±1):
+/// every logit bit for bit; the rows past `off`'s end untouched.
+#[test]
+fn adjust_rows_adds_each_ids_run_in_order() {
+    use gcs_engine::backend::Adjust;
+    let c = client();
+    let mut rng = Rng(0xad_1057);
+    let (rows, vocab) = (5, 5000);
+    let l = rng.vec(rows * vocab);
+    let mut per_seq: Vec<Vec<(u32, f32)>> = vec![];
+    for r in 0..rows - 1 {
+        let mut adds = vec![];
+        let n = [700, 0, 65, 300][r];
+        while adds.len() < n {
+            let id = (rng.next() % vocab as u64) as u32;
+            let id = [0, vocab as u32 - 1, id][(rng.next() % 3) as usize];
+            for _ in 0..1 + rng.next() % 9 {
+                let a = [1e8, -1e8, 1.0, -100.0, rng.f() * 3.0][(rng.next() % 5) as usize];
+                adds.push((id, a));
+            }
+        }
+        per_seq.push(adds);
+    }
+    let adjust = Adjust::new(per_seq.iter().map(Vec::as_slice));
+    // Offsets for the first rows − 1 rows: the launch covers only them.
+    let ends = (0..rows - 1).map(|r| adjust.range(r).end as u32);
+    let off: Vec<u32> = std::iter::once(0).chain(ends).collect();
+    let bufs = launch::AdjustBufs {
+        off: DeviceBuf::upload(&c, &off),
+        ids: DeviceBuf::upload(&c, adjust.ids()),
+        adds: DeviceBuf::upload(&c, adjust.adds()),
+    };
+    let logits = DeviceBuf::upload(&c, &l);
+    launch::adjust_rows(&c, &logits, &bufs, vocab);
+    let mut want = l.clone();
+    for (r, adds) in per_seq.iter().enumerate() {
+        adds.iter().for_each(|&(id, a)| want[r * vocab + id as usize] += a);
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&logits.read(&c).unwrap()), bits(&want));
+    // Not vacuous: each run added in reverse gives other bits somewhere
+    // (1e8 + 1 − 1e8 is not 1 − 1e8 + 1e8).
+    let mut reversed = l.clone();
+    for (r, adds) in per_seq.iter().enumerate() {
+        for run in adds.chunk_by(|a, b| a.0 == b.0) {
+            run.iter().rev().for_each(|&(id, a)| reversed[r * vocab + id as usize] += a);
+        }
+    }
+    assert_ne!(bits(&reversed), bits(&want));
+    assert_eq!(&want[(rows - 1) * vocab..], &l[(rows - 1) * vocab..], "the last row has no range");
+}
+
 /// Rows of 1,000 and of 5,000 logits (each unit's first eight-load groups
 /// and its tail: ties across both), picked at temperature 0.
 #[test]
