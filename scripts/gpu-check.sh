@@ -123,9 +123,12 @@ r = call("/chat/completions", {"model": model, "max_tokens": 16, "temperature": 
 r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
 # OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
 # then with a nucleus: each draw finished from the device's best candidates;
-# then with penalties and a bias, added on the device before it draws.
+# then with penalties and a bias, added on the device before it draws; then a
+# JSON object, its grammar's mask applied on the device.
 penalized = {"frequency_penalty": 0.5, "presence_penalty": 0.3, "logit_bias": {"13": -2}}
-for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9}), ("penalized", penalized)):
+json_object = {"response_format": {"type": "json_object"}}
+for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9}), ("penalized", penalized),
+                    ("json", json_object)):
     try:
         t = time.time()
         s = call("/chat/completions", {"model": model, "max_tokens": 16, "seed": 7,

@@ -184,6 +184,33 @@ impl TokenMask {
     pub fn count(&self) -> usize {
         self.vob.num_set()
     }
+
+    /// The tokens that may come next as bits (token `t` at bit `t % 32`
+    /// of word `t / 32`, [`word_allows`]), each of `stops` (EOS, the end
+    /// of a turn) allowed exactly when the grammar may end: what the host
+    /// samples among, and what a device masks a row with
+    /// ([`crate::backend::Adjust`]).
+    pub fn words(&self, stops: &[u32]) -> Vec<u32> {
+        let len = self.vob.len();
+        let top = stops.iter().map(|&s| s as usize + 1).fold(len, usize::max);
+        let mut w = vec![0u32; top.div_ceil(32)];
+        let n = len.div_ceil(32);
+        w[..n].copy_from_slice(&self.vob.as_slice()[..n]);
+        if !len.is_multiple_of(32) {
+            // The vector's bits past its length are not tokens.
+            w[len / 32] &= (1u32 << (len % 32)) - 1;
+        }
+        for &s in stops {
+            let (at, bit) = (s as usize / 32, 1u32 << (s % 32));
+            w[at] = if self.accepting { w[at] | bit } else { w[at] & !bit };
+        }
+        w
+    }
+}
+
+/// Whether `words` ([`TokenMask::words`]) allow token `t`.
+pub fn word_allows(words: &[u32], t: u32) -> bool {
+    words.get(t as usize / 32).is_some_and(|w| w >> (t % 32) & 1 == 1)
 }
 
 impl SeqGrammar {

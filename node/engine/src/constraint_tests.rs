@@ -143,3 +143,24 @@ fn a_lark_grammar_holds_a_call_to_its_inlined_schema_and_is_bounded() {
     let e = c.compile(&Grammar::Lark("start: nowhere".into())).unwrap_err().to_string();
     assert!(e.starts_with("invalid request: tools") || e.contains("tools"), "{e}");
 }
+
+/// A mask's words allow what the host's rule allows: the vector's tokens,
+/// except that each stop token (EOS, stop ids, one past the vocabulary)
+/// is allowed exactly when the grammar may end; nothing past them.
+#[test]
+fn mask_words_allow_the_tokens_and_the_stops_when_the_grammar_may_end() {
+    let (c, eos) = compiler();
+    let g = Grammar::JsonSchema(PERSON.into());
+    let done = r#"{"name": "Ann", "role": "user", "tags": [], "boss": null}"#;
+    for text in [r#"{"name": "A"#, done, "{"] {
+        let m = walk(&mut c.compile(&g).unwrap(), eos, text).unwrap();
+        let stops = [eos, u32::from(b'}'), 300];
+        let words = m.words(&stops);
+        assert_eq!(words.len(), 301usize.div_ceil(32));
+        let rule = |t: u32| if stops.contains(&t) { m.accepting } else { m.allows(t) };
+        for t in 0..words.len() as u32 * 32 + 40 {
+            assert_eq!(word_allows(&words, t), rule(t), "{text:?}: token {t}");
+        }
+        assert!((0..256).any(|t| word_allows(&words, t)), "{text:?}: something may follow");
+    }
+}

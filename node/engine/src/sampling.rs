@@ -422,12 +422,15 @@ impl Sampler {
     /// tokens get a logit of -inf before bias and penalties (so neither can
     /// revive them), and the logprobs are those of the masked distribution:
     /// the raw logits renormalised over the allowed tokens, alternatives
-    /// limited to allowed ones. `None` when no token is allowed.
+    /// limited to allowed ones. `None` when no token is allowed. With
+    /// `adjusted`, the logits already carry the mask, bias and penalties (a
+    /// device applied them: [`Sampler::sample_adjusted`]; no logprobs).
     pub fn sample_masked(
         &mut self,
         raw: &[f32],
         allowed: impl Fn(u32) -> bool,
         top_n: Option<usize>,
+        adjusted: bool,
     ) -> Option<(u32, Option<Logprobs>)> {
         let masked: Vec<f32> = raw
             .iter()
@@ -437,7 +440,10 @@ impl Sampler {
         if !masked.iter().any(|l| *l > f32::NEG_INFINITY) {
             return None;
         }
-        let tok = self.sample(&masked);
+        let tok = match adjusted {
+            true => self.sample_adjusted(&masked),
+            false => self.sample(&masked),
+        };
         let lp = top_n.map(|n| {
             let mut lp = logprobs(&masked, tok, n);
             lp.top.retain(|t| t.logprob > f32::NEG_INFINITY);

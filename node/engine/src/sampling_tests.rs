@@ -233,7 +233,7 @@ fn replayed_sampler_continues_like_the_original() {
             let allowed = |id: u32| id % 3 != 0;
             let step = |s: &mut Sampler, i: usize| -> u32 {
                 if masked {
-                    s.sample_masked(&logits(i), allowed, None).unwrap().0
+                    s.sample_masked(&logits(i), allowed, None, false).unwrap().0
                 } else {
                     s.sample(&logits(i))
                 }

@@ -390,8 +390,10 @@ struct PickCounts {
     tops: std::sync::atomic::AtomicUsize,
     /// Rows read back after their step (candidates that missed the cut).
     misses: std::sync::atomic::AtomicUsize,
-    /// Rows it added a bias or penalties to.
+    /// Rows it masked or added a bias or penalties to.
     adjusted: std::sync::atomic::AtomicUsize,
+    /// Rows it masked.
+    masked: std::sync::atomic::AtomicUsize,
 }
 
 impl PagedDecoder for PickOnly {
@@ -413,15 +415,25 @@ impl PagedDecoder for PickOnly {
         let mut logits = self.inner.forward_paged(seqs)?;
         let v = self.vocab();
         let n = &self.counts;
-        // The additions, in their order, to each row picked here.
+        // Each row picked here masked, then its additions in order.
         for (i, p) in picks.iter().enumerate() {
-            let r = adjust.range(i);
-            if *p == Pick::Logits || r.is_empty() {
+            if *p == Pick::Logits || !adjust.touches(i) {
                 continue;
             }
             n.adjusted.fetch_add(1, Ordering::Relaxed);
+            let row = &mut logits[i * v..(i + 1) * v];
+            let words = &adjust.mask_words()[adjust.mask_range(i)];
+            if !words.is_empty() {
+                n.masked.fetch_add(1, Ordering::Relaxed);
+                for (t, l) in row.iter_mut().enumerate() {
+                    if !gcs_engine::constraint::word_allows(words, t as u32) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            let r = adjust.range(i);
             for (&id, &a) in adjust.ids()[r.clone()].iter().zip(&adjust.adds()[r]) {
-                logits[i * v + id as usize] += a;
+                row[id as usize] += a;
             }
         }
         let picked = logits
@@ -623,6 +635,65 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
     let (rows, misses) = (n_of(&counts.adjusted), n_of(&counts.misses));
     eprintln!("{rows} rows adjusted by the decoder, {misses} read after their step");
     assert!(rows > 6 * 10 && misses > 0, "{rows} rows, {misses} misses");
+}
+
+/// Grammar rows masked by the decoder before it picks (a JSON schema
+/// and a JSON object: greedy, drawn, top-p from candidates of the masked
+/// row or from the row read after its step, with a bias and penalties)
+/// give the tokens, text and finish of
+/// the plain CPU engine, which masks them on the host; with logprobs (of
+/// the masked distribution) the row comes back and the host masks it.
+#[test]
+fn grammar_masks_applied_by_the_decoder_equal_the_cpu_engines() {
+    use gcs_engine::Grammar;
+    use std::sync::Arc;
+    let Some((_, plain)) = load() else { return };
+    let path = common::smollm_path().unwrap();
+    let counts = Arc::new(PickCounts::default());
+    let n = counts.clone();
+    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
+    let select =
+        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
+            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
+        });
+    let schema = r#"{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}"#;
+    let o = |temperature, seed| SamplingOptions { temperature, seed, ..SamplingOptions::default() };
+    let requests = || {
+        let r = |q: &str, g: Grammar, o: SamplingOptions| SeqRequest {
+            sampling: o,
+            grammar: Some(g),
+            ..SeqRequest::new(Prompt::Chat(chat(q)), 40)
+        };
+        let person = || Grammar::JsonSchema(schema.into());
+        let penalised =
+            SamplingOptions { frequency_penalty: 0.7, logit_bias: vec![(28, 2.0)], ..o(0.9, 4) };
+        vec![
+            r("Describe a person as JSON.", person(), o(0.0, 1)),
+            r("Describe a person as JSON.", person(), o(1.0, 2)),
+            r(
+                "Describe a cat as JSON.",
+                Grammar::JsonObject,
+                SamplingOptions { top_p: 0.999, presence_penalty: 0.5, ..o(2.0, 3) },
+            ),
+            r("Describe a dog as JSON.", Grammar::JsonObject, penalised),
+            SeqRequest { logprobs: Some(2), ..r("A person?", person(), o(0.0, 5)) },
+        ]
+    };
+    let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
+    let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
+    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
+        let (g, w) = (collect(g), collect(w));
+        assert_eq!(g.tokens, w.tokens, "request {i}");
+        assert_eq!(g.result.text, w.result.text, "request {i}");
+        assert_eq!(g.result.finish_reason, w.result.finish_reason, "request {i}");
+        assert_eq!(g.logprobs, w.logprobs, "request {i}");
+        eprintln!("request {i}: {:?} {}", g.result.finish_reason, g.result.text);
+    }
+    let (masked, misses) = (n_of(&counts.masked), n_of(&counts.misses));
+    eprintln!("{masked} rows masked by the decoder, {misses} read after their step");
+    // The hot nucleus missed its candidates: its masked, penalised row
+    // was read after the step and sampled without adding them again.
+    assert!(masked > 4 * 10 && misses > 0, "{masked} rows masked, {misses} misses");
 }
 
 fn n_of(c: &std::sync::atomic::AtomicUsize) -> usize {

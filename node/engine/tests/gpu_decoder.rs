@@ -233,6 +233,18 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     eprintln!("GPU adjusted {alone:?}\nCPU adjusted {cpu_adjusted:?}");
     assert_eq!(alone[..2], cpu_adjusted[..2], "the first adjusted greedy tokens agree");
     assert!(alone[0] != c[0] && beside == alone && other == g);
+    // A JSON object under its grammar, masked on the device before its
+    // argmax: the CPU's first tokens, every one allowed there (the CPU
+    // masks on the host).
+    let json = |engine: &BatchEngine| {
+        let ask = vec![ChatMessage::new("user", "Describe a cat as a JSON object.")];
+        let mut r = SeqRequest::new(Prompt::Chat(ask), 8);
+        r.grammar = Some(gcs_engine::Grammar::JsonObject);
+        collect(engine.submit(r).unwrap()).0
+    };
+    let (gj, cj) = (json(&gpu), json(&cpu));
+    eprintln!("GPU JSON {gj:?}\nCPU JSON {cj:?}");
+    assert!(gj.len() >= 2 && gj[..2] == cj[..2], "the first masked greedy tokens agree");
     // Greedy with logprobs (from the device's candidates): the greedy
     // tokens, each the best of its alternatives.
     let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
@@ -509,6 +521,45 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         assert_eq!(bits(dec.last_logits(&[2]).unwrap()), bits(host_row(2)), "{what}");
         let raw = dec.forward_select(&seqs, &[Pick::Logits, draw, top_p], &adjust).unwrap();
         assert_eq!(raw.row(0, vocab), all.row(0, vocab), "{what}: row 0 comes back raw");
+    }
+    // Grammar masks with them: row 0 may take tokens 5, 300 and 1000 only
+    // (its additions to 77 and the banned argmax stay −inf), row 2 the even
+    // ids (its top-p candidates among them); row 1 unmasked. Picks,
+    // candidates and the rows read after the step are the host's: masked,
+    // then added to.
+    let allow = |ids: &mut dyn Iterator<Item = u32>| {
+        let mut w = vec![0u32; vocab.div_ceil(32)];
+        ids.for_each(|t| w[t as usize / 32] |= 1 << (t % 32));
+        w
+    };
+    let (m0, m2) =
+        (allow(&mut [5, 300, 1000].into_iter()), allow(&mut (0..vocab as u32).step_by(2)));
+    let masks = [Some(&m0[..]), None, Some(&m2[..])];
+    let masked = Adjust::new(adds).with_masks(masks);
+    let host_masked = |i: usize| {
+        let mut l = all.row(i, vocab).unwrap().to_vec();
+        if let Some(m) = masks[i] {
+            for (t, x) in l.iter_mut().enumerate() {
+                if !gcs_engine::constraint::word_allows(m, t as u32) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        adds[i].iter().for_each(|&(id, a)| l[id as usize] += a);
+        l
+    };
+    for (what, dec) in [("eager", &mut eager), ("replayed", &mut graphed)] {
+        let d = dec.forward_select(&seqs, &[Pick::Argmax, draw, top_p], &masked).unwrap();
+        let want = [argmax(&host_masked(0)), draw_temperature(&host_masked(1), 0.7, 0.6)];
+        assert!([5, 300, 1000].contains(&want[0]), "{what}: {}", want[0]);
+        assert_eq!(d.picked.as_ref().map(|p| &p[..2]), Some(&want[..]), "{what}");
+        let got = d.top(2).unwrap_or_else(|| panic!("{what}: no candidates"));
+        assert_eq!(got.cand, top_candidates(&host_masked(2), 0.9).cand, "{what}");
+        assert!(got.cand.iter().all(|c| c.0 % 2 == 0), "{what}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let read = dec.last_logits(&[0, 2]).unwrap();
+        assert_eq!(bits(&read[..vocab]), bits(&host_masked(0)), "{what}: row 0 read after");
+        assert_eq!(bits(&read[vocab..]), bits(&host_masked(2)), "{what}: row 2 read after");
     }
     // An addition past the vocabulary is refused before the step.
     let past: [&[(u32, f32)]; 1] = [&[(vocab as u32, 1.0)]];

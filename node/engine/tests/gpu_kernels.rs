@@ -782,10 +782,12 @@ fn tops(c: &Client, rows: usize) -> DeviceBuf<f32> {
 /// host adding them one after another: rows of 5,000 logits with up to
 /// 700 additions each (past the cube's 64 units), runs of one id up to 9
 /// long straddling the units' strides, ids at both ends of the row, a row
-/// with none, and values whose sum depends on the order (1e8 then ±1):
-/// every logit bit for bit; the rows past `off`'s end untouched.
+/// with none, and values whose sum depends on the order (1e8 then ±1);
+/// grammar masks on two rows (every token they do not allow −inf, their
+/// additions to those left −inf): every logit bit for bit; the rows past
+/// `off`'s end untouched.
 #[test]
-fn adjust_rows_adds_each_ids_run_in_order() {
+fn adjust_rows_masks_then_adds_each_ids_run_in_order() {
     use gcs_engine::backend::Adjust;
     let c = client();
     let mut rng = Rng(0xad_1057);
@@ -805,21 +807,46 @@ fn adjust_rows_adds_each_ids_run_in_order() {
         }
         per_seq.push(adds);
     }
-    let adjust = Adjust::new(per_seq.iter().map(Vec::as_slice));
+    // Grammar masks on rows 0 and 3: about half the tokens, then only a
+    // few (shorter than the row: the tokens past it are not allowed).
+    let words = |keep: u64, n: usize, rng: &mut Rng| -> Vec<u32> {
+        (0..n)
+            .map(|_| (0..32).fold(0u32, |w, b| w | u32::from(rng.next().is_multiple_of(keep)) << b))
+            .collect()
+    };
+    let half = words(2, vocab.div_ceil(32), &mut rng);
+    let few = words(40, 100, &mut rng);
+    let masks = [Some(&half[..]), None, None, Some(&few[..])];
+    let adjust = Adjust::new(per_seq.iter().map(Vec::as_slice)).with_masks(masks);
     // Offsets for the first rows − 1 rows: the launch covers only them.
-    let ends = (0..rows - 1).map(|r| adjust.range(r).end as u32);
-    let off: Vec<u32> = std::iter::once(0).chain(ends).collect();
+    let ends = |f: &dyn Fn(usize) -> std::ops::Range<usize>| -> Vec<u32> {
+        std::iter::once(0).chain((0..rows - 1).map(|r| f(r).end as u32)).collect()
+    };
     let bufs = launch::AdjustBufs {
-        off: DeviceBuf::upload(&c, &off),
+        off: DeviceBuf::upload(&c, &ends(&|r| adjust.range(r))),
         ids: DeviceBuf::upload(&c, adjust.ids()),
         adds: DeviceBuf::upload(&c, adjust.adds()),
+        mask_off: DeviceBuf::upload(&c, &ends(&|r| adjust.mask_range(r))),
+        words: DeviceBuf::upload(&c, adjust.mask_words()),
     };
     let logits = DeviceBuf::upload(&c, &l);
     launch::adjust_rows(&c, &logits, &bufs, vocab);
+    // The host's order: masked tokens −inf, then every addition in turn.
     let mut want = l.clone();
     for (r, adds) in per_seq.iter().enumerate() {
-        adds.iter().for_each(|&(id, a)| want[r * vocab + id as usize] += a);
+        let row = &mut want[r * vocab..(r + 1) * vocab];
+        if let Some(m) = masks[r] {
+            for (t, x) in row.iter_mut().enumerate() {
+                if !gcs_engine::constraint::word_allows(m, t as u32) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        adds.iter().for_each(|&(id, a)| row[id as usize] += a);
     }
+    let inf =
+        |r: usize| want[r * vocab..(r + 1) * vocab].iter().filter(|x| x.is_infinite()).count();
+    assert!(inf(0) > vocab / 3 && inf(0) < 2 * vocab / 3 && inf(3) > vocab - 200, "{}", inf(3));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&logits.read(&c).unwrap()), bits(&want));
     // Not vacuous: each run added in reverse gives other bits somewhere

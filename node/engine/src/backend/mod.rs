@@ -153,11 +153,11 @@ pub enum BackendError {
 /// What one sequence of a step needs back ([`PagedDecoder::forward_select`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pick {
-    /// Its logits: logprobs beside a bias or a penalty, a grammar's mask,
-    /// a top-k past [`crate::sampling::TOP_CANDIDATES`], samples sharing
-    /// the row (the host's [`crate::sampling::Sampler`]).
+    /// Its logits: logprobs beside a bias, a penalty or a grammar, a top-k
+    /// past [`crate::sampling::TOP_CANDIDATES`], samples sharing the row
+    /// (the host's [`crate::sampling::Sampler`]).
     Logits,
-    /// Its argmax: greedy (over the logits its [`Adjust`] additions made).
+    /// Its argmax: greedy (over the logits its [`Adjust`] made).
     Argmax,
     /// The token plain temperature sampling draws at `u`
     /// ([`crate::sampling::draw_temperature`]): no copy of the logits.
@@ -172,18 +172,23 @@ pub enum Pick {
     Top { temperature: f32, u: f32 },
 }
 
-/// What a bias and penalties add to the logits of the rows a backend
-/// picks from, before it picks ([`crate::sampling::Sampler::adjustments`]):
-/// sequence `i`'s additions are `(ids, adds)[off[i]..off[i + 1]]`, grouped
+/// What the host's sampler does to the logits of the rows a backend
+/// picks from, before it picks: a grammar's mask (a token it does not
+/// allow gets −inf), then the additions of a bias and penalties
+/// ([`crate::sampling::Sampler::adjustments`]), which leave −inf as it is.
+/// Sequence `i`'s additions are `(ids, adds)[off[i]..off[i + 1]]`, grouped
 /// by token id, each id's run in the order given (so a backend may apply
-/// the runs in parallel and get the host's logits bit for bit). A row
-/// whose logits come back ([`Pick::Logits`]) gets none of its additions:
-/// the host makes them.
+/// the runs in parallel and get the host's logits bit for bit); its mask,
+/// where it has one, is `mask_words[mask_off[i]..mask_off[i + 1]]`, token
+/// `t` allowed when bit `t % 32` of word `t / 32` is set. A row whose
+/// logits come back ([`Pick::Logits`]) gets neither: the host applies them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Adjust {
     off: Vec<u32>,
     ids: Vec<u32>,
     adds: Vec<f32>,
+    mask_off: Vec<u32>,
+    mask_words: Vec<u32>,
 }
 
 impl Adjust {
@@ -201,9 +206,43 @@ impl Adjust {
         a
     }
 
-    /// No sequence has an addition.
+    /// Each sequence's grammar mask, where it has one (in step order): an
+    /// empty one allows no token.
+    pub fn with_masks<'a>(mut self, per_seq: impl IntoIterator<Item = Option<&'a [u32]>>) -> Self {
+        self.mask_off = vec![0];
+        for m in per_seq {
+            match m {
+                Some([]) => self.mask_words.push(0),
+                Some(words) => self.mask_words.extend_from_slice(words),
+                None => {}
+            }
+            self.mask_off.push(self.mask_words.len() as u32);
+        }
+        self
+    }
+
+    /// No sequence has an addition or a mask.
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ids.is_empty() && self.mask_words.is_empty()
+    }
+
+    /// The range of sequence `seq`'s mask in [`Adjust::mask_words`]
+    /// (empty: no mask).
+    pub fn mask_range(&self, seq: usize) -> std::ops::Range<usize> {
+        match (self.mask_off.get(seq), self.mask_off.get(seq + 1)) {
+            (Some(&a), Some(&b)) => a as usize..b as usize,
+            _ => 0..0,
+        }
+    }
+
+    /// Every sequence's mask words, one after another.
+    pub fn mask_words(&self) -> &[u32] {
+        &self.mask_words
+    }
+
+    /// Sequence `seq` has additions or a mask.
+    pub fn touches(&self, seq: usize) -> bool {
+        !self.range(seq).is_empty() || !self.mask_range(seq).is_empty()
     }
 
     /// The range of sequence `seq`'s additions in [`Adjust::ids`] and
@@ -243,8 +282,8 @@ pub struct StepLogits {
     /// The [`TopCandidates`] of the sequences that asked ([`Pick::Top`]),
     /// by sequence (ascending), where the backend computes them.
     pub tops: Vec<(usize, TopCandidates)>,
-    /// The backend made the step's [`Adjust`] additions: its picks,
-    /// candidates and rows read after the step
+    /// The backend applied the step's [`Adjust`] (masks and additions):
+    /// its picks, candidates and rows read after the step
     /// ([`PagedDecoder::last_logits`]) are of the adjusted logits (those in
     /// `logits` never are). `false`: every row came back raw, for the host
     /// to adjust.
@@ -299,8 +338,9 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
         Ok(StepLogits { logits: self.forward_paged(seqs)?, ..StepLogits::default() })
     }
     /// Rows `seqs` (indices into the last step's sequences) of the last
-    /// [`PagedDecoder::forward_select`]'s logits, which it did not return:
-    /// a [`Pick::Top`] row whose candidates missed its cut. Valid until
+    /// [`PagedDecoder::forward_select`]'s logits, which it did not return
+    /// (after its [`Adjust`]): a [`Pick::Top`] row whose candidates missed
+    /// its cut, a pick outside a grammar's mask. Valid until
     /// the next step. Default: none kept (such a decoder returns every
     /// row's logits).
     fn last_logits(&mut self, seqs: &[usize]) -> Result<Vec<f32>> {

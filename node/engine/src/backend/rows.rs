@@ -38,6 +38,10 @@ pub struct HostRows {
     pub adj_off: Vec<u32>,
     pub adj_ids: Vec<u32>,
     pub adj_adds: Vec<f32>,
+    /// Each sequence's grammar mask
+    /// (`mask_words[mask_off[i]..mask_off[i + 1]]`, empty: none).
+    pub mask_off: Vec<u32>,
+    pub mask_words: Vec<u32>,
 }
 
 impl HostRows {
@@ -59,23 +63,30 @@ impl HostRows {
             r.pick.extend([0.0; PICK_STRIDE]);
         }
         r.adj_off = vec![0; seqs.len() + 1];
+        r.mask_off = vec![0; seqs.len() + 1];
         r
     }
 
-    /// Each sequence's additions of `adjust`, but those of a sequence
-    /// whose logits come back ([`Pick::Logits`]: the host adds them).
-    pub fn set_adjust(&mut self, adjust: &Adjust, picks: &[Pick]) {
+    /// Each sequence's masks and additions of `adjust`, but those of a
+    /// sequence whose logits come back ([`Pick::Logits`]: the host applies
+    /// them); a mask's words past `mask_words` (a row's logits) dropped.
+    pub fn set_adjust(&mut self, adjust: &Adjust, picks: &[Pick], mask_words: usize) {
         let n = self.last.len();
         self.adj_ids.clear();
         self.adj_adds.clear();
-        self.adj_off = vec![0];
+        self.mask_words.clear();
+        (self.adj_off, self.mask_off) = (vec![0], vec![0]);
         for i in 0..n {
             if picks.get(i).is_some_and(|p| *p != Pick::Logits) {
                 let r = adjust.range(i);
                 self.adj_ids.extend_from_slice(&adjust.ids()[r.clone()]);
                 self.adj_adds.extend_from_slice(&adjust.adds()[r]);
+                let m = adjust.mask_range(i);
+                let m = m.start..m.end.min(m.start + mask_words);
+                self.mask_words.extend_from_slice(&adjust.mask_words()[m]);
             }
             self.adj_off.push(self.adj_ids.len() as u32);
+            self.mask_off.push(self.mask_words.len() as u32);
         }
     }
 
@@ -109,6 +120,7 @@ impl HostRows {
             self.last.push(i as u32);
             self.pick.extend([0.0; PICK_STRIDE]);
             self.adj_off.push(self.adj_ids.len() as u32);
+            self.mask_off.push(self.mask_words.len() as u32);
         }
     }
 
@@ -160,7 +172,7 @@ mod tests {
         assert_eq!(r.last, vec![0, 1, 2, 3]);
         assert_eq!(r.single, vec![1, 1, 1, 1]);
         assert_eq!(r.pick, vec![0.0; 12], "padding rows pick their argmax");
-        assert_eq!(r.adj_off, vec![0; 5], "and add nothing");
+        assert_eq!((r.adj_off, r.mask_off), (vec![0; 5], vec![0; 5]), "and add nothing");
     }
 
     #[test]
@@ -178,9 +190,9 @@ mod tests {
         assert_eq!(&r.pick[..3], &[0.9, -1.0, 1.0]);
     }
 
-    /// A step's additions, each sequence's grouped by id in its order; a
-    /// row whose logits come back gets none (the host adds them), and a
-    /// decode bucket's padding rows none.
+    /// A step's masks and additions, each sequence's additions grouped by
+    /// id in its order; a row whose logits come back gets neither (the
+    /// host applies them), nor do a decode bucket's padding rows.
     #[test]
     fn additions_follow_their_sequences_but_those_of_rows_read_back() {
         let (a, b, c) = ([5u32], [9u32], [7u32]);
@@ -191,21 +203,27 @@ mod tests {
         ];
         let adds: [&[(u32, f32)]; 3] =
             [&[(4, 1.0), (2, -0.5), (4, 2.0)], &[(8, 3.0)], &[(1, -1.0), (0, 0.25)]];
-        let adjust = Adjust::new(adds);
+        let masks: [Option<&[u32]>; 3] = [None, Some(&[7, 8]), Some(&[1, 2, 3, 4])];
+        let adjust = Adjust::new(adds).with_masks(masks);
         assert_eq!(adjust.ids(), &[2, 4, 4, 8, 0, 1]);
         assert_eq!(adjust.adds(), &[-0.5, 1.0, 2.0, 3.0, 0.25, -1.0]);
         assert_eq!((adjust.range(1), adjust.range(3)), (3..4, 0..0));
+        assert_eq!((adjust.mask_range(0), adjust.mask_range(2)), (0..0, 2..6));
         let mut r = HostRows::new(&seqs);
-        assert_eq!(r.adj_off, vec![0; 4]);
-        r.set_adjust(
-            &adjust,
-            &[Pick::Argmax, Pick::Logits, Pick::Draw { temperature: 1.0, u: 0.5 }],
-        );
+        assert_eq!((&r.adj_off, &r.mask_off), (&vec![0; 4], &vec![0; 4]));
+        let picks = [Pick::Argmax, Pick::Logits, Pick::Draw { temperature: 1.0, u: 0.5 }];
+        r.set_adjust(&adjust, &picks, 3);
         assert_eq!(r.adj_off, vec![0, 3, 3, 5]);
         assert_eq!(r.adj_ids, vec![2, 4, 4, 0, 1]);
         assert_eq!(r.adj_adds, vec![-0.5, 1.0, 2.0, 0.25, -1.0]);
+        // Row 1's mask is the host's; row 2's cut to a row's 3 words.
+        assert_eq!((&r.mask_off, &r.mask_words), (&vec![0, 0, 0, 3], &vec![1, 2, 3]));
         r.pad_decode(4, 99);
-        assert_eq!(r.adj_off, vec![0, 3, 3, 5, 5]);
+        assert_eq!((r.adj_off, r.mask_off), (vec![0, 3, 3, 5, 5], vec![0, 0, 0, 3, 3]));
         assert!(Adjust::default().is_empty() && Adjust::default().range(0).is_empty());
+        // An empty mask allows nothing (a word of zeros), unlike no mask.
+        let none: [Option<&[u32]>; 2] = [Some(&[]), None];
+        let a = Adjust::new([&[][..], &[]]).with_masks(none);
+        assert_eq!((a.mask_words(), a.touches(0), a.touches(1)), (&[0][..], true, false));
     }
 }

@@ -54,6 +54,9 @@ struct Seq {
     logprobs: Option<usize>,
     /// Grammar state of a constrained sequence.
     grammar: Option<SeqGrammar>,
+    /// Its grammar's mask for this step's pick, computed before the step
+    /// for a device to apply (`TokenMask::words`; [`Seq::prepare_mask`]).
+    mask: Option<Vec<u32>>,
     text: String,
     tx: SyncSender<SeqEvent>,
     cancel: Arc<AtomicBool>,
@@ -264,6 +267,7 @@ impl StepLoop {
             stop_ids: stop_token_ids,
             logprobs,
             grammar,
+            mask: None,
             text,
             tx,
             cancel,
@@ -364,18 +368,32 @@ impl StepLoop {
         self.dec.set_background(batch_only.then(|| {
             Interrupt::new(self.shared.interactive_arrivals.clone(), self.arrivals_seen)
         }));
-        let vocab = self.dec.vocab();
-        // A sequence that samples greedily from the raw logits needs only
-        // their argmax, one that draws at a temperature alone only its
-        // draw: a GPU computes either without copying the logits back. A
-        // row that n > 1 samples share needs its logits unless all are
-        // greedy (each sample draws with its own RNG).
-        // A bias or penalties are added on the device before it picks.
+        let (vocab, eos) = (self.dec.vocab(), self.tok.eos_id);
+        // The sequences that sample this step (their prompt done): a
+        // grammar's mask for the device.
+        let samples = |w: &plan::Work, s: &Seq| w.start + w.n == s.tokens.len();
+        for w in &work {
+            let s = &mut self.running[w.idx];
+            match samples(w, s) {
+                true => s.prepare_mask(eos),
+                false => s.mask = None,
+            }
+        }
+        // A sequence that samples greedily needs only its row's argmax,
+        // one that draws at a temperature alone only its draw: a GPU
+        // computes either without copying the logits back, after adding
+        // the bias and penalties and masking the grammar's tokens. A row
+        // that n > 1 samples share needs its logits unless all are plain
+        // greedy (each sample draws with its own RNG and penalties); a
+        // prompt chunk before the last picks nothing.
         let (picks, adds): (Vec<Pick>, Vec<Vec<(u32, f32)>>) = work
             .iter()
             .map(|w| {
                 let s = &self.running[w.idx];
-                let greedy = |q: &Seq| q.pick(vocab) == (Pick::Argmax, vec![]);
+                let greedy = |q: &Seq| q.grammar.is_none() && q.pick(vocab) == (Pick::Argmax, vec![]);
+                if !samples(w, s) {
+                    return (Pick::Argmax, vec![]);
+                }
                 match s.pick(vocab) {
                     p if s.samples.is_empty() => p,
                     p if greedy(s) && s.samples.iter().all(greedy) => p,
@@ -383,7 +401,8 @@ impl StepLoop {
                 }
             })
             .unzip();
-        let adjust = Adjust::new(adds.iter().map(Vec::as_slice));
+        let masks = work.iter().map(|w| self.running[w.idx].mask.as_deref());
+        let adjust = Adjust::new(adds.iter().map(Vec::as_slice)).with_masks(masks);
         let out = {
             let seqs: Vec<PagedSeq<'_>> = work
                 .iter()
@@ -432,7 +451,7 @@ impl StepLoop {
             }
             // A pick or candidates of a row its backend did not adjust
             // as asked are not this sequence's.
-            let adjusted = !adjust.range(wi).is_empty();
+            let adjusted = adjust.touches(wi);
             let valid = out.adjusted || !adjusted;
             let row = Row {
                 at: wi,

@@ -358,7 +358,7 @@ impl GpuDecoder {
     /// What comes back of a step over `io`, for its first `n` sequences,
     /// in one read: the picked tokens, the logits of the sequences that
     /// ask for them (all, without device picks) and the candidates of
-    /// those that ask for them. With candidates, the logits' buffer is
+    /// those that ask for them. With device picks, the logits' buffer is
     /// kept for [`PagedDecoder::last_logits`].
     fn read_out(
         &self,
@@ -400,7 +400,9 @@ impl GpuDecoder {
                 (seq, TopCandidates { cand, mass: r[2 * TOP_N], unit_mass })
             })
             .collect();
-        let kept = (!topped.is_empty()).then(|| io.logits.clone());
+        // Any picked row may be read after the step: candidates that
+        // missed, a pick outside a grammar's mask.
+        let kept = self.device_pick.then(|| io.logits.clone());
         let rows = (!all).then_some(logits_of);
         let adjusted = self.device_pick;
         Ok(Read { out: StepLogits { logits, rows, picked, tops, adjusted }, kept })
@@ -416,7 +418,7 @@ impl GpuDecoder {
         let mut host = HostRows::new(seqs);
         host.set_picks(picks);
         if self.device_pick {
-            host.set_adjust(adjust, picks);
+            host.set_adjust(adjust, picks, StepIo::mask_words(self.shape.vocab));
         }
         let io = StepIo::upload(&self.client, self.shape, &host);
         self.launch_step(&io);
@@ -446,7 +448,7 @@ impl GpuDecoder {
         }
         host.set_picks(picks);
         if self.device_pick {
-            host.set_adjust(adjust, picks);
+            host.set_adjust(adjust, picks, StepIo::mask_words(self.shape.vocab));
         }
         if host.adj_ids.len() > StepIo::ADJUST_CAP {
             return None;

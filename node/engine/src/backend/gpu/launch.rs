@@ -514,20 +514,23 @@ pub fn pick_rows(
     );
 }
 
-/// A step's bias and penalty additions on the device
-/// ([`crate::backend::Adjust`]): row `r`'s are `(ids, adds)[off[r]..off[r + 1]]`.
+/// A step's grammar masks and bias and penalty additions on the device
+/// ([`crate::backend::Adjust`]): row `r`'s additions are
+/// `(ids, adds)[off[r]..off[r + 1]]`, its mask `words[mask_off[r]..mask_off[r + 1]]`.
 #[derive(Debug)]
 pub struct AdjustBufs {
     pub off: DeviceBuf<u32>,
     pub ids: DeviceBuf<u32>,
     pub adds: DeviceBuf<f32>,
+    pub mask_off: DeviceBuf<u32>,
+    pub words: DeviceBuf<u32>,
 }
 
-/// Each of the first `off.len() − 1` rows of `logits` plus its additions
-/// ([`ops::adjust_rows`]).
+/// Each of the first `off.len() − 1` rows of `logits` masked and added
+/// to ([`ops::adjust_rows`]).
 pub fn adjust_rows(c: &Client, logits: &DeviceBuf<f32>, a: &AdjustBufs, vocab: usize) {
     let rows = a.off.len() - 1;
-    debug_assert!(logits.len() >= rows * vocab);
+    debug_assert!(logits.len() >= rows * vocab && a.mask_off.len() == rows + 1);
     counted();
     ops::adjust_rows::launch(
         c,
@@ -537,6 +540,9 @@ pub fn adjust_rows(c: &Client, logits: &DeviceBuf<f32>, a: &AdjustBufs, vocab: u
         a.off.arg(),
         a.ids.arg(),
         a.adds.arg(),
+        a.mask_off.arg(),
+        a.words.arg(),
+        f32::NEG_INFINITY,
         vocab,
     );
 }

@@ -72,9 +72,10 @@ pub struct StepIo {
     pub exact: Option<ExactIo>,
     /// An O or down projection before its norm, with [`StepShape::post`].
     pub post: Option<DeviceBuf<f32>>,
-    /// The bias and penalty additions ([`HostRows::adj_off`]): an eager
-    /// step's where it has some, a bucket's always
-    /// ([`StepIo::ADJUST_CAP`] of them at most).
+    /// The grammar masks and the bias and penalty additions
+    /// ([`HostRows::adj_off`], [`HostRows::mask_off`]): an eager step's
+    /// where it has some, a bucket's always ([`StepIo::ADJUST_CAP`]
+    /// additions at most, a mask a row).
     pub adjust: Option<AdjustBufs>,
 }
 
@@ -108,10 +109,18 @@ impl StepIo {
         let tok = DeviceBuf::upload(cl, &host.tokens);
         let (all, last) = (DeviceBuf::upload(cl, &all), DeviceBuf::upload(cl, &host.last));
         let pick = DeviceBuf::upload(cl, &host.pick);
-        let adjust = (!host.adj_ids.is_empty()).then(|| AdjustBufs {
+        // A buffer is never empty: a row's range may be.
+        let some = |v: &[u32]| DeviceBuf::upload(cl, if v.is_empty() { &[0] } else { v });
+        let touched = !host.adj_ids.is_empty() || !host.mask_words.is_empty();
+        let adjust = touched.then(|| AdjustBufs {
             off: DeviceBuf::upload(cl, &host.adj_off),
-            ids: DeviceBuf::upload(cl, &host.adj_ids),
-            adds: DeviceBuf::upload(cl, &host.adj_adds),
+            ids: some(&host.adj_ids),
+            adds: DeviceBuf::upload(
+                cl,
+                if host.adj_adds.is_empty() { &[0.0] } else { &host.adj_adds },
+            ),
+            mask_off: DeviceBuf::upload(cl, &host.mask_off),
+            words: some(&host.mask_words),
         });
         Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
@@ -120,6 +129,11 @@ impl StepIo {
     /// 256 sequences with the 300 biases a request may carry each; a
     /// step with more runs eagerly.
     pub const ADJUST_CAP: usize = 1 << 16;
+
+    /// Words of a row's grammar mask: a bit a token of the vocabulary.
+    pub fn mask_words(vocab: usize) -> usize {
+        vocab.div_ceil(32)
+    }
 
     /// Buffers of a decode bucket: `rows` rows, one per sequence, inputs
     /// zeroed until [`StepIo::write`] fills them; `tables_len` entries of
@@ -140,6 +154,8 @@ impl StepIo {
             off: DeviceBuf::zeros(cl, rows + 1),
             ids: DeviceBuf::zeros(cl, Self::ADJUST_CAP),
             adds: DeviceBuf::zeros(cl, Self::ADJUST_CAP),
+            mask_off: DeviceBuf::zeros(cl, rows + 1),
+            words: DeviceBuf::zeros(cl, rows * Self::mask_words(s.vocab)),
         });
         Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
@@ -193,10 +209,15 @@ impl StepIo {
         self.pick.write(cl, &host.pick);
         if let Some(a) = &self.adjust {
             debug_assert!(host.adj_ids.len() <= a.ids.len());
+            debug_assert!(host.mask_words.len() <= a.words.len());
             a.off.write(cl, &host.adj_off);
+            a.mask_off.write(cl, &host.mask_off);
             if !host.adj_ids.is_empty() {
                 a.ids.write(cl, &host.adj_ids);
                 a.adds.write(cl, &host.adj_adds);
+            }
+            if !host.mask_words.is_empty() {
+                a.words.write(cl, &host.mask_words);
             }
         }
     }

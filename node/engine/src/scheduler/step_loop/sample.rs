@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::{End, Row, Seq, StepLoop};
 use crate::backend::Pick;
-use crate::constraint::SeqGrammar;
+use crate::constraint::{word_allows, SeqGrammar};
 use crate::generate::FinishReason;
 use crate::sampling::{logprobs, logprobs_from_top, Logprobs};
 
@@ -22,11 +22,12 @@ impl Seq {
     /// would be of the adjusted ones).
     pub(super) fn pick(&self, vocab: usize) -> (Pick, Vec<(u32, f32)>) {
         let scored = self.logprobs.is_some();
-        let adds = match self.grammar {
-            Some(_) => return (Pick::Logits, vec![]),
-            None => self.sampler.adjustments(),
-        };
-        if scored && !adds.is_empty() {
+        // A grammar's row is masked on the device where its mask is ready.
+        if self.grammar.is_some() && self.mask.is_none() {
+            return (Pick::Logits, vec![]);
+        }
+        let adds = self.sampler.adjustments();
+        if scored && (!adds.is_empty() || self.grammar.is_some()) {
             return (Pick::Logits, vec![]);
         }
         let pick = if !self.sampler.draws_rng(vocab) {
@@ -46,6 +47,27 @@ impl Seq {
             }
         };
         (pick, adds)
+    }
+
+    /// Before a step in which this sequence samples: its grammar's mask,
+    /// for the device to apply before it picks ([`Seq::pick`]), where it
+    /// can (no logprobs, no samples sharing the row). A mask that fails
+    /// is left for the host's sampling to report.
+    pub(super) fn prepare_mask(&mut self, eos: u32) {
+        self.mask = None;
+        if self.logprobs.is_some() || !self.samples.is_empty() {
+            return;
+        }
+        let stops = self.stops(eos);
+        if let Some(Ok(m)) = self.grammar.as_mut().map(|g| g.mask(eos)) {
+            self.mask = Some(m.words(&stops));
+        }
+    }
+
+    /// The tokens that end a grammar's output (EOS, the stop tokens): each
+    /// allowed exactly when the grammar may end.
+    fn stops(&self, eos: u32) -> Vec<u32> {
+        std::iter::once(eos).chain(self.stop_ids.iter().copied()).collect()
     }
 }
 
@@ -77,7 +99,12 @@ impl StepLoop {
     ) {
         let vocab = self.dec.vocab();
         let seq = &mut self.running[idx];
-        let picked = match (row.pick, row.picked, row.top) {
+        // A device pick outside a grammar's mask (every allowed logit
+        // −inf, or a draw's rounding past the last allowed token) is not
+        // taken: the row is sampled on the host.
+        let words = seq.mask.as_deref().filter(|_| row.adjusted);
+        let refused = row.picked.filter(|&t| words.is_some_and(|w| !word_allows(w, t)));
+        let picked = match (row.pick, row.picked.filter(|_| refused.is_none()), row.top) {
             // The device's argmax or draw: the token `sample` would pick
             // from these logits at the same uniform, counted and drawn
             // the same way. (A row asked for its logits is sampled here.)
@@ -97,8 +124,9 @@ impl StepLoop {
             (Pick::Top { .. }, _, Some(top)) => seq.sampler.sample_top(top, vocab, row.adjusted),
             _ => None,
         };
-        // Without its logits, a row with candidates is read after the step.
-        let read_later = row.logits.is_none() && row.top.is_some();
+        // Without its logits, a row with candidates, or whose pick was
+        // refused, is read after the step.
+        let read_later = row.logits.is_none() && (row.top.is_some() || refused.is_some());
         let no_logits = "the step returned no logits for a sequence that needs them";
         if let Some(tok) = picked {
             // Logprobs from the candidates, or the row where the token
@@ -186,22 +214,20 @@ impl StepLoop {
                 None if adjusted => (seq.sampler.sample_adjusted(logits), None),
                 None => (seq.sampler.sample(logits), None),
             },
-            Some(g) => {
-                let mask = match g.mask(eos) {
-                    Ok(m) => m,
-                    Err(e) => return done.push((idx, Err(e.to_string()))),
-                };
+            Some(_) => {
                 // Every stop token (EOS, end of turn) ends the grammar's
-                // output, so each is allowed exactly when the grammar may end.
-                let stop_ids = &seq.stop_ids;
-                let allowed = |id: u32| {
-                    if id == eos || stop_ids.contains(&id) {
-                        mask.accepting
-                    } else {
-                        mask.allows(id)
-                    }
+                // output, so each is allowed exactly when the grammar may
+                // end (`TokenMask::words`); the mask the step was given,
+                // or the grammar's now.
+                let stops = seq.stops(eos);
+                let words = match (seq.mask.take(), seq.grammar.as_mut().map(|g| g.mask(eos))) {
+                    (Some(w), _) => w,
+                    (None, Some(Ok(m))) => m.words(&stops),
+                    (None, Some(Err(e))) => return done.push((idx, Err(e.to_string()))),
+                    (None, None) => return done.push((idx, Err("grammar: no state".into()))),
                 };
-                match seq.sampler.sample_masked(logits, allowed, seq.logprobs) {
+                let allowed = |id: u32| word_allows(&words, id);
+                match seq.sampler.sample_masked(logits, allowed, seq.logprobs, adjusted) {
                     Some(t) => t,
                     None => {
                         let msg = "grammar: no token is allowed".to_string();
@@ -230,6 +256,8 @@ impl StepLoop {
             done.push((idx, Ok(FinishReason::Stop)));
             return;
         }
+        // The mask was the state's before this token.
+        seq.mask = None;
         if let Some(g) = seq.grammar.as_mut() {
             if let Err(e) = g.commit(tok) {
                 return done.push((idx, Err(e.to_string())));

@@ -173,9 +173,28 @@ impl GpuDecoder {
             off: DeviceBuf::upload(&cl, &off),
             ids: DeviceBuf::upload(&cl, &row.repeat(n)),
             adds: DeviceBuf::upload(&cl, &vec![0.0f32; row.len() * n]),
+            mask_off: DeviceBuf::upload(&cl, &vec![0u32; n + 1]),
+            words: DeviceBuf::upload(&cl, &[0u32]),
         };
         time("adjust (300 a row)", &mut || {
             launch::adjust_rows(&cl, &io.logits, &many, vocab);
+            Ok(())
+        })?;
+        // Every row under a grammar mask that allows every token (each
+        // bit read, no logit written).
+        let w = StepIo::mask_words(vocab);
+        let masked = launch::AdjustBufs {
+            off: DeviceBuf::upload(&cl, &vec![0u32; n + 1]),
+            ids: DeviceBuf::upload(&cl, &[0u32]),
+            adds: DeviceBuf::upload(&cl, &[0.0f32]),
+            mask_off: DeviceBuf::upload(
+                &cl,
+                &(0..=n as u32).map(|r| r * w as u32).collect::<Vec<_>>(),
+            ),
+            words: DeviceBuf::upload(&cl, &vec![u32::MAX; n * w]),
+        };
+        time("adjust (grammar mask)", &mut || {
+            launch::adjust_rows(&cl, &io.logits, &masked, vocab);
             Ok(())
         })?;
         // Each matmul kernel on the largest two (they give the same bits;

@@ -1,7 +1,7 @@
 //! Element-wise and per-row kernels of a decoder layer: RMSNorm (and the
 //! order of its sum every kernel that norms a row follows), SwiGLU, and
-//! a row's bias and penalties, and its token: its argmax or a temperature
-//! draw (or its best candidates, `top.rs`).
+//! a row's grammar mask, bias and penalties, and its token: its argmax or
+//! a temperature draw (or its best candidates, `top.rs`).
 
 use cubecl::prelude::*;
 
@@ -126,28 +126,73 @@ pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
 }
 
 /// Units per cube of [`adjust_rows`].
-pub const ADJUST_THREADS: usize = 64;
+pub const ADJUST_THREADS: usize = 256;
 
-/// Row `r` of `logits` plus its additions `(ids, adds)[off[r]..off[r + 1]]`
-/// (a bias and penalties, `backend::Adjust`), before [`pick_rows`] reads
-/// it. One token's additions are consecutive: the unit at the first of
-/// them adds them all, in order, so a logit ends as the host's additions
-/// one after another leave it, bit for bit, and no two units write one
-/// logit. An id past the vocabulary is skipped (the decoder refuses it
-/// before). Launch with `CubeCount (rows)`, `CubeDim (ADJUST_THREADS)`.
+/// Whether token `t` is set in the mask `words[m0..m1]` (bit `t % 32` of
+/// word `t / 32`; a token past the mask's words is not).
+#[cube]
+fn allowed(words: &[u32], m0: usize, m1: usize, t: usize) -> bool {
+    let w = m0 + t / 32;
+    let mut ok = false;
+    if w < m1 {
+        ok = ((words[w] >> (t % 32) as u32) & 1) == 1;
+    }
+    ok
+}
+
+/// What the host's sampler does to row `r` of `logits` before a pick
+/// ([`pick_rows`]), in its order (`backend::Adjust`): where the row has a
+/// grammar mask (`words[moff[r]..moff[r + 1]]`, not empty), each token it
+/// does not allow becomes `ninf` (−inf, passed in: WGSL has no infinite
+/// literal); then the row's additions `(ids, adds)[off[r]..off[r + 1]]`
+/// (a bias and penalties) to the tokens it allows. One token's additions
+/// are consecutive: the unit at the first of them adds them all, in
+/// order, so a logit ends as the host's additions one after another
+/// leave it, bit for bit, and no two units write one logit (the mask
+/// writes only the tokens the additions skip). An id past the vocabulary
+/// is skipped (the decoder refuses it before). Launch with
+/// `CubeCount (rows)`, `CubeDim (ADJUST_THREADS)`.
 #[cube(launch)]
-pub fn adjust_rows(logits: &mut [f32], off: &[u32], ids: &[u32], adds: &[f32], vocab: usize) {
+#[allow(clippy::too_many_arguments)]
+pub fn adjust_rows(
+    logits: &mut [f32],
+    off: &[u32],
+    ids: &[u32],
+    adds: &[f32],
+    moff: &[u32],
+    words: &[u32],
+    ninf: f32,
+    vocab: usize,
+) {
     let row = CUBE_POS_X as usize;
+    let tid = UNIT_POS_X as usize;
+    let base = row * vocab;
+    let (m0, m1) = (moff[row] as usize, moff[row + 1] as usize);
+    // The same for every unit of the cube: the branches are uniform.
+    let masked = m1 > m0;
+    if masked {
+        let mut t = tid;
+        while t < vocab {
+            if !allowed(words, m0, m1, t) {
+                logits[base + t] = ninf;
+            }
+            t += ADJUST_THREADS;
+        }
+    }
     let (lo, hi) = (off[row] as usize, off[row + 1] as usize);
-    let mut i = lo + UNIT_POS_X as usize;
+    let mut i = lo + tid;
     while i < hi {
         let id = ids[i];
         let mut first = i == lo;
         if !first {
             first = ids[i - 1] != id;
         }
-        if first && (id as usize) < vocab {
-            let at = row * vocab + id as usize;
+        let mut apply = first && (id as usize) < vocab;
+        if apply && masked {
+            apply = allowed(words, m0, m1, id as usize);
+        }
+        if apply {
+            let at = base + id as usize;
             let mut x = logits[at];
             let mut j = i;
             let mut more = true;
