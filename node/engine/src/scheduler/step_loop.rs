@@ -124,8 +124,9 @@ struct Row<'a> {
     logits: Option<&'a [f32]>,
     picked: Option<u32>,
     top: Option<&'a TopCandidates>,
-    /// The backend added the sequence's bias and penalties to the row
-    /// before it picked (not to `logits`, which come back raw).
+    /// The backend masked the row by the sequence's grammar and added its
+    /// bias and penalties before it picked (not `logits`, which come back
+    /// raw).
     adjusted: bool,
 }
 
@@ -390,7 +391,8 @@ impl StepLoop {
             .iter()
             .map(|w| {
                 let s = &self.running[w.idx];
-                let greedy = |q: &Seq| q.grammar.is_none() && q.pick(vocab) == (Pick::Argmax, vec![]);
+                let greedy =
+                    |q: &Seq| q.grammar.is_none() && q.pick(vocab) == (Pick::Argmax, vec![]);
                 if !samples(w, s) {
                     return (Pick::Argmax, vec![]);
                 }

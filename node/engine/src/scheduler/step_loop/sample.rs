@@ -14,12 +14,13 @@ use crate::sampling::{logprobs, logprobs_from_top, Logprobs};
 impl Seq {
     /// What picking this sequence's next token needs of a step, with what
     /// its bias and penalties add to its row before the device picks
-    /// ([`crate::backend::Adjust`]): its argmax (greedy), a plain
-    /// temperature draw, the top candidates of a top-k / top-p / min-p
-    /// draw or of a sequence with logprobs (with its argmax or draw), or
-    /// else the logits (a grammar's mask; logprobs beside a bias or
-    /// penalties, since logprobs are of the raw logits and the candidates
-    /// would be of the adjusted ones).
+    /// ([`crate::backend::Adjust`]; its grammar's mask, where ready, is
+    /// [`Seq::prepare_mask`]'s): its argmax (greedy), a plain temperature
+    /// draw, the top candidates of a top-k / top-p / min-p draw or of a
+    /// sequence with logprobs (with its argmax or draw), or else the
+    /// logits (a grammar without its mask; logprobs beside a grammar, a
+    /// bias or penalties, since logprobs are of the raw or masked logits
+    /// and the candidates would be of the adjusted ones).
     pub(super) fn pick(&self, vocab: usize) -> (Pick, Vec<(u32, f32)>) {
         let scored = self.logprobs.is_some();
         // A grammar's row is masked on the device where its mask is ready.
@@ -81,7 +82,7 @@ pub(super) struct Deferred {
     at: usize,
     /// Its token, where the device picked it (its logprobs need the row).
     token: Option<u32>,
-    /// The row carries the sequence's bias and penalties.
+    /// The row carries the sequence's grammar mask, bias and penalties.
     adjusted: bool,
 }
 
@@ -194,7 +195,7 @@ impl StepLoop {
 
     /// Sample the next token of `running[idx]` from its `logits` on the
     /// host: with logprobs, or among a grammar's allowed tokens; from
-    /// logits the device `adjusted` (a row with neither, read after its
+    /// logits the device `adjusted` (a row without logprobs, read after its
     /// step), without adding the bias and penalties again.
     fn sample_logits(
         &mut self,
