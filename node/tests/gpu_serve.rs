@@ -145,6 +145,23 @@ fn a_gpu_worker_serves_chat_through_the_gateway() {
         assert!(lp <= 0.0 && top.len() == 2, "{c}");
         assert!(top[0]["logprob"].as_f64().unwrap() >= lp, "{c}");
     }
+
+    // A JSON object with penalties and a bias: its grammar's mask and the
+    // additions applied on the device before each pick: an object, which
+    // parses unless cut at max_tokens.
+    let body = r#"{"model":"smollm2-135m-instruct","max_tokens":40,"temperature":0.7,"seed":3,
+                   "response_format":{"type":"json_object"},"frequency_penalty":0.5,
+                   "presence_penalty":0.3,"logit_bias":{"28":-100},
+                   "messages":[{"role":"user","content":"Describe a cat as JSON."}]}"#;
+    let r = gw.json("POST", "/v1/chat/completions", &key, body);
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}"));
+    eprintln!("GPU JSON object: {text:?}");
+    assert!(text.starts_with('{'), "{r}");
+    if r["choices"][0]["finish_reason"] == "stop" {
+        let v: serde_json::Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {r}"));
+        assert!(v.is_object(), "{r}");
+    }
 }
 
 /// Gemma 3 270M on the GPU decoder: Q5_0, Q4_K and Q6_K weights, per-head
