@@ -476,6 +476,42 @@ impl PagedDecoder for PickOnly {
     }
 }
 
+/// The plain CPU engine, and the same model's scheduler over a
+/// [`PickOnly`] decoder with its counts (`None` without the model).
+fn pick_only() -> Option<(BatchEngine, BatchEngine, std::sync::Arc<PickCounts>)> {
+    let (_, plain) = load()?;
+    let path = common::smollm_path()?;
+    let counts = std::sync::Arc::new(PickCounts::default());
+    let n = counts.clone();
+    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
+    let select =
+        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
+            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
+        });
+    Some((plain, select, counts))
+}
+
+/// `requests` submitted to `select` and to `plain` at once: the same
+/// tokens, text, finish and logprobs from each; `select`'s.
+fn side_by_side(
+    select: &BatchEngine,
+    plain: &BatchEngine,
+    requests: Vec<SeqRequest>,
+) -> Vec<Collected> {
+    let got: Vec<SeqStream> = requests.iter().map(|r| select.submit(r.clone()).unwrap()).collect();
+    let want: Vec<SeqStream> = requests.into_iter().map(|r| plain.submit(r).unwrap()).collect();
+    let mut out = vec![];
+    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
+        let (g, w) = (collect(g), collect(w));
+        assert_eq!(g.tokens, w.tokens, "request {i}");
+        assert_eq!(g.result.text, w.result.text, "request {i}");
+        assert_eq!(g.result.finish_reason, w.result.finish_reason, "request {i}");
+        assert_eq!(g.logprobs, w.logprobs, "request {i}");
+        out.push(g);
+    }
+    out
+}
+
 /// The scheduler over a decoder that picks tokens without returning
 /// logits (as the GPU decoder does: argmax ids for greedy sequences,
 /// draws for plain temperature sampling, the best candidates for top-k /
@@ -488,16 +524,7 @@ impl PagedDecoder for PickOnly {
 /// without any such sequence copy no logits.
 #[test]
 fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
-    use std::sync::Arc;
-    let Some((_, plain)) = load() else { return };
-    let path = common::smollm_path().unwrap();
-    let counts = Arc::new(PickCounts::default());
-    let n = counts.clone();
-    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
-    let select =
-        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
-            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
-        });
+    let Some((plain, select, counts)) = pick_only() else { return };
     let sampled = |q: &str, o: SamplingOptions| SeqRequest {
         sampling: o,
         ..SeqRequest::new(Prompt::Chat(chat(q)), 12)
@@ -520,16 +547,8 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
     // prompt chunk before its last may be asked for a draw it ignores).
     let (drawn_alone, seeded) = (n_of(&counts.draws), alone[2].tokens.len());
     assert!(seeded > 0 && drawn_alone >= seeded, "{drawn_alone} draws, {seeded} tokens");
-    let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
-    let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
-    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
-        let (g, w) = (collect(g), collect(w));
-        assert_eq!(g.tokens, w.tokens, "request {i}");
-        assert_eq!(g.result.text, w.result.text, "request {i}");
-        assert_eq!(g.logprobs, w.logprobs, "request {i}");
-        if i < 3 {
-            assert_eq!(alone[i].tokens, w.tokens, "request {i} alone");
-        }
+    for (i, g) in side_by_side(&select, &plain, requests()).iter().enumerate().take(3) {
+        assert_eq!(alone[i].tokens, g.tokens, "request {i} alone");
     }
     let drawn = n_of(&counts.draws) - drawn_alone;
     assert!(drawn >= seeded, "drawn beside the others too: {drawn}");
@@ -550,14 +569,8 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
         ]
     };
     let (tops_before, misses_before) = (n_of(&counts.tops), n_of(&counts.misses));
-    let got: Vec<SeqStream> = cut().into_iter().map(|r| select.submit(r).unwrap()).collect();
-    let want: Vec<SeqStream> = cut().into_iter().map(|r| plain.submit(r).unwrap()).collect();
     let mut tokens = 0;
-    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
-        let (g, w) = (collect(g), collect(w));
-        assert_eq!(g.tokens, w.tokens, "cut request {i}");
-        assert_eq!(g.result.text, w.result.text, "cut request {i}");
-        assert_eq!(g.logprobs, w.logprobs, "cut request {i}");
+    for (i, g) in side_by_side(&select, &plain, cut()).iter().enumerate() {
         assert_eq!(g.logprobs.len(), if i < 3 { 0 } else { g.tokens.len() }, "cut request {i}");
         tokens += g.tokens.len();
     }
@@ -576,16 +589,7 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
 /// the row comes back and the host adds them.
 #[test]
 fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
-    use std::sync::Arc;
-    let Some((_, plain)) = load() else { return };
-    let path = common::smollm_path().unwrap();
-    let counts = Arc::new(PickCounts::default());
-    let n = counts.clone();
-    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
-    let select =
-        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
-            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
-        });
+    let Some((plain, select, counts)) = pick_only() else { return };
     // A bias that changes the answer (its first greedy token banned, a
     // few ids pushed and pulled), penalties that change it as it grows.
     let raw = SeqRequest::new(Prompt::Chat(chat(QUESTIONS[0])), 14);
@@ -619,18 +623,11 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
     let bare = n_of(&counts.bare_steps);
     let alone = collect(select.submit(requests().remove(0)).unwrap());
     assert!(n_of(&counts.bare_steps) - bare >= alone.tokens.len() - 1, "greedy, adjusted, bare");
-    let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
-    let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
-    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
-        let (g, w) = (collect(g), collect(w));
-        assert_eq!(g.tokens, w.tokens, "request {i}");
-        assert_eq!(g.result.text, w.result.text, "request {i}");
-        assert_eq!(g.logprobs, w.logprobs, "request {i}");
+    let got = side_by_side(&select, &plain, requests());
+    for (i, g) in got.iter().enumerate() {
         assert_eq!(g.logprobs.len(), if i == 6 { g.tokens.len() } else { 0 }, "request {i}");
-        if i == 0 {
-            assert_eq!(g.tokens, alone.tokens, "alone and beside others");
-        }
     }
+    assert_eq!(got[0].tokens, alone.tokens, "alone and beside others");
     assert!(alone.tokens[0] != raw[0] && !alone.tokens.is_empty(), "the bias changed it");
     let (rows, misses) = (n_of(&counts.adjusted), n_of(&counts.misses));
     eprintln!("{rows} rows adjusted by the decoder, {misses} read after their step");
@@ -646,16 +643,7 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
 #[test]
 fn grammar_masks_applied_by_the_decoder_equal_the_cpu_engines() {
     use gcs_engine::Grammar;
-    use std::sync::Arc;
-    let Some((_, plain)) = load() else { return };
-    let path = common::smollm_path().unwrap();
-    let counts = Arc::new(PickCounts::default());
-    let n = counts.clone();
-    let cfg = BatchConfig { prefill_chunk: 32, ..BatchConfig::default() };
-    let select =
-        BatchEngine::start_with(Engine::load(&path, &cpu_device()).unwrap(), cfg, |m, k| {
-            Box::new(PickOnly { inner: CpuDecoder::new(m, k), counts: n, last: vec![] })
-        });
+    let Some((plain, select, counts)) = pick_only() else { return };
     let schema = r#"{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}"#;
     let o = |temperature, seed| SamplingOptions { temperature, seed, ..SamplingOptions::default() };
     let requests = || {
@@ -679,14 +667,7 @@ fn grammar_masks_applied_by_the_decoder_equal_the_cpu_engines() {
             SeqRequest { logprobs: Some(2), ..r("A person?", person(), o(0.0, 5)) },
         ]
     };
-    let got: Vec<SeqStream> = requests().into_iter().map(|r| select.submit(r).unwrap()).collect();
-    let want: Vec<SeqStream> = requests().into_iter().map(|r| plain.submit(r).unwrap()).collect();
-    for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
-        let (g, w) = (collect(g), collect(w));
-        assert_eq!(g.tokens, w.tokens, "request {i}");
-        assert_eq!(g.result.text, w.result.text, "request {i}");
-        assert_eq!(g.result.finish_reason, w.result.finish_reason, "request {i}");
-        assert_eq!(g.logprobs, w.logprobs, "request {i}");
+    for (i, g) in side_by_side(&select, &plain, requests()).iter().enumerate() {
         eprintln!("request {i}: {:?} {}", g.result.finish_reason, g.result.text);
     }
     let (masked, misses) = (n_of(&counts.masked), n_of(&counts.misses));

@@ -229,10 +229,7 @@ impl Adjust {
     /// The range of sequence `seq`'s mask in [`Adjust::mask_words`]
     /// (empty: no mask).
     pub fn mask_range(&self, seq: usize) -> std::ops::Range<usize> {
-        match (self.mask_off.get(seq), self.mask_off.get(seq + 1)) {
-            (Some(&a), Some(&b)) => a as usize..b as usize,
-            _ => 0..0,
-        }
+        span(&self.mask_off, seq)
     }
 
     /// Every sequence's mask words, one after another.
@@ -248,10 +245,7 @@ impl Adjust {
     /// The range of sequence `seq`'s additions in [`Adjust::ids`] and
     /// [`Adjust::adds`] (empty past the sequences given).
     pub fn range(&self, seq: usize) -> std::ops::Range<usize> {
-        match (self.off.get(seq), self.off.get(seq + 1)) {
-            (Some(&a), Some(&b)) => a as usize..b as usize,
-            _ => 0..0,
-        }
+        span(&self.off, seq)
     }
 
     /// The token ids added to, every sequence's one after another.
@@ -262,6 +256,14 @@ impl Adjust {
     /// What is added to each of [`Adjust::ids`].
     pub fn adds(&self) -> &[f32] {
         &self.adds
+    }
+}
+
+/// `off[seq]..off[seq + 1]`, empty past the offsets given.
+fn span(off: &[u32], seq: usize) -> std::ops::Range<usize> {
+    match (off.get(seq), off.get(seq + 1)) {
+        (Some(&a), Some(&b)) => a as usize..b as usize,
+        _ => 0..0,
     }
 }
 
