@@ -127,6 +127,18 @@ fn quantized_matmul_matches_the_dequantized_weights() {
             }
         }
     }
+    // The K-quants' device forms: Q4_K as nibbles (24 bytes a 32-element
+    // sub-block), Q5_K and Q6_K a byte a quant (44).
+    use gcs_engine::backend::gpu::kernels::quant::WeightKind;
+    for (ty, kind, bytes) in [
+        (GgmlType::Q4_K, WeightKind::K4Sub, 24),
+        (GgmlType::Q5_K, WeightKind::KSub, 44),
+        (GgmlType::Q6_K, WeightKind::KSub, 44),
+    ] {
+        let m = QMatrix::from_gguf(ty, 4, 512, &gguf_blocks(&mut rng, ty, 4, 512));
+        let g = GpuMatrix::upload(&c, &m).unwrap();
+        assert_eq!((g.parts[0].kind, g.nbytes()), (kind, 4 * 512 / 32 * bytes), "{ty:?}");
+    }
     // A stack of two types writes each part at its row offset.
     let (m, a, b) = two_part_stack(&mut rng, (24, 16));
     let mut w = dequantize(GgmlType::Q4_1, &a);

@@ -125,10 +125,10 @@ impl StepIo {
         Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
 
-    /// Additions a bucket holds: 512 KiB of them, more than a step of
-    /// 256 sequences with the 300 biases a request may carry each; a
-    /// step with more runs eagerly.
-    pub const ADJUST_CAP: usize = 1 << 16;
+    /// Additions a bucket holds (1 MiB of them): a step of 256 sequences
+    /// with the 300 biases a request may carry and 200 penalised tokens
+    /// each; a step with more runs eagerly.
+    pub const ADJUST_CAP: usize = 1 << 17;
 
     /// Words of a row's grammar mask: a bit a token of the vocabulary.
     pub fn mask_words(vocab: usize) -> usize {

@@ -89,9 +89,10 @@ pub fn check_model(model: &Llama) -> Result<(), GpuError> {
 
 /// GGUF blocks of `ty` as the kernel's words: Q4_1 as stored (20 bytes);
 /// Q4_0, Q5_0 and Q8_0 with two zero bytes after the f16 scale so the
-/// rest starts on a word; the K-quants as [`WeightKind::KSub`]s (f32
-/// scales and min, one signed byte a quant: 2.4 times Q4_K's bytes, one
-/// 32-element format for all three). Other types are not supported by the
+/// rest starts on a word; the K-quants as 32-element sub-blocks with f32
+/// scales and min: Q4_K's as [`WeightKind::K4Sub`]s (nibbles, 24 bytes:
+/// 1.3 times Q4_K's), Q5_K's and Q6_K's as [`WeightKind::KSub`]s (a
+/// signed byte a quant, 44 bytes). Other types are not supported by the
 /// kernels yet.
 pub fn device_words(ty: GgmlType, bytes: &[u8]) -> Result<(WeightKind, Vec<u32>), GpuError> {
     let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -100,13 +101,28 @@ pub fn device_words(ty: GgmlType, bytes: &[u8]) -> Result<(WeightKind, Vec<u32>)
             return Err(GpuError::Unsupported(format!("{ty:?} payload of {} bytes", bytes.len())));
         }
         let subs = crate::quant::rows::k_sub_blocks(ty, bytes);
-        let mut words = Vec::with_capacity(subs.len() * WeightKind::KSub.words());
+        // Q4_K's sub-blocks have one scale and quants 0..16 (checked, not
+        // assumed: otherwise the wide form).
+        let nibbles = |s: &crate::quant::rows::KSub| {
+            s.a[0].to_bits() == s.a[1].to_bits() && s.q.iter().all(|&v| (0..16).contains(&v))
+        };
+        let compact = ty == GgmlType::Q4_K && subs.iter().all(nibbles);
+        let kind = if compact { WeightKind::K4Sub } else { WeightKind::KSub };
+        let mut words = Vec::with_capacity(subs.len() * kind.words());
         for s in subs {
+            if compact {
+                // Element j in byte j % 16's low (j < 16) or high nibble,
+                // as Q4_0's.
+                words.extend([s.a[0].to_bits(), s.m.to_bits()]);
+                let q: Vec<u8> = (0..16).map(|j| s.q[j] as u8 | (s.q[j + 16] as u8) << 4).collect();
+                words.extend(q.chunks_exact(4).map(word));
+                continue;
+            }
             words.extend([s.a[0].to_bits(), s.a[1].to_bits(), s.m.to_bits()]);
             let q: Vec<u8> = s.q.iter().map(|&v| v as u8).collect();
             words.extend(q.chunks_exact(4).map(word));
         }
-        return Ok((WeightKind::KSub, words));
+        return Ok((kind, words));
     }
     let (kind, bsz) = match ty {
         GgmlType::Q4_0 => (WeightKind::Q4_0, 18),
@@ -125,7 +141,7 @@ pub fn device_words(ty: GgmlType, bytes: &[u8]) -> Result<(WeightKind, Vec<u32>)
         match kind {
             WeightKind::Q4_1 => words.extend(blk.chunks_exact(4).map(word)),
             // Repacked above.
-            WeightKind::KSub => {}
+            WeightKind::KSub | WeightKind::K4Sub => {}
             WeightKind::Q4_0 | WeightKind::Q8_0 | WeightKind::Q5_0 => {
                 words.push(u16::from_le_bytes([blk[0], blk[1]]) as u32);
                 words.extend(blk[2..].chunks_exact(4).map(word));

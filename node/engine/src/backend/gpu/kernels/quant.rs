@@ -53,8 +53,13 @@ pub enum WeightKind {
     Q5_0,
     /// A K-quant's 32-element sub-block (`quant::rows::KSub`):
     /// `w = a[e / 16] · q − m`, 11 words: `a[0]`, `a[1]`, `m` as f32, 32
-    /// signed bytes. Q4_K, Q5_K and Q6_K, repacked on upload.
+    /// signed bytes. Q5_K and Q6_K, repacked on upload.
     KSub,
+    /// A Q4_K sub-block, whose 32 elements share one scale and whose
+    /// quants are nibbles: `w = a · q − m`, 6 words: `a`, `m` as f32, 16
+    /// nibble bytes in Q4_0's order (24 bytes against [`WeightKind::KSub`]'s
+    /// 44; the same values).
+    K4Sub,
 }
 
 impl WeightKind {
@@ -63,7 +68,7 @@ impl WeightKind {
         match self {
             WeightKind::Q4_0 | WeightKind::Q4_1 => 5,
             WeightKind::Q8_0 => 9,
-            WeightKind::Q5_0 => 6,
+            WeightKind::Q5_0 | WeightKind::K4Sub => 6,
             WeightKind::KSub => 11,
         }
     }
@@ -180,7 +185,7 @@ pub fn dequant_block(w: &[u32], base: usize, wv: &mut Array<f32>, #[comptime] ki
     let w0 = w[base];
     let d = f16_to_f32(w0 & 0xffff);
     match comptime!(kind) {
-        WeightKind::Q5_0 | WeightKind::KSub =>
+        WeightKind::Q5_0 | WeightKind::KSub | WeightKind::K4Sub =>
         {
             #[unroll]
             for c in 0..4usize {
@@ -386,6 +391,13 @@ pub fn dequant_eighth(
             #[unroll]
             for e in 0..8usize {
                 wv[o + e] = a * f32::cast_from(signed_byte(w, base + 3, c * 8 + e)) - m;
+            }
+        }
+        WeightKind::K4Sub => {
+            let (a, m) = (f32::reinterpret(w[base]), f32::reinterpret(w[base + 1]));
+            #[unroll]
+            for e in 0..8usize {
+                wv[o + e] = a * f32::cast_from(nibble(w, base + 2, c * 8 + e)) - m;
             }
         }
         WeightKind::Q8_0 =>
