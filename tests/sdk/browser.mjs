@@ -22,7 +22,10 @@ try {
     const r = await fetch(`${base}/chat/completions`, {
       method: "POST",
       headers: { "Authorization": `Bearer ${key}`, "Content-Type": "application/json" },
-      body: JSON.stringify({ model: "gnus-auto", stream: true, max_tokens: 48, temperature: 0,
+      // 128 tokens (EOS banned): at least ~0.4 s of decoding on 2 cores,
+      // so a scheduling burst on a loaded machine cannot pass for
+      // buffering (48 tokens spanned under 200 ms on a fast CPU).
+      body: JSON.stringify({ model: "gnus-auto", stream: true, max_tokens: 128, temperature: 0,
         logit_bias: { "0": -100, "1": -100, "2": -100 },
         messages: [{ role: "user", content: "Tell a story about a lighthouse." }] }),
     });
