@@ -403,7 +403,10 @@ impl StepLoop {
                 }
             })
             .unzip();
-        let masks = work.iter().map(|w| self.running[w.idx].mask.as_deref());
+        // A row whose logits come back is masked on the host.
+        let masks = work.iter().zip(&picks).map(|(w, p)| {
+            self.running[w.idx].mask.as_deref().filter(|_| *p != Pick::Logits)
+        });
         let adjust = Adjust::new(adds.iter().map(Vec::as_slice)).with_masks(masks);
         let out = {
             let seqs: Vec<PagedSeq<'_>> = work
