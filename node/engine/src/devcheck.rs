@@ -5,6 +5,7 @@
 //! agreement).
 
 pub mod anatomy;
+pub mod dense;
 pub mod embed;
 pub mod naive;
 
@@ -127,6 +128,10 @@ pub struct CheckReport {
     /// Where a decode step's time goes, part by part, at each batch (GPU
     /// only).
     pub anatomy: Vec<anatomy::AnatomyFigure>,
+    /// Layer 0's gate/up and the LM head by the decoder's quantized
+    /// kernels and over f16 copies by cubek's routines, at each batch
+    /// (GPU only; the check's last part).
+    pub dense: Vec<dense::DenseFigure>,
     /// Issue 17's naive burn loop on the same device, in the same run
     /// (`naive`): the step time of a launch-per-op decoder.
     pub naive: Vec<naive::NaiveFigure>,
@@ -201,6 +206,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         graphs,
         decode_eager,
         anatomy: vec![],
+        dense: vec![],
         naive: vec![],
         embed: None,
         cpu_decode_tokens_per_s,
@@ -230,6 +236,8 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         report.embed = Some(embed::run(dir, cfg.device, &cfg.embed_batches)?);
         progress(&report);
     }
+    report.dense = dense::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
+    progress(&report);
     Ok(report)
 }
 

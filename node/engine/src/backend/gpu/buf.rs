@@ -7,6 +7,7 @@ use cubecl::bytes::Bytes;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
+use cubecl::zspace::{Shape, Strides};
 
 use super::GpuError;
 
@@ -60,6 +61,18 @@ impl<T: CubeElement> DeviceBuf<T> {
         // SAFETY: `len` is at most the number of `T`s the handle was
         // allocated with (set together in the constructors above).
         unsafe { BufferArg::from_raw_parts(self.handle.clone(), self.len) }
+    }
+
+    /// The buffer as a strided tensor (cubek's matmul): every element the
+    /// shape and strides reach lies within `len`.
+    #[allow(unsafe_code)]
+    pub fn tensor(&self, shape: Shape, strides: Strides) -> TensorBinding {
+        let last: usize =
+            shape.iter().zip(strides.iter()).map(|(d, s)| d.saturating_sub(1) * s).sum();
+        assert!(shape.iter().all(|&d| d > 0) && last < self.len, "a tensor past its buffer");
+        // SAFETY: every index the shape and strides reach is below `len`
+        // (asserted), the number of `T`s the handle holds.
+        unsafe { TensorBinding::from_raw_parts(self.handle.clone(), strides, shape) }
     }
 
     /// Overwrite the buffer's first `data.len()` elements in place (the

@@ -5,6 +5,7 @@
 
 pub mod buf;
 pub mod decoder;
+pub mod dense;
 pub mod graph;
 pub mod kernels;
 pub mod launch;
