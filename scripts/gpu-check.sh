@@ -29,8 +29,9 @@
 #      CPU (least cosine, texts/s at 1, 32, 256), TTFT and prefill tok/s
 #      of a 512-token prompt, and last (`dense`) layer 0's gate/up and the
 #      LM head by the decoder's quantized kernel against f16 copies of the
-#      weights by cubek's matmul routines (tensor cores), at each batch;
-#      if it fails,
+#      weights by cubek's matmul routines (tensor cores), at each batch,
+#      then the whole decoder on those copies (`dense_decoder`:
+#      GCS_GPU_DENSE, parity and decode tok/s); if it fails,
 #      again with GCS_GPU_GRAPHS=0 GCS_GPU_ARGMAX=0;
 #   2. a served request: `gcs-node --role all --gpu 0` and one chat
 #      completion through its OpenAI API (greedy, then seeded draws);

@@ -94,6 +94,14 @@ pub struct ExactFigures {
     pub decode: Vec<DecodeFigure>,
 }
 
+/// The decoder over f16 copies of the weights (`GpuOptions::dense`): its
+/// parity and decode speed, or why it has none.
+#[derive(Debug, Clone, Serialize)]
+pub struct DenseDecoder {
+    pub figures: Option<ExactFigures>,
+    pub error: Option<String>,
+}
+
 /// The check's findings (`gpu-check.json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
@@ -132,6 +140,9 @@ pub struct CheckReport {
     /// kernels and over f16 copies by cubek's routines, at each batch
     /// (GPU only; the check's last part).
     pub dense: Vec<dense::DenseFigure>,
+    /// The whole decoder on those copies (`GCS_GPU_DENSE=1`): parity
+    /// against the CPU and decode tok/s at each batch (GPU only; last).
+    pub dense_decoder: Option<DenseDecoder>,
     /// Issue 17's naive burn loop on the same device, in the same run
     /// (`naive`): the step time of a launch-per-op decoder.
     pub naive: Vec<naive::NaiveFigure>,
@@ -207,6 +218,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         decode_eager,
         anatomy: vec![],
         dense: vec![],
+        dense_decoder: None,
         naive: vec![],
         embed: None,
         cpu_decode_tokens_per_s,
@@ -236,8 +248,25 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         report.embed = Some(embed::run(dir, cfg.device, &cfg.embed_batches)?);
         progress(&report);
     }
-    report.dense = dense::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
-    progress(&report);
+    if gpu.is_some() {
+        report.dense =
+            dense::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
+        progress(&report);
+        // Last: a routine that panics ends only this part.
+        let opts = GpuOptions { dense: Some(true), ..Default::default() };
+        let run = std::panic::AssertUnwindSafe(|| -> Result<ExactFigures> {
+            let (parity, _) = against_cpu(cfg, &reference, opts)?;
+            let decode = decode_figures(cfg, &short, cpu_ref, opts)?.1;
+            Ok(ExactFigures { parity, decode })
+        });
+        let (figures, error) = match std::panic::catch_unwind(run) {
+            Ok(Ok(f)) => (Some(f), None),
+            Ok(Err(e)) => (None, Some(e.to_string())),
+            Err(_) => (None, Some("panicked (the log has its message)".into())),
+        };
+        report.dense_decoder = Some(DenseDecoder { figures, error });
+        progress(&report);
+    }
     Ok(report)
 }
 

@@ -398,6 +398,9 @@ struct PickCounts {
 
 impl PagedDecoder for PickOnly {
     common::delegate_decoder!();
+    fn picks_on_device(&self) -> bool {
+        true
+    }
     fn forward_paged(
         &mut self,
         seqs: &[gcs_engine::llama::PagedSeq<'_>],

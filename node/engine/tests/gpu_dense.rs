@@ -93,3 +93,123 @@ fn the_device_checks_dense_part_times_both_on_the_real_model() {
         }
     }
 }
+
+/// `GpuDecoder::with_dense` (every matmul over f16 copies by cubek's
+/// routines: the unit routine on lavapipe) against the quantized float
+/// decoder on the real SmolLM2: two prompts batched, a prefill and 7
+/// teacher-forced decode steps; the launches a step; refused for exact
+/// arithmetic.
+#[test]
+fn the_dense_decoder_agrees_with_the_quantized_one() {
+    use gcs_engine::backend::gpu::{launch, GpuDecoder};
+    use gcs_engine::backend::{BackendKind, PagedDecoder};
+    use gcs_engine::llama::PagedSeq;
+    use gcs_engine::sampling::argmax;
+    use gcs_engine::{cpu_device, ChatMessage, Engine};
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let c = cubecl::Device::Wgpu(Default::default()).client();
+    let new = || GpuDecoder::new(c.clone(), BackendKind::Wgpu, &engine.model, 16).unwrap();
+    let mut float = new().with_exact(false).unwrap();
+    let mut dense = new().with_exact(false).unwrap().with_dense(&engine.model, true).unwrap();
+    assert!(dense.dense() && !float.dense());
+    assert!(dense.weight_bytes() > float.weight_bytes() * 3, "f16 copies beside the blocks");
+    let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?"];
+    let toks: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
+        .collect();
+    let tables: [Vec<u32>; 2] = [vec![3, 9, 1, 12], vec![0, 14, 5, 7]];
+    let vocab = float.vocab();
+    let (mut agree, mut total, mut max_d, mut top) = (0, 0, 0f32, 0f32);
+    let (mut feed, mut past) = (toks.clone(), [0usize; 2]);
+    for _ in 0..8 {
+        let seqs: Vec<PagedSeq<'_>> = (0..2)
+            .map(|i| PagedSeq {
+                tokens: &feed[i],
+                past: past[i],
+                table: &tables[i],
+                decode_from: toks[i].len(),
+            })
+            .collect();
+        let a = float.forward_paged(&seqs).unwrap();
+        let b = dense.forward_paged(&seqs).unwrap();
+        let mut next = vec![];
+        for i in 0..2 {
+            let (la, lb) = (&a[i * vocab..(i + 1) * vocab], &b[i * vocab..(i + 1) * vocab]);
+            let d = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            max_d = max_d.max(d);
+            top = la.iter().fold(top, |m, v| m.max(v.abs()));
+            agree += usize::from(argmax(la) == argmax(lb));
+            total += 1;
+            past[i] += feed[i].len();
+            next.push(vec![argmax(la)]);
+        }
+        feed = next;
+    }
+    println!("dense vs quantized (lavapipe): top-1 {agree}/{total}, max |Δ logit| {max_d:.3} (logits to {top:.1})");
+    // f16 inputs and weights: a few tenths at most on logits near 20; a
+    // wrong product would move them by whole units.
+    assert!(agree * 100 >= total * 85, "top-1 {agree}/{total}");
+    assert!(max_d < 1.5, "max |Δ logit| {max_d}");
+    // Launches: 12 a layer in a prefill step (norm, Q/K/V, RoPE/K-V
+    // store, attention, its f16 copy, O, add, norm, gate/up, SwiGLU,
+    // down, add), 11 in a decode step; embedding before, the output norm,
+    // LM head and pick after.
+    let layers = engine.model.config.n_layers;
+    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 12), (&[3u32][..], 2, 11)] {
+        let before = launch::launches();
+        let seq = PagedSeq { tokens, past, table: &[4], decode_from: 2 };
+        dense.forward_paged(&[seq]).unwrap();
+        assert_eq!(launch::launches() - before, 1 + per_layer * layers + 3);
+    }
+    // Exact arithmetic has no dense form.
+    assert!(new().with_exact(true).unwrap().with_dense(&engine.model, true).is_err());
+}
+
+/// The device check (`gcs-node gpu-check`) on lavapipe, small: its last
+/// two parts, the dense products and the dense decoder, report figures
+/// (the decoder's parity against the CPU within f16's reach of the
+/// quantized decoder's) after everything before them.
+#[test]
+#[ignore = "33 min on lavapipe (the whole device check, its anatomy above all): --ignored"]
+fn the_device_check_reports_the_dense_decoder() {
+    use gcs_engine::backend::ComputeDevice;
+    use gcs_engine::devcheck::{run, CheckConfig};
+    use gcs_engine::{cpu_device, ChatMessage, Engine};
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let prompts: Vec<Vec<u32>> = ["What is 2 + 2?", "Name a colour."]
+        .iter()
+        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
+        .collect();
+    let cfg = CheckConfig {
+        model: path,
+        device: ComputeDevice::Wgpu(0),
+        prompts,
+        greedy_tokens: 4,
+        logit_prompts: 1,
+        batches: vec![1, 2],
+        decode_tokens: 3,
+        prefill_tokens: 40,
+        naive_steps: 0,
+        embed_dir: None,
+        embed_batches: vec![],
+    };
+    let r = run(&cfg).unwrap();
+    let d = r.dense_decoder.as_ref().expect("the dense decoder's part");
+    let f = d.figures.as_ref().unwrap_or_else(|| panic!("{:?}", d.error));
+    println!("dense decoder: {:?}", f.parity);
+    println!("quantized decoder: {:?}", r.parity);
+    assert_eq!(f.parity.top1_total, r.parity.top1_total);
+    assert!(f.parity.top1_agree + 1 >= r.parity.top1_agree, "{:?}", f.parity);
+    assert!(f.parity.max_abs_logit_delta < r.parity.max_abs_logit_delta + 0.5, "{:?}", f.parity);
+    assert_eq!(f.decode.iter().map(|x| x.batch).collect::<Vec<_>>(), [1, 2]);
+    assert!(f.decode.iter().all(|x| x.tokens_per_s > 0.0 && x.streams_equal == x.batch), "{f:?}");
+    for op in ["gate_up", "lm_head"] {
+        assert!(r
+            .dense
+            .iter()
+            .any(|x| x.op == op && x.kernel == "f16 cubek unit" && x.us.is_some()));
+    }
+}

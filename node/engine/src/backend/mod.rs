@@ -325,6 +325,13 @@ pub trait PagedDecoder: Send + std::fmt::Debug {
     /// One step over a batch of sequences (prefill chunks and decode rows);
     /// host logits `[seqs.len() * vocab]` for each sequence's last new row.
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>>;
+    /// Whether [`PagedDecoder::forward_select`] picks tokens itself and
+    /// applies an [`Adjust`] (a GPU). Default: no, every row's logits come
+    /// back raw, and the scheduler asks for nothing else (it builds no
+    /// picks, additions or masks: work a step would only throw away).
+    fn picks_on_device(&self) -> bool {
+        false
+    }
     /// The same step, where each sequence needs what `picks` says: a GPU
     /// adds `adjust` to the rows it picks from, picks each sequence's
     /// token on the device (its argmax or its draw) and copies logits back

@@ -136,6 +136,9 @@ pub struct GpuOptions {
     /// Every op in the CPU's arithmetic, bit for bit (default: off unless
     /// `GCS_GPU_EXACT=1`; `gpu::GpuDecoder::with_exact`).
     pub exact: Option<bool>,
+    /// The matmuls over f16 copies of the weights by cubek's routines
+    /// (default: off unless `GCS_GPU_DENSE=1`; `gpu::GpuDecoder::with_dense`).
+    pub dense: Option<bool>,
 }
 
 /// The decoder for `model` on `device`, with `kv_blocks` K/V blocks and,
@@ -180,7 +183,13 @@ fn gpu_decoder(
         Some(on) => dec.with_exact(on).map_err(refused)?,
         None => dec,
     };
-    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, exact = dec.exact(), "GPU decoder loaded");
+    let dense =
+        opts.dense.unwrap_or_else(|| std::env::var("GCS_GPU_DENSE").is_ok_and(|v| v == "1"));
+    let dec = match dense {
+        true => dec.with_dense(model, true).map_err(refused)?,
+        false => dec,
+    };
+    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, exact = dec.exact(), dense = dec.dense(), "GPU decoder loaded");
     Ok(Box::new(dec))
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::{BatchConfig, Pending, Priority, SeqEvent, SeqRequest, SeqResult, Shared};
 use crate::backend::{Adjust, Interrupt, PagedDecoder, Pick};
-use crate::error::EngineError;
 use crate::constraint::SeqGrammar;
+use crate::error::EngineError;
 use crate::generate::FinishReason;
 use crate::llama::PagedSeq;
 use crate::paged::{prompt_decode_from, tenant_salt, BlockManager, BLOCK_SIZE};
@@ -357,7 +357,11 @@ impl StepLoop {
         let states: Vec<plan::State> = self
             .running
             .iter()
-            .map(|s| plan::State { priority: s.priority, computed: s.computed, len: s.tokens.len() })
+            .map(|s| plan::State {
+                priority: s.priority,
+                computed: s.computed,
+                len: s.tokens.len(),
+            })
             .collect();
         let work = plan::plan(&states, self.cfg.prefill_chunk, self.cfg.batch_prefill_chunk);
         if work.is_empty() {
@@ -366,16 +370,22 @@ impl StepLoop {
         // A step without an interactive sequence runs on the decoder's
         // low-priority threads (batch work fills idle capacity).
         let batch_only = work.iter().all(|w| self.running[w.idx].priority == Priority::Batch);
-        self.dec.set_background(batch_only.then(|| {
-            Interrupt::new(self.shared.interactive_arrivals.clone(), self.arrivals_seen)
-        }));
+        self.dec.set_background(
+            batch_only.then(|| {
+                Interrupt::new(self.shared.interactive_arrivals.clone(), self.arrivals_seen)
+            }),
+        );
         let (vocab, eos) = (self.dec.vocab(), self.tok.eos_id);
+        // A decoder that returns every row's logits (the CPU's) gets no
+        // picks, additions or masks: the host samples each row after the
+        // step, its grammar's mask computed then.
+        let device = self.dec.picks_on_device();
         // The sequences that sample this step (their prompt done): a
         // grammar's mask for the device.
         let samples = |w: &plan::Work, s: &Seq| w.start + w.n == s.tokens.len();
         for w in &work {
             let s = &mut self.running[w.idx];
-            match samples(w, s) {
+            match device && samples(w, s) {
                 true => s.prepare_mask(eos),
                 false => s.mask = None,
             }
@@ -393,6 +403,9 @@ impl StepLoop {
                 let s = &self.running[w.idx];
                 let greedy =
                     |q: &Seq| q.grammar.is_none() && q.pick(vocab) == (Pick::Argmax, vec![]);
+                if !device {
+                    return (Pick::Logits, vec![]);
+                }
                 if !samples(w, s) {
                     return (Pick::Argmax, vec![]);
                 }
@@ -404,9 +417,10 @@ impl StepLoop {
             })
             .unzip();
         // A row whose logits come back is masked on the host.
-        let masks = work.iter().zip(&picks).map(|(w, p)| {
-            self.running[w.idx].mask.as_deref().filter(|_| *p != Pick::Logits)
-        });
+        let masks = work
+            .iter()
+            .zip(&picks)
+            .map(|(w, p)| self.running[w.idx].mask.as_deref().filter(|_| *p != Pick::Logits));
         let adjust = Adjust::new(adds.iter().map(Vec::as_slice)).with_masks(masks);
         let out = {
             let seqs: Vec<PagedSeq<'_>> = work

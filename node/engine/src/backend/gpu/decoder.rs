@@ -74,6 +74,7 @@ static STEP: Mutex<()> = Mutex::new(());
 const WGPU_MAX_PART_BYTES: usize = crate::backend::WGPU_MAX_BUFFER_BYTES / 2;
 
 mod anatomy;
+mod dense_step;
 pub use anatomy::{Anatomy, StepPart};
 
 /// The llama decoder on a CubeCL device (CUDA, or wgpu in the tests).
@@ -108,6 +109,9 @@ pub struct GpuDecoder {
     /// The last step's logits, where a sequence may need its row after
     /// all ([`Pick::Top`], [`PagedDecoder::last_logits`]).
     kept: Option<DeviceBuf<f32>>,
+    /// f16 copies of the matrices, multiplied by cubek's routines instead
+    /// of the quantized kernels ([`GpuDecoder::with_dense`]).
+    dense: Option<super::dense::DenseWeights>,
 }
 
 /// A step's output, and its logits' buffer where they may be asked for
@@ -229,6 +233,7 @@ impl GpuDecoder {
         Self {
             device_pick,
             kept: None,
+            dense: None,
             graphs,
             shape: StepShape::new(c, sh, lm_head.rows, false),
             local,
@@ -324,7 +329,7 @@ impl GpuDecoder {
             .iter()
             .map(|l| l.wqkv.nbytes() + l.wo.nbytes() + l.w_gate_up.nbytes() + l.w_down.nbytes())
             .sum();
-        l + self.embed.nbytes()
+        l + self.embed.nbytes() + self.dense.as_ref().map_or(0, |d| d.bytes())
     }
 
     fn check(&self, seqs: &[PagedSeq<'_>]) -> Result<()> {
@@ -421,7 +426,7 @@ impl GpuDecoder {
             host.set_adjust(adjust, picks, StepIo::mask_words(self.shape.vocab));
         }
         let io = StepIo::upload(&self.client, self.shape, &host);
-        self.launch_step(&io);
+        self.launch_step(&io)?;
         self.read_out(&io, seqs.len(), picks)
     }
 
@@ -489,8 +494,7 @@ impl GpuDecoder {
     ) -> std::result::Result<Read, GpuError> {
         let cl = self.client.clone();
         let prepared = cl.graph_prepare().map_err(|e| format!("{e:?}"));
-        self.launch_step(&bucket.io);
-        let out = self.read_out(&bucket.io, n, picks);
+        let out = self.launch_step(&bucket.io).and_then(|()| self.read_out(&bucket.io, n, picks));
         let graph = prepared.and_then(|()| {
             // Record only after a good warm-up; a prepared stream stays in
             // capture mode until `stop_capture`, so that ends it either way.
@@ -498,9 +502,8 @@ impl GpuDecoder {
                 Ok(_) => cl.start_capture().map_err(|e| format!("{e:?}")),
                 Err(e) => Err(format!("warm-up failed: {e}")),
             };
-            if started.is_ok() {
-                self.launch_step(&bucket.io);
-            }
+            let started =
+                started.and_then(|()| self.launch_step(&bucket.io).map_err(|e| e.to_string()));
             let stopped = cl.stop_capture().map_err(|e| format!("{e:?}"));
             started.and(stopped)
         });
@@ -519,7 +522,7 @@ impl GpuDecoder {
 
     /// The step's kernels, in order, over `io` (a step's own buffers or a
     /// bucket's: the same launches either way).
-    fn launch_step(&self, io: &StepIo) {
+    fn launch_step(&self, io: &StepIo) -> std::result::Result<(), GpuError> {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
         let exact = self.shape.exact.then_some(self.wide_fma());
         launch::embed(cl, &self.embed, &io.tok, &io.x, self.embed_scale, exact);
@@ -528,6 +531,9 @@ impl GpuDecoder {
         // K/V store inside the attention, one launch fewer. Prefill rows
         // read keys other rows of their step write: a launch of their own.
         let decode = io.rows() == io.seqs();
+        if let (Some(w), Some(d)) = (&self.dense, &io.dense) {
+            return self.dense_step(io, w, d, decode);
+        }
         for (li, l) in self.layers.iter().enumerate() {
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
             // gemma3's local layers: their own tables and window.
@@ -557,6 +563,14 @@ impl GpuDecoder {
                 launch::matmul(cl, &self.lm_head, &io.hl, n, &io.logits);
             }
         }
+        self.launch_pick(io);
+        Ok(())
+    }
+
+    /// The step's last launches: each row's grammar mask, bias and
+    /// penalties, then its pick, where the device picks.
+    fn launch_pick(&self, io: &StepIo) {
+        let cl = &self.client;
         if self.device_pick {
             let vocab = self.shape.vocab;
             if let Some(a) = &io.adjust {
@@ -666,6 +680,9 @@ impl PagedDecoder for GpuDecoder {
         let _one = STEP.lock().unwrap_or_else(|e| e.into_inner());
         let n = self.config.n_layers;
         launch::copy_block(&self.client, self.sh, &self.k_pool, &self.v_pool, src, dst, n);
+    }
+    fn picks_on_device(&self) -> bool {
+        self.device_pick
     }
     fn forward_paged(&mut self, seqs: &[PagedSeq<'_>]) -> Result<Vec<f32>> {
         let none = Adjust::default();

@@ -1,11 +1,12 @@
 //! The alternative issue 17 asks to measure against the quantized kernels:
 //! f16 copies of the weights multiplied by cubek's matmul (burn's own; on
 //! CUDA its tensor-core routines, elsewhere its unit routines), f16 inputs
-//! and f32 sums and outputs. The device check's anatomy times it on a
-//! layer's gate/up and on the LM head at each batch
-//! ([`super::GpuDecoder::anatomy`]); the decoder does not use it (its
-//! quantized kernels give a row the same bits at every batch, and read a
-//! quarter of the bytes).
+//! and f32 sums and outputs. The device check times it on a layer's
+//! gate/up and on the LM head at each batch (`devcheck::dense`), and runs
+//! the whole decoder on it ([`super::GpuDecoder::with_dense`],
+//! `GCS_GPU_DENSE=1`): off by default, since the quantized kernels give a
+//! row the same bits at every batch and read a quarter of the bytes, and
+//! the dense step's speed is not measured on a GPU yet.
 
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -17,6 +18,9 @@ use cubek::matmul::strategy::Strategy;
 use cubek::std::InputBinding;
 use half::f16;
 
+use super::kernels::dense as k;
+use super::kernels::ops::ROW_THREADS;
+use super::launch::{counted, groups};
 use super::{DeviceBuf, GpuError};
 use crate::quant::{dequantize, QMatrix};
 
@@ -30,6 +34,117 @@ pub fn routines() -> Vec<(&'static str, Strategy)> {
         ("unit", Routine::SimpleUnit(Default::default()).into()),
         ("vecmat", Routine::SimpleVecMat(Default::default()).into()),
     ]
+}
+
+/// The routines the decoder's dense step tries, in order: tensor cores,
+/// else one tile a unit (a problem no tensor-core tile fits, a device
+/// without them).
+pub fn step_routines() -> [Strategy; 2] {
+    [
+        Routine::SimpleCyclicCmma(Default::default()).into(),
+        Routine::SimpleUnit(Default::default()).into(),
+    ]
+}
+
+/// [`matmul`] by the first of `routines` the device runs.
+pub fn matmul_first(
+    client: &Client,
+    routines: &[Strategy],
+    m: &DenseMatrix,
+    x: &DeviceBuf<f16>,
+    n: usize,
+    out: &DeviceBuf<f32>,
+) -> Result<(), GpuError> {
+    let mut last = GpuError::Unsupported("no dense matmul routine".into());
+    for r in routines {
+        match matmul(client, r, m, x, n, out) {
+            Ok(()) => return Ok(()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// A layer's four matrices in f16.
+#[derive(Debug)]
+pub struct DenseLayer {
+    pub wqkv: DenseMatrix,
+    pub wo: DenseMatrix,
+    pub w_gate_up: DenseMatrix,
+    pub w_down: DenseMatrix,
+}
+
+/// Every matrix of a llama model in f16 ([`super::GpuDecoder::with_dense`]).
+#[derive(Debug)]
+pub struct DenseWeights {
+    pub layers: Vec<DenseLayer>,
+    pub lm_head: DenseMatrix,
+}
+
+impl DenseWeights {
+    pub fn upload(client: &Client, model: &crate::llama::Llama) -> Self {
+        let up = |m: &QMatrix| DenseMatrix::from_q(client, m);
+        let layers = model
+            .blocks
+            .iter()
+            .map(|b| DenseLayer {
+                wqkv: up(&b.q.wqkv),
+                wo: up(&b.q.wo),
+                w_gate_up: up(&b.q.w_gate_up),
+                w_down: up(&b.q.w_down),
+            })
+            .collect();
+        Self { layers, lm_head: up(&model.lm_head) }
+    }
+
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        let m = |m: &DenseMatrix| m.rows * m.cols * 2;
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|l| m(&l.wqkv) + m(&l.wo) + m(&l.w_gate_up) + m(&l.w_down))
+            .sum();
+        l + m(&self.lm_head)
+    }
+}
+
+/// Rows `idx` of `x` normed by `w` (`ops::rms_norm`'s operations) into
+/// `h` in f16, row `c` of `h` the row `idx[c]`.
+pub fn norm_f16(
+    c: &Client,
+    x: &DeviceBuf<f32>,
+    w: &DeviceBuf<f32>,
+    h: &DeviceBuf<f16>,
+    idx: &DeviceBuf<u32>,
+    eps: f32,
+) {
+    counted();
+    let (count, dim) =
+        (CubeCount::Static(idx.len() as u32, 1, 1), CubeDim::new_1d(ROW_THREADS as u32));
+    k::norm_to::launch::<f16>(c, count, dim, x.arg(), w.arg(), h.arg(), idx.arg(), w.len(), eps);
+}
+
+/// The SwiGLU of `t` rows `[gate | up]` of `gu` into `act` in f16.
+pub fn swiglu_f16(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f16>, inter: usize, t: usize) {
+    counted();
+    let n = t * inter;
+    let (count, dim) = (CubeCount::Static(groups(n, 256), 1, 1), CubeDim::new_1d(256));
+    k::swiglu_to::launch::<f16>(c, count, dim, gu.arg(), act.arg(), inter, n);
+}
+
+/// The first `n` values of `x` into `out` in f16.
+pub fn cast_f16(c: &Client, x: &DeviceBuf<f32>, out: &DeviceBuf<f16>, n: usize) {
+    counted();
+    let (count, dim) = (CubeCount::Static(groups(n, 256), 1, 1), CubeDim::new_1d(256));
+    k::cast_to::launch::<f16>(c, count, dim, x.arg(), out.arg(), n);
+}
+
+/// `x[..n] += d[..n]`.
+pub fn add_in(c: &Client, x: &DeviceBuf<f32>, d: &DeviceBuf<f32>, n: usize) {
+    counted();
+    let (count, dim) = (CubeCount::Static(groups(n, 256), 1, 1), CubeDim::new_1d(256));
+    k::add_in::launch(c, count, dim, x.arg(), d.arg(), n);
 }
 
 /// An `[rows, cols]` weight matrix in f16, row-major (each output's
@@ -89,5 +204,7 @@ pub fn matmul(
     });
     let (lhs, rhs) = (InputBinding::new(lhs, half), InputBinding::new(rhs, half));
     launch_ref(routine, client, lhs, rhs, out, &mut dtypes)
-        .map_err(|e| GpuError::Server(format!("cubek {routine}: {}", format!("{e:?}").trim())))
+        .map_err(|e| GpuError::Server(format!("cubek {routine}: {}", format!("{e:?}").trim())))?;
+    counted();
+    Ok(())
 }

@@ -22,11 +22,11 @@ pub fn launches() -> usize {
     LAUNCHES.with(|l| l.get())
 }
 
-fn counted() {
+pub(crate) fn counted() {
     LAUNCHES.with(|l| l.set(l.get() + 1));
 }
 
-fn groups(n: usize, per: usize) -> u32 {
+pub(crate) fn groups(n: usize, per: usize) -> u32 {
     n.div_ceil(per).max(1) as u32
 }
 

@@ -25,6 +25,9 @@ pub struct StepShape {
     /// gemma3's post-norms: the O and down projections are written to
     /// [`StepIo::post`] and normed into the residual.
     pub post: bool,
+    /// The matmuls over f16 copies of the weights (`super::dense`): the
+    /// step keeps f16 matmul inputs ([`StepIo::dense`]).
+    pub dense: bool,
 }
 
 impl StepShape {
@@ -37,6 +40,7 @@ impl StepShape {
             vocab,
             exact,
             post: c.gemma3.is_some(),
+            dense: false,
         }
     }
 }
@@ -70,6 +74,8 @@ pub struct StepIo {
     pub top: DeviceBuf<f32>,
     /// The exact step's own buffers, with [`StepShape::exact`].
     pub exact: Option<ExactIo>,
+    /// The dense step's own buffers, with [`StepShape::dense`].
+    pub dense: Option<DenseIo>,
     /// An O or down projection before its norm, with [`StepShape::post`].
     pub post: Option<DeviceBuf<f32>>,
     /// The grammar masks and the bias and penalty additions
@@ -92,6 +98,15 @@ pub struct ExactIo {
     /// The O projection, added to `x` by the next norm.
     pub o: DeviceBuf<f32>,
     /// The down projection, added to `x` by the next norm.
+    pub d: DeviceBuf<f32>,
+}
+
+/// What only a dense step reads and writes (`super::dense`).
+#[derive(Debug)]
+pub struct DenseIo {
+    /// A matmul's input in f16: `rows × max(hidden, q_dim, inter)`.
+    pub a16: DeviceBuf<half::f16>,
+    /// The O or down projection, before it joins the residual.
     pub d: DeviceBuf<f32>,
 }
 
@@ -179,6 +194,9 @@ impl StepIo {
                 o: buf(t * s.hidden),
                 d: buf(t * s.hidden),
             }),
+            dense: s
+                .dense
+                .then(|| DenseIo { a16: DeviceBuf::uninit(cl, t * widest), d: buf(t * s.hidden) }),
             post: s.post.then(|| buf(t * s.hidden)),
             x: buf(t * s.hidden),
             qkv: buf(t * s.qkv),

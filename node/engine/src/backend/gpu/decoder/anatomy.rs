@@ -51,7 +51,7 @@ impl GpuDecoder {
         let io = StepIo::bucket(&cl, self.shape, host.rows(), host.tables.len());
         io.write(&cl, &host);
         let before = launch::launches();
-        self.launch_step(&io);
+        self.launch_step(&io)?;
         let launches = launch::launches() - before;
         let iters = iters.max(1);
         let mut parts = vec![];
@@ -77,10 +77,7 @@ impl GpuDecoder {
             io.write(&cl, &host);
             Ok(())
         })?;
-        time("step, eager", &mut || {
-            self.launch_step(&io);
-            Ok(())
-        })?;
+        time("step, eager", &mut || self.launch_step(&io))?;
         time("read ids", &mut || io.ids.read(&cl).map(|_| ()))?;
         let l = &self.layers[0];
         let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: 0 };
@@ -258,11 +255,12 @@ impl GpuDecoder {
         })?;
         // The same step as a recorded graph (the decode path's replay).
         cl.graph_prepare().map_err(GpuError::server)?;
-        self.launch_step(&io);
+        self.launch_step(&io)?;
         io.ids.read(&cl)?;
         cl.start_capture().map_err(GpuError::server)?;
-        self.launch_step(&io);
+        let launched = self.launch_step(&io);
         let graph = cl.stop_capture().map_err(GpuError::server)?;
+        launched?;
         #[allow(unsafe_code)]
         // SAFETY: the graph's buffers (`io`, the weights, the pools) outlive
         // it (it drops at the end of this function) and `STEP` is held.

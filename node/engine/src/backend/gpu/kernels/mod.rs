@@ -2,12 +2,13 @@
 
 pub mod attention;
 pub mod basic;
+pub mod dense;
 pub mod exact;
 pub mod gemma;
-pub mod rounding;
 pub mod ops;
 pub mod q8;
 pub mod q8_tiled;
 pub mod quant;
+pub mod rounding;
 pub mod tiled;
 pub mod top;
