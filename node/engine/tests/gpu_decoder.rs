@@ -7,61 +7,12 @@
 
 mod common;
 
+use common::gpu::compare;
 use gcs_engine::backend::gpu::{launch, GpuDecoder};
 use gcs_engine::backend::{Adjust, BackendKind, CpuDecoder, PagedDecoder, Pick};
 use gcs_engine::llama::PagedSeq;
 use gcs_engine::sampling::{argmax, draw_temperature, top_candidates};
 use gcs_engine::{cpu_device, ChatMessage, Engine};
-
-/// Teacher-forced steps of two prompts batched together on both decoders
-/// (a prefill, then 7 decode steps, the CPU's tokens fed to both):
-/// (top-1 agreements, steps, max |Δ logit|, logits bit-equal throughout).
-fn compare(
-    engine: &Engine,
-    gpu: &mut dyn PagedDecoder,
-    cpu: &mut dyn PagedDecoder,
-) -> (usize, usize, f32, bool) {
-    let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?"];
-    let toks: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
-        .collect();
-    // Scattered, disjoint block tables.
-    let tables: [Vec<u32>; 2] = [vec![3, 9, 1, 12], vec![0, 14, 5, 7]];
-    let vocab = cpu.vocab();
-    let (mut agree, mut total, mut max_d, mut equal) = (0usize, 0usize, 0f32, true);
-    let mut feed: Vec<Vec<u32>> = toks.clone();
-    let mut past = [0usize; 2];
-    for step in 0..8 {
-        let seqs: Vec<PagedSeq<'_>> = (0..2)
-            .map(|i| PagedSeq {
-                tokens: &feed[i],
-                past: past[i],
-                table: &tables[i],
-                decode_from: toks[i].len(),
-            })
-            .collect();
-        let a = cpu.forward_paged(&seqs).unwrap();
-        let b = gpu.forward_paged(&seqs).unwrap();
-        assert_eq!(a.len(), 2 * vocab);
-        assert_eq!(b.len(), 2 * vocab);
-        equal &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-        let mut next = vec![];
-        for i in 0..2 {
-            let (la, lb) = (&a[i * vocab..(i + 1) * vocab], &b[i * vocab..(i + 1) * vocab]);
-            let d = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            max_d = max_d.max(d);
-            let t = argmax(la);
-            agree += usize::from(argmax(lb) == t);
-            total += 1;
-            past[i] += feed[i].len();
-            next.push(vec![t]); // teacher-forced by the CPU's choice
-        }
-        eprintln!("step {step}: max |Δ logit| so far {max_d:.3}, top-1 {agree}/{total}");
-        feed = next;
-    }
-    (agree, total, max_d, equal)
-}
 
 fn cpu_decoder(path: &std::path::Path) -> Box<dyn PagedDecoder> {
     Box::new(CpuDecoder::new(Engine::load(path, &cpu_device()).unwrap().model, 16))

@@ -104,8 +104,7 @@ fn the_dense_decoder_agrees_with_the_quantized_one() {
     use gcs_engine::backend::gpu::{launch, GpuDecoder};
     use gcs_engine::backend::{BackendKind, PagedDecoder};
     use gcs_engine::llama::PagedSeq;
-    use gcs_engine::sampling::argmax;
-    use gcs_engine::{cpu_device, ChatMessage, Engine};
+    use gcs_engine::{cpu_device, Engine};
     let Some(path) = common::smollm_path() else { return };
     let engine = Engine::load(&path, &cpu_device()).unwrap();
     let c = cubecl::Device::Wgpu(Default::default()).client();
@@ -114,40 +113,9 @@ fn the_dense_decoder_agrees_with_the_quantized_one() {
     let mut dense = new().with_exact(false).unwrap().with_dense(&engine.model, true).unwrap();
     assert!(dense.dense() && !float.dense());
     assert!(dense.weight_bytes() > float.weight_bytes() * 3, "f16 copies beside the blocks");
-    let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?"];
-    let toks: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
-        .collect();
-    let tables: [Vec<u32>; 2] = [vec![3, 9, 1, 12], vec![0, 14, 5, 7]];
-    let vocab = float.vocab();
-    let (mut agree, mut total, mut max_d, mut top) = (0, 0, 0f32, 0f32);
-    let (mut feed, mut past) = (toks.clone(), [0usize; 2]);
-    for _ in 0..8 {
-        let seqs: Vec<PagedSeq<'_>> = (0..2)
-            .map(|i| PagedSeq {
-                tokens: &feed[i],
-                past: past[i],
-                table: &tables[i],
-                decode_from: toks[i].len(),
-            })
-            .collect();
-        let a = float.forward_paged(&seqs).unwrap();
-        let b = dense.forward_paged(&seqs).unwrap();
-        let mut next = vec![];
-        for i in 0..2 {
-            let (la, lb) = (&a[i * vocab..(i + 1) * vocab], &b[i * vocab..(i + 1) * vocab]);
-            let d = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            max_d = max_d.max(d);
-            top = la.iter().fold(top, |m, v| m.max(v.abs()));
-            agree += usize::from(argmax(la) == argmax(lb));
-            total += 1;
-            past[i] += feed[i].len();
-            next.push(vec![argmax(la)]);
-        }
-        feed = next;
-    }
-    println!("dense vs quantized (lavapipe): top-1 {agree}/{total}, max |Δ logit| {max_d:.3} (logits to {top:.1})");
+    // The quantized decoder is the reference whose tokens both are fed.
+    let (agree, total, max_d, _) = common::gpu::compare(&engine, &mut dense, &mut float);
+    println!("dense vs quantized (lavapipe): top-1 {agree}/{total}, max |Δ logit| {max_d:.3}");
     // f16 inputs and weights: a few tenths at most on logits near 20; a
     // wrong product would move them by whole units.
     assert!(agree * 100 >= total * 85, "top-1 {agree}/{total}");
@@ -163,8 +131,9 @@ fn the_dense_decoder_agrees_with_the_quantized_one() {
         dense.forward_paged(&[seq]).unwrap();
         assert_eq!(launch::launches() - before, 1 + per_layer * layers + 3);
     }
-    // Exact arithmetic has no dense form.
+    // Exact arithmetic has no dense form, either way round.
     assert!(new().with_exact(true).unwrap().with_dense(&engine.model, true).is_err());
+    assert!(dense.with_exact(true).is_err());
 }
 
 /// The device check (`gcs-node gpu-check`) on lavapipe, small: its last

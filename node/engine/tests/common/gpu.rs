@@ -6,7 +6,11 @@ use gcs_engine::backend::gpu::kernels::attention::HeadShape;
 use gcs_engine::backend::gpu::launch::{self, LayerPool};
 use gcs_engine::backend::gpu::weights::rope_tables;
 use gcs_engine::backend::gpu::DeviceBuf;
+use gcs_engine::backend::PagedDecoder;
+use gcs_engine::llama::PagedSeq;
 use gcs_engine::quant::QActs;
+use gcs_engine::sampling::argmax;
+use gcs_engine::{ChatMessage, Engine};
 
 /// Layers of the rig's pools; [`AttnRig::layer`] is the one used.
 pub const N_LAYERS: usize = 2;
@@ -81,4 +85,55 @@ pub fn mass_is_exact(mass: f32, logits: &[f32], t: f32) -> bool {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) / t;
     let exact: f64 = logits.iter().map(|&l| ((l / t - max) as f64).exp()).sum();
     ((mass as f64 - exact) / exact).abs() < 2e-5
+}
+
+/// Teacher-forced steps of two prompts batched together on both decoders
+/// (a prefill, then 7 decode steps, the tokens of `cpu` (the reference)
+/// fed to both):
+/// (top-1 agreements, steps, max |Δ logit|, logits bit-equal throughout).
+pub fn compare(
+    engine: &Engine,
+    gpu: &mut dyn PagedDecoder,
+    cpu: &mut dyn PagedDecoder,
+) -> (usize, usize, f32, bool) {
+    let prompts = ["Name three colours of the rainbow.", "What is 2 + 2?"];
+    let toks: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| engine.prompt_tokens(&[ChatMessage::new("user", *p)]).unwrap())
+        .collect();
+    // Scattered, disjoint block tables.
+    let tables: [Vec<u32>; 2] = [vec![3, 9, 1, 12], vec![0, 14, 5, 7]];
+    let vocab = cpu.vocab();
+    let (mut agree, mut total, mut max_d, mut equal) = (0usize, 0usize, 0f32, true);
+    let mut feed: Vec<Vec<u32>> = toks.clone();
+    let mut past = [0usize; 2];
+    for step in 0..8 {
+        let seqs: Vec<PagedSeq<'_>> = (0..2)
+            .map(|i| PagedSeq {
+                tokens: &feed[i],
+                past: past[i],
+                table: &tables[i],
+                decode_from: toks[i].len(),
+            })
+            .collect();
+        let a = cpu.forward_paged(&seqs).unwrap();
+        let b = gpu.forward_paged(&seqs).unwrap();
+        assert_eq!(a.len(), 2 * vocab);
+        assert_eq!(b.len(), 2 * vocab);
+        equal &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let mut next = vec![];
+        for i in 0..2 {
+            let (la, lb) = (&a[i * vocab..(i + 1) * vocab], &b[i * vocab..(i + 1) * vocab]);
+            let d = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            max_d = max_d.max(d);
+            let t = argmax(la);
+            agree += usize::from(argmax(lb) == t);
+            total += 1;
+            past[i] += feed[i].len();
+            next.push(vec![t]); // teacher-forced by the CPU's choice
+        }
+        eprintln!("step {step}: max |Δ logit| so far {max_d:.3}, top-1 {agree}/{total}");
+        feed = next;
+    }
+    (agree, total, max_d, equal)
 }

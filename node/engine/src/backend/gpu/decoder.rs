@@ -275,6 +275,9 @@ impl GpuDecoder {
             .all(GpuMatrix::exact_kinds)
             && self.lm_head.exact_kinds();
         let embed = self.embed.exact_kinds() && self.embed.parts.len() == 1;
+        if on && self.dense.is_some() {
+            return Err(GpuError::Unsupported("exact arithmetic over dense f16 weights".into()));
+        }
         if on && (self.config.gemma3.is_some() || !kinds || !embed) {
             return Err(GpuError::Unsupported(
                 "exact arithmetic for gemma3 or weights other than Q4_0, Q4_1 and Q8_0".into(),

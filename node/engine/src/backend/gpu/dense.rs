@@ -19,7 +19,7 @@ use cubek::std::InputBinding;
 use half::f16;
 
 use super::kernels::dense as k;
-use super::kernels::ops::ROW_THREADS;
+use super::kernels::ops::{self, ROW_THREADS};
 use super::launch::{counted, groups};
 use super::{DeviceBuf, GpuError};
 use crate::quant::{dequantize, QMatrix};
@@ -122,7 +122,7 @@ pub fn norm_f16(
     counted();
     let (count, dim) =
         (CubeCount::Static(idx.len() as u32, 1, 1), CubeDim::new_1d(ROW_THREADS as u32));
-    k::norm_to::launch::<f16>(c, count, dim, x.arg(), w.arg(), h.arg(), idx.arg(), w.len(), eps);
+    ops::rms_norm::launch::<f16>(c, count, dim, x.arg(), w.arg(), h.arg(), idx.arg(), w.len(), eps);
 }
 
 /// The SwiGLU of `t` rows `[gate | up]` of `gu` into `act` in f16.

@@ -385,7 +385,7 @@ pub fn rms_norm(
     eps: f32,
 ) {
     counted();
-    ops::rms_norm::launch(
+    ops::rms_norm::launch::<f32>(
         c,
         CubeCount::Static(idx.len() as u32, 1, 1),
         CubeDim::new_1d(ops::ROW_THREADS as u32),

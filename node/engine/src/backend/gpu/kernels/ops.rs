@@ -91,9 +91,11 @@ pub fn row_scales(
 /// [`row_scales`]'s f32 order). With each sequence's last row for `idx`
 /// this is the output norm before the LM head (a layer's norms are read
 /// inside its matmuls, `quant::InputKind::Norm`, with the same
-/// operations). Launch with `CubeCount (idx.len())`, `CubeDim (ROW_THREADS)`.
+/// operations). `h` in f32, or rounded to f16 at the end (the dense
+/// step's matmul input, `super::dense`). Launch with `CubeCount
+/// (idx.len())`, `CubeDim (ROW_THREADS)`.
 #[cube(launch)]
-pub fn rms_norm(x: &[f32], w: &[f32], h: &mut [f32], idx: &[u32], hidden: usize, eps: f32) {
+pub fn rms_norm<E: Float>(x: &[f32], w: &[f32], h: &mut [E], idx: &[u32], hidden: usize, eps: f32) {
     let c = CUBE_POS_X as usize;
     let r = idx[c] as usize;
     let tid = UNIT_POS_X as usize;
@@ -101,7 +103,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], h: &mut [f32], idx: &[u32], hidden: usize,
     let scale = sc[0];
     let mut i = tid;
     while i < hidden {
-        h[c * hidden + i] = (x[r * hidden + i] * scale) * w[i];
+        h[c * hidden + i] = E::cast_from((x[r * hidden + i] * scale) * w[i]);
         i += ROW_THREADS;
     }
 }
