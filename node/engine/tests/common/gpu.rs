@@ -1,4 +1,6 @@
-//! A paged attention layer on the GPU beside the CPU's (wgpu tests).
+//! A paged attention layer on the GPU beside the CPU's, and a decoder
+//! against a reference one (wgpu tests).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cubecl::client::Client;
 use gcs_engine::attn::{AttnShape, KvPool, Rope};
