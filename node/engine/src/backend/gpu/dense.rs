@@ -130,7 +130,7 @@ pub fn swiglu_f16(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f16>, inter: 
     counted();
     let n = t * inter;
     let (count, dim) = (CubeCount::Static(groups(n, 256), 1, 1), CubeDim::new_1d(256));
-    k::swiglu_to::launch::<f16>(c, count, dim, gu.arg(), act.arg(), inter, n);
+    ops::swiglu::launch::<f16>(c, count, dim, gu.arg(), act.arg(), inter, n);
 }
 
 /// The first `n` values of `x` into `out` in f16.

@@ -1,25 +1,11 @@
 //! The dense step's element-wise kernels (`backend::gpu::dense`): its
 //! matmuls are cubek's over f16 operands, so each one's input is written
-//! in f16 (SwiGLU, the attention's output; a norm: `ops::rms_norm` in
-//! f16), and its output, in f32, joins the residual by an add of its own
-//! (the quantized kernels norm their input and add their output
-//! themselves).
+//! in f16 (the attention's output; a norm and SwiGLU: `ops::rms_norm`
+//! and `ops::swiglu` in f16), and its output, in f32, joins the residual
+//! by an add of its own (the quantized kernels norm their input and add
+//! their output themselves).
 
 use cubecl::prelude::*;
-
-use super::ops::silu_mul;
-
-/// `act[j, i] = E(silu(gu[j, i]) · gu[j, inter + i])` for the first `n`
-/// values of `act` (`n / inter` rows `[gate | up]`). Launch over `n` units.
-#[cube(launch)]
-pub fn swiglu_to<E: Float>(gu: &[f32], act: &mut [E], inter: usize, n: usize) {
-    let p = ABSOLUTE_POS;
-    if p < n {
-        let (j, i) = (p / inter, p % inter);
-        act[p] = E::cast_from(silu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]));
-    }
-}
-
 /// `out[p] = E(x[p])` for `p < n`. Launch over `n` units.
 #[cube(launch)]
 pub fn cast_to<E: Float>(x: &[f32], out: &mut [E], n: usize) {

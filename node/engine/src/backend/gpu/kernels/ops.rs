@@ -114,16 +114,18 @@ pub fn silu_mul(g: f32, u: f32) -> f32 {
     g / (1.0f32 + f32::exp(-g)) * u
 }
 
-/// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`.
-/// Launch over `n · inter` units. (The decoder's down projection computes
-/// this as it reads its input, `quant::input`; the kernel stays as the
-/// reference the fused matmuls are tested against.)
+/// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`,
+/// the first `n` values of `act`, in f32 or rounded to f16 at the end (the
+/// dense step's matmul input, `super::dense`). Launch over `n` units. (The
+/// quantized step's down projection computes this as it reads its input,
+/// `quant::input`; the kernel stays as the reference the fused matmuls are
+/// tested against.)
 #[cube(launch)]
-pub fn swiglu(gu: &[f32], act: &mut [f32], inter: usize) {
+pub fn swiglu<E: Float>(gu: &[f32], act: &mut [E], inter: usize, n: usize) {
     let p = ABSOLUTE_POS;
-    if p < act.len() {
+    if p < n {
         let (j, i) = (p / inter, p % inter);
-        act[p] = silu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]);
+        act[p] = E::cast_from(silu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]));
     }
 }
 
