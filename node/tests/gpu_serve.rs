@@ -19,10 +19,9 @@ mod prereq;
 #[path = "support/procs.rs"]
 mod procs;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use procs::{create_key, model_dir, tail, Node, BIN};
+use procs::{create_key, model_dir, tail, Node};
 use serde_json::Value;
 
 /// The worker's log line carrying what its registrations advertise.
@@ -38,6 +37,16 @@ fn accelerator(log: &str) -> Option<Value> {
 /// K/V and a 512-token context, once the gateway lists the model; the
 /// gateway's API key.
 fn serve_on_the_gpu(tmp: &std::path::Path, model: &str, kv_mb: &str) -> (Node, Node, String) {
+    serve_on_the_gpu_with(tmp, model, kv_mb, &[])
+}
+
+/// [`serve_on_the_gpu`] with `env` set for the worker.
+fn serve_on_the_gpu_with(
+    tmp: &std::path::Path,
+    model: &str,
+    kv_mb: &str,
+    env: &[(&str, &str)],
+) -> (Node, Node, String) {
     let key = create_key(&tmp.join("gw"));
     // lavapipe compiles every kernel on first use and runs them on the
     // CPU: generous timeouts.
@@ -48,7 +57,7 @@ fn serve_on_the_gpu(tmp: &std::path::Path, model: &str, kv_mb: &str) -> (Node, N
     );
     let bootstrap = gw.bootstrap();
     let t0 = Instant::now();
-    let worker = Node::start(
+    let worker = Node::start_with_env(
         &tmp.join("worker"),
         500,
         &[
@@ -65,6 +74,7 @@ fn serve_on_the_gpu(tmp: &std::path::Path, model: &str, kv_mb: &str) -> (Node, N
             "--kv-cache-mb",
             kv_mb,
         ],
+        env,
     );
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -185,6 +195,49 @@ fn a_gpu_worker_serves_gemma_through_the_gateway() {
     eprintln!("Gemma on the GPU in {:.1}s: {text:?}", t.elapsed().as_secs_f64());
     assert!(!text.trim().is_empty(), "answered nothing: {r}\n{}", tail(&worker.log));
     assert!(r["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{r}");
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(!log.contains("panicked"), "{}", tail(&worker.log));
+}
+
+/// `GCS_GPU_DENSE` on a served worker: Gemma with its LM head in f16
+/// (`=1`) answers through the gateway, the decoder logged as dense from
+/// one row; a value that is not a row count stops the worker with an error
+/// naming it, rather than serving without it.
+#[test]
+fn gcs_gpu_dense_serves_gemma_with_its_head_in_f16() {
+    let gemma = model_dir().join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
+    if !gemma.is_file() {
+        prereq::missing(&gemma.display().to_string(), "run scripts/fetch-models.sh gemma3-270m");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bad = Node::start_with_env(
+        &tmp.path().join("bad"),
+        500,
+        &["--role", "worker", "--gpu", "0", "--model", "gemma-3-270m", "--ctx", "512"],
+        &[("GCS_GPU_DENSE", "on")],
+    );
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while bad.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "still running: {}", tail(&bad.log));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = std::fs::read_to_string(&bad.log).unwrap();
+    assert!(log.contains("GCS_GPU_DENSE=on"), "{}", tail(&bad.log));
+    assert!(!log.contains("GPU decoder loaded"), "{}", tail(&bad.log));
+
+    let env = [("GCS_GPU_DENSE", "1")];
+    let (gw, worker, key) = serve_on_the_gpu_with(tmp.path(), "gemma-3-270m", "16", &env);
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    let loaded = log.lines().find(|l| l.contains("GPU decoder loaded")).unwrap();
+    assert!(loaded.contains("dense_from=Some(1)"), "{loaded}");
+    let body = r#"{"model":"gemma-3-270m","max_tokens":6,"temperature":0,
+                   "messages":[{"role":"user","content":"Name a colour."}]}"#;
+    let t = Instant::now();
+    let r = gw.json("POST", "/v1/chat/completions", &key, body);
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}"));
+    eprintln!("Gemma, dense head, on the GPU in {:.1}s: {text:?}", t.elapsed().as_secs_f64());
+    assert!(!text.trim().is_empty(), "answered nothing: {r}\n{}", tail(&worker.log));
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(!log.contains("panicked"), "{}", tail(&worker.log));
 }

@@ -140,7 +140,7 @@ pub struct CheckReport {
     /// kernels and over f16 copies by cubek's routines, at each batch
     /// (GPU only; the check's last part).
     pub dense: Vec<dense::DenseFigure>,
-    /// The whole decoder on those copies (`GCS_GPU_DENSE=1`): parity
+    /// The whole decoder on those copies in every step (`GCS_GPU_DENSE=1`): parity
     /// against the CPU and decode tok/s at each batch (GPU only; last).
     pub dense_decoder: Option<DenseDecoder>,
     /// Issue 17's naive burn loop on the same device, in the same run
@@ -253,7 +253,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
             dense::run(&Engine::load(&cfg.model, &cpu_device())?, cfg.device, &cfg.batches);
         progress(&report);
         // Last: a routine that panics ends only this part.
-        let opts = GpuOptions { dense: Some(true), ..Default::default() };
+        let opts = GpuOptions { dense: Some(1), ..Default::default() };
         let run = std::panic::AssertUnwindSafe(|| -> Result<ExactFigures> {
             let (parity, _) = against_cpu(cfg, &reference, opts)?;
             let decode = decode_figures(cfg, &short, cpu_ref, opts)?.1;

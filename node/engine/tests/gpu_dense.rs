@@ -94,6 +94,38 @@ fn the_device_checks_dense_part_times_both_on_the_real_model() {
     }
 }
 
+/// The dense step's norm with the residual add inside it
+/// (`norm_f16` with `add`): the rows it norms have the projection added
+/// in place, the others are untouched, and the f16 rows equal the plain
+/// norm's over the host's sums bit for bit.
+#[test]
+fn the_norm_adds_the_projection_to_the_rows_it_norms() {
+    let c = cubecl::Device::Wgpu(Default::default()).client();
+    let mut rng = Rng(0xadd_0017);
+    let (rows, hidden) = (5, 576);
+    let (x, d, w) = (rng.vec(rows * hidden), rng.vec(rows * hidden), rng.vec(hidden));
+    let idx = DeviceBuf::upload(&c, &[3u32, 0, 4]);
+    let (xd, wd) = (DeviceBuf::upload(&c, &x), DeviceBuf::upload(&c, &w));
+    let h = DeviceBuf::<f16>::uninit(&c, 3 * hidden);
+    dense::norm_f16(&c, &xd, Some(&DeviceBuf::upload(&c, &d)), &wd, &h, &idx, 1e-5);
+    let mut sum = x.clone();
+    for r in [3, 0, 4] {
+        for i in r * hidden..(r + 1) * hidden {
+            sum[i] += d[i];
+        }
+    }
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(xd.read(&c).unwrap()), bits(sum.clone()), "x after the add");
+    let plain = DeviceBuf::<f16>::uninit(&c, 3 * hidden);
+    dense::norm_f16(&c, &DeviceBuf::upload(&c, &sum), None, &wd, &plain, &idx, 1e-5);
+    let (got, want) = (h.read(&c).unwrap(), plain.read(&c).unwrap());
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "normed rows");
+    // Not vacuous: the norm of the rows without the add differs.
+    let before = DeviceBuf::<f16>::uninit(&c, 3 * hidden);
+    dense::norm_f16(&c, &DeviceBuf::upload(&c, &x), None, &wd, &before, &idx, 1e-5);
+    assert!(before.read(&c).unwrap() != got);
+}
+
 /// `GpuDecoder::with_dense` (every matmul over f16 copies by cubek's
 /// routines: the unit routine on lavapipe) against the quantized float
 /// decoder on the real SmolLM2: two prompts batched, a prefill and 7
@@ -110,9 +142,14 @@ fn the_dense_decoder_agrees_with_the_quantized_one() {
     let c = cubecl::Device::Wgpu(Default::default()).client();
     let new = || GpuDecoder::new(c.clone(), BackendKind::Wgpu, &engine.model, 16).unwrap();
     let mut float = new().with_exact(false).unwrap();
-    let mut dense = new().with_exact(false).unwrap().with_dense(&engine.model, true).unwrap();
-    assert!(dense.dense() && !float.dense());
+    let mut dense = new().with_exact(false).unwrap().with_dense(&engine.model, Some(1)).unwrap();
+    assert_eq!((dense.dense(), float.dense()), (Some(1), None));
     assert!(dense.weight_bytes() > float.weight_bytes() * 3, "f16 copies beside the blocks");
+    // The K/V budget counts the copies the decoder uploads.
+    let opts = |n| gcs_engine::backend::GpuOptions { dense: Some(n), ..Default::default() };
+    let budgeted = |n| gcs_engine::backend::gpu_weight_bytes(&engine.model, opts(n)).unwrap();
+    assert_eq!(budgeted(0), gcs_engine::backend::weight_bytes(&engine.model));
+    assert_eq!(budgeted(64) - budgeted(0), (dense.weight_bytes() - float.weight_bytes()) as u64);
     // The quantized decoder is the reference whose tokens both are fed.
     let (agree, total, max_d, _) = common::gpu::compare(&engine, &mut dense, &mut float);
     println!("dense vs quantized (lavapipe): top-1 {agree}/{total}, max |Δ logit| {max_d:.3}");
@@ -120,20 +157,117 @@ fn the_dense_decoder_agrees_with_the_quantized_one() {
     // wrong product would move them by whole units.
     assert!(agree * 100 >= total * 85, "top-1 {agree}/{total}");
     assert!(max_d < 1.5, "max |Δ logit| {max_d}");
-    // Launches: 12 a layer in a prefill step (norm, Q/K/V, RoPE/K-V
-    // store, attention, its f16 copy, O, add, norm, gate/up, SwiGLU,
-    // down, add), 11 in a decode step; embedding before, the output norm,
-    // LM head and pick after.
+    // Launches: 9 a layer in a prefill step (the add and norm, Q/K/V,
+    // RoPE/K-V store, attention into f16, O, the add and norm, gate/up,
+    // SwiGLU, down), 8 in a decode step; embedding before, the last add
+    // and output norm, LM head and pick after.
     let layers = engine.model.config.n_layers;
-    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 12), (&[3u32][..], 2, 11)] {
+    for (tokens, past, per_layer) in [(&[1u32, 2][..], 0, 9), (&[3u32][..], 2, 8)] {
         let before = launch::launches();
         let seq = PagedSeq { tokens, past, table: &[4], decode_from: 2 };
         dense.forward_paged(&[seq]).unwrap();
         assert_eq!(launch::launches() - before, 1 + per_layer * layers + 3);
     }
     // Exact arithmetic has no dense form, either way round.
-    assert!(new().with_exact(true).unwrap().with_dense(&engine.model, true).is_err());
+    assert!(new().with_exact(true).unwrap().with_dense(&engine.model, Some(1)).is_err());
     assert!(dense.with_exact(true).is_err());
+}
+
+/// A threshold (`with_dense(Some(2))`): a step of fewer rows runs the
+/// quantized kernels, one of 2 or more the dense step: each step's logits
+/// equal, bit for bit, those of the decoder that always runs that kind,
+/// and its launches are that kind's.
+#[test]
+fn a_dense_threshold_picks_each_steps_kernels_by_its_rows() {
+    use gcs_engine::backend::gpu::{launch, GpuDecoder};
+    use gcs_engine::backend::{BackendKind, PagedDecoder};
+    use gcs_engine::llama::PagedSeq;
+    use gcs_engine::{cpu_device, Engine};
+    let Some(path) = common::smollm_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let c = cubecl::Device::Wgpu(Default::default()).client();
+    let new = |from| {
+        let d = GpuDecoder::new(c.clone(), BackendKind::Wgpu, &engine.model, 8).unwrap();
+        d.with_exact(false).unwrap().with_dense(&engine.model, from).unwrap()
+    };
+    let (mut quantized, mut dense, mut hybrid) = (new(None), new(Some(1)), new(Some(2)));
+    assert_eq!(hybrid.dense(), Some(2));
+    let layers = engine.model.config.n_layers;
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    // A one-row step (its own block), then a two-row one (another block):
+    // the quantized decode step's 5 launches a layer, the dense prefill's 9.
+    for (tokens, table, per_layer) in [(&[7u32][..], [1u32], 5), (&[1u32, 2][..], [2], 9)] {
+        let seq = [PagedSeq { tokens, past: 0, table: &table, decode_from: 0 }];
+        let before = launch::launches();
+        let got = bits(hybrid.forward_paged(&seq).unwrap());
+        assert_eq!(
+            launch::launches() - before,
+            1 + per_layer * layers + 3,
+            "{} rows",
+            tokens.len()
+        );
+        let q = bits(quantized.forward_paged(&seq).unwrap());
+        let d = bits(dense.forward_paged(&seq).unwrap());
+        let (same, other) = if tokens.len() < 2 { (q, d) } else { (d, q) };
+        assert!(got == same && got != other, "{} rows: not the step of its kind", tokens.len());
+    }
+}
+
+/// Gemma 3 with dense steps: its layers stay on the quantized kernels
+/// and its 262,144-token LM head (tied to the embedding) multiplies an
+/// f16 copy, uploaded in parts under wgpu's binding limit (each part's
+/// product copied into its columns): against the quantized decoder, the
+/// copies counted by the K/V budget.
+#[test]
+fn gemma_with_dense_steps_multiplies_its_lm_head_in_f16() {
+    use gcs_engine::backend::gpu::GpuDecoder;
+    use gcs_engine::backend::{gpu_weight_bytes, weight_bytes, BackendKind, GpuOptions};
+    use gcs_engine::{cpu_device, Engine};
+    let Some(path) = common::gemma_path() else { return };
+    let engine = Engine::load(&path, &cpu_device()).unwrap();
+    let c = cubecl::Device::Wgpu(Default::default()).client();
+    let new = || GpuDecoder::new(c.clone(), BackendKind::Wgpu, &engine.model, 16).unwrap();
+    let mut float = new().with_exact(false).unwrap();
+    let mut dense = new().with_dense(&engine.model, Some(1)).unwrap();
+    let cfg = &engine.model.config;
+    let head = 2 * cfg.vocab * cfg.hidden;
+    assert_eq!(dense.weight_bytes() - float.weight_bytes(), head, "the LM head's copy only");
+    let opts = GpuOptions { dense: Some(1), ..Default::default() };
+    let budgeted = gpu_weight_bytes(&engine.model, opts).unwrap();
+    assert_eq!(budgeted - weight_bytes(&engine.model), head as u64);
+    let (agree, total, max_d, equal) = common::gpu::compare(&engine, &mut dense, &mut float);
+    println!("gemma3 dense head vs quantized (lavapipe): top-1 {agree}/{total}, max |Δ logit| {max_d:.3}");
+    // The normed rows and the head rounded to f16; a column of a part
+    // copied to the wrong place would move logits by whole units.
+    assert!(!equal, "the dense head ran");
+    assert!(agree * 100 >= total * 85, "top-1 {agree}/{total}");
+    assert!(max_d < 1.5, "max |Δ logit| {max_d}");
+}
+
+/// A matrix in parts (as on wgpu past its binding limit) multiplies as
+/// the whole one, each part's product in its own columns.
+#[test]
+fn a_dense_matrix_in_parts_multiplies_as_the_whole() {
+    let c = cubecl::Device::Wgpu(Default::default()).client();
+    let mut rng = Rng(0x9a7_0017);
+    let (rows, cols, n) = (300, 64, 5);
+    let w = rng.vec(rows * cols);
+    let whole = DenseMatrix::upload(&c, &w, rows, cols);
+    // 7 whole rows a part at most: 43 parts, the last of 6 rows.
+    let parts = DenseMatrix::upload_parts(&c, &w, rows, cols, 7 * cols * 2 + 1);
+    assert_eq!((whole.parts.len(), parts.parts.len()), (1, 43));
+    assert_eq!(parts.parts.iter().map(|p| p.1).sum::<usize>(), rows);
+    let x: Vec<f16> = rng.vec(n * cols).into_iter().map(f16::from_f32).collect();
+    let xd = DeviceBuf::upload(&c, &x);
+    let (_, unit) = dense::routines().into_iter().find(|(n, _)| *n == "unit").unwrap();
+    let run = |m: &DenseMatrix| {
+        let out = DeviceBuf::upload(&c, &vec![f32::NAN; n * rows]);
+        dense::matmul(&c, &unit, m, &xd, n, &out).unwrap();
+        out.read(&c).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    let (a, b) = (run(&whole), run(&parts));
+    assert!(a.iter().all(|&v| !f32::from_bits(v).is_nan()), "every output written");
+    assert!(a == b, "parts against the whole");
 }
 
 /// The device check (`gcs-node gpu-check`) on lavapipe, small: its last

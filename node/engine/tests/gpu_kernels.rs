@@ -744,6 +744,16 @@ fn the_attention_kernels_agree_bit_for_bit() {
     }
     // The window changes the outputs (the comparison is not vacuous).
     assert_ne!(run(0, AttentionKernel::KvHead), run(100, AttentionKernel::KvHead));
+    // Into f16 (the dense step's matmul input): each f32 output rounded
+    // once, in both forms.
+    for k in [AttentionKernel::Head, AttentionKernel::KvHead] {
+        let o = DeviceBuf::<half::f16>::uninit(&c, rows * 9 * 64);
+        launch::float_attention(&c, sh, &hq, pool, &o, &meta, 0.125, 0, None, k);
+        let got: Vec<u16> = o.read(&c).unwrap().iter().map(|v| v.to_bits()).collect();
+        let want: Vec<u16> =
+            run(0, k).iter().map(|&b| half::f16::from_f32(f32::from_bits(b)).to_bits()).collect();
+        assert!(got == want, "f16 outputs, {k:?}");
+    }
 
     // A decode step (each row its sequence's only one): RoPE and the K/V
     // store inside the attention (`FusedRope`) give the outputs and the

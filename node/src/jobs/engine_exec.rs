@@ -166,7 +166,14 @@ impl EngineExecutor {
         // f16 K and V a position, on the CPU and in a GPU's pools alike.
         let per_token: Vec<usize> =
             loaded.iter().map(|(_, e)| e.model.config.kv_bytes_per_token()).collect();
-        let weights: u64 = loaded.iter().map(|(_, e)| compute::weight_bytes(&e.model)).sum();
+        // On a GPU with dense steps (`GCS_GPU_DENSE`) the f16 copies too.
+        let resident = |e: &Engine| match serving.gpu {
+            Some(_) => compute::gpu_weight_bytes(&e.model, Default::default())
+                .map_err(|e| CatalogError::Usage(e.to_string())),
+            None => Ok(compute::weight_bytes(&e.model)),
+        };
+        let weights: u64 =
+            loaded.iter().map(|(_, e)| resident(e)).sum::<Result<u64, CatalogError>>()?;
         let kv_bytes = serving
             .kv_bytes
             .or_else(|| compute::gpu_kv_budget(serving.gpu.as_ref()?, weights, loaded.len()))
@@ -196,9 +203,8 @@ impl EngineExecutor {
         let mut chat = vec![];
         for ((mut info, engine), kv_blocks) in loaded.into_iter().zip(blocks.iter().copied()) {
             let cfg = BatchConfig { max_running, kv_blocks, ..BatchConfig::default() };
-            let engine = BatchEngine::start_on(engine, cfg, device).map_err(|reason| {
-                CatalogError::Device { model: info.model_id.clone(), reason }
-            })?;
+            let engine = BatchEngine::start_on(engine, cfg, device)
+                .map_err(|reason| CatalogError::Device { model: info.model_id.clone(), reason })?;
             if backend != compute::BackendKind::Cpu {
                 // A GPU computes other logits than the CPU: a stream is
                 // continued only on a worker of the same backend.
@@ -359,9 +365,7 @@ impl EngineExecutor {
             (JobRequest::Embedding(_), Some(_)) => {
                 Err(ExecError::Invalid("an embedding is not a stream to continue".into()))
             }
-            (JobRequest::Generation(g), from) => {
-                self.generate(&g, req, from, cancel, emit)
-            }
+            (JobRequest::Generation(g), from) => self.generate(&g, req, from, cancel, emit),
         }
     }
 }

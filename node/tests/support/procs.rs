@@ -46,6 +46,17 @@ impl Node {
     /// registrations every `heartbeat_ms`, and `args`; its log is
     /// `dir/node.log`.
     pub fn start(dir: &Path, heartbeat_ms: u64, args: &[&str]) -> Node {
+        Self::start_with_env(dir, heartbeat_ms, args, &[])
+    }
+
+    /// [`Node::start`] with `env` set for the node alone (tests share a
+    /// process: setting it there would reach their nodes too).
+    pub fn start_with_env(
+        dir: &Path,
+        heartbeat_ms: u64,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Node {
         std::fs::create_dir_all(dir).unwrap();
         let (http, p2p) = (free_port(), free_port());
         let log = dir.join("node.log");
@@ -56,6 +67,7 @@ impl Node {
             .args(["--heartbeat-ms", &heartbeat_ms.to_string()])
             .args(args)
             .env("RUST_LOG", std::env::var("GCS_TEST_NODE_LOG").unwrap_or_else(|_| "info,libp2p=warn".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -28,7 +28,8 @@ use std::sync::Arc;
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
     check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
-    paged_decoder, weight_bytes, GpuInfo, GpuOptions, WGPU_MAX_BUFFER_BYTES,
+    dense_from, dense_from_env, gpu_weight_bytes, paged_decoder, weight_bytes, GpuInfo, GpuOptions,
+    WGPU_MAX_BUFFER_BYTES,
 };
 
 /// The device a decoder computes on.

@@ -136,9 +136,53 @@ pub struct GpuOptions {
     /// Every op in the CPU's arithmetic, bit for bit (default: off unless
     /// `GCS_GPU_EXACT=1`; `gpu::GpuDecoder::with_exact`).
     pub exact: Option<bool>,
-    /// The matmuls over f16 copies of the weights by cubek's routines
-    /// (default: off unless `GCS_GPU_DENSE=1`; `gpu::GpuDecoder::with_dense`).
-    pub dense: Option<bool>,
+    /// The matmuls over f16 copies of the weights by cubek's routines in
+    /// steps of `n` rows or more, `Some(n)`; `Some(0)`: never (default:
+    /// `GCS_GPU_DENSE=n`, [`dense_from_env`]; `gpu::GpuDecoder::with_dense`).
+    pub dense: Option<usize>,
+}
+
+/// `GCS_GPU_DENSE`'s value: the rows from which a GPU step multiplies by
+/// f16 copies of the weights (`1`: every step), or `0` (and unset): never.
+/// Anything else is refused, not read as off.
+pub fn dense_from_env(value: Option<&str>) -> Result<usize, BackendError> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(0),
+        Some(v) => v.parse().map_err(|_| {
+            BackendError::GpuLoad(format!(
+                "GCS_GPU_DENSE={v}: expected a row count (1: every step, 0: never)"
+            ))
+        }),
+    }
+}
+
+/// [`GpuOptions::dense`], or the environment's where it says nothing.
+pub fn dense_from(opts: GpuOptions) -> Result<usize, BackendError> {
+    match opts.dense {
+        Some(n) => Ok(n),
+        None => dense_from_env(std::env::var("GCS_GPU_DENSE").ok().as_deref()),
+    }
+}
+
+/// What a GPU decoder run as `opts` says holds of `model`: its
+/// [`weight_bytes`], and where steps may be dense ([`dense_from`]) the
+/// f16 copies of its matrices beside them (2 bytes a weight; gemma3: of
+/// the LM head), so the K/V budget ([`gpu_kv_budget`]) leaves room for
+/// them.
+pub fn gpu_weight_bytes(model: &Llama, opts: GpuOptions) -> Result<u64, BackendError> {
+    let copies = if dense_from(opts)? == 0 {
+        0
+    } else {
+        let n = |m: &QMatrix| (m.rows * m.cols) as u64;
+        // gemma3: the LM head only (`gpu::dense::DenseWeights`).
+        let blocks = if model.config.gemma3.is_some() { &[][..] } else { &model.blocks[..] };
+        let layers: u64 = blocks
+            .iter()
+            .map(|b| n(&b.q.wqkv) + n(&b.q.wo) + n(&b.q.w_gate_up) + n(&b.q.w_down))
+            .sum();
+        2 * (layers + n(&model.lm_head))
+    };
+    Ok(weight_bytes(model) + copies)
 }
 
 /// The decoder for `model` on `device`, with `kv_blocks` K/V blocks and,
@@ -183,13 +227,11 @@ fn gpu_decoder(
         Some(on) => dec.with_exact(on).map_err(refused)?,
         None => dec,
     };
-    let dense =
-        opts.dense.unwrap_or_else(|| std::env::var("GCS_GPU_DENSE").is_ok_and(|v| v == "1"));
-    let dec = match dense {
-        true => dec.with_dense(model, true).map_err(refused)?,
-        false => dec,
+    let dec = match dense_from(opts)? {
+        0 => dec,
+        n => dec.with_dense(model, Some(n)).map_err(refused)?,
     };
-    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, exact = dec.exact(), dense = dec.dense(), "GPU decoder loaded");
+    tracing::info!(gpu = %info.name, backend = info.kind.name(), weight_mib = dec.weight_bytes() >> 20, kv_blocks, exact = dec.exact(), dense_from = ?dec.dense(), "GPU decoder loaded");
     Ok(Box::new(dec))
 }
 
@@ -248,6 +290,22 @@ mod tests {
 
     fn gpu(memory_bytes: u64) -> GpuInfo {
         GpuInfo { kind: BackendKind::Cuda, index: 0, name: "test".into(), memory_bytes }
+    }
+
+    #[test]
+    fn the_dense_threshold_is_a_row_count_or_refused() {
+        assert_eq!(dense_from_env(None).unwrap(), 0);
+        assert_eq!(dense_from_env(Some("")).unwrap(), 0);
+        assert_eq!(dense_from_env(Some("0")).unwrap(), 0);
+        assert_eq!(dense_from_env(Some("1")).unwrap(), 1);
+        assert_eq!(dense_from_env(Some(" 64 ")).unwrap(), 64);
+        for bad in ["on", "-1", "1.5", "yes"] {
+            let e = dense_from_env(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("GCS_GPU_DENSE") && e.contains(bad), "{e}");
+        }
+        // The options win over the environment.
+        let opts = GpuOptions { dense: Some(8), ..Default::default() };
+        assert_eq!(dense_from(opts).unwrap(), 8);
     }
 
     #[test]

@@ -73,6 +73,16 @@ static STEP: Mutex<()> = Mutex::new(());
 /// default binding limit (lavapipe refused Gemma's 189 MB table whole).
 const WGPU_MAX_PART_BYTES: usize = crate::backend::WGPU_MAX_BUFFER_BYTES / 2;
 
+/// The largest part a matrix is uploaded in on a `kind` device
+/// ([`WGPU_MAX_PART_BYTES`] on wgpu; whole on CUDA).
+fn max_part_bytes(kind: BackendKind) -> usize {
+    if kind == BackendKind::Wgpu {
+        WGPU_MAX_PART_BYTES
+    } else {
+        usize::MAX
+    }
+}
+
 mod anatomy;
 mod dense_step;
 pub use anatomy::{Anatomy, StepPart};
@@ -110,8 +120,9 @@ pub struct GpuDecoder {
     /// all ([`Pick::Top`], [`PagedDecoder::last_logits`]).
     kept: Option<DeviceBuf<f32>>,
     /// f16 copies of the matrices, multiplied by cubek's routines instead
-    /// of the quantized kernels ([`GpuDecoder::with_dense`]).
-    dense: Option<super::dense::DenseWeights>,
+    /// of the quantized kernels in steps of this many rows or more
+    /// ([`GpuDecoder::with_dense`]).
+    dense: Option<(super::dense::DenseWeights, usize)>,
 }
 
 /// A step's output, and its logits' buffer where they may be asked for
@@ -186,7 +197,7 @@ impl GpuDecoder {
         };
         // A wgpu adapter refuses a buffer past its limit (lavapipe's is
         // 128 MiB binding): matrices are uploaded in parts below it.
-        let max_part = if kind == BackendKind::Wgpu { WGPU_MAX_PART_BYTES } else { usize::MAX };
+        let max_part = max_part_bytes(kind);
         let up = |m| GpuMatrix::upload_parts(&client, m, max_part);
         let mut layers = Vec::with_capacity(c.n_layers);
         for b in &model.blocks {
@@ -294,6 +305,11 @@ impl GpuDecoder {
         Ok(self)
     }
 
+    /// The largest part this device's matrices are uploaded in.
+    fn max_part_bytes(&self) -> usize {
+        max_part_bytes(self.kind)
+    }
+
     /// Whether the exact kernels take `fma`'s f64 stand-in: on wgpu, whose
     /// `fma` may round twice (`kernels::q8::fused`).
     fn wide_fma(&self) -> bool {
@@ -332,7 +348,7 @@ impl GpuDecoder {
             .iter()
             .map(|l| l.wqkv.nbytes() + l.wo.nbytes() + l.w_gate_up.nbytes() + l.w_down.nbytes())
             .sum();
-        l + self.embed.nbytes() + self.dense.as_ref().map_or(0, |d| d.bytes())
+        l + self.embed.nbytes() + self.dense.as_ref().map_or(0, |(d, _)| d.bytes())
     }
 
     fn check(&self, seqs: &[PagedSeq<'_>]) -> Result<()> {
@@ -428,7 +444,7 @@ impl GpuDecoder {
         if self.device_pick {
             host.set_adjust(adjust, picks, StepIo::mask_words(self.shape.vocab));
         }
-        let io = StepIo::upload(&self.client, self.shape, &host);
+        let io = StepIo::upload(&self.client, self.shape_for(host.rows()), &host);
         self.launch_step(&io)?;
         self.read_out(&io, seqs.len(), picks)
     }
@@ -465,7 +481,10 @@ impl GpuDecoder {
         let cl = self.client.clone();
         let mut bucket = match self.graphs.buckets.remove(&rows) {
             Some(b) => b,
-            None => Bucket { graph: None, io: StepIo::bucket(&cl, self.shape, rows, tables_len) },
+            None => {
+                let io = StepIo::bucket(&cl, self.shape_for(rows), rows, tables_len);
+                Bucket { graph: None, io }
+            }
         };
         bucket.io.write(&cl, &host);
         let res = match &bucket.graph {
@@ -534,7 +553,8 @@ impl GpuDecoder {
         // K/V store inside the attention, one launch fewer. Prefill rows
         // read keys other rows of their step write: a launch of their own.
         let decode = io.rows() == io.seqs();
-        if let (Some(w), Some(d)) = (&self.dense, &io.dense) {
+        let dense = self.dense.as_ref().zip(io.dense.as_ref()).map(|((w, _), d)| (w, d));
+        if let Some((w, d)) = dense.filter(|(w, _)| !w.layers.is_empty()) {
             return self.dense_step(io, w, d, decode);
         }
         for (li, l) in self.layers.iter().enumerate() {
@@ -552,6 +572,10 @@ impl GpuDecoder {
                 Some(e) => self.exact_layer(io, e, &layer, li == 0),
                 None => self.float_layer(io, &layer),
             }
+        }
+        // gemma3's dense step: the quantized layers, the LM head in f16.
+        if let Some((w, d)) = dense {
+            return self.dense_head(io, w, d, None);
         }
         // Only each sequence's last row: the output norm, the logits.
         let (n, eps) = (io.seqs(), c.rms_eps);

@@ -716,12 +716,12 @@ pub fn paged_attention_with(
     how: Attn<'_>,
     kernel: AttentionKernel,
 ) {
-    let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
-    let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
-    let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
-    counted();
     match how {
         Attn::Exact { wide, acts, rope } => {
+            let count = CubeCount::Static(meta.rows() as u32, sh.n_heads as u32, 1);
+            let (q, k, v, o) = (qkv.arg(), pool.k.arg(), pool.v.arg(), out.arg());
+            let (pos, table, tables) = (meta.pos.arg(), meta.table.arg(), meta.tables.arg());
+            counted();
             debug_assert!(acts.d.len() * 32 >= meta.rows() * sh.n_heads * sh.head_dim);
             // Without `rope` the tables are never read; the positions stand
             // in (read-only, as `row_pos`).
@@ -757,40 +757,56 @@ pub fn paged_attention_with(
             )
         }
         Attn::Float(rope) => {
-            let t = attention_threads(sh);
-            let dim = CubeDim::new_1d(t as u32);
-            let per_kv = kernel == AttentionKernel::KvHead;
-            let count = if per_kv {
-                CubeCount::Static(meta.rows() as u32, sh.n_kv_heads as u32, 1)
-            } else {
-                count
-            };
-            // Without `rope` the tables are never read; `qkv` stands in.
-            let (cos, sin) = rope.map_or((qkv, qkv), |r| (r.cos, r.sin));
-            attention::paged_attention::launch::<KvElem>(
-                c,
-                count,
-                dim,
-                q,
-                k,
-                v,
-                o,
-                cos.arg(),
-                sin.arg(),
-                pos,
-                meta.slot.arg(),
-                table,
-                tables,
-                pool.off,
-                scale,
-                window,
-                sh,
-                t,
-                per_kv,
-                rope.is_some(),
-            )
+            float_attention(c, sh, qkv, pool, out, meta, scale, window, rope, kernel)
         }
     }
+}
+
+/// The float [`attention::paged_attention`] in `kernel`'s form, its
+/// output in `O` (f32; the dense step's f16, `super::dense`), with RoPE
+/// and the K/V store inside when given.
+#[allow(clippy::too_many_arguments)]
+pub fn float_attention<O: Float + CubeElement>(
+    c: &Client,
+    sh: HeadShape,
+    qkv: &DeviceBuf<f32>,
+    pool: LayerPool<'_>,
+    out: &DeviceBuf<O>,
+    meta: &RowMeta,
+    scale: f32,
+    window: usize,
+    rope: Option<FusedRope<'_>>,
+    kernel: AttentionKernel,
+) {
+    let t = attention_threads(sh);
+    let per_kv = kernel == AttentionKernel::KvHead;
+    let heads = if per_kv { sh.n_kv_heads } else { sh.n_heads };
+    let count = CubeCount::Static(meta.rows() as u32, heads as u32, 1);
+    // Without `rope` the tables are never read; `qkv` stands in.
+    let (cos, sin) = rope.map_or((qkv, qkv), |r| (r.cos, r.sin));
+    counted();
+    attention::paged_attention::launch::<KvElem, O>(
+        c,
+        count,
+        CubeDim::new_1d(t as u32),
+        qkv.arg(),
+        pool.k.arg(),
+        pool.v.arg(),
+        out.arg(),
+        cos.arg(),
+        sin.arg(),
+        meta.pos.arg(),
+        meta.slot.arg(),
+        meta.table.arg(),
+        meta.tables.arg(),
+        pool.off,
+        scale,
+        window,
+        sh,
+        t,
+        per_kv,
+        rope.is_some(),
+    )
 }
 
 /// Copy block `src` to `dst` in all `n_layers` layers of both pools.

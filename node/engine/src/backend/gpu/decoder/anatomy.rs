@@ -48,7 +48,7 @@ impl GpuDecoder {
             .map(|_| PagedSeq { tokens: &tok, past: ctx, table: &table, decode_from: 0 })
             .collect();
         let host = HostRows::new(&seqs);
-        let io = StepIo::bucket(&cl, self.shape, host.rows(), host.tables.len());
+        let io = StepIo::bucket(&cl, self.shape_for(host.rows()), host.rows(), host.tables.len());
         io.write(&cl, &host);
         let before = launch::launches();
         self.launch_step(&io)?;

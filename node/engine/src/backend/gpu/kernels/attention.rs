@@ -175,15 +175,17 @@ pub fn rope_kv_store<KV: Float>(
 /// rotates its queries as it loads them and writes its row's rotated K
 /// and its V to the row's slot itself, before reading the keys: one
 /// launch fewer a layer. The cubes of a row's query heads that share a KV
-/// head write the same values there. Launch with `CubeCount (rows,
-/// n_heads)` (with `per_kv_head`: `n_kv_heads`), `CubeDim (T)`.
+/// head write the same values there. `out` in f32, or each value rounded
+/// to f16 at the end (the dense step's matmul input). Launch with
+/// `CubeCount (rows, n_heads)` (with `per_kv_head`: `n_kv_heads`),
+/// `CubeDim (T)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention<KV: Float>(
+pub fn paged_attention<KV: Float, O: Float>(
     qkv: &[f32],
     k_pool: &mut [KV],
     v_pool: &mut [KV],
-    out: &mut [f32],
+    out: &mut [O],
     cos: &[f32],
     sin: &[f32],
     row_pos: &[u32],
@@ -404,7 +406,7 @@ pub fn paged_attention<KV: Float>(
     if tid < hd {
         #[unroll]
         for i in 0..g {
-            out[row * nh * hd + (h0 + i) * hd + tid] = acc[i] / l[i];
+            out[row * nh * hd + (h0 + i) * hd + tid] = O::cast_from(acc[i] / l[i]);
         }
     }
 }

@@ -97,7 +97,21 @@ pub fn row_scales(
 #[cube(launch)]
 pub fn rms_norm<E: Float>(x: &[f32], w: &[f32], h: &mut [E], idx: &[u32], hidden: usize, eps: f32) {
     let c = CUBE_POS_X as usize;
-    let r = idx[c] as usize;
+    norm_row(x, w, h, c, idx[c] as usize, hidden, eps);
+}
+
+/// [`rms_norm`]'s work for cube `c`: row `r` of `x` normed into row `c`
+/// of `h`, by the cube's `ROW_THREADS` units.
+#[cube]
+pub fn norm_row<E: Float>(
+    x: &[f32],
+    w: &[f32],
+    h: &mut [E],
+    c: usize,
+    r: usize,
+    hidden: usize,
+    eps: f32,
+) {
     let tid = UNIT_POS_X as usize;
     let sc = row_scales(x, r, r + 1, hidden, eps, tid, ROW_THREADS, 1usize);
     let scale = sc[0];
