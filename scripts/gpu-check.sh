@@ -37,7 +37,7 @@
 #      completion through its OpenAI API (greedy, then seeded draws);
 #   3. the same for Gemma 3 270M (Q5_0 and K-quant weights, gemma3's
 #      layers), from its header with synthetic weights (gemma.json), and
-#      where time is left again with its LM head in f16 (GCS_GPU_DENSE=1,
+#      where time is left again over f16 weights (GCS_GPU_DENSE=1,
 #      gemma-dense.json).
 #   GCS_CHECK_ARGS adds flags to step 1 (a rerun: `--naive-steps 0`).
 #   Everything goes to $OUT (gpu-check.json, served.json, log.txt); each
@@ -237,13 +237,13 @@ device() {
     python3 scripts/gguf-synth.py synth "$work/gemma.header" "$work/gemma-synth.gguf" || echo "FAIL: synthesis"
     serve "$work/gcs-node" "$work/gemma-synth.gguf" gemma-check "$out/gemma.json" "$out/gemma-node.log" 18090
     echo "gemma served exit $?, $(( $(date +%s) - t0 )) s"
-    # Its LM head in f16 by cubek (GCS_GPU_DENSE=1: 262,144 rows, most of
-    # a step's work), where the call has time left.
+    # Over f16 copies by cubek (GCS_GPU_DENSE=1; its 262,144-row LM head
+    # is most of a step's work), where the call has time left.
     if [ $(( $(date +%s) - t0 )) -lt 420 ]; then
       echo "== 3b. Gemma served with GCS_GPU_DENSE=1"
       GCS_GPU_DENSE=1 serve "$work/gcs-node" "$work/gemma-synth.gguf" gemma-check \
         "$out/gemma-dense.json" "$out/gemma-dense-node.log" 18091
-      echo "gemma (dense head) served exit $?, $(( $(date +%s) - t0 )) s"
+      echo "gemma (dense) served exit $?, $(( $(date +%s) - t0 )) s"
     fi
     rm -f "$work/gemma-synth.gguf"
   fi

@@ -199,12 +199,12 @@ fn a_gpu_worker_serves_gemma_through_the_gateway() {
     assert!(!log.contains("panicked"), "{}", tail(&worker.log));
 }
 
-/// `GCS_GPU_DENSE` on a served worker: Gemma with its LM head in f16
+/// `GCS_GPU_DENSE` on a served worker: Gemma with every matrix in f16
 /// (`=1`) answers through the gateway, the decoder logged as dense from
 /// one row; a value that is not a row count stops the worker with an error
 /// naming it, rather than serving without it.
 #[test]
-fn gcs_gpu_dense_serves_gemma_with_its_head_in_f16() {
+fn gcs_gpu_dense_serves_gemma_over_f16_weights() {
     let gemma = model_dir().join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
     if !gemma.is_file() {
         prereq::missing(&gemma.display().to_string(), "run scripts/fetch-models.sh gemma3-270m");
@@ -236,7 +236,7 @@ fn gcs_gpu_dense_serves_gemma_with_its_head_in_f16() {
     let t = Instant::now();
     let r = gw.json("POST", "/v1/chat/completions", &key, body);
     let text = r["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{r}"));
-    eprintln!("Gemma, dense head, on the GPU in {:.1}s: {text:?}", t.elapsed().as_secs_f64());
+    eprintln!("Gemma, dense, on the GPU in {:.1}s: {text:?}", t.elapsed().as_secs_f64());
     assert!(!text.trim().is_empty(), "answered nothing: {r}\n{}", tail(&worker.log));
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert!(!log.contains("panicked"), "{}", tail(&worker.log));

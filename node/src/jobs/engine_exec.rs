@@ -203,8 +203,9 @@ impl EngineExecutor {
         let mut chat = vec![];
         for ((mut info, engine), kv_blocks) in loaded.into_iter().zip(blocks.iter().copied()) {
             let cfg = BatchConfig { max_running, kv_blocks, ..BatchConfig::default() };
-            let engine = BatchEngine::start_on(engine, cfg, device)
-                .map_err(|reason| CatalogError::Device { model: info.model_id.clone(), reason })?;
+            let engine = BatchEngine::start_on(engine, cfg, device).map_err(|reason| {
+                CatalogError::Device { model: info.model_id.clone(), reason }
+            })?;
             if backend != compute::BackendKind::Cpu {
                 // A GPU computes other logits than the CPU: a stream is
                 // continued only on a worker of the same backend.
@@ -365,7 +366,9 @@ impl EngineExecutor {
             (JobRequest::Embedding(_), Some(_)) => {
                 Err(ExecError::Invalid("an embedding is not a stream to continue".into()))
             }
-            (JobRequest::Generation(g), from) => self.generate(&g, req, from, cancel, emit),
+            (JobRequest::Generation(g), from) => {
+                self.generate(&g, req, from, cancel, emit)
+            }
         }
     }
 }

@@ -166,17 +166,15 @@ pub fn dense_from(opts: GpuOptions) -> Result<usize, BackendError> {
 
 /// What a GPU decoder run as `opts` says holds of `model`: its
 /// [`weight_bytes`], and where steps may be dense ([`dense_from`]) the
-/// f16 copies of its matrices beside them (2 bytes a weight; gemma3: of
-/// the LM head), so the K/V budget ([`gpu_kv_budget`]) leaves room for
-/// them.
+/// f16 copies of its matrices beside them (2 bytes a weight), so the K/V
+/// budget ([`gpu_kv_budget`]) leaves room for them.
 pub fn gpu_weight_bytes(model: &Llama, opts: GpuOptions) -> Result<u64, BackendError> {
     let copies = if dense_from(opts)? == 0 {
         0
     } else {
         let n = |m: &QMatrix| (m.rows * m.cols) as u64;
-        // gemma3: the LM head only (`gpu::dense::DenseWeights`).
-        let blocks = if model.config.gemma3.is_some() { &[][..] } else { &model.blocks[..] };
-        let layers: u64 = blocks
+        let layers: u64 = model
+            .blocks
             .iter()
             .map(|b| n(&b.q.wqkv) + n(&b.q.wo) + n(&b.q.w_gate_up) + n(&b.q.w_down))
             .sum();

@@ -554,9 +554,8 @@ impl GpuDecoder {
         // read keys other rows of their step write: a launch of their own.
         let decode = io.rows() == io.seqs();
         let dense = self.dense.as_ref().zip(io.dense.as_ref()).map(|((w, _), d)| (w, d));
-        if let Some((w, d)) = dense.filter(|(w, _)| !w.layers.is_empty()) {
-            return self.dense_step(io, w, d, decode);
-        }
+        // The dense step's O or down projection waiting to join the residual.
+        let mut pending = None;
         for (li, l) in self.layers.iter().enumerate() {
             let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
             // gemma3's local layers: their own tables and window.
@@ -568,14 +567,16 @@ impl GpuDecoder {
             };
             let fused = decode.then_some(rope);
             let layer = Layer { w: l, pool, scale: self.score_scale, rope, window, fused };
-            match &io.exact {
-                Some(e) => self.exact_layer(io, e, &layer, li == 0),
-                None => self.float_layer(io, &layer),
+            match (dense, &io.exact) {
+                (Some((w, d)), _) => {
+                    pending = self.dense_layer(io, &layer, &w.layers[li], d, pending)?
+                }
+                (None, Some(e)) => self.exact_layer(io, e, &layer, li == 0),
+                (None, None) => self.float_layer(io, &layer),
             }
         }
-        // gemma3's dense step: the quantized layers, the LM head in f16.
         if let Some((w, d)) = dense {
-            return self.dense_head(io, w, d, None);
+            return self.dense_head(io, w, d, pending);
         }
         // Only each sequence's last row: the output norm, the logits.
         let (n, eps) = (io.seqs(), c.rms_eps);

@@ -20,6 +20,7 @@ use cubek::std::InputBinding;
 use half::f16;
 
 use super::kernels::dense as k;
+use super::kernels::gemma;
 use super::kernels::ops::{self, ROW_THREADS};
 use super::launch::{counted, groups};
 use super::{DeviceBuf, GpuError};
@@ -75,13 +76,10 @@ pub struct DenseLayer {
     pub w_down: DenseMatrix,
 }
 
-/// A llama model's matrices in f16 ([`super::GpuDecoder::with_dense`]):
-/// every layer's and the LM head, or for gemma3 the LM head only (its
-/// layers stay on the quantized kernels: their norms and GeGLU have no
-/// f16 form here, and its 262,144-token head is most of a step's work).
+/// A model's matrices in f16 ([`super::GpuDecoder::with_dense`]): every
+/// layer's and the LM head.
 #[derive(Debug)]
 pub struct DenseWeights {
-    /// Empty for gemma3.
     pub layers: Vec<DenseLayer>,
     pub lm_head: DenseMatrix,
 }
@@ -90,19 +88,16 @@ impl DenseWeights {
     /// Each matrix in parts of at most `max_part` bytes.
     pub fn upload(client: &Client, model: &crate::llama::Llama, max_part: usize) -> Self {
         let up = |m: &QMatrix| DenseMatrix::from_q(client, m, max_part);
-        let layers = match model.config.gemma3 {
-            Some(_) => vec![],
-            None => model
-                .blocks
-                .iter()
-                .map(|b| DenseLayer {
-                    wqkv: up(&b.q.wqkv),
-                    wo: up(&b.q.wo),
-                    w_gate_up: up(&b.q.w_gate_up),
-                    w_down: up(&b.q.w_down),
-                })
-                .collect(),
-        };
+        let layers = model
+            .blocks
+            .iter()
+            .map(|b| DenseLayer {
+                wqkv: up(&b.q.wqkv),
+                wo: up(&b.q.wo),
+                w_gate_up: up(&b.q.w_gate_up),
+                w_down: up(&b.q.w_down),
+            })
+            .collect();
         Self { layers, lm_head: up(&model.lm_head) }
     }
 
@@ -142,12 +137,24 @@ pub fn norm_f16(
     }
 }
 
-/// The SwiGLU of `t` rows `[gate | up]` of `gu` into `act` in f16.
-pub fn swiglu_f16(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f16>, inter: usize, t: usize) {
+/// The SwiGLU (gemma3: `gelu`, GeGLU) of `t` rows `[gate | up]` of `gu`
+/// into `act` in f16.
+pub fn glu_f16(
+    c: &Client,
+    gu: &DeviceBuf<f32>,
+    act: &DeviceBuf<f16>,
+    inter: usize,
+    t: usize,
+    gelu: bool,
+) {
     counted();
     let n = t * inter;
     let (count, dim) = (CubeCount::Static(groups(n, 256), 1, 1), CubeDim::new_1d(256));
-    ops::swiglu::launch::<f16>(c, count, dim, gu.arg(), act.arg(), inter, n);
+    let (gu, act) = (gu.arg(), act.arg());
+    match gelu {
+        true => gemma::geglu::launch::<f16>(c, count, dim, gu, act, inter, n),
+        false => ops::swiglu::launch::<f16>(c, count, dim, gu, act, inter, n),
+    }
 }
 
 /// An `[rows, cols]` weight matrix in f16, row-major (each output's

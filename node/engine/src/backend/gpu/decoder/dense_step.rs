@@ -1,10 +1,11 @@
 //! [`GpuDecoder::with_dense`]: the step with its matmuls over f16 copies
-//! of the weights by cubek's routines (`super::super::dense`), for the
-//! device check to measure against the quantized kernels end to end.
+//! of the weights by cubek's routines (`super::super::dense`), in steps
+//! from a number of rows (the device check measures it against the
+//! quantized kernels end to end).
 
-use super::{GpuDecoder, GpuError, StepIo, StepShape};
-use crate::backend::gpu::dense::{self, matmul_first, DenseWeights};
-use crate::backend::gpu::launch::{self, AttentionKernel, FusedRope, LayerPool};
+use super::{GpuDecoder, GpuError, Layer, StepIo, StepShape};
+use crate::backend::gpu::dense::{self, matmul_first, DenseLayer, DenseWeights};
+use crate::backend::gpu::launch::{self, AttentionKernel};
 use crate::backend::gpu::step::DenseIo;
 use crate::backend::gpu::DeviceBuf;
 use crate::llama::Llama;
@@ -15,8 +16,8 @@ impl GpuDecoder {
     /// `from` rows or more (a decode bucket's padded rows, a prefill
     /// step's tokens), by the quantized kernels below that and with
     /// `None` (the default; `GCS_GPU_DENSE=N`); before the first step.
-    /// For gemma3 only the LM head ([`DenseWeights`]). The copies take 2
-    /// bytes a weight on the device beside the quantized ones. The dense
+    /// The copies take 2 bytes a weight on the device beside the
+    /// quantized ones. The dense
     /// step rounds each matmul's input to f16, so a row's logits differ
     /// from the quantized step's, and with a threshold above 1 a
     /// sequence's tokens may depend on how many others share its steps
@@ -49,44 +50,52 @@ impl GpuDecoder {
         StepShape { dense, ..self.shape }
     }
 
-    /// The dense step's layers, output norm and LM head: per layer the
-    /// residual add of the last projection and a norm into f16 (one
-    /// launch), Q/K/V, (RoPE and the K/V store,) the attention into f16,
-    /// O, the add and a norm into f16, gate/up, SwiGLU into f16, down: 8
-    /// launches a decode layer.
-    pub(super) fn dense_step(
+    /// One layer of the dense step, `pending` (the last layer's down
+    /// projection, in `d.d`) joining the residual in its first norm's
+    /// launch; what it leaves pending. llama: the add and a norm into f16,
+    /// Q/K/V, (RoPE and the K/V store,) the attention into f16, O, the add
+    /// and a norm into f16, gate/up, SwiGLU into f16, down (left pending):
+    /// 8 launches a decode layer. gemma3: a norm into f16, Q/K/V, the head
+    /// norms, (RoPE and the K/V store,) the attention into f16 (its
+    /// layer's tables and window), O, its post-norm added, a norm into
+    /// f16, gate/up, GeGLU into f16, down, its post-norm added: 11.
+    pub(super) fn dense_layer<'d>(
         &self,
         io: &StepIo,
-        w: &DenseWeights,
-        d: &DenseIo,
-        decode: bool,
-    ) -> std::result::Result<(), GpuError> {
+        layer: &Layer<'_>,
+        dl: &DenseLayer,
+        d: &'d DenseIo,
+        pending: Option<&'d DeviceBuf<f32>>,
+    ) -> std::result::Result<Option<&'d DeviceBuf<f32>>, GpuError> {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
         let routines = dense::step_routines();
-        let (t, meta, eps) = (io.rows(), &io.meta, c.rms_eps);
-        let layer_len = (self.n_blocks + 1) * sh.block_len();
-        let rope = FusedRope { cos: &self.cos, sin: &self.sin };
+        let (t, meta, eps, x) = (io.rows(), &io.meta, c.rms_eps, &io.x);
+        let Layer { w: l, pool, scale, rope, window, fused } = *layer;
         let kernel = AttentionKernel::for_rows(t, sh);
-        // The down projection waiting in `d.d` to join the residual.
-        let mut pending = None;
-        for (li, (l, dl)) in self.layers.iter().zip(&w.layers).enumerate() {
-            let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: li * layer_len };
-            dense::norm_f16(cl, &io.x, pending, &l.attn_norm, &d.a16, &io.all, eps);
-            matmul_first(cl, &routines, &dl.wqkv, &d.a16, t, &io.qkv)?;
-            if !decode {
-                launch::rope_kv_store(cl, sh, &io.qkv, pool, rope.cos, rope.sin, meta, None);
-            }
-            let fused = decode.then_some(rope);
-            let scale = self.score_scale;
-            launch::float_attention(cl, sh, &io.qkv, pool, &d.a16, meta, scale, 0, fused, kernel);
-            matmul_first(cl, &routines, &dl.wo, &d.a16, t, &d.d)?;
-            dense::norm_f16(cl, &io.x, Some(&d.d), &l.ffn_norm, &d.a16, &io.all, eps);
-            matmul_first(cl, &routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
-            dense::swiglu_f16(cl, &io.gu, &d.a16, c.intermediate, t);
-            matmul_first(cl, &routines, &dl.w_down, &d.a16, t, &d.d)?;
-            pending = Some(&d.d);
+        dense::norm_f16(cl, x, pending, &l.attn_norm, &d.a16, &io.all, eps);
+        matmul_first(cl, &routines, &dl.wqkv, &d.a16, t, &io.qkv)?;
+        if let Some(g) = &l.gemma {
+            launch::head_norm(cl, sh, &io.qkv, t, &g.q, &g.k, self.q_scale, eps);
         }
-        self.dense_head(io, w, d, pending)
+        if fused.is_none() {
+            launch::rope_kv_store(cl, sh, &io.qkv, pool, rope.cos, rope.sin, meta, None);
+        }
+        launch::float_attention(cl, sh, &io.qkv, pool, &d.a16, meta, scale, window, fused, kernel);
+        matmul_first(cl, &routines, &dl.wo, &d.a16, t, &d.d)?;
+        let Some(g) = &l.gemma else {
+            dense::norm_f16(cl, x, Some(&d.d), &l.ffn_norm, &d.a16, &io.all, eps);
+            matmul_first(cl, &routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
+            dense::glu_f16(cl, &io.gu, &d.a16, c.intermediate, t, false);
+            matmul_first(cl, &routines, &dl.w_down, &d.a16, t, &d.d)?;
+            return Ok(Some(&d.d));
+        };
+        launch::add_normed(cl, x, &d.d, &g.post_attn, t, eps);
+        dense::norm_f16(cl, x, None, &l.ffn_norm, &d.a16, &io.all, eps);
+        matmul_first(cl, &routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
+        dense::glu_f16(cl, &io.gu, &d.a16, c.intermediate, t, true);
+        matmul_first(cl, &routines, &dl.w_down, &d.a16, t, &d.d)?;
+        launch::add_normed(cl, x, &d.d, &g.post_ffn, t, eps);
+        Ok(None)
     }
 
     /// Each sequence's last row (the only ones read from here), `pending`
