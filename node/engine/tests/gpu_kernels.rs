@@ -518,6 +518,20 @@ fn gemma_ops_match_the_cpu() {
         let silu = run(Input::Glu);
         assert!(silu.iter().zip(&want).filter(|(a, b)| a != b).count() > got.len() / 2);
     }
+    // The dense step's GeGLU and SwiGLU (`ops::glu` into f16): each value
+    // the fused input's, rounded to f16 once (a zero's sign aside: the
+    // identity's products add +0 to a −0).
+    for (gelu, input) in [(true, Input::GeGlu), (false, Input::Glu)] {
+        let o = DeviceBuf::<f32>::uninit(&c, n * inter);
+        launch::matmul_with(&c, &g, &hg, input, n, &o, false, MatmulKernel::Wide);
+        let act = DeviceBuf::<half::f16>::uninit(&c, n * inter);
+        gcs_engine::backend::gpu::dense::glu_f16(&c, &hg, &act, inter, n, gelu);
+        let want = o.read(&c).unwrap();
+        let got = act.read(&c).unwrap();
+        let off = (0..got.len()).filter(|&i| got[i] != half::f16::from_f32(want[i])).count();
+        assert_eq!(off, 0, "glu into f16, gelu {gelu}");
+        assert!(got.iter().any(|v| v.to_f32() != 0.0), "not all zero");
+    }
 }
 
 /// One batch row of the attention test: sequence, position.

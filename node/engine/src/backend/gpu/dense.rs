@@ -20,7 +20,6 @@ use cubek::std::InputBinding;
 use half::f16;
 
 use super::kernels::dense as k;
-use super::kernels::gemma;
 use super::kernels::ops::{self, ROW_THREADS};
 use super::launch::{counted, groups};
 use super::{DeviceBuf, GpuError};
@@ -150,11 +149,7 @@ pub fn glu_f16(
     counted();
     let n = t * inter;
     let (count, dim) = (CubeCount::Static(groups(n, 256), 1, 1), CubeDim::new_1d(256));
-    let (gu, act) = (gu.arg(), act.arg());
-    match gelu {
-        true => gemma::geglu::launch::<f16>(c, count, dim, gu, act, inter, n),
-        false => ops::swiglu::launch::<f16>(c, count, dim, gu, act, inter, n),
-    }
+    ops::glu::launch::<f16>(c, count, dim, gu.arg(), act.arg(), inter, n, gelu);
 }
 
 /// An `[rows, cols]` weight matrix in f16, row-major (each output's

@@ -560,7 +560,9 @@ pub fn swiglu(c: &Client, gu: &DeviceBuf<f32>, act: &DeviceBuf<f32>, inter: usiz
     counted();
     match exact {
         Some(wide) => exact::swiglu_exact::launch(c, count, dim, gu.arg(), act.arg(), inter, wide),
-        None => ops::swiglu::launch::<f32>(c, count, dim, gu.arg(), act.arg(), inter, act.len()),
+        None => {
+            ops::glu::launch::<f32>(c, count, dim, gu.arg(), act.arg(), inter, act.len(), false)
+        }
     }
 }
 

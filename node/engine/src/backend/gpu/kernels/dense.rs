@@ -1,7 +1,7 @@
 //! The dense step's element-wise kernels (`backend::gpu::dense`): its
 //! matmuls are cubek's over f16 operands, so each one's input is written
 //! in f16 (the attention's output, a norm, SwiGLU: `attention`,
-//! `ops::rms_norm` and `ops::swiglu` in f16), and its output, in f32,
+//! `ops::rms_norm` and `ops::glu` in f16), and its output, in f32,
 //! joins the residual in the next norm's launch ([`add_rms_norm`]; the
 //! quantized kernels norm their input and add their output themselves).
 

@@ -94,16 +94,3 @@ pub fn gelu_mul(g: f32, u: f32) -> f32 {
     let v = select(g >= 10.0f32, g, gl) * u;
     select(g <= -10.0f32, 0.0f32, v)
 }
-
-/// `act[j, i] = gelu_mul(gu[j, i], gu[j, inter + i])` for rows
-/// `gu = [gate | up]`, the first `n` values of `act` in `E` (the dense
-/// step's f16 matmul input; the quantized step computes it as its down
-/// projection reads it, `quant::InputKind::GeGlu`). Launch over `n` units.
-#[cube(launch)]
-pub fn geglu<E: Float>(gu: &[f32], act: &mut [E], inter: usize, n: usize) {
-    let p = ABSOLUTE_POS;
-    if p < n {
-        let (j, i) = (p / inter, p % inter);
-        act[p] = E::cast_from(gelu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]));
-    }
-}

@@ -5,6 +5,7 @@
 
 use cubecl::prelude::*;
 
+use super::gemma::gelu_mul;
 use super::top::{select_top, TOP_N, TOP_STRIDE};
 
 /// Units per cube of [`rms_norm`].
@@ -128,18 +129,21 @@ pub fn silu_mul(g: f32, u: f32) -> f32 {
     g / (1.0f32 + f32::exp(-g)) * u
 }
 
-/// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`,
-/// the first `n` values of `act`, in f32 or rounded to f16 at the end (the
-/// dense step's matmul input, `super::dense`). Launch over `n` units. (The
-/// quantized step's down projection computes this as it reads its input,
-/// `quant::input`; the kernel stays as the reference the fused matmuls are
-/// tested against.)
+/// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`
+/// (with `gelu`: gemma3's GeGLU, `gemma::gelu_mul`), the first `n` values
+/// of `act`, in f32 or rounded to f16 at the end (the dense step's matmul
+/// input, `super::dense`). Launch over `n` units. (The quantized step
+/// computes this as its down projection reads its input, `quant::input`;
+/// the kernel stays as the reference the fused matmuls are tested
+/// against.)
 #[cube(launch)]
-pub fn swiglu<E: Float>(gu: &[f32], act: &mut [E], inter: usize, n: usize) {
+pub fn glu<E: Float>(gu: &[f32], act: &mut [E], inter: usize, n: usize, #[comptime] gelu: bool) {
     let p = ABSOLUTE_POS;
     if p < n {
         let (j, i) = (p / inter, p % inter);
-        act[p] = E::cast_from(silu_mul(gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]));
+        let (g, u) = (gu[j * 2 * inter + i], gu[j * 2 * inter + inter + i]);
+        let v = if comptime!(gelu) { gelu_mul(g, u) } else { silu_mul(g, u) };
+        act[p] = E::cast_from(v);
     }
 }
 

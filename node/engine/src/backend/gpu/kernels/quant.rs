@@ -95,7 +95,7 @@ pub enum InputKind {
     /// `x[j, c]`.
     Rows,
     /// The SwiGLU of `x`'s `[gate | up]` rows (`ops::silu_mul`, the
-    /// same operations as `ops::swiglu`): the down projection reads the
+    /// same operations as `ops::glu`): the down projection reads the
     /// gate/up output itself, one launch and one buffer fewer a layer.
     Glu,
     /// The GeGLU of `x`'s `[gate | up]` rows (`gemma::gelu_mul`; gemma3's
