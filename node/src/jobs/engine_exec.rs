@@ -207,10 +207,14 @@ impl EngineExecutor {
                 CatalogError::Device { model: info.model_id.clone(), reason }
             })?;
             if backend != compute::BackendKind::Cpu {
-                // A GPU computes other logits than the CPU: a stream is
-                // continued only on a worker of the same backend.
+                // A GPU computes other logits than the CPU, and each of its
+                // arithmetics others again: a stream is continued only on a
+                // worker of the same backend computing the same way.
                 info.backend = backend.name().into();
-                info.engine_build = format!("{} {}", info.engine_build, backend.name());
+                let arithmetic = compute::gpu_arithmetic(Default::default())
+                    .map_err(|e| CatalogError::Usage(e.to_string()))?;
+                info.engine_build =
+                    format!("{} {}{arithmetic}", info.engine_build, backend.name());
                 if let Some(i) = infos.iter_mut().find(|i| i.model_id == info.model_id) {
                     i.backend = info.backend.clone();
                     i.engine_build = info.engine_build.clone();

@@ -27,9 +27,9 @@ use std::sync::Arc;
 
 pub use driver::{probe_cuda, CudaDeviceInfo};
 pub use select::{
-    check_device, ensure_servable, gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running,
-    dense_from, dense_from_env, gpu_weight_bytes, paged_decoder, weight_bytes, GpuInfo, GpuOptions,
-    WGPU_MAX_BUFFER_BYTES,
+    check_device, dense_from, dense_from_env, ensure_servable, exact_from_env, gpu_arithmetic,
+    gpu_kv_budget, gpu_max_kv_blocks, gpu_max_running, gpu_weight_bytes, paged_decoder,
+    weight_bytes, GpuInfo, GpuOptions, WGPU_MAX_BUFFER_BYTES,
 };
 
 /// The device a decoder computes on.

@@ -164,6 +164,27 @@ pub fn dense_from(opts: GpuOptions) -> Result<usize, BackendError> {
     }
 }
 
+/// `GCS_GPU_EXACT=1`: a GPU decoder in the CPU's arithmetic unless
+/// [`GpuOptions::exact`] says otherwise (`gpu::GpuDecoder::with_exact`).
+pub fn exact_from_env() -> bool {
+    std::env::var("GCS_GPU_EXACT").is_ok_and(|v| v == "1")
+}
+
+/// What a GPU decoder run as `opts` computes in, as a suffix of a worker's
+/// `engine_build` after its backend: `""` (the quantized float kernels),
+/// `" exact"` (the CPU's arithmetic) or `" dense-from-N"` (f16 copies from
+/// N rows). Each gives other logits, and a stream continues only on a
+/// worker whose build matches, so two GPU workers computing differently
+/// never continue each other's streams.
+pub fn gpu_arithmetic(opts: GpuOptions) -> Result<String, BackendError> {
+    let exact = opts.exact.unwrap_or_else(exact_from_env);
+    Ok(match (exact, dense_from(opts)?) {
+        (true, _) => " exact".into(),
+        (false, 0) => String::new(),
+        (false, n) => format!(" dense-from-{n}"),
+    })
+}
+
 /// What a GPU decoder run as `opts` says holds of `model`: its
 /// [`weight_bytes`], and where steps may be dense ([`dense_from`]) the
 /// f16 copies of its matrices beside them (2 bytes a weight), so the K/V
@@ -304,6 +325,18 @@ mod tests {
         // The options win over the environment.
         let opts = GpuOptions { dense: Some(8), ..Default::default() };
         assert_eq!(dense_from(opts).unwrap(), 8);
+    }
+
+    #[test]
+    fn each_gpu_arithmetic_has_its_own_build_suffix() {
+        let of = |exact, dense| {
+            gpu_arithmetic(GpuOptions { exact: Some(exact), dense: Some(dense), graphs: None })
+                .unwrap()
+        };
+        assert_eq!(of(false, 0), "");
+        assert_eq!(of(true, 0), " exact");
+        assert_eq!(of(false, 1), " dense-from-1");
+        assert_ne!(of(false, 1), of(false, 64));
     }
 
     #[test]

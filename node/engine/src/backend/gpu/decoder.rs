@@ -61,6 +61,8 @@ struct LocalAttn {
 /// ggml's SiLU): `GCS_GPU_EXACT=1`. Off by default until its speed is
 /// measured on a GPU.
 fn exact_default() -> bool {
+    // As `backend::exact_from_env` (the worker's build suffix), which this
+    // module cannot import without a cycle.
     std::env::var("GCS_GPU_EXACT").is_ok_and(|v| v == "1")
 }
 

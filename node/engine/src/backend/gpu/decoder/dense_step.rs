@@ -17,12 +17,11 @@ impl GpuDecoder {
     /// step's tokens), by the quantized kernels below that and with
     /// `None` (the default; `GCS_GPU_DENSE=N`); before the first step.
     /// The copies take 2 bytes a weight on the device beside the
-    /// quantized ones. The dense
-    /// step rounds each matmul's input to f16, so a row's logits differ
-    /// from the quantized step's, and with a threshold above 1 a
-    /// sequence's tokens may depend on how many others share its steps
-    /// (as cubek's tiling may at any threshold). Refused with exact
-    /// arithmetic.
+    /// quantized ones. The dense step rounds each matmul's input to f16,
+    /// so a row's logits differ from the quantized step's, and with a
+    /// threshold above 1 a sequence's tokens may depend on how many others
+    /// share its steps (as cubek's tiling may at any threshold). Refused
+    /// with exact arithmetic.
     pub fn with_dense(
         mut self,
         model: &Llama,

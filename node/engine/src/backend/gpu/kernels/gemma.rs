@@ -1,13 +1,12 @@
 //! What gemma3 adds to a decoder layer on the device, in float arithmetic
 //! (`crate::gemma3` is the CPU's): each Q and K head RMS-normed before
 //! RoPE (Q then scaled), the attention's and the FFN's outputs RMS-normed
-//! before their residual adds, and GeGLU with ggml's tanh GELU looked up
-//! through f16.
+//! before their residual adds (GeGLU's `ops::gelu_mul`, ggml's tanh GELU
+//! looked up through f16, sits beside SiLU in `ops`).
 
 use cubecl::prelude::*;
 
 use super::ops::{row_scales, ROW_THREADS};
-use super::rounding::round_f16;
 
 /// `qkv`'s Q and K heads RMS-normed in place, cube `(r, h)` head `h` of
 /// row `r`: a query head (`h < n_heads`) with `q_norm` and then times
@@ -79,18 +78,4 @@ pub fn add_normed(x: &mut [f32], d: &[f32], w: &[f32], hidden: usize, eps: f32) 
         x[o] = x[o] + (d[o] * scale) * w[i];
         i += ROW_THREADS;
     }
-}
-
-/// `gelu(g) · u` as `gemma3::geglu_rows` computes it: 0 from `g <= −10`,
-/// `g · u` from `g >= 10`, else ggml's tanh GELU of `g` rounded to f16,
-/// rounded to f16 (its table), times `u`. `0.5 · (1 + tanh z)` is taken
-/// as `1 / (1 + exp(−2z))`, which does not cancel where `tanh z` nears −1
-/// (the CPU's own f32 sum does, by up to 3e-7; a device `tanh` more).
-#[cube]
-pub fn gelu_mul(g: f32, u: f32) -> f32 {
-    let x = round_f16(g);
-    let z = 0.797_884_6f32 * x * (0.044715f32 * x * x + 1.0f32);
-    let gl = round_f16(x / (1.0f32 + f32::exp(-2.0f32 * z)));
-    let v = select(g >= 10.0f32, g, gl) * u;
-    select(g <= -10.0f32, 0.0f32, v)
 }

@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 
-use super::gemma::gelu_mul;
+use super::rounding::round_f16;
 use super::top::{select_top, TOP_N, TOP_STRIDE};
 
 /// Units per cube of [`rms_norm`].
@@ -129,8 +129,22 @@ pub fn silu_mul(g: f32, u: f32) -> f32 {
     g / (1.0f32 + f32::exp(-g)) * u
 }
 
+/// `gelu(g) · u` as `gemma3::geglu_rows` computes it: 0 from `g <= −10`,
+/// `g · u` from `g >= 10`, else ggml's tanh GELU of `g` rounded to f16,
+/// rounded to f16 (its table), times `u`. `0.5 · (1 + tanh z)` is taken
+/// as `1 / (1 + exp(−2z))`, which does not cancel where `tanh z` nears −1
+/// (the CPU's own f32 sum does, by up to 3e-7; a device `tanh` more).
+#[cube]
+pub fn gelu_mul(g: f32, u: f32) -> f32 {
+    let x = round_f16(g);
+    let z = 0.797_884_6f32 * x * (0.044715f32 * x * x + 1.0f32);
+    let gl = round_f16(x / (1.0f32 + f32::exp(-2.0f32 * z)));
+    let v = select(g >= 10.0f32, g, gl) * u;
+    select(g <= -10.0f32, 0.0f32, v)
+}
+
 /// `act[j, i] = silu(gu[j, i]) · gu[j, inter + i]` for rows `gu = [gate | up]`
-/// (with `gelu`: gemma3's GeGLU, `gemma::gelu_mul`), the first `n` values
+/// (with `gelu`: gemma3's GeGLU, [`gelu_mul`]), the first `n` values
 /// of `act`, in f32 or rounded to f16 at the end (the dense step's matmul
 /// input, `super::dense`). Launch over `n` units. (The quantized step
 /// computes this as its down projection reads its input, `quant::input`;

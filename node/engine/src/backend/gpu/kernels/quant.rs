@@ -24,8 +24,7 @@
 
 use cubecl::prelude::*;
 
-use super::gemma::gelu_mul;
-use super::ops::{row_scales, silu_mul};
+use super::ops::{gelu_mul, row_scales, silu_mul};
 
 /// Units along a weight row (over its blocks); the tiled kernel's tree is
 /// written for 32.
@@ -98,7 +97,7 @@ pub enum InputKind {
     /// same operations as `ops::glu`): the down projection reads the
     /// gate/up output itself, one launch and one buffer fewer a layer.
     Glu,
-    /// The GeGLU of `x`'s `[gate | up]` rows (`gemma::gelu_mul`; gemma3's
+    /// The GeGLU of `x`'s `[gate | up]` rows (`ops::gelu_mul`; gemma3's
     /// FFN), read as `Glu`.
     GeGlu,
     /// `x[j]` RMS-normed, `(x[j, c] · scale_j) · nw[c]` with the row's
