@@ -140,8 +140,9 @@ pub struct CheckReport {
     /// kernels and over f16 copies by cubek's routines, at each batch
     /// (GPU only; the check's last part).
     pub dense: Vec<dense::DenseFigure>,
-    /// The whole decoder on those copies in every step (`GCS_GPU_DENSE=1`): parity
-    /// against the CPU and decode tok/s at each batch (GPU only; last).
+    /// The whole decoder on those copies in every step (`GCS_GPU_DENSE=1`):
+    /// parity against the CPU and decode tok/s at each batch (GPU only;
+    /// last).
     pub dense_decoder: Option<DenseDecoder>,
     /// Issue 17's naive burn loop on the same device, in the same run
     /// (`naive`): the step time of a launch-per-op decoder.

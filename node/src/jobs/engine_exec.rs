@@ -200,6 +200,12 @@ impl EngineExecutor {
             Some(g) => g.kind,
             None => compute::BackendKind::Cpu,
         };
+        // What the GPU decoders compute in, for the build they advertise.
+        let arithmetic = match backend {
+            compute::BackendKind::Cpu => String::new(),
+            _ => compute::gpu_arithmetic(Default::default())
+                .map_err(|e| CatalogError::Usage(e.to_string()))?,
+        };
         let mut chat = vec![];
         for ((mut info, engine), kv_blocks) in loaded.into_iter().zip(blocks.iter().copied()) {
             let cfg = BatchConfig { max_running, kv_blocks, ..BatchConfig::default() };
@@ -211,8 +217,6 @@ impl EngineExecutor {
                 // arithmetics others again: a stream is continued only on a
                 // worker of the same backend computing the same way.
                 info.backend = backend.name().into();
-                let arithmetic = compute::gpu_arithmetic(Default::default())
-                    .map_err(|e| CatalogError::Usage(e.to_string()))?;
                 info.engine_build =
                     format!("{} {}{arithmetic}", info.engine_build, backend.name());
                 if let Some(i) = infos.iter_mut().find(|i| i.model_id == info.model_id) {

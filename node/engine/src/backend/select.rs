@@ -242,10 +242,7 @@ fn gpu_decoder(
         Some(on) => dec.with_graphs(on),
         None => dec,
     };
-    let dec = match opts.exact {
-        Some(on) => dec.with_exact(on).map_err(refused)?,
-        None => dec,
-    };
+    let dec = dec.with_exact(opts.exact.unwrap_or_else(exact_from_env)).map_err(refused)?;
     let dec = match dense_from(opts)? {
         0 => dec,
         n => dec.with_dense(model, Some(n)).map_err(refused)?,

@@ -55,17 +55,6 @@ struct LocalAttn {
     window: usize,
 }
 
-/// Whether a new decoder computes every op in the CPU's arithmetic
-/// (`kernels::q8`: 8-bit matmul inputs and the CPU's float chains;
-/// `kernels::exact`: RoPE, f16 K/V, attention in llama.cpp's order,
-/// ggml's SiLU): `GCS_GPU_EXACT=1`. Off by default until its speed is
-/// measured on a GPU.
-fn exact_default() -> bool {
-    // As `backend::exact_from_env` (the worker's build suffix), which this
-    // module cannot import without a cycle.
-    std::env::var("GCS_GPU_EXACT").is_ok_and(|v| v == "1")
-}
-
 /// One GPU step at a time in the process: a graph is recorded in CUDA's
 /// global capture mode, in which another thread's allocation would fail
 /// the capture (and two decoders on one GPU gain nothing by overlapping).
@@ -156,7 +145,9 @@ impl GpuDecoder {
     /// Upload `model` to `client`'s device with a pool of `kv_blocks`
     /// K/V blocks. Refuses what the kernels do not cover yet
     /// ([`check_model`]: weight types without a kernel, biases, a final
-    /// soft-cap, architectures other than llama and gemma3).
+    /// soft-cap, architectures other than llama and gemma3). In float
+    /// arithmetic, quantized weights ([`Self::with_exact`],
+    /// [`Self::with_dense`] change that).
     pub fn new(
         client: Client,
         kind: BackendKind,
@@ -243,7 +234,7 @@ impl GpuDecoder {
         let cuda = kind == BackendKind::Cuda;
         let graphs = Graphs::new(graph::graphs_enabled(cuda), c.context_length.div_ceil(BLOCK));
         let device_pick = std::env::var("GCS_GPU_ARGMAX").map_or(true, |v| v != "0");
-        Self {
+        Ok(Self {
             device_pick,
             kept: None,
             dense: None,
@@ -269,12 +260,14 @@ impl GpuDecoder {
             sh,
             kind,
             client,
-        }
-        .with_exact(exact_default())
+        })
     }
 
-    /// Compute every op in the CPU's arithmetic or not, whatever the
-    /// default ([`exact_default`]); before the first step. Refused for a
+    /// Compute every op in the CPU's arithmetic (`kernels::q8`: 8-bit
+    /// matmul inputs and the CPU's float chains; `kernels::exact`: RoPE,
+    /// f16 K/V, attention in llama.cpp's order, ggml's SiLU) or not (the
+    /// default; a served worker: `GCS_GPU_EXACT=1`, `backend::exact_from_env`);
+    /// before the first step. Refused for a
     /// head size the CPU's 16-lane orders do not cover, one that is not
     /// whole 32-element blocks (the attention quantizes each head's
     /// output), or one past the exact attention's units (each unit
@@ -570,9 +563,7 @@ impl GpuDecoder {
             let fused = decode.then_some(rope);
             let layer = Layer { w: l, pool, scale: self.score_scale, rope, window, fused };
             match (dense, &io.exact) {
-                (Some((w, d)), _) => {
-                    pending = self.dense_layer(io, &layer, &w.layers[li], d, pending)?
-                }
+                (Some((w, d)), _) => pending = self.dense_layer(io, &layer, w, li, d, pending)?,
                 (None, Some(e)) => self.exact_layer(io, e, &layer, li == 0),
                 (None, None) => self.float_layer(io, &layer),
             }

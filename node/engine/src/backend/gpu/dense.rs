@@ -77,10 +77,23 @@ pub struct DenseLayer {
 
 /// A model's matrices in f16 ([`super::GpuDecoder::with_dense`]): every
 /// layer's and the LM head.
-#[derive(Debug)]
 pub struct DenseWeights {
     pub layers: Vec<DenseLayer>,
     pub lm_head: DenseMatrix,
+    /// The routines a step tries, in order ([`step_routines`]).
+    pub routines: [Strategy; 2],
+}
+
+// By hand: cubek's `Strategy` is `Display` only.
+impl std::fmt::Debug for DenseWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let routines: Vec<String> = self.routines.iter().map(ToString::to_string).collect();
+        f.debug_struct("DenseWeights")
+            .field("layers", &self.layers)
+            .field("lm_head", &self.lm_head)
+            .field("routines", &routines)
+            .finish()
+    }
 }
 
 impl DenseWeights {
@@ -97,7 +110,7 @@ impl DenseWeights {
                 w_down: up(&b.q.w_down),
             })
             .collect();
-        Self { layers, lm_head: up(&model.lm_head) }
+        Self { layers, lm_head: up(&model.lm_head), routines: step_routines() }
     }
 
     /// Bytes on the device.

@@ -4,7 +4,7 @@
 //! quantized kernels end to end).
 
 use super::{GpuDecoder, GpuError, Layer, StepIo, StepShape};
-use crate::backend::gpu::dense::{self, matmul_first, DenseLayer, DenseWeights};
+use crate::backend::gpu::dense::{self, matmul_first, DenseWeights};
 use crate::backend::gpu::launch::{self, AttentionKernel};
 use crate::backend::gpu::step::DenseIo;
 use crate::backend::gpu::DeviceBuf;
@@ -49,7 +49,7 @@ impl GpuDecoder {
         StepShape { dense, ..self.shape }
     }
 
-    /// One layer of the dense step, `pending` (the last layer's down
+    /// Layer `li` of the dense step, `pending` (the last layer's down
     /// projection, in `d.d`) joining the residual in its first norm's
     /// launch; what it leaves pending. llama: the add and a norm into f16,
     /// Q/K/V, (RoPE and the K/V store,) the attention into f16, O, the add
@@ -62,17 +62,18 @@ impl GpuDecoder {
         &self,
         io: &StepIo,
         layer: &Layer<'_>,
-        dl: &DenseLayer,
+        w: &DenseWeights,
+        li: usize,
         d: &'d DenseIo,
         pending: Option<&'d DeviceBuf<f32>>,
     ) -> std::result::Result<Option<&'d DeviceBuf<f32>>, GpuError> {
         let (cl, c, sh) = (&self.client, &self.config, self.sh);
-        let routines = dense::step_routines();
+        let (routines, dl) = (&w.routines, &w.layers[li]);
         let (t, meta, eps, x) = (io.rows(), &io.meta, c.rms_eps, &io.x);
         let Layer { w: l, pool, scale, rope, window, fused } = *layer;
         let kernel = AttentionKernel::for_rows(t, sh);
         dense::norm_f16(cl, x, pending, &l.attn_norm, &d.a16, &io.all, eps);
-        matmul_first(cl, &routines, &dl.wqkv, &d.a16, t, &io.qkv)?;
+        matmul_first(cl, routines, &dl.wqkv, &d.a16, t, &io.qkv)?;
         if let Some(g) = &l.gemma {
             launch::head_norm(cl, sh, &io.qkv, t, &g.q, &g.k, self.q_scale, eps);
         }
@@ -80,19 +81,19 @@ impl GpuDecoder {
             launch::rope_kv_store(cl, sh, &io.qkv, pool, rope.cos, rope.sin, meta, None);
         }
         launch::float_attention(cl, sh, &io.qkv, pool, &d.a16, meta, scale, window, fused, kernel);
-        matmul_first(cl, &routines, &dl.wo, &d.a16, t, &d.d)?;
+        matmul_first(cl, routines, &dl.wo, &d.a16, t, &d.d)?;
         let Some(g) = &l.gemma else {
             dense::norm_f16(cl, x, Some(&d.d), &l.ffn_norm, &d.a16, &io.all, eps);
-            matmul_first(cl, &routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
+            matmul_first(cl, routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
             dense::glu_f16(cl, &io.gu, &d.a16, c.intermediate, t, false);
-            matmul_first(cl, &routines, &dl.w_down, &d.a16, t, &d.d)?;
+            matmul_first(cl, routines, &dl.w_down, &d.a16, t, &d.d)?;
             return Ok(Some(&d.d));
         };
         launch::add_normed(cl, x, &d.d, &g.post_attn, t, eps);
         dense::norm_f16(cl, x, None, &l.ffn_norm, &d.a16, &io.all, eps);
-        matmul_first(cl, &routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
+        matmul_first(cl, routines, &dl.w_gate_up, &d.a16, t, &io.gu)?;
         dense::glu_f16(cl, &io.gu, &d.a16, c.intermediate, t, true);
-        matmul_first(cl, &routines, &dl.w_down, &d.a16, t, &d.d)?;
+        matmul_first(cl, routines, &dl.w_down, &d.a16, t, &d.d)?;
         launch::add_normed(cl, x, &d.d, &g.post_ffn, t, eps);
         Ok(None)
     }
@@ -109,7 +110,7 @@ impl GpuDecoder {
     ) -> std::result::Result<(), GpuError> {
         let (cl, eps) = (&self.client, self.config.rms_eps);
         dense::norm_f16(cl, &io.x, pending, &self.output_norm, &d.a16, &io.last, eps);
-        matmul_first(cl, &dense::step_routines(), &w.lm_head, &d.a16, io.seqs(), &io.logits)?;
+        matmul_first(cl, &w.routines, &w.lm_head, &d.a16, io.seqs(), &io.logits)?;
         self.launch_pick(io);
         Ok(())
     }
