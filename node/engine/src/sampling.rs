@@ -170,7 +170,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// passes `u` times the whole sum; the last id when rounding leaves none.
 /// [`Sampler`] draws this way when no top-k, top-p, min-p, bias or
 /// penalty applies, and a GPU decoder draws the same way on the device
-/// (`kernels::ops::pick_rows`, its sums grouped by ranges of ids).
+/// (`kernels::pick::pick_rows`, its sums grouped by ranges of ids).
 pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
     let t = temperature;
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -205,10 +205,15 @@ pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> Logprobs {
 }
 
 /// [`logprobs`] from a row's candidates: `None` where they do not hold
-/// `chosen` (a draw outside them).
+/// `chosen`'s logit (a draw outside them: [`TopCandidates::logit`]).
 pub fn logprobs_from_top(top: &TopCandidates, chosen: u32, n: usize) -> Option<Logprobs> {
+    logprobs_with(top, chosen, top.logit(chosen)?, n)
+}
+
+/// [`logprobs`] from a row's candidates and `chosen`'s logit in that row
+/// (known elsewhere); `None` without candidates.
+pub fn logprobs_with(top: &TopCandidates, chosen: u32, logit: f32, n: usize) -> Option<Logprobs> {
     let &(_, max) = top.cand.first()?;
-    let &(_, logit) = top.cand.iter().find(|c| c.0 == chosen)?;
     let lse = log_sum_exp(max, top.unit_mass);
     let lp = |(token, l): (u32, f32)| TokenLogprob { token, logprob: l - lse };
     let n = n.min(MAX_TOP_LOGPROBS).min(top.cand.len());
@@ -252,12 +257,23 @@ fn top_n(v: &[f32], n: usize) -> Vec<(u32, f32)> {
 /// `exp(l / t - max / t)` over the whole vocabulary at the draw's
 /// temperature `t` (`max` the best logit), and `unit_mass`, the sum of
 /// `exp(l - max)` (the logprobs' normaliser: [`logprobs_from_top`]).
-/// [`top_candidates`] is the host's computation of the same.
+/// [`top_candidates`] is the host's computation of the same. `known`:
+/// logits of the same row outside `cand` that came back beside them (the
+/// picked token's; for the candidates of a row before its bias and
+/// penalties, those of the tokens they add to: `backend::Pick::Scored`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TopCandidates {
     pub cand: Vec<(u32, f32)>,
     pub mass: f32,
     pub unit_mass: f64,
+    pub known: Vec<(u32, f32)>,
+}
+
+impl TopCandidates {
+    /// Token `id`'s logit, where the candidates or `known` hold it.
+    pub fn logit(&self, id: u32) -> Option<f32> {
+        self.cand.iter().chain(&self.known).find(|c| c.0 == id).map(|c| c.1)
+    }
 }
 
 /// How many candidates [`TopCandidates`] holds (fewer when the vocabulary
@@ -271,7 +287,7 @@ pub fn top_candidates(logits: &[f32], temperature: f32) -> TopCandidates {
     let t = temperature;
     let best = cand.first().map_or(0.0, |c| c.1);
     let total = if t > 0.0 { mass(logits.iter().copied(), t, best / t) } else { 0.0 };
-    TopCandidates { cand, mass: total, unit_mass: unit_mass(logits, best) }
+    TopCandidates { cand, mass: total, unit_mass: unit_mass(logits, best), known: vec![] }
 }
 
 /// `Σ exp(l / t - max)` over `logits`, in their order: the normaliser of

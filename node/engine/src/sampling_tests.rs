@@ -402,7 +402,8 @@ fn a_draw_from_the_top_candidates_equals_sampling() {
 
 /// Logprobs from a row's candidates equal those of its logits (the same
 /// normaliser, in f64) for any token among them, with at most 20
-/// alternatives; a token outside them has none.
+/// alternatives; a token outside them has none, unless its logit came
+/// back beside them.
 #[test]
 fn logprobs_from_the_candidates_equal_the_logits() {
     let logits: Vec<f32> =
@@ -415,6 +416,9 @@ fn logprobs_from_the_candidates_equal_the_logits() {
     }
     let outside = (0..3000u32).find(|i| top.cand.iter().all(|c| c.0 != *i)).unwrap();
     assert_eq!(logprobs_from_top(&top, outside, 5), None);
+    // Its logit known beside them (a device's picked token).
+    let known = TopCandidates { known: vec![(outside, logits[outside as usize])], ..top.clone() };
+    assert_eq!(logprobs_from_top(&known, outside, 5), Some(logprobs(&logits, outside, 5)));
     // A vocabulary smaller than the alternatives asked.
     let small = [0.5f32, -1.0, 2.0];
     let top = top_candidates(&small, 1.0);

@@ -394,6 +394,8 @@ struct PickCounts {
     adjusted: std::sync::atomic::AtomicUsize,
     /// Rows it masked.
     masked: std::sync::atomic::AtomicUsize,
+    /// Rows it scored before their additions (logprobs beside them).
+    scored: std::sync::atomic::AtomicUsize,
 }
 
 impl PagedDecoder for PickOnly {
@@ -418,7 +420,10 @@ impl PagedDecoder for PickOnly {
         let mut logits = self.inner.forward_paged(seqs)?;
         let v = self.vocab();
         let n = &self.counts;
-        // Each row picked here masked, then its additions in order.
+        let mut scored = vec![];
+        // Each row picked here masked, scored (its candidates, and its
+        // added tokens' logits, before the additions), then its additions
+        // in order.
         for (i, p) in picks.iter().enumerate() {
             if *p == Pick::Logits || !adjust.touches(i) {
                 continue;
@@ -435,15 +440,25 @@ impl PagedDecoder for PickOnly {
                 }
             }
             let r = adjust.range(i);
+            if let Pick::Scored { .. } = p {
+                n.scored.fetch_add(1, Ordering::Relaxed);
+                let mut c = top_candidates(row, 0.0);
+                c.known =
+                    adjust.ids()[r.clone()].iter().map(|&id| (id, row[id as usize])).collect();
+                c.known.dedup_by_key(|k| k.0);
+                scored.push((i, c));
+            }
             for (&id, &a) in adjust.ids()[r.clone()].iter().zip(&adjust.adds()[r]) {
                 row[id as usize] += a;
             }
         }
-        let picked = logits
+        let picked: Vec<u32> = logits
             .chunks(v)
             .zip(picks)
             .map(|(l, p)| match *p {
-                Pick::Draw { temperature, u } | Pick::Top { temperature, u }
+                Pick::Draw { temperature, u }
+                | Pick::Top { temperature, u }
+                | Pick::Scored { temperature, u }
                     if temperature > 0.0 && u >= 0.0 =>
                 {
                     n.draws.fetch_add(1, Ordering::Relaxed);
@@ -452,15 +467,29 @@ impl PagedDecoder for PickOnly {
                 _ => argmax(l),
             })
             .collect();
+        // The picked token's logit beside the candidates, as a GPU's; a
+        // scored row's unless an addition touched it.
+        let pick_of = |i: usize| (picked[i], logits[i * v + picked[i] as usize]);
+        for (i, c) in &mut scored {
+            if c.known.iter().all(|k| k.0 != picked[*i]) {
+                c.known.push(pick_of(*i));
+            }
+        }
         let tops = picks
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| match *p {
-                Pick::Top { temperature, .. } => {
-                    n.tops.fetch_add(1, Ordering::Relaxed);
-                    Some((i, top_candidates(&logits[i * v..(i + 1) * v], temperature)))
+            .filter_map(|(i, p)| {
+                let t = match *p {
+                    Pick::Top { temperature, .. } => temperature,
+                    Pick::Scored { temperature, u } if u < 0.0 => temperature,
+                    _ => return None,
+                };
+                n.tops.fetch_add(1, Ordering::Relaxed);
+                let mut c = top_candidates(&logits[i * v..(i + 1) * v], t);
+                if c.logit(picked[i]).is_none() {
+                    c.known.push(pick_of(i));
                 }
-                _ => None,
+                Some((i, c))
             })
             .collect();
         let rows: Vec<usize> = (0..picks.len()).filter(|&i| picks[i] == Pick::Logits).collect();
@@ -469,8 +498,8 @@ impl PagedDecoder for PickOnly {
         }
         let kept = rows.iter().flat_map(|&i| logits[i * v..(i + 1) * v].iter().copied()).collect();
         self.last = logits;
-        let adjusted = true;
-        Ok(StepLogits { logits: kept, rows: Some(rows), picked: Some(picked), tops, adjusted })
+        let (picked, adjusted) = (Some(picked), true);
+        Ok(StepLogits { logits: kept, rows: Some(rows), picked, tops, scored, adjusted })
     }
     fn last_logits(&mut self, seqs: &[usize]) -> gcs_engine::Result<Vec<f32>> {
         let v = self.vocab();
@@ -588,8 +617,10 @@ fn tokens_picked_by_the_decoder_equal_the_cpu_engines() {
 /// plain draw, top-k / top-p / min-p from candidates of the adjusted row,
 /// a wide nucleus from the adjusted row read after its step) give the
 /// tokens the plain CPU engine gives, which adds them on the host; and
-/// such greedy steps copy no logits. With logprobs (of the raw logits)
-/// the row comes back and the host adds them.
+/// such greedy steps copy no logits. With logprobs (of the raw logits:
+/// greedy, drawn, cut, and a token the bias forces from far outside the
+/// raw candidates) the same logprobs from the candidates of the row
+/// before the additions and the added tokens' logits beside them.
 #[test]
 fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
     let Some((plain, select, counts)) = pick_only() else { return };
@@ -607,6 +638,10 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
         presence_penalty: 0.6,
         logit_bias: vec![(raw[0], -100.0), (1848, 5.0), (330, 3.5), (28, -2.0)],
     };
+    // A token the bias forces every step (greedy), its raw logit far
+    // below the row's best: its logprob needs that logit.
+    let forced =
+        SamplingOptions { logit_bias: vec![(12345, 60.0)], ..adjusted(0.0, 10, 0, 1.0, 0.0) };
     let requests = || {
         let r = |q: &str, o: SamplingOptions| SeqRequest {
             sampling: o,
@@ -620,6 +655,9 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
             r(QUESTIONS[0], adjusted(0.8, 5, 0, 1.0, 0.05)),
             r(QUESTIONS[1], adjusted(2.0, 6, 0, 0.999, 0.0)),
             SeqRequest { logprobs: Some(2), ..r(QUESTIONS[2], adjusted(0.0, 7, 0, 1.0, 0.0)) },
+            SeqRequest { logprobs: Some(3), ..r(QUESTIONS[3], adjusted(0.9, 8, 0, 1.0, 0.0)) },
+            SeqRequest { logprobs: Some(1), ..r(QUESTIONS[0], adjusted(1.0, 9, 0, 0.9, 0.0)) },
+            SeqRequest { logprobs: Some(2), ..r(QUESTIONS[1], forced.clone()) },
         ]
     };
     // The greedy one alone: its steps copy nothing back.
@@ -628,13 +666,21 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
     assert!(n_of(&counts.bare_steps) - bare >= alone.tokens.len() - 1, "greedy, adjusted, bare");
     let got = side_by_side(&select, &plain, requests());
     for (i, g) in got.iter().enumerate() {
-        assert_eq!(g.logprobs.len(), if i == 6 { g.tokens.len() } else { 0 }, "request {i}");
+        assert_eq!(g.logprobs.len(), if i >= 6 { g.tokens.len() } else { 0 }, "request {i}");
     }
     assert_eq!(got[0].tokens, alone.tokens, "alone and beside others");
     assert!(alone.tokens[0] != raw[0] && !alone.tokens.is_empty(), "the bias changed it");
-    let (rows, misses) = (n_of(&counts.adjusted), n_of(&counts.misses));
-    eprintln!("{rows} rows adjusted by the decoder, {misses} read after their step");
+    // The forced token's logprob is its raw one: far below the best's.
+    let forced = &got[9];
+    assert!(forced.tokens.iter().all(|&t| t == 12345), "{:?}", forced.tokens);
+    let first = &forced.logprobs[0];
+    assert!(first.chosen.logprob < first.top[0].logprob - 5.0, "{first:?}");
+    let (rows, misses, scored) =
+        (n_of(&counts.adjusted), n_of(&counts.misses), n_of(&counts.scored));
+    eprintln!("{rows} rows adjusted by the decoder ({scored} scored), {misses} read after");
     assert!(rows > 6 * 10 && misses > 0, "{rows} rows, {misses} misses");
+    let scored_tokens: usize = got[6..].iter().map(|g| g.tokens.len()).sum();
+    assert!(scored >= scored_tokens, "every token with logprobs scored: {scored}");
 }
 
 /// Grammar rows masked by the decoder before it picks (a JSON schema
@@ -642,7 +688,9 @@ fn a_bias_and_penalties_added_by_the_decoder_equal_the_cpu_engines() {
 /// row or from the row read after its step, with a bias and penalties)
 /// give the tokens, text and finish of
 /// the plain CPU engine, which masks them on the host; with logprobs (of
-/// the masked distribution) the row comes back and the host masks it.
+/// the masked distribution: greedy, a top-p draw, a penalised draw) the
+/// same logprobs from the masked row's candidates, a penalised row's
+/// before its additions.
 #[test]
 fn grammar_masks_applied_by_the_decoder_equal_the_cpu_engines() {
     use gcs_engine::Grammar;
@@ -666,13 +714,22 @@ fn grammar_masks_applied_by_the_decoder_equal_the_cpu_engines() {
                 Grammar::JsonObject,
                 SamplingOptions { top_p: 0.999, presence_penalty: 0.5, ..o(2.0, 3) },
             ),
-            r("Describe a dog as JSON.", Grammar::JsonObject, penalised),
+            r("Describe a dog as JSON.", Grammar::JsonObject, penalised.clone()),
             SeqRequest { logprobs: Some(2), ..r("A person?", person(), o(0.0, 5)) },
+            SeqRequest {
+                logprobs: Some(3),
+                ..r("A cat?", Grammar::JsonObject, SamplingOptions { top_p: 0.9, ..o(1.0, 6) })
+            },
+            SeqRequest { logprobs: Some(2), ..r("A dog?", person(), penalised) },
         ]
     };
     for (i, g) in side_by_side(&select, &plain, requests()).iter().enumerate() {
         eprintln!("request {i}: {:?} {}", g.result.finish_reason, g.result.text);
+        assert_eq!(g.logprobs.len(), if i >= 4 { g.tokens.len() } else { 0 }, "request {i}");
+        // Only allowed tokens among the alternatives.
+        assert!(g.logprobs.iter().all(|l| l.top.iter().all(|t| t.logprob.is_finite())));
     }
+    assert!(n_of(&counts.scored) > 0, "the penalised row with logprobs was scored");
     let (masked, misses) = (n_of(&counts.masked), n_of(&counts.misses));
     eprintln!("{masked} rows masked by the decoder, {misses} read after their step");
     // The hot nucleus missed its candidates: its masked, penalised row

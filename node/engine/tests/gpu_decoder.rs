@@ -512,6 +512,47 @@ fn decode_graphs_replay_the_eager_steps_exactly() {
         assert_eq!(bits(&read[..vocab]), bits(&host_masked(0)), "{what}: row 0 read after");
         assert_eq!(bits(&read[vocab..]), bits(&host_masked(2)), "{what}: row 2 read after");
     }
+    // Logprobs beside them (`Pick::Scored`: greedy, a draw, a cut draw):
+    // the picks and the cut draw's candidates as above, of the adjusted
+    // rows; each row's candidates before its additions (after its mask)
+    // with the logits there of every token its additions touch and of
+    // its picked token, bit for bit.
+    let before = |i: usize| {
+        let mut l = all.row(i, vocab).unwrap().to_vec();
+        if let Some(m) = masks[i] {
+            for (t, x) in l.iter_mut().enumerate() {
+                if !gcs_engine::constraint::word_allows(m, t as u32) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        l
+    };
+    let scored = |temperature, u| Pick::Scored { temperature, u };
+    let picks = [scored(0.0, 0.0), scored(0.7, 0.6), scored(0.9, -1.0)];
+    for (what, dec) in [("eager", &mut eager), ("replayed", &mut graphed)] {
+        let d = dec.forward_select(&seqs, &picks, &masked).unwrap();
+        assert!(d.logits.is_empty() && d.scored.len() == 3, "{what}");
+        let want = [argmax(&host_masked(0)), draw_temperature(&host_masked(1), 0.7, 0.6)];
+        let picked = d.picked.clone().unwrap();
+        assert_eq!(&picked[..2], &want[..], "{what}");
+        assert!(d.top(0).is_none() && d.top(1).is_none(), "{what}: only the cut draw's");
+        let got = d.top(2).unwrap_or_else(|| panic!("{what}: no candidates"));
+        assert_eq!(got.cand, top_candidates(&host_masked(2), 0.9).cand, "{what}");
+        for (i, adds) in adds.iter().enumerate() {
+            let (c, raw) = (d.scored(i).unwrap(), before(i));
+            assert_eq!(c.cand, top_candidates(&raw, 0.0).cand, "{what} row {i}");
+            // Not vacuous: rows 1 and 2 have additions their masks allow.
+            let after = top_candidates(&host_masked(i), 0.0).cand;
+            assert!(i == 0 || c.cand != after, "{what} row {i}");
+            let unit = c.unit_mass as f32;
+            assert!(common::gpu::mass_is_exact(unit, &raw, 1.0), "{what} row {i}: {unit}");
+            let logit = |id: u32| c.logit(id).map(f32::to_bits);
+            for id in adds.iter().map(|a| a.0).chain([picked[i]]) {
+                assert_eq!(logit(id), Some(raw[id as usize].to_bits()), "{what} row {i}: {id}");
+            }
+        }
+    }
     // An addition past the vocabulary is refused before the step.
     let past: [&[(u32, f32)]; 1] = [&[(vocab as u32, 1.0)]];
     let err = eager.forward_select(&seqs[..1], &[Pick::Argmax], &Adjust::new(past)).unwrap_err();
@@ -546,6 +587,7 @@ fn the_step_anatomy_times_every_part() {
         "lm_head Tiled",
         "pick (temperature draw)",
         "adjust (300 a row)",
+        "adjust (300 a row, scored)",
         "gate_up q8",
         "step, graph replay",
     ] {

@@ -809,11 +809,6 @@ fn the_attention_kernels_agree_bit_for_bit() {
     }
 }
 
-/// A `pick_rows` candidates' buffer for `rows` rows.
-fn tops(c: &Client, rows: usize) -> DeviceBuf<f32> {
-    DeviceBuf::uninit(c, rows * TOP_STRIDE)
-}
-
 /// The bias and penalty additions (`launch::adjust_rows`) against the
 /// host adding them one after another: rows of 5,000 logits with up to
 /// 700 additions each (past the cube's 64 units), runs of one id up to 9
@@ -821,7 +816,9 @@ fn tops(c: &Client, rows: usize) -> DeviceBuf<f32> {
 /// with none, and values whose sum depends on the order (1e8 then ±1);
 /// grammar masks on two rows (every token they do not allow −inf, their
 /// additions to those left −inf): every logit bit for bit; the rows past
-/// `off`'s end untouched.
+/// `off`'s end untouched. Each addition's token's logit before them comes
+/// back, and the rows scored (a sequence with logprobs beside additions)
+/// get the candidates of their masked rows before the additions.
 #[test]
 fn adjust_rows_masks_then_adds_each_ids_run_in_order() {
     use gcs_engine::backend::Adjust;
@@ -858,26 +855,33 @@ fn adjust_rows_masks_then_adds_each_ids_run_in_order() {
     let ends = |f: &dyn Fn(usize) -> std::ops::Range<usize>| -> Vec<u32> {
         std::iter::once(0).chain((0..rows - 1).map(|r| f(r).end as u32)).collect()
     };
+    let nan = f32::NAN;
     let bufs = launch::AdjustBufs {
         off: DeviceBuf::upload(&c, &ends(&|r| adjust.range(r))),
         ids: DeviceBuf::upload(&c, adjust.ids()),
         adds: DeviceBuf::upload(&c, adjust.adds()),
+        raw: DeviceBuf::upload(&c, &vec![nan; adjust.ids().len()]),
         mask_off: DeviceBuf::upload(&c, &ends(&|r| adjust.mask_range(r))),
         words: DeviceBuf::upload(&c, adjust.mask_words()),
+        scored: DeviceBuf::upload(&c, &vec![nan; rows * TOP_STRIDE]),
     };
+    // Rows 0 to 2 scored (sequences with logprobs), row 3 not.
+    let pick: Vec<f32> = (0..rows).flat_map(|r| [0.0, 0.0, 0.0, f32::from(r < 3)]).collect();
     let logits = DeviceBuf::upload(&c, &l);
-    launch::adjust_rows(&c, &logits, &bufs, vocab);
+    launch::adjust_rows(&c, &logits, &bufs, &DeviceBuf::upload(&c, &pick), vocab);
     // The host's order: masked tokens −inf, then every addition in turn.
-    let mut want = l.clone();
-    for (r, adds) in per_seq.iter().enumerate() {
-        let row = &mut want[r * vocab..(r + 1) * vocab];
-        if let Some(m) = masks[r] {
-            for (t, x) in row.iter_mut().enumerate() {
-                if !gcs_engine::constraint::word_allows(m, t as u32) {
-                    *x = f32::NEG_INFINITY;
-                }
+    let mut masked = l.clone();
+    for (r, m) in masks.iter().enumerate() {
+        let Some(m) = m else { continue };
+        for (t, x) in masked[r * vocab..(r + 1) * vocab].iter_mut().enumerate() {
+            if !gcs_engine::constraint::word_allows(m, t as u32) {
+                *x = f32::NEG_INFINITY;
             }
         }
+    }
+    let mut want = masked.clone();
+    for (r, adds) in per_seq.iter().enumerate() {
+        let row = &mut want[r * vocab..(r + 1) * vocab];
         adds.iter().for_each(|&(id, a)| row[id as usize] += a);
     }
     let inf =
@@ -895,6 +899,33 @@ fn adjust_rows_masks_then_adds_each_ids_run_in_order() {
     }
     assert_ne!(bits(&reversed), bits(&want));
     assert_eq!(&want[(rows - 1) * vocab..], &l[(rows - 1) * vocab..], "the last row has no range");
+    // Each addition's token's logit before the additions (masked: −inf).
+    let raw = bufs.raw.read(&c).unwrap();
+    for r in 0..rows - 1 {
+        let ids = &adjust.ids()[adjust.range(r)];
+        let want: Vec<f32> = ids.iter().map(|&id| masked[r * vocab + id as usize]).collect();
+        assert_eq!(bits(&raw[adjust.range(r)]), bits(&want), "row {r}: the logits before");
+    }
+    assert!(raw.iter().any(|x| x.is_infinite()) && raw.iter().any(|x| x.is_finite()));
+    // A scored row's candidates are those of its masked row before the
+    // additions (bit for bit; its mass at 1 within rounding), a row not
+    // scored gets none.
+    let scored = bufs.scored.read(&c).unwrap();
+    for r in 0..3 {
+        let after = gcs_engine::sampling::top_candidates(&want[r * vocab..(r + 1) * vocab], 0.0);
+        let host = &masked[r * vocab..(r + 1) * vocab];
+        let g = &scored[r * TOP_STRIDE..(r + 1) * TOP_STRIDE];
+        let want = gcs_engine::sampling::top_candidates(host, 0.0);
+        let k = want.cand.len();
+        let cand: Vec<(u32, u32)> = (0..k).map(|i| (g[i] as u32, g[k + i].to_bits())).collect();
+        let want_cand: Vec<(u32, u32)> = want.cand.iter().map(|&(i, v)| (i, v.to_bits())).collect();
+        assert_eq!(cand, want_cand, "row {r}: scored before the additions");
+        let ok = common::gpu::mass_is_exact(g[2 * k + 1], host, 1.0);
+        assert!(ok && g[2 * k] == 0.0, "row {r}: unit mass {}, mass {}", g[2 * k + 1], g[2 * k]);
+        // Not vacuous: rows 0 and 2 have additions that change them.
+        assert!(r == 1 || after.cand != want.cand, "row {r}: the additions change it");
+    }
+    assert!(scored[3 * TOP_STRIDE..4 * TOP_STRIDE].iter().all(|x| x.is_nan()), "row 3 not scored");
 }
 
 /// Rows of 1,000 and of 5,000 logits (each unit's first eight-load groups
@@ -915,13 +946,17 @@ fn pick_rows_at_temperature_0_is_the_host_argmax_with_ties() {
         l[4 * vocab..5 * vocab].iter_mut().for_each(|v| *v = -2.0 - v.abs());
         l[4 * vocab] = -0.5;
         let logits = DeviceBuf::upload(&c, &l);
-        let ids = DeviceBuf::<u32>::uninit(&c, rows);
-        let greedy = DeviceBuf::upload(&c, &vec![0.0f32; 3 * rows]);
-        launch::pick_rows(&c, &logits, &greedy, &ids, &tops(&c, rows), vocab);
-        let got = ids.read(&c).unwrap();
+        let out = launch::Picked::new(&c, rows);
+        let greedy = DeviceBuf::upload(&c, &vec![0.0f32; 4 * rows]);
+        launch::pick_rows(&c, &logits, &greedy, &out, vocab);
+        let got = out.ids.read(&c).unwrap();
         let want: Vec<u32> = l.chunks(vocab).map(argmax).collect();
         assert_eq!(got, want, "vocab {vocab}");
         assert_eq!(&want[1..5], &[0, 300, vocab as u32 - 1, 0]);
+        // Each picked token's logit beside it.
+        let logit: Vec<f32> =
+            want.iter().enumerate().map(|(r, &t)| l[r * vocab + t as usize]).collect();
+        assert_eq!(out.chosen.read(&c).unwrap(), logit, "vocab {vocab}");
     }
 }
 
@@ -948,14 +983,15 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
             let t = [0.3f32, 0.7, 1.0, 1.5][r % 4];
             // Every sixth row greedy; row 1 draws at u = 0.
             let u = if r == 1 { 0.0 } else { (rng.f() + 1.0) / 2.0 };
-            pick.extend(if r % 6 == 5 { [0.0, u, 0.0] } else { [t, u, 0.0] });
+            pick.extend(if r % 6 == 5 { [0.0, u, 0.0, 0.0] } else { [t, u, 0.0, 0.0] });
         }
         let logits = DeviceBuf::upload(&c, &l);
-        let ids = DeviceBuf::<u32>::uninit(&c, rows);
-        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, &tops(&c, rows), vocab);
-        let got = ids.read(&c).unwrap();
+        let out = launch::Picked::new(&c, rows);
+        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &out, vocab);
+        let (got, logit) = (out.ids.read(&c).unwrap(), out.chosen.read(&c).unwrap());
         for (r, row) in l.chunks(vocab).enumerate() {
-            let (t, u) = (pick[3 * r], pick[3 * r + 1]);
+            assert_eq!(logit[r], row[got[r] as usize], "vocab {vocab} row {r}: the drawn logit");
+            let (t, u) = (pick[4 * r], pick[4 * r + 1]);
             if t == 0.0 {
                 assert_eq!(got[r], argmax(row), "vocab {vocab} row {r}: greedy");
                 continue;
@@ -992,12 +1028,12 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
     let mut pick = vec![];
     for r in 0..rows {
         let t = if r < rows / 2 { 0.01 } else { 50.0 };
-        pick.extend([t, (r % 32) as f32 / 32.0 + 0.01, 0.0]);
+        pick.extend([t, (r % 32) as f32 / 32.0 + 0.01, 0.0, 0.0]);
     }
-    let ids = DeviceBuf::<u32>::uninit(&c, rows);
+    let out = launch::Picked::new(&c, rows);
     let (logits, pick) = (DeviceBuf::upload(&c, &l), DeviceBuf::upload(&c, &pick));
-    launch::pick_rows(&c, &logits, &pick, &ids, &tops(&c, rows), vocab);
-    let got = ids.read(&c).unwrap();
+    launch::pick_rows(&c, &logits, &pick, &out, vocab);
+    let got = out.ids.read(&c).unwrap();
     assert!(got[..rows / 2].iter().all(|&t| t == 1234), "{got:?}");
     let spread: std::collections::HashSet<_> = got[rows / 2..].iter().collect();
     assert!(spread.len() > 25, "{spread:?}");
@@ -1031,16 +1067,16 @@ fn pick_rows_selects_the_host_top_candidates() {
         l[row(4)].iter_mut().step_by(2).for_each(|v| *v = f32::NEG_INFINITY);
         let rows = 8;
         l.extend(rng.vec(2 * vocab).iter().map(|v| v * 6.0));
-        // [temperature, uniform, candidates] a row: the last two a greedy
-        // and a drawing row with candidates, then a greedy row without.
+        // [temperature, uniform, candidates, _] a row: the last two a
+        // greedy and a drawing row with candidates, then a greedy row
+        // without.
         let picks = [[0.7f32, -1.0, 1.0], [1.0, -1.0, 1.0], [1.3, -1.0, 1.0], [0.5, -1.0, 1.0]];
         let picks =
             [&picks[..], &[[1.0, -1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.3, 1.0], [0.0; 3]]].concat();
-        let pick: Vec<f32> = picks.concat();
-        let (logits, ids, top) =
-            (DeviceBuf::upload(&c, &l), DeviceBuf::uninit(&c, rows), tops(&c, rows));
-        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &ids, &top, vocab);
-        let (got_ids, got) = (ids.read(&c).unwrap(), top.read(&c).unwrap());
+        let pick: Vec<f32> = picks.iter().flat_map(|p| [p[0], p[1], p[2], 0.0]).collect();
+        let (logits, out) = (DeviceBuf::upload(&c, &l), launch::Picked::new(&c, rows));
+        launch::pick_rows(&c, &logits, &DeviceBuf::upload(&c, &pick), &out, vocab);
+        let (got_ids, got) = (out.ids.read(&c).unwrap(), out.top.read(&c).unwrap());
         for (r, &[t, u, sel]) in picks.iter().enumerate() {
             let host = &l[row(r)];
             let token =

@@ -154,9 +154,9 @@ pub enum BackendError {
 /// What one sequence of a step needs back ([`PagedDecoder::forward_select`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Pick {
-    /// Its logits: logprobs beside a bias, a penalty or a grammar, a top-k
-    /// past [`crate::sampling::TOP_CANDIDATES`], samples sharing the row
-    /// (the host's [`crate::sampling::Sampler`]).
+    /// Its logits: a grammar whose mask is not ready, a top-k past
+    /// [`crate::sampling::TOP_CANDIDATES`], samples sharing the row (the
+    /// host's [`crate::sampling::Sampler`]).
     Logits,
     /// Its argmax: greedy (over the logits its [`Adjust`] made).
     Argmax,
@@ -171,6 +171,14 @@ pub enum Pick {
     /// the cut or the token, the row comes from
     /// [`PagedDecoder::last_logits`].
     Top { temperature: f32, u: f32 },
+    /// A sequence with logprobs whose [`Adjust`] adds a bias or penalties:
+    /// its token picked as by [`Pick::Top`] from the adjusted row (with
+    /// `u < 0` the adjusted row's candidates come back for the host's
+    /// draw, in [`StepLogits::tops`]), and the candidates its logprobs
+    /// come from, of its row before the additions (after its mask), in
+    /// [`StepLogits::scored`], with the logits of every token the
+    /// additions touch and of the picked token in their `known`.
+    Scored { temperature: f32, u: f32 },
 }
 
 /// What the host's sampler does to the logits of the rows a backend
@@ -285,6 +293,9 @@ pub struct StepLogits {
     /// The [`TopCandidates`] of the sequences that asked ([`Pick::Top`]),
     /// by sequence (ascending), where the backend computes them.
     pub tops: Vec<(usize, TopCandidates)>,
+    /// The logprob candidates of the sequences that asked
+    /// ([`Pick::Scored`]), by sequence (ascending).
+    pub scored: Vec<(usize, TopCandidates)>,
     /// The backend applied the step's [`Adjust`] (masks and additions):
     /// its picks, candidates and rows read after the step
     /// ([`PagedDecoder::last_logits`]) are of the adjusted logits (those in
@@ -306,9 +317,20 @@ impl StepLogits {
 
     /// Sequence `seq`'s candidates, where they came back.
     pub fn top(&self, seq: usize) -> Option<&TopCandidates> {
-        let at = self.tops.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
-        Some(&self.tops[at].1)
+        of_seq(&self.tops, seq)
     }
+
+    /// Sequence `seq`'s logprob candidates before its additions, where
+    /// they came back ([`Pick::Scored`]).
+    pub fn scored(&self, seq: usize) -> Option<&TopCandidates> {
+        of_seq(&self.scored, seq)
+    }
+}
+
+/// Sequence `seq`'s entry of a list by sequence (ascending).
+fn of_seq(list: &[(usize, TopCandidates)], seq: usize) -> Option<&TopCandidates> {
+    let at = list.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+    Some(&list[at].1)
 }
 
 /// A decoder's paged forward step over the K/V storage it owns.

@@ -4,8 +4,8 @@
 use super::{Adjust, Pick};
 
 /// Floats of [`HostRows::pick`] a sequence (the GPU kernel's
-/// `ops::PICK_STRIDE`).
-pub const PICK_STRIDE: usize = 3;
+/// `pick::PICK_STRIDE`).
+pub const PICK_STRIDE: usize = 4;
 use crate::llama::PagedSeq;
 use crate::paged::BLOCK_SIZE as BLOCK;
 
@@ -27,10 +27,11 @@ pub struct HostRows {
     /// attention: its position is at or past its sequence's `decode_from`
     /// (`attn::PagedSeqRef::decode_from`).
     pub single: Vec<u32>,
-    /// Each sequence's `[temperature, uniform, candidates]`: temperature 0
-    /// picks its argmax, a positive one draws at a uniform `>= 0` (its
-    /// argmax below 0); `candidates` 1 also selects the row's best
-    /// candidates ([`Pick`]).
+    /// Each sequence's `[temperature, uniform, candidates, scored]`:
+    /// temperature 0 picks its argmax, a positive one draws at a uniform
+    /// `>= 0` (its argmax below 0); `candidates` 1 also selects the row's
+    /// best candidates, `scored` 1 those of its row before its additions
+    /// ([`Pick`]).
     pub pick: Vec<f32>,
     /// Each sequence's bias and penalty additions
     /// (`adj_ids`/`adj_adds[adj_off[i]..adj_off[i + 1]]`, [`Adjust`]): one
@@ -95,11 +96,21 @@ impl HostRows {
     pub fn set_picks(&mut self, picks: &[Pick]) {
         for (p, pick) in self.pick.chunks_exact_mut(PICK_STRIDE).zip(picks) {
             p.copy_from_slice(&match *pick {
-                Pick::Draw { temperature, u } => [temperature, u, 0.0],
-                Pick::Top { temperature, u } => [temperature, u, 1.0],
+                Pick::Draw { temperature, u } => [temperature, u, 0.0, 0.0],
+                Pick::Top { temperature, u } => [temperature, u, 1.0, 0.0],
+                // The adjusted row's candidates only for the host's draw.
+                Pick::Scored { temperature, u } => {
+                    [temperature, u, f32::from(u8::from(u < 0.0)), 1.0]
+                }
                 Pick::Logits | Pick::Argmax => [0.0; PICK_STRIDE],
             });
         }
+    }
+
+    /// Some sequence asks for candidates before its additions
+    /// ([`Pick::Scored`]).
+    pub fn scores(&self) -> bool {
+        self.pick.chunks_exact(PICK_STRIDE).any(|p| p[3] > 0.0)
     }
 
     /// Pad a decode step (one row per sequence) to `rows` rows. A padding
@@ -171,7 +182,7 @@ mod tests {
         assert_eq!(r.tables, vec![3, 4, 8, 99]);
         assert_eq!(r.last, vec![0, 1, 2, 3]);
         assert_eq!(r.single, vec![1, 1, 1, 1]);
-        assert_eq!(r.pick, vec![0.0; 12], "padding rows pick their argmax");
+        assert_eq!(r.pick, vec![0.0; 16], "padding rows pick their argmax");
         assert_eq!((r.adj_off, r.mask_off), (vec![0; 5], vec![0; 5]), "and add nothing");
     }
 
@@ -185,9 +196,18 @@ mod tests {
         ];
         let mut r = HostRows::new(&seqs);
         r.set_picks(&[Pick::Logits, Pick::Draw { temperature: 0.7, u: 0.25 }, Pick::Argmax]);
-        assert_eq!(r.pick, vec![0.0, 0.0, 0.0, 0.7, 0.25, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(r.pick, [[0.0; 4], [0.7, 0.25, 0.0, 0.0], [0.0; 4]].concat());
+        assert!(!r.scores());
         r.set_picks(&[Pick::Top { temperature: 0.9, u: -1.0 }]);
-        assert_eq!(&r.pick[..3], &[0.9, -1.0, 1.0]);
+        assert_eq!(&r.pick[..4], &[0.9, -1.0, 1.0, 0.0]);
+        // Scored: the adjusted row's candidates only for the host's draw.
+        let scored = |temperature, u| Pick::Scored { temperature, u };
+        r.set_picks(&[scored(0.0, 0.0), scored(0.8, 0.5), scored(0.9, -1.0)]);
+        assert_eq!(
+            r.pick,
+            [[0.0, 0.0, 0.0, 1.0], [0.8, 0.5, 0.0, 1.0], [0.9, -1.0, 1.0, 1.0]].concat()
+        );
+        assert!(r.scores());
     }
 
     /// A step's masks and additions, each sequence's additions grouped by

@@ -123,7 +123,11 @@ struct Row<'a> {
     pick: Pick,
     logits: Option<&'a [f32]>,
     picked: Option<u32>,
+    /// The candidates of the row the pick saw (adjusted).
     top: Option<&'a TopCandidates>,
+    /// The candidates its logprobs come from: `top`, or those of its row
+    /// before its additions ([`Pick::Scored`]).
+    lp: Option<&'a TopCandidates>,
     /// The backend masked the row by the sequence's grammar and added its
     /// bias and penalties before it picked (not `logits`, which come back
     /// raw).
@@ -478,6 +482,11 @@ impl StepLoop {
                 logits: out.row(wi, vocab),
                 picked: out.picked.as_ref().and_then(|a| a.get(wi).copied()).filter(|_| valid),
                 top: out.top(wi).filter(|_| valid),
+                lp: match picks[wi] {
+                    Pick::Scored { .. } => out.scored(wi),
+                    _ => out.top(wi),
+                }
+                .filter(|_| valid),
                 adjusted: adjusted && out.adjusted,
             };
             // n > 1: the other samples share the prompt's blocks from now on.
@@ -499,7 +508,7 @@ impl StepLoop {
             self.sample_into(w.idx, &row, &mut done, &mut need_slot, &mut deferred);
         }
         // Rows read after the step (candidates that missed): one read.
-        self.sample_read(&deferred, &mut done, &mut need_slot);
+        self.sample_read(&deferred, &out, &mut done, &mut need_slot);
         done.sort_unstable_by_key(|d| d.0);
         for (idx, end) in done.into_iter().rev() {
             let seq = self.running.remove(idx);

@@ -109,13 +109,25 @@ impl<T: CubeElement> DeviceBuf<T> {
         if runs.iter().any(|&(_, end)| end * row_len > self.len) {
             return Err(GpuError::Unsupported(format!("rows {rows:?} past the buffer")));
         }
+        let spans: Vec<_> = runs.iter().map(|&(a, b)| a * row_len..b * row_len).collect();
+        self.ranges(&spans)
+    }
+
+    /// Element ranges of the buffer, for a read of several at once (none
+    /// for an empty range: decoded with [`DeviceBuf::decode`], an empty
+    /// one reads as nothing).
+    pub fn ranges(&self, spans: &[std::ops::Range<usize>]) -> Result<Vec<Handle>, GpuError> {
+        if let Some(s) = spans.iter().find(|s| s.end > self.len || s.start > s.end) {
+            return Err(GpuError::Unsupported(format!("range {s:?} past the buffer")));
+        }
         // Offsets add to the handle's own: an allocation may be a padded
         // slice of a larger one.
         let (size, elem) = (self.handle.size_in_used(), std::mem::size_of::<T>() as u64);
-        Ok(runs
+        Ok(spans
             .iter()
-            .map(|&(start, end)| {
-                let (a, b) = ((start * row_len) as u64 * elem, (end * row_len) as u64 * elem);
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let (a, b) = (s.start as u64 * elem, s.end as u64 * elem);
                 self.handle.clone().offset_start(a).offset_end(size - b)
             })
             .collect())

@@ -13,7 +13,7 @@ use cubecl::client::Client;
 use super::graph::{self, Bucket, Graphs};
 use super::kernels::attention::{HeadShape, BLOCK};
 use super::kernels::exact;
-use super::kernels::top::{TOP_MAX_VOCAB, TOP_N, TOP_STRIDE};
+use super::kernels::top::TOP_MAX_VOCAB;
 use super::launch::{self, Attn, FusedRope, Input, KvElem, LayerPool};
 use super::step::{ExactIo, StepIo, StepShape};
 use super::weights::{check_model, rope_tables, GpuMatrix};
@@ -22,7 +22,6 @@ use crate::backend::rows::HostRows;
 use crate::backend::{Adjust, BackendKind, PagedDecoder, Pick, StepLogits};
 use crate::error::{EngineError, Result};
 use crate::llama::{Llama, LlamaConfig, PagedSeq};
-use crate::sampling::TopCandidates;
 
 #[derive(Debug)]
 struct GpuLayer {
@@ -76,6 +75,7 @@ fn max_part_bytes(kind: BackendKind) -> usize {
 
 mod anatomy;
 mod dense_step;
+mod read;
 pub use anatomy::{Anatomy, StepPart};
 
 /// The llama decoder on a CubeCL device (CUDA, or wgpu in the tests).
@@ -374,59 +374,6 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// What comes back of a step over `io`, for its first `n` sequences,
-    /// in one read: the picked tokens, the logits of the sequences that
-    /// ask for them (all, without device picks) and the candidates of
-    /// those that ask for them. With device picks, the logits' buffer is
-    /// kept for [`PagedDecoder::last_logits`].
-    fn read_out(
-        &self,
-        io: &StepIo,
-        n: usize,
-        picks: &[Pick],
-    ) -> std::result::Result<Read, GpuError> {
-        let (cl, vocab) = (&self.client, self.shape.vocab);
-        if n == 0 {
-            return Ok(Read { out: StepLogits::default(), kept: None });
-        }
-        let asked = |want: fn(&Pick) -> bool| -> Vec<usize> {
-            (0..n).filter(|&i| picks.get(i).is_some_and(want)).collect()
-        };
-        let (logits_of, topped) = if self.device_pick {
-            (asked(|p| *p == Pick::Logits), asked(|p| matches!(p, Pick::Top { .. })))
-        } else {
-            ((0..n).collect(), vec![])
-        };
-        // Every row's logits as one range; else each asked run of rows.
-        let all = logits_of.len() == n;
-        let (rows_len, rows) = if all { (n * vocab, vec![0]) } else { (vocab, logits_of.clone()) };
-        let mut handles = if self.device_pick { io.ids.row_ranges(n, &[0])? } else { vec![] };
-        let picked_at = handles.len();
-        handles.extend(io.logits.row_ranges(rows_len, &rows)?);
-        let logits_at = handles.len();
-        handles.extend(io.top.row_ranges(TOP_STRIDE, &topped)?);
-        let bytes = cl.read(handles).map_err(GpuError::server)?;
-        let picked = self.device_pick.then(|| DeviceBuf::<u32>::decode(&bytes[..picked_at]));
-        let logits = DeviceBuf::<f32>::decode(&bytes[picked_at..logits_at]);
-        let top = DeviceBuf::<f32>::decode(&bytes[logits_at..]);
-        let k = vocab.min(TOP_N);
-        let tops = topped
-            .iter()
-            .zip(top.chunks_exact(TOP_STRIDE))
-            .map(|(&seq, r)| {
-                let cand = (0..k).map(|i| (r[i] as u32, r[TOP_N + i])).collect();
-                let unit_mass = f64::from(r[2 * TOP_N + 1]);
-                (seq, TopCandidates { cand, mass: r[2 * TOP_N], unit_mass })
-            })
-            .collect();
-        // Any picked row may be read after the step: candidates that
-        // missed, a pick outside a grammar's mask.
-        let kept = self.device_pick.then(|| io.logits.clone());
-        let rows = (!all).then_some(logits_of);
-        let adjusted = self.device_pick;
-        Ok(Read { out: StepLogits { logits, rows, picked, tops, adjusted }, kept })
-    }
-
     /// An eager step: buffers of the step's size, inputs uploaded.
     fn step(
         &self,
@@ -441,7 +388,7 @@ impl GpuDecoder {
         }
         let io = StepIo::upload(&self.client, self.shape_for(host.rows()), &host);
         self.launch_step(&io)?;
-        self.read_out(&io, seqs.len(), picks)
+        self.read_out(&io, &host, seqs.len(), picks)
     }
 
     /// A decode step (one new token per sequence) in its bucket: the
@@ -491,10 +438,10 @@ impl GpuDecoder {
                 // written and the logits are read on this thread's stream.
                 #[allow(unsafe_code)]
                 let replayed = unsafe { g.replay() };
-                let read = |()| self.read_out(&bucket.io, n, picks);
+                let read = |()| self.read_out(&bucket.io, &host, n, picks);
                 replayed.map_err(GpuError::server).and_then(read)
             }
-            None => self.record(&mut bucket, n, picks),
+            None => self.record(&mut bucket, &host, n, picks),
         };
         self.graphs.buckets.insert(rows, bucket);
         Some(res)
@@ -506,12 +453,14 @@ impl GpuDecoder {
     fn record(
         &mut self,
         bucket: &mut Bucket,
+        host: &HostRows,
         n: usize,
         picks: &[Pick],
     ) -> std::result::Result<Read, GpuError> {
         let cl = self.client.clone();
         let prepared = cl.graph_prepare().map_err(|e| format!("{e:?}"));
-        let out = self.launch_step(&bucket.io).and_then(|()| self.read_out(&bucket.io, n, picks));
+        let read = |()| self.read_out(&bucket.io, host, n, picks);
+        let out = self.launch_step(&bucket.io).and_then(read);
         let graph = prepared.and_then(|()| {
             // Record only after a good warm-up; a prepared stream stays in
             // capture mode until `stop_capture`, so that ends it either way.
@@ -589,15 +538,16 @@ impl GpuDecoder {
     }
 
     /// The step's last launches: each row's grammar mask, bias and
-    /// penalties, then its pick, where the device picks.
+    /// penalties (a scored row's candidates between them), then its pick,
+    /// where the device picks.
     fn launch_pick(&self, io: &StepIo) {
         let cl = &self.client;
         if self.device_pick {
             let vocab = self.shape.vocab;
             if let Some(a) = &io.adjust {
-                launch::adjust_rows(cl, &io.logits, a, vocab);
+                launch::adjust_rows(cl, &io.logits, a, &io.pick, vocab);
             }
-            launch::pick_rows(cl, &io.logits, &io.pick, &io.ids, &io.top, vocab);
+            launch::pick_rows(cl, &io.logits, &io.pick, &io.picked, vocab);
         }
     }
 

@@ -6,7 +6,7 @@ use cubecl::prelude::*;
 
 use super::kernels::attention::{self, HeadShape};
 use super::kernels::top::{self, TOP_STRIDE};
-use super::kernels::{exact, gemma, ops, q8, q8_tiled, quant, tiled};
+use super::kernels::{exact, gemma, ops, pick, q8, q8_tiled, quant, tiled};
 use super::weights::GpuMatrix;
 use super::DeviceBuf;
 
@@ -489,59 +489,116 @@ pub fn add_rms_norm_q8(
 }
 
 /// `ids[r]` = row `r`'s token of `logits[rows, vocab]`: its argmax, or its
-/// draw at the `[temperature, uniform, candidates]` of `pick[3r..]`; with
-/// `candidates` 1 also its best candidates and masses in
-/// `top[r * TOP_STRIDE..]` ([`ops::pick_rows`]).
+/// draw at the `[temperature, uniform, candidates, _]` of `pick[4r..]`,
+/// and `chosen[r]` its logit; with `candidates` 1 also its best
+/// candidates and masses in `top[r * TOP_STRIDE..]` ([`pick::pick_rows`]).
 pub fn pick_rows(
     c: &Client,
     logits: &DeviceBuf<f32>,
     pick: &DeviceBuf<f32>,
-    ids: &DeviceBuf<u32>,
-    top: &DeviceBuf<f32>,
+    out: &Picked,
     vocab: usize,
 ) {
+    let Picked { ids, chosen, top } = out;
     debug_assert!(top.len() >= ids.len() * TOP_STRIDE && vocab <= top::TOP_MAX_VOCAB);
+    debug_assert!(chosen.len() >= ids.len());
     counted();
-    ops::pick_rows::launch(
+    pick::pick_rows::launch(
         c,
         CubeCount::Static(ids.len() as u32, 1, 1),
-        CubeDim::new_1d(ops::PICK_THREADS as u32),
+        CubeDim::new_1d(pick::PICK_THREADS as u32),
         logits.arg(),
         pick.arg(),
         ids.arg(),
+        chosen.arg(),
         top.arg(),
         vocab,
     );
 }
 
+/// What a step's pick writes, a row a sequence ([`pick::pick_rows`]).
+#[derive(Debug)]
+pub struct Picked {
+    /// Each sequence's picked token: its argmax, or its draw.
+    pub ids: DeviceBuf<u32>,
+    /// The picked token's logit (of the adjusted row).
+    pub chosen: DeviceBuf<f32>,
+    /// Each sequence's candidates, where it asks for them
+    /// ([`crate::backend::Pick::Top`]): `TOP_STRIDE` floats a sequence.
+    pub top: DeviceBuf<f32>,
+}
+
+impl Picked {
+    /// Buffers for `n` sequences.
+    pub fn new(c: &Client, n: usize) -> Self {
+        Self {
+            ids: DeviceBuf::uninit(c, n),
+            chosen: DeviceBuf::uninit(c, n),
+            top: DeviceBuf::uninit(c, n * TOP_STRIDE),
+        }
+    }
+}
+
 /// A step's grammar masks and bias and penalty additions on the device
 /// ([`crate::backend::Adjust`]): row `r`'s additions are
-/// `(ids, adds)[off[r]..off[r + 1]]`, its mask `words[mask_off[r]..mask_off[r + 1]]`.
+/// `(ids, adds)[off[r]..off[r + 1]]`, its mask `words[mask_off[r]..mask_off[r + 1]]`;
+/// `raw[i]`: the logit of `ids[i]` before the additions, `scored[r * TOP_STRIDE..]`
+/// the candidates of a scored row before them (both written by
+/// [`adjust_rows`]).
 #[derive(Debug)]
 pub struct AdjustBufs {
     pub off: DeviceBuf<u32>,
     pub ids: DeviceBuf<u32>,
     pub adds: DeviceBuf<f32>,
+    pub raw: DeviceBuf<f32>,
     pub mask_off: DeviceBuf<u32>,
     pub words: DeviceBuf<u32>,
+    pub scored: DeviceBuf<f32>,
+}
+
+impl AdjustBufs {
+    /// Zeroed buffers for `rows` rows, `adds` additions and `words` mask
+    /// words (a decode bucket's).
+    pub fn zeros(c: &Client, rows: usize, adds: usize, words: usize) -> Self {
+        AdjustBufs {
+            off: DeviceBuf::zeros(c, rows + 1),
+            ids: DeviceBuf::zeros(c, adds),
+            adds: DeviceBuf::zeros(c, adds),
+            raw: DeviceBuf::zeros(c, adds),
+            mask_off: DeviceBuf::zeros(c, rows + 1),
+            words: DeviceBuf::zeros(c, words),
+            scored: DeviceBuf::zeros(c, rows * TOP_STRIDE),
+        }
+    }
 }
 
 /// Each of the first `off.len() − 1` rows of `logits` masked and added
-/// to ([`ops::adjust_rows`]).
-pub fn adjust_rows(c: &Client, logits: &DeviceBuf<f32>, a: &AdjustBufs, vocab: usize) {
+/// to, a scored row's candidates selected between ([`pick::adjust_rows`]).
+pub fn adjust_rows(
+    c: &Client,
+    logits: &DeviceBuf<f32>,
+    a: &AdjustBufs,
+    pick: &DeviceBuf<f32>,
+    vocab: usize,
+) {
     let rows = a.off.len() - 1;
     debug_assert!(logits.len() >= rows * vocab && a.mask_off.len() == rows + 1);
+    debug_assert!(a.raw.len() >= a.adds.len() && a.scored.len() >= rows * TOP_STRIDE);
+    debug_assert!(pick.len() >= rows * pick::PICK_STRIDE);
     counted();
-    ops::adjust_rows::launch(
+    pick::adjust_rows::launch(
         c,
         CubeCount::Static(rows as u32, 1, 1),
-        CubeDim::new_1d(ops::ADJUST_THREADS as u32),
+        CubeDim::new_1d(pick::ADJUST_THREADS as u32),
         logits.arg(),
         a.off.arg(),
         a.ids.arg(),
         a.adds.arg(),
+        a.raw.arg(),
         a.mask_off.arg(),
         a.words.arg(),
+        pick.arg(),
+        a.scored.arg(),
         f32::NEG_INFINITY,
         vocab,
     );
@@ -549,9 +606,9 @@ pub fn adjust_rows(c: &Client, logits: &DeviceBuf<f32>, a: &AdjustBufs, vocab: u
 
 // One candidate per unit of the picking cube (`top::select_top`'s sort),
 // as many as the host's sampler takes.
-const _: () = assert!(top::TOP_N == ops::PICK_THREADS);
+const _: () = assert!(top::TOP_N == pick::PICK_THREADS);
 const _: () = assert!(top::TOP_N == crate::sampling::TOP_CANDIDATES);
-const _: () = assert!(ops::PICK_STRIDE == crate::backend::rows::PICK_STRIDE);
+const _: () = assert!(pick::PICK_STRIDE == crate::backend::rows::PICK_STRIDE);
 
 /// `act[n, inter] = silu(gate) · up` of `gu[n, 2 · inter]` (with
 /// `exact`: ggml's SiLU, [`exact::swiglu_exact`]).

@@ -5,7 +5,7 @@
 
 use super::kernels::attention::HeadShape;
 use super::kernels::top::TOP_STRIDE;
-use super::launch::{AdjustBufs, QActs, RowMeta};
+use super::launch::{AdjustBufs, Picked, QActs, RowMeta};
 use super::DeviceBuf;
 use crate::backend::rows::{HostRows, PICK_STRIDE};
 use crate::llama::LlamaConfig;
@@ -67,11 +67,8 @@ pub struct StepIo {
     /// Each sequence's `[temperature, uniform, candidates]`
     /// ([`HostRows::pick`]).
     pub pick: DeviceBuf<f32>,
-    /// Each sequence's picked token: its argmax, or its draw.
-    pub ids: DeviceBuf<u32>,
-    /// Each sequence's candidates, where it asks for them
-    /// ([`crate::backend::Pick::Top`]): `TOP_STRIDE` floats a sequence.
-    pub top: DeviceBuf<f32>,
+    /// Each sequence's picked token, its logit and its candidates.
+    pub picked: Picked,
     /// The exact step's own buffers, with [`StepShape::exact`].
     pub exact: Option<ExactIo>,
     /// The dense step's own buffers, with [`StepShape::dense`].
@@ -80,7 +77,7 @@ pub struct StepIo {
     pub post: Option<DeviceBuf<f32>>,
     /// The grammar masks and the bias and penalty additions
     /// ([`HostRows::adj_off`], [`HostRows::mask_off`]): an eager step's
-    /// where it has some, a bucket's always ([`StepIo::ADJUST_CAP`]
+    /// where it has some (or scores a row), a bucket's always ([`StepIo::ADJUST_CAP`]
     /// additions at most, a mask a row).
     pub adjust: Option<AdjustBufs>,
 }
@@ -126,16 +123,16 @@ impl StepIo {
         let pick = DeviceBuf::upload(cl, &host.pick);
         // A buffer is never empty: a row's range may be.
         let some = |v: &[u32]| DeviceBuf::upload(cl, if v.is_empty() { &[0] } else { v });
-        let touched = !host.adj_ids.is_empty() || !host.mask_words.is_empty();
+        let adds = if host.adj_adds.is_empty() { &[0.0][..] } else { &host.adj_adds };
+        let touched = !host.adj_ids.is_empty() || !host.mask_words.is_empty() || host.scores();
         let adjust = touched.then(|| AdjustBufs {
             off: DeviceBuf::upload(cl, &host.adj_off),
             ids: some(&host.adj_ids),
-            adds: DeviceBuf::upload(
-                cl,
-                if host.adj_adds.is_empty() { &[0.0] } else { &host.adj_adds },
-            ),
+            adds: DeviceBuf::upload(cl, adds),
+            raw: DeviceBuf::uninit(cl, adds.len()),
             mask_off: DeviceBuf::upload(cl, &host.mask_off),
             words: some(&host.mask_words),
+            scored: DeviceBuf::uninit(cl, host.last.len() * TOP_STRIDE),
         });
         Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
@@ -165,13 +162,8 @@ impl StepIo {
         let tok = DeviceBuf::zeros(cl, rows);
         let (all, last) = (DeviceBuf::upload(cl, &ids), DeviceBuf::upload(cl, &ids));
         let pick = DeviceBuf::zeros(cl, PICK_STRIDE * rows);
-        let adjust = Some(AdjustBufs {
-            off: DeviceBuf::zeros(cl, rows + 1),
-            ids: DeviceBuf::zeros(cl, Self::ADJUST_CAP),
-            adds: DeviceBuf::zeros(cl, Self::ADJUST_CAP),
-            mask_off: DeviceBuf::zeros(cl, rows + 1),
-            words: DeviceBuf::zeros(cl, rows * Self::mask_words(s.vocab)),
-        });
+        let words = rows * Self::mask_words(s.vocab);
+        let adjust = Some(AdjustBufs::zeros(cl, rows, Self::ADJUST_CAP, words));
         Self { adjust, ..Self::with_inputs(cl, s, tok, meta, all, last, pick) }
     }
 
@@ -204,8 +196,7 @@ impl StepIo {
             gu: buf(t * 2 * s.inter),
             hl: buf(n * s.hidden),
             logits: buf(n * s.vocab),
-            ids: DeviceBuf::uninit(cl, n),
-            top: buf(n * TOP_STRIDE),
+            picked: Picked::new(cl, n),
             tok,
             meta,
             all,

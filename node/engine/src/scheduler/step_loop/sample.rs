@@ -6,10 +6,10 @@
 use std::sync::atomic::Ordering;
 
 use super::{End, Row, Seq, StepLoop};
-use crate::backend::Pick;
+use crate::backend::{Pick, StepLogits};
 use crate::constraint::{word_allows, SeqGrammar};
 use crate::generate::FinishReason;
-use crate::sampling::{logprobs, logprobs_from_top, Logprobs};
+use crate::sampling::{logprobs, logprobs_with, Logprobs, TopCandidates};
 
 impl Seq {
     /// What picking this sequence's next token needs of a step, with what
@@ -17,46 +17,49 @@ impl Seq {
     /// ([`crate::backend::Adjust`]; its grammar's mask, where ready, is
     /// [`Seq::prepare_mask`]'s): its argmax (greedy), a plain temperature
     /// draw, the top candidates of a top-k / top-p / min-p draw or of a
-    /// sequence with logprobs (with its argmax or draw), or else the
-    /// logits (a grammar without its mask; logprobs beside a grammar, a
-    /// bias or penalties, since logprobs are of the raw or masked logits
-    /// and the candidates would be of the adjusted ones).
+    /// sequence with logprobs (with its argmax or draw; where a bias or
+    /// penalties change its row, the candidates of its row before them
+    /// too, since logprobs are of the raw or masked logits:
+    /// [`Pick::Scored`]), or else the logits (a grammar without its mask,
+    /// a top-k past the candidates).
     pub(super) fn pick(&self, vocab: usize) -> (Pick, Vec<(u32, f32)>) {
-        let scored = self.logprobs.is_some();
         // A grammar's row is masked on the device where its mask is ready.
         if self.grammar.is_some() && self.mask.is_none() {
             return (Pick::Logits, vec![]);
         }
-        let adds = self.sampler.adjustments();
-        if scored && (!adds.is_empty() || self.grammar.is_some()) {
-            return (Pick::Logits, vec![]);
-        }
-        let pick = if !self.sampler.draws_rng(vocab) {
-            match scored {
-                true => Pick::Top { temperature: 0.0, u: 0.0 },
-                false => Pick::Argmax,
-            }
-        } else if let Some((temperature, u)) = self.sampler.next_draw(vocab, true) {
-            match scored {
-                true => Pick::Top { temperature, u },
-                false => Pick::Draw { temperature, u },
-            }
+        // (0, 0): the argmax; u >= 0: the device's draw; u < 0: a cut
+        // draw the host finishes from the candidates.
+        let (temperature, u) = if !self.sampler.draws_rng(vocab) {
+            (0.0, 0.0)
+        } else if let Some(draw) = self.sampler.next_draw(vocab, true) {
+            draw
         } else {
             match self.sampler.next_top(vocab, true) {
-                Some(temperature) => Pick::Top { temperature, u: -1.0 },
+                Some(temperature) => (temperature, -1.0),
                 None => return (Pick::Logits, vec![]),
             }
+        };
+        let adds = self.sampler.adjustments();
+        let scored = self.logprobs.is_some();
+        let pick = if scored && !adds.is_empty() {
+            Pick::Scored { temperature, u }
+        } else if scored || u < 0.0 {
+            Pick::Top { temperature, u }
+        } else if temperature > 0.0 {
+            Pick::Draw { temperature, u }
+        } else {
+            Pick::Argmax
         };
         (pick, adds)
     }
 
     /// Before a step in which this sequence samples: its grammar's mask,
     /// for the device to apply before it picks ([`Seq::pick`]), where it
-    /// can (no logprobs, no samples sharing the row). A mask that fails
-    /// is left for the host's sampling to report.
+    /// can (no samples sharing the row). A mask that fails is left for
+    /// the host's sampling to report.
     pub(super) fn prepare_mask(&mut self, eos: u32) {
         self.mask = None;
-        if self.logprobs.is_some() || !self.samples.is_empty() {
+        if !self.samples.is_empty() {
             return;
         }
         let stops = self.stops(eos);
@@ -84,6 +87,29 @@ pub(super) struct Deferred {
     token: Option<u32>,
     /// The row carries the sequence's grammar mask, bias and penalties.
     adjusted: bool,
+    /// Its logprobs come from its candidates before its additions
+    /// ([`Pick::Scored`]), not from the row.
+    scored: bool,
+}
+
+/// `tok`'s logprobs from `row`'s logprob candidates, where its logit is
+/// known: among them, or (a scored row) among the adjusted row's, since a
+/// token no addition touches has the same logit in both (every one they
+/// touch is in the scored candidates' `known`).
+fn logprobs_of(row: &Row<'_>, tok: u32, n: usize) -> Option<Logprobs> {
+    let c = row.lp?;
+    let scored = matches!(row.pick, Pick::Scored { .. });
+    let logit = c.logit(tok).or_else(|| row.top.filter(|_| scored)?.logit(tok))?;
+    logprobs_with(c, tok, logit, n)
+}
+
+/// Logprobs under a grammar list only tokens it allows (as
+/// [`crate::sampling::Sampler::sample_masked`]'s).
+fn allowed_only(mut lp: Logprobs, grammar: bool) -> Logprobs {
+    if grammar {
+        lp.top.retain(|t| t.logprob > f32::NEG_INFINITY);
+    }
+    lp
 }
 
 impl StepLoop {
@@ -105,6 +131,7 @@ impl StepLoop {
         // taken: the row is sampled on the host.
         let words = seq.mask.as_deref().filter(|_| row.adjusted);
         let refused = row.picked.filter(|&t| words.is_some_and(|w| !word_allows(w, t)));
+        let on_device = |t: f32, u: f32| t <= 0.0 || u >= 0.0;
         let picked = match (row.pick, row.picked.filter(|_| refused.is_none()), row.top) {
             // The device's argmax or draw: the token `sample` would pick
             // from these logits at the same uniform, counted and drawn
@@ -113,8 +140,8 @@ impl StepLoop {
                 seq.sampler.replay(tok, vocab);
                 Some(tok)
             }
-            (Pick::Top { temperature, u }, Some(tok), Some(_))
-                if temperature <= 0.0 || u >= 0.0 =>
+            (Pick::Top { temperature, u } | Pick::Scored { temperature, u }, Some(tok), _)
+                if on_device(temperature, u) && row.lp.is_some() =>
             {
                 seq.sampler.replay(tok, vocab);
                 Some(tok)
@@ -122,25 +149,30 @@ impl StepLoop {
             // A top-k / top-p / min-p draw from the device's candidates,
             // as `sample` draws it from the logits; unless its cut lies
             // past them (a wide nucleus): then from the logits below.
-            (Pick::Top { .. }, _, Some(top)) => seq.sampler.sample_top(top, vocab, row.adjusted),
+            (Pick::Top { .. } | Pick::Scored { .. }, _, Some(top)) => {
+                seq.sampler.sample_top(top, vocab, row.adjusted)
+            }
             _ => None,
         };
         // Without its logits, a row with candidates, or whose pick was
         // refused, is read after the step.
-        let read_later = row.logits.is_none() && (row.top.is_some() || refused.is_some());
+        let read_later =
+            row.logits.is_none() && (row.top.is_some() || row.lp.is_some() || refused.is_some());
         let no_logits = "the step returned no logits for a sequence that needs them";
+        let (at, adjusted) = (row.at, row.adjusted);
+        let scored = matches!(row.pick, Pick::Scored { .. }) && row.lp.is_some();
         if let Some(tok) = picked {
-            // Logprobs from the candidates, or the row where the token
-            // lies outside them.
+            // Logprobs from the candidates, or the row where they do not
+            // hold the token's logit.
             let lp = match seq.logprobs {
                 None => None,
-                Some(n) => match row.top.and_then(|top| logprobs_from_top(top, tok, n)) {
-                    Some(lp) => Some(lp),
+                Some(n) => match logprobs_of(row, tok, n) {
+                    Some(lp) => Some(allowed_only(lp, seq.grammar.is_some())),
                     None => match row.logits {
                         Some(l) => Some(logprobs(l, tok, n)),
                         None if read_later => {
-                            let (at, adjusted) = (row.at, row.adjusted);
-                            return deferred.push(Deferred { idx, at, token: Some(tok), adjusted });
+                            let token = Some(tok);
+                            return deferred.push(Deferred { idx, at, token, adjusted, scored });
                         }
                         None => return done.push((idx, Err(no_logits.into()))),
                     },
@@ -149,20 +181,20 @@ impl StepLoop {
             return self.take_token(idx, tok, lp, done, need_slot);
         }
         match row.logits {
-            Some(l) => self.sample_logits(idx, l, false, done, need_slot),
+            Some(l) => self.sample_logits(idx, l, false, None, done, need_slot),
             None if read_later => {
-                let (at, adjusted) = (row.at, row.adjusted);
-                deferred.push(Deferred { idx, at, token: None, adjusted })
+                deferred.push(Deferred { idx, at, token: None, adjusted, scored })
             }
             None => done.push((idx, Err(no_logits.into()))),
         }
     }
 
     /// Finish the `deferred` sequences of a step from their rows, read in
-    /// one read.
+    /// one read (`out`: the step's output, for scored candidates).
     pub(super) fn sample_read(
         &mut self,
         deferred: &[Deferred],
+        out: &StepLogits,
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
@@ -183,37 +215,57 @@ impl StepLoop {
             }
         };
         for (d, l) in deferred.iter().zip(rows.chunks_exact(vocab)) {
-            match (d.token, self.running[d.idx].logprobs) {
+            let raw = out.scored(d.at).filter(|_| d.scored);
+            let seq = &self.running[d.idx];
+            let grammar = seq.grammar.is_some();
+            match (d.token, seq.logprobs) {
                 (Some(tok), Some(n)) => {
-                    self.take_token(d.idx, tok, Some(logprobs(l, tok, n)), done, need_slot)
+                    let lp = match raw {
+                        // A token no addition touches: its logit here is its raw one.
+                        Some(c) => {
+                            let logit = c.logit(tok).unwrap_or(l[tok as usize]);
+                            logprobs_with(c, tok, logit, n)
+                        }
+                        None => Some(logprobs(l, tok, n)),
+                    };
+                    let lp = lp.map(|lp| allowed_only(lp, grammar));
+                    self.take_token(d.idx, tok, lp, done, need_slot)
                 }
                 (Some(tok), None) => self.take_token(d.idx, tok, None, done, need_slot),
-                (None, _) => self.sample_logits(d.idx, l, d.adjusted, done, need_slot),
+                (None, _) => self.sample_logits(d.idx, l, d.adjusted, raw, done, need_slot),
             }
         }
     }
 
     /// Sample the next token of `running[idx]` from its `logits` on the
     /// host: with logprobs, or among a grammar's allowed tokens; from
-    /// logits the device `adjusted` (a row without logprobs, read after its
-    /// step), without adding the bias and penalties again.
+    /// logits the device `adjusted` (a row read after its step), without
+    /// adding the bias and penalties again, its logprobs from `raw`, its
+    /// candidates before them, where it has them ([`Pick::Scored`]).
     fn sample_logits(
         &mut self,
         idx: usize,
         logits: &[f32],
         adjusted: bool,
+        raw: Option<&TopCandidates>,
         done: &mut Vec<(usize, End)>,
         need_slot: &mut Vec<u64>,
     ) {
         let (eos, seq) = (self.tok.eos_id, &mut self.running[idx]);
+        // The row's own logprobs, unless they come from `raw`.
+        let own = seq.logprobs.filter(|_| raw.is_none());
         let (tok, lp) = match seq.grammar.as_mut() {
-            None => match seq.logprobs {
-                Some(n) => {
+            None => match (own, adjusted) {
+                (Some(n), false) => {
                     let (t, lp) = seq.sampler.sample_with_logprobs(logits, n);
                     (t, Some(lp))
                 }
-                None if adjusted => (seq.sampler.sample_adjusted(logits), None),
-                None => (seq.sampler.sample(logits), None),
+                (Some(n), true) => {
+                    let t = seq.sampler.sample_adjusted(logits);
+                    (t, Some(logprobs(logits, t, n)))
+                }
+                (None, true) => (seq.sampler.sample_adjusted(logits), None),
+                (None, false) => (seq.sampler.sample(logits), None),
             },
             Some(_) => {
                 // Every stop token (EOS, end of turn) ends the grammar's
@@ -228,7 +280,7 @@ impl StepLoop {
                     (None, None) => return done.push((idx, Err("grammar: no state".into()))),
                 };
                 let allowed = |id: u32| word_allows(&words, id);
-                match seq.sampler.sample_masked(logits, allowed, seq.logprobs, adjusted) {
+                match seq.sampler.sample_masked(logits, allowed, own, adjusted) {
                     Some(t) => t,
                     None => {
                         let msg = "grammar: no token is allowed".to_string();
@@ -236,6 +288,15 @@ impl StepLoop {
                     }
                 }
             }
+        };
+        let lp = match (raw, seq.logprobs) {
+            (Some(c), Some(n)) => {
+                // A token no addition touches: its logit here is its raw one.
+                let logit = c.logit(tok).unwrap_or(logits[tok as usize]);
+                let lp = logprobs_with(c, tok, logit, n);
+                lp.map(|lp| allowed_only(lp, seq.grammar.is_some()))
+            }
+            _ => lp,
         };
         self.take_token(idx, tok, lp, done, need_slot);
     }

@@ -58,13 +58,13 @@ impl GpuDecoder {
         let mut time = |part: &str, f: &mut dyn FnMut() -> std::result::Result<(), GpuError>| {
             // Once untimed: a kernel's first launch compiles it.
             f()?;
-            io.ids.read(&cl)?;
+            io.picked.ids.read(&cl)?;
             let t = std::time::Instant::now();
             for _ in 0..iters {
                 f()?;
             }
             let enqueue = t.elapsed();
-            io.ids.read(&cl)?;
+            io.picked.ids.read(&cl)?;
             let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / iters as f64;
             parts.push(StepPart {
                 part: part.into(),
@@ -78,7 +78,7 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("step, eager", &mut || self.launch_step(&io))?;
-        time("read ids", &mut || io.ids.read(&cl).map(|_| ()))?;
+        time("read ids", &mut || io.picked.ids.read(&cl).map(|_| ()))?;
         let l = &self.layers[0];
         let pool = LayerPool { k: &self.k_pool, v: &self.v_pool, off: 0 };
         // Where the parts' residual adds and norms write, so the step's
@@ -137,19 +137,19 @@ impl GpuDecoder {
             Ok(())
         })?;
         time("pick (argmax)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &io.pick, &io.ids, &io.top, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &io.pick, &io.picked, self.shape.vocab);
             Ok(())
         })?;
         // Every row drawing at temperature 1 instead (the OpenAI default).
-        let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5, 0.0].repeat(n));
+        let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5, 0.0, 0.0].repeat(n));
         time("pick (temperature draw)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &draws, &io.ids, &io.top, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &draws, &io.picked, self.shape.vocab);
             Ok(())
         })?;
         // Every row a top-p draw instead: its best candidates selected.
-        let tops = DeviceBuf::upload(&cl, &[1.0f32, -1.0, 1.0].repeat(n));
+        let tops = DeviceBuf::upload(&cl, &[1.0f32, -1.0, 1.0, 0.0].repeat(n));
         time("pick (top candidates)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &tops, &io.ids, &io.top, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &tops, &io.picked, self.shape.vocab);
             Ok(())
         })?;
         // The bias and penalty additions before a pick: none (what every
@@ -158,40 +158,41 @@ impl GpuDecoder {
         let vocab = self.shape.vocab;
         if let Some(a) = &io.adjust {
             time("adjust (none)", &mut || {
-                launch::adjust_rows(&cl, &io.logits, a, vocab);
+                launch::adjust_rows(&cl, &io.logits, a, &io.pick, vocab);
                 Ok(())
             })?;
         }
+        let bufs = |off: &[u32], ids: &[u32], mask_off: &[u32], words: &[u32]| {
+            let a = launch::AdjustBufs::zeros(&cl, n, ids.len(), words.len());
+            a.off.write(&cl, off);
+            a.ids.write(&cl, ids);
+            a.mask_off.write(&cl, mask_off);
+            a.words.write(&cl, words);
+            a
+        };
         let mut row: Vec<u32> =
             (0..300.min(vocab as u32)).map(|i| i * 163 % vocab as u32).collect();
         row.sort_unstable();
         let off: Vec<u32> = (0..=n as u32).map(|r| r * row.len() as u32).collect();
-        let many = launch::AdjustBufs {
-            off: DeviceBuf::upload(&cl, &off),
-            ids: DeviceBuf::upload(&cl, &row.repeat(n)),
-            adds: DeviceBuf::upload(&cl, &vec![0.0f32; row.len() * n]),
-            mask_off: DeviceBuf::upload(&cl, &vec![0u32; n + 1]),
-            words: DeviceBuf::upload(&cl, &[0u32]),
-        };
+        let many = bufs(&off, &row.repeat(n), &vec![0u32; n + 1], &[0u32]);
         time("adjust (300 a row)", &mut || {
-            launch::adjust_rows(&cl, &io.logits, &many, vocab);
+            launch::adjust_rows(&cl, &io.logits, &many, &io.pick, vocab);
+            Ok(())
+        })?;
+        // The same with logprobs: each row's candidates selected before
+        // its additions (`Pick::Scored`).
+        let scored = DeviceBuf::upload(&cl, &[0.0f32, 0.0, 0.0, 1.0].repeat(n));
+        time("adjust (300 a row, scored)", &mut || {
+            launch::adjust_rows(&cl, &io.logits, &many, &scored, vocab);
             Ok(())
         })?;
         // Every row under a grammar mask that allows every token (each
         // bit read, no logit written).
         let w = StepIo::mask_words(vocab);
-        let masked = launch::AdjustBufs {
-            off: DeviceBuf::upload(&cl, &vec![0u32; n + 1]),
-            ids: DeviceBuf::upload(&cl, &[0u32]),
-            adds: DeviceBuf::upload(&cl, &[0.0f32]),
-            mask_off: DeviceBuf::upload(
-                &cl,
-                &(0..=n as u32).map(|r| r * w as u32).collect::<Vec<_>>(),
-            ),
-            words: DeviceBuf::upload(&cl, &vec![u32::MAX; n * w]),
-        };
+        let mask_off: Vec<u32> = (0..=n as u32).map(|r| r * w as u32).collect();
+        let masked = bufs(&vec![0u32; n + 1], &[0u32], &mask_off, &vec![u32::MAX; n * w]);
         time("adjust (grammar mask)", &mut || {
-            launch::adjust_rows(&cl, &io.logits, &masked, vocab);
+            launch::adjust_rows(&cl, &io.logits, &masked, &io.pick, vocab);
             Ok(())
         })?;
         // Each matmul kernel on the largest two (they give the same bits;
@@ -256,7 +257,7 @@ impl GpuDecoder {
         // The same step as a recorded graph (the decode path's replay).
         cl.graph_prepare().map_err(GpuError::server)?;
         self.launch_step(&io)?;
-        io.ids.read(&cl)?;
+        io.picked.ids.read(&cl)?;
         cl.start_capture().map_err(GpuError::server)?;
         let launched = self.launch_step(&io);
         let graph = cl.stop_capture().map_err(GpuError::server)?;

@@ -6,6 +6,7 @@ pub mod dense;
 pub mod exact;
 pub mod gemma;
 pub mod ops;
+pub mod pick;
 pub mod q8;
 pub mod q8_tiled;
 pub mod quant;

@@ -5,12 +5,12 @@
 use cubecl::prelude::*;
 
 /// Candidates selected per row: `sampling::TOP_CANDIDATES`, one per unit
-/// of the picking cube ([`super::ops::PICK_THREADS`]) for the final sort.
+/// of the picking cube ([`super::pick::PICK_THREADS`]) for the final sort.
 pub const TOP_N: usize = 256;
 
 /// Floats per row of the candidates' buffer: `TOP_N` ids (exact in f32:
 /// vocabularies stay below 2²⁴), then their `TOP_N` logits, then the
-/// row's mass at the draw's temperature and at 1 (`ops::pick_rows`).
+/// row's mass at the draw's temperature and at 1 (`pick::pick_rows`).
 pub const TOP_STRIDE: usize = 2 * TOP_N + 2;
 
 /// Largest vocabulary whose ids the candidates carry exactly (f32) and
