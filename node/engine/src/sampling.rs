@@ -204,14 +204,9 @@ pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> Logprobs {
     Logprobs { chosen: lp(chosen), top }
 }
 
-/// [`logprobs`] from a row's candidates: `None` where they do not hold
-/// `chosen`'s logit (a draw outside them: [`TopCandidates::logit`]).
-pub fn logprobs_from_top(top: &TopCandidates, chosen: u32, n: usize) -> Option<Logprobs> {
-    logprobs_with(top, chosen, top.logit(chosen)?, n)
-}
-
 /// [`logprobs`] from a row's candidates and `chosen`'s logit in that row
-/// (known elsewhere); `None` without candidates.
+/// (among them, [`TopCandidates::logit`], or known elsewhere); `None`
+/// without candidates.
 pub fn logprobs_with(top: &TopCandidates, chosen: u32, logit: f32, n: usize) -> Option<Logprobs> {
     let &(_, max) = top.cand.first()?;
     let lse = log_sum_exp(max, top.unit_mass);
@@ -256,7 +251,7 @@ fn top_n(v: &[f32], n: usize) -> Vec<(u32, f32)> {
 /// first and ties to the lower id, and `mass`, the sum of
 /// `exp(l / t - max / t)` over the whole vocabulary at the draw's
 /// temperature `t` (`max` the best logit), and `unit_mass`, the sum of
-/// `exp(l - max)` (the logprobs' normaliser: [`logprobs_from_top`]).
+/// `exp(l - max)` (the logprobs' normaliser: [`logprobs_with`]).
 /// [`top_candidates`] is the host's computation of the same. `known`:
 /// logits of the same row outside `cand` that came back beside them (the
 /// picked token's; for the candidates of a row before its bias and

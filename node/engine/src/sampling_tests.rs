@@ -406,6 +406,8 @@ fn a_draw_from_the_top_candidates_equals_sampling() {
 /// back beside them.
 #[test]
 fn logprobs_from_the_candidates_equal_the_logits() {
+    let logprobs_from_top =
+        |top: &TopCandidates, tok: u32, n: usize| logprobs_with(top, tok, top.logit(tok)?, n);
     let logits: Vec<f32> =
         (0..3000).map(|i| ((i * 7919 % 997) as f32 / 997.0 - 0.5) * 12.0).collect();
     let top = top_candidates(&logits, 0.8);

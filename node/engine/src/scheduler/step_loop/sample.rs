@@ -103,6 +103,21 @@ fn logprobs_of(row: &Row<'_>, tok: u32, n: usize) -> Option<Logprobs> {
     logprobs_with(c, tok, logit, n)
 }
 
+/// `tok`'s logprobs from `raw`, a scored row's candidates before its
+/// additions, beside `row`, the row as it came back (adjusted), where a
+/// token no addition touches has its raw logit (those they touch are in
+/// `raw.known`); `None` where neither holds it.
+fn scored_logprobs(
+    raw: &TopCandidates,
+    row: &[f32],
+    tok: u32,
+    n: usize,
+    grammar: bool,
+) -> Option<Logprobs> {
+    let logit = raw.logit(tok).or_else(|| row.get(tok as usize).copied())?;
+    logprobs_with(raw, tok, logit, n).map(|lp| allowed_only(lp, grammar))
+}
+
 /// Logprobs under a grammar list only tokens it allows (as
 /// [`crate::sampling::Sampler::sample_masked`]'s).
 fn allowed_only(mut lp: Logprobs, grammar: bool) -> Logprobs {
@@ -221,14 +236,9 @@ impl StepLoop {
             match (d.token, seq.logprobs) {
                 (Some(tok), Some(n)) => {
                     let lp = match raw {
-                        // A token no addition touches: its logit here is its raw one.
-                        Some(c) => {
-                            let logit = c.logit(tok).unwrap_or(l[tok as usize]);
-                            logprobs_with(c, tok, logit, n)
-                        }
-                        None => Some(logprobs(l, tok, n)),
+                        Some(c) => scored_logprobs(c, l, tok, n, grammar),
+                        None => Some(allowed_only(logprobs(l, tok, n), grammar)),
                     };
-                    let lp = lp.map(|lp| allowed_only(lp, grammar));
                     self.take_token(d.idx, tok, lp, done, need_slot)
                 }
                 (Some(tok), None) => self.take_token(d.idx, tok, None, done, need_slot),
@@ -290,12 +300,7 @@ impl StepLoop {
             }
         };
         let lp = match (raw, seq.logprobs) {
-            (Some(c), Some(n)) => {
-                // A token no addition touches: its logit here is its raw one.
-                let logit = c.logit(tok).unwrap_or(logits[tok as usize]);
-                let lp = logprobs_with(c, tok, logit, n);
-                lp.map(|lp| allowed_only(lp, seq.grammar.is_some()))
-            }
+            (Some(c), Some(n)) => scored_logprobs(c, logits, tok, n, seq.grammar.is_some()),
             _ => lp,
         };
         self.take_token(idx, tok, lp, done, need_slot);
