@@ -22,7 +22,8 @@
 #      by side; and every stream sampled at temperature 1 with one seed,
 #      each token drawn on the device, then with top-p 0.9, each draw
 #      finished from the device's best candidates, then with penalties and
-#      a bias added on the device), the same parity and decode figures for the decoder in the
+#      a bias added on the device, then with those and logprobs compared
+#      with the CPU engine's), the same parity and decode figures for the decoder in the
 #      CPU's arithmetic (`exact`: GCS_GPU_EXACT), issue 17's naive burn
 #      loop at the same batches, MiniLM
 #      (synthetic weights, scripts/st-synth.py) on burn-cuda against the
@@ -129,12 +130,14 @@ r = call("/chat/completions", {"model": model, "max_tokens": 16, "temperature": 
 r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
 # OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
 # then with a nucleus: each draw finished from the device's best candidates;
-# then with penalties and a bias, added on the device before it draws; then a
-# JSON object, its grammar's mask applied on the device.
+# then with penalties and a bias, added on the device before it draws; then
+# those with logprobs (their candidates selected on the device before the
+# additions); then a JSON object, its grammar's mask applied on the device.
 penalized = {"frequency_penalty": 0.5, "presence_penalty": 0.3, "logit_bias": {"13": -2}}
+logprobs = {**penalized, "logprobs": True, "top_logprobs": 3}
 json_object = {"response_format": {"type": "json_object"}}
 for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9}), ("penalized", penalized),
-                    ("json", json_object)):
+                    ("logprobs", logprobs), ("json", json_object)):
     try:
         t = time.time()
         s = call("/chat/completions", {"model": model, "max_tokens": 16, "seed": 7,
@@ -142,6 +145,8 @@ for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9}), ("penalized", 
                                        **extra})
         r["check"][name] = {"content": s["choices"][0]["message"]["content"],
                            "usage": s["usage"], "request_s": time.time() - t}
+        if s["choices"][0].get("logprobs"):
+            r["check"][name]["logprobs"] = s["choices"][0]["logprobs"]
     except Exception as e:
         r["check"][name] = {"error": repr(e)}
 json.dump(r, open(sys.argv[1], "w"), indent=1)
@@ -200,7 +205,7 @@ device() {
     echo "FAIL: MiniLM synthesis (the embedder is not checked)"
   fi
 
-  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1, at top-p 0.9, with penalties)"
+  echo "== 1. gpu-check (decoder vs CPU, speed; decode graphs and device picks, then eager; sampled at temperature 1, at top-p 0.9, with penalties, with their logprobs)"
   # The check's own log goes aside: CubeCL logs a kernel it cannot compile
   # with its whole IR (the first device run's log passed 16 MiB and did not
   # come back). log.txt gets it without the IR lines, cut to 2 MB;

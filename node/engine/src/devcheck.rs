@@ -19,7 +19,7 @@ use crate::backend::{self, paged_decoder, ComputeDevice, CpuDecoder, GpuOptions,
 use crate::error::{EngineError, Result};
 use crate::llama::PagedSeq;
 use crate::paged::BLOCK_SIZE;
-use crate::sampling::{argmax, SamplingOptions};
+use crate::sampling::{argmax, Logprobs, SamplingOptions};
 use crate::scheduler::{BatchConfig, BatchEngine, Prompt, SeqEvent, SeqRequest};
 use crate::{cpu_device, Engine};
 
@@ -66,6 +66,45 @@ pub struct DecodeFigure {
     /// whose cut lay past the device's best candidates
     /// (`BatchEngine::rows_read_after_step`).
     pub rows_read_after: u64,
+    /// Streams with logprobs ([`decode_logprobs`](CheckReport)): their
+    /// logprobs against the CPU engine's, over each stream's tokens up to
+    /// its first that differs from the CPU's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobAgreement>,
+}
+
+/// A device's logprobs against the CPU engine's, token by token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LogprobAgreement {
+    /// Tokens compared (every stream's, summed).
+    pub tokens: usize,
+    /// Of those, the tokens whose alternatives are the CPU's ids in the
+    /// CPU's order.
+    pub top_ids_equal: usize,
+    /// Largest |Δ logprob|, of the chosen tokens and of the alternatives
+    /// both sides list at one rank.
+    pub max_abs_delta: f32,
+    /// Every logprob compared is the CPU's bit for bit (the CPU against
+    /// itself; a GPU sums the normaliser in f32, the CPU in f64, so its
+    /// logprobs differ in the last bits even in the CPU's arithmetic).
+    pub bit_equal: bool,
+}
+
+impl LogprobAgreement {
+    /// Adds one token's logprobs `got` against the CPU's `want`.
+    fn add(&mut self, got: &Logprobs, want: &Logprobs) {
+        let pairs =
+            std::iter::once((&got.chosen, &want.chosen)).chain(got.top.iter().zip(&want.top));
+        for (g, w) in pairs.filter(|(g, w)| g.token == w.token) {
+            self.max_abs_delta = self.max_abs_delta.max((g.logprob - w.logprob).abs());
+            self.bit_equal &= g.logprob.to_bits() == w.logprob.to_bits();
+        }
+        let ids = |l: &Logprobs| l.top.iter().map(|t| t.token).collect::<Vec<_>>();
+        let same_ids = ids(got) == ids(want);
+        self.bit_equal &= same_ids;
+        self.top_ids_equal += usize::from(same_ids);
+        self.tokens += 1;
+    }
 }
 
 /// A decoder against the CPU decoder on the check's prompts.
@@ -92,6 +131,11 @@ pub struct ExactFigures {
     #[serde(flatten)]
     pub parity: Parity,
     pub decode: Vec<DecodeFigure>,
+    /// The penalised streams with logprobs (as `decode_logprobs`) at the
+    /// first two batch sizes: in the CPU's arithmetic every draw, and so
+    /// every stream, is the CPU engine's (the exact decoder only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sampled: Vec<DecodeFigure>,
 }
 
 /// The decoder over f16 copies of the weights (`GpuOptions::dense`): its
@@ -127,6 +171,11 @@ pub struct CheckReport {
     /// The sampled streams with penalties ([`penalized`]): each row's
     /// penalties added on a GPU before its draw, no logits copied.
     pub decode_penalized: Vec<DecodeFigure>,
+    /// The penalised streams with logprobs ([`LOGPROBS`] alternatives): a
+    /// GPU picks each token from the adjusted row and selects the
+    /// candidates its logprobs come from before the additions
+    /// (`Pick::Scored`); their logprobs against the CPU engine's.
+    pub decode_logprobs: Vec<DecodeFigure>,
     /// The same checks in the CPU's arithmetic (GPU only).
     pub exact: Option<ExactFigures>,
     /// Whether decode steps replayed recorded graphs (`decode`), and the
@@ -178,28 +227,36 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         BatchEngine::start(Engine::load(&cfg.model, &cpu_device())?, BatchConfig::default());
     let cpu_decode_tokens_per_s = cpu_engine.measure_decode(32)?;
     let short = cfg.prompts.first().cloned().unwrap_or_else(|| vec![1]);
-    let (plain, nucleus, penalized) = (sampled(1.0), sampled(NUCLEUS_TOP_P), penalized());
-    let cpu_sampled = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &plain)?;
-    let cpu_nucleus = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &nucleus)?;
-    let cpu_penalized = sampled_tokens(&cpu_engine, &short, cfg.greedy_tokens, &penalized)?;
+    // Sampled at temperature 1, with a nucleus, with penalties, and with
+    // penalties and logprobs: each ask's stream on the CPU engine first.
+    let asks = [
+        Ask::sampled(sampled(1.0)),
+        Ask::sampled(sampled(NUCLEUS_TOP_P)),
+        Ask::sampled(penalized()),
+        Ask { logprobs: Some(LOGPROBS), ..Ask::sampled(penalized()) },
+    ];
+    let cpu_streams = asks
+        .iter()
+        .map(|a| cpu_stream(&cpu_engine, &short, cfg.greedy_tokens, a))
+        .collect::<Result<Vec<_>>>()?;
     drop(cpu_engine);
 
-    let (engine, decode) = decode_figures(cfg, &short, cpu_ref, GpuOptions::default())?;
-    let (mut decode_sampled, mut decode_nucleus, mut decode_penalized) = (vec![], vec![], vec![]);
+    let greedy = Stream { ids: cpu_ref.to_vec(), logprobs: vec![] };
+    let (engine, decode) = decode_figures(cfg, &short, &greedy, GpuOptions::default())?;
+    let mut sampled_figures: [Vec<DecodeFigure>; 4] = Default::default();
     for &b in &cfg.batches {
-        let (n, t) = (b.max(1), cfg.decode_tokens);
-        decode_sampled.push(measure(&engine, &short, n, t, &cpu_sampled, Some(&plain))?);
-        decode_nucleus.push(measure(&engine, &short, n, t, &cpu_nucleus, Some(&nucleus))?);
-        let p = Some(&penalized);
-        decode_penalized.push(measure(&engine, &short, n, t, &cpu_penalized, p)?);
+        for ((ask, cpu), figures) in asks.iter().zip(&cpu_streams).zip(&mut sampled_figures) {
+            figures.push(measure(&engine, &short, b.max(1), cfg.decode_tokens, cpu, ask)?);
+        }
     }
+    let [decode_sampled, decode_nucleus, decode_penalized, decode_logprobs] = sampled_figures;
     let long: Vec<u32> = short.iter().copied().cycle().take(cfg.prefill_tokens.max(1)).collect();
     let ttft = first_token(&engine, &long)?;
     drop(engine);
     // The same figures with every step launched eagerly, side by side.
     let graphs = gpu.as_ref().is_some_and(|g| backend::graphs_default(g.kind));
     let eager = GpuOptions { graphs: Some(false), ..Default::default() };
-    let decode_eager = if graphs { decode_figures(cfg, &short, cpu_ref, eager)?.1 } else { vec![] };
+    let decode_eager = if graphs { decode_figures(cfg, &short, &greedy, eager)?.1 } else { vec![] };
     let (name, backend, memory_bytes) = match &gpu {
         Some(g) => (g.name.clone(), g.kind.name().to_string(), g.memory_bytes),
         None => ("cpu".to_string(), backend::BackendKind::Cpu.name().to_string(), 0),
@@ -214,6 +271,7 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         decode_sampled,
         decode_nucleus,
         decode_penalized,
+        decode_logprobs,
         exact: None,
         graphs,
         decode_eager,
@@ -231,8 +289,13 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
     if gpu.is_some() {
         let exact = GpuOptions { exact: Some(true), ..Default::default() };
         let (parity, _) = against_cpu(cfg, &reference, exact)?;
-        let decode = decode_figures(cfg, &short, cpu_ref, exact)?.1;
-        report.exact = Some(ExactFigures { parity, decode });
+        let (engine, decode) = decode_figures(cfg, &short, &greedy, exact)?;
+        // The last ask: penalties and a bias, with logprobs.
+        let (ask, cpu) = (&asks[3], &cpu_streams[3]);
+        let sampled = (cfg.batches.iter().take(2))
+            .map(|&b| measure(&engine, &short, b.max(1), cfg.decode_tokens, cpu, ask))
+            .collect::<Result<Vec<_>>>()?;
+        report.exact = Some(ExactFigures { parity, decode, sampled });
         progress(&report);
     }
     report.anatomy =
@@ -257,8 +320,8 @@ pub fn run_with(cfg: &CheckConfig, progress: &mut dyn FnMut(&CheckReport)) -> Re
         let opts = GpuOptions { dense: Some(1), ..Default::default() };
         let run = std::panic::AssertUnwindSafe(|| -> Result<ExactFigures> {
             let (parity, _) = against_cpu(cfg, &reference, opts)?;
-            let decode = decode_figures(cfg, &short, cpu_ref, opts)?.1;
-            Ok(ExactFigures { parity, decode })
+            let decode = decode_figures(cfg, &short, &greedy, opts)?.1;
+            Ok(ExactFigures { parity, decode, sampled: vec![] })
         });
         let (figures, error) = match std::panic::catch_unwind(run) {
             Ok(Ok(f)) => (Some(f), None),
@@ -359,7 +422,7 @@ fn against_cpu(cfg: &CheckConfig, r: &CpuReference, opts: GpuOptions) -> Result<
 fn decode_figures(
     cfg: &CheckConfig,
     short: &[u32],
-    cpu_ref: &[u32],
+    cpu_ref: &Stream,
     opts: GpuOptions,
 ) -> Result<(BatchEngine, Vec<DecodeFigure>)> {
     let backend_err = |e: backend::BackendError| EngineError::Backend(e.to_string());
@@ -379,7 +442,8 @@ fn decode_figures(
     engine.measure_decode(4)?;
     let mut decode = vec![];
     for &b in &cfg.batches {
-        decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref, None)?);
+        let greedy = Ask::default();
+        decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref, &greedy)?);
     }
     Ok((engine, decode))
 }
@@ -389,6 +453,10 @@ pub const SAMPLED_SEED: u64 = 7;
 
 /// The nucleus of the check's top-p streams (`decode_nucleus`).
 pub const NUCLEUS_TOP_P: f32 = 0.9;
+
+/// The alternatives each token of the check's streams with logprobs
+/// lists (`decode_logprobs`).
+pub const LOGPROBS: usize = 5;
 
 /// The check's sampled streams: temperature 1 (OpenAI's default), with
 /// [`SAMPLED_SEED`], keeping the nucleus `top_p`.
@@ -404,60 +472,77 @@ fn penalized() -> SamplingOptions {
     SamplingOptions { frequency_penalty: 0.5, presence_penalty: 0.3, logit_bias, ..sampled(1.0) }
 }
 
-/// A stream of `prompt`: greedy, or sampled as `sampling` says.
-fn request(
-    prompt: &[u32],
-    max_tokens: usize,
-    salt: usize,
-    sampling: Option<&SamplingOptions>,
-) -> SeqRequest {
-    let mut r = SeqRequest::new(Prompt::Tokens(prompt.to_vec()), max_tokens);
-    r.ignore_eos = true;
-    // A salt of its own per stream: no stream reuses another's prefix.
-    r.tenant = format!("gcs-engine/check/{salt}");
-    if let Some(o) = sampling {
-        r.sampling = o.clone();
-    }
-    r
+/// What a stream of the check asks for: greedy (`sampling` none) or
+/// sampled, with or without logprobs.
+#[derive(Debug, Clone, Default)]
+struct Ask {
+    sampling: Option<SamplingOptions>,
+    logprobs: Option<usize>,
 }
 
-/// The first `tokens` tokens `engine` samples from `prompt` as `sampling`
-/// says.
-fn sampled_tokens(
-    engine: &BatchEngine,
-    prompt: &[u32],
-    tokens: usize,
-    sampling: &SamplingOptions,
-) -> Result<Vec<u32>> {
-    let s = engine.submit(request(prompt, tokens, usize::MAX, Some(sampling)))?;
-    let mut ids = vec![];
+impl Ask {
+    fn sampled(o: SamplingOptions) -> Self {
+        Self { sampling: Some(o), logprobs: None }
+    }
+
+    /// A stream of `prompt`, `max_tokens` long, with a prefix-cache salt
+    /// of its own.
+    fn request(&self, prompt: &[u32], max_tokens: usize, salt: usize) -> SeqRequest {
+        let mut r = SeqRequest::new(Prompt::Tokens(prompt.to_vec()), max_tokens);
+        r.ignore_eos = true;
+        // A salt of its own per stream: no stream reuses another's prefix.
+        r.tenant = format!("gcs-engine/check/{salt}");
+        if let Some(o) = &self.sampling {
+            r.sampling = o.clone();
+        }
+        r.logprobs = self.logprobs;
+        r
+    }
+}
+
+/// A stream's tokens and, where it asked, their logprobs.
+#[derive(Debug, Clone, Default)]
+struct Stream {
+    ids: Vec<u32>,
+    logprobs: Vec<Logprobs>,
+}
+
+/// The first `tokens` tokens (and logprobs) `engine` gives `prompt` as
+/// `ask` says.
+fn cpu_stream(engine: &BatchEngine, prompt: &[u32], tokens: usize, ask: &Ask) -> Result<Stream> {
+    let s = engine.submit(ask.request(prompt, tokens, usize::MAX))?;
+    let mut out = Stream::default();
     loop {
         match s.recv() {
-            Some(SeqEvent::Delta { token_ids, .. }) => ids.extend(token_ids),
-            Some(SeqEvent::Done(_)) => return Ok(ids),
+            Some(SeqEvent::Delta { token_ids, logprobs, .. }) => {
+                out.ids.extend(token_ids);
+                out.logprobs.extend(logprobs);
+            }
+            Some(SeqEvent::Done(_)) => return Ok(out),
             Some(SeqEvent::Error(e)) => return Err(EngineError::InvalidRequest(e)),
             None => return Err(EngineError::Stopped),
         }
     }
 }
 
-/// `batch` streams of `tokens` tokens after the first, at once: greedy,
-/// or sampled as `sampling` says; `reference` is what each stream's first
-/// tokens should be.
+/// `batch` streams of `tokens` tokens after the first, at once, as `ask`
+/// says; `reference` is what each stream's first tokens (and logprobs)
+/// should be.
 fn measure(
     engine: &BatchEngine,
     prompt: &[u32],
     batch: usize,
     tokens: usize,
-    reference: &[u32],
-    sampling: Option<&SamplingOptions>,
+    reference: &Stream,
+    ask: &Ask,
 ) -> Result<DecodeFigure> {
     let read_before = engine.rows_read_after_step();
     let streams = (0..batch)
-        .map(|i| engine.submit(request(prompt, tokens + 1, i, sampling)))
+        .map(|i| engine.submit(ask.request(prompt, tokens + 1, i)))
         .collect::<Result<Vec<_>>>()?;
     let mut got = vec![0usize; batch];
     let mut ids: Vec<Vec<u32>> = vec![vec![]; batch];
+    let mut lps: Vec<Vec<Logprobs>> = vec![vec![]; batch];
     let mut done = vec![false; batch];
     let (mut start, mut counted) = (None::<Instant>, 0usize);
     while done.iter().any(|d| !d) {
@@ -473,9 +558,10 @@ fn measure(
             };
             idle = false;
             match ev {
-                SeqEvent::Delta { token_ids, .. } => {
+                SeqEvent::Delta { token_ids, logprobs, .. } => {
                     got[i] += token_ids.len();
                     ids[i].extend_from_slice(&token_ids);
+                    lps[i].extend(logprobs);
                     if start.is_some() {
                         counted += token_ids.len();
                     } else if got.iter().all(|&g| g > 0) {
@@ -494,8 +580,20 @@ fn measure(
     let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let tokens_per_s = if seconds > 0.0 { counted as f64 / seconds } else { 0.0 };
     let streams_equal = ids.iter().filter(|t| **t == ids[0]).count();
-    let k = reference.len().min(tokens);
-    let streams_match_cpu = ids.iter().filter(|t| t.len() >= k && t[..k] == reference[..k]).count();
+    let want = &reference.ids;
+    let k = want.len().min(tokens);
+    let streams_match_cpu = ids.iter().filter(|t| t.len() >= k && t[..k] == want[..k]).count();
+    // Each stream's logprobs while its tokens are the CPU's.
+    let logprobs = ask.logprobs.map(|_| {
+        let mut a = LogprobAgreement { bit_equal: true, ..Default::default() };
+        for (t, l) in ids.iter().zip(&lps) {
+            let same = t.iter().zip(want).take_while(|(x, y)| x == y).count();
+            for (g, w) in l.iter().zip(&reference.logprobs).take(same) {
+                a.add(g, w);
+            }
+        }
+        a
+    });
     Ok(DecodeFigure {
         batch,
         tokens: counted,
@@ -504,13 +602,14 @@ fn measure(
         streams_equal,
         streams_match_cpu,
         rows_read_after: engine.rows_read_after_step() - read_before,
+        logprobs,
     })
 }
 
 /// Time from submitting `prompt` to its first token.
 fn first_token(engine: &BatchEngine, prompt: &[u32]) -> Result<Duration> {
     let t = Instant::now();
-    let s = engine.submit(request(prompt, 1, usize::MAX, None))?;
+    let s = engine.submit(Ask::default().request(prompt, 1, usize::MAX))?;
     loop {
         match s.recv() {
             Some(SeqEvent::Delta { token_ids, .. }) if !token_ids.is_empty() => {

@@ -168,14 +168,59 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// The token plain temperature sampling draws at `u` (uniform in [0, 1)):
 /// the first id whose running sum of `exp(l / t - max / t)`, in id order,
 /// passes `u` times the whole sum; the last id when rounding leaves none.
-/// [`Sampler`] draws this way when no top-k, top-p, min-p, bias or
-/// penalty applies, and a GPU decoder draws the same way on the device
-/// (`kernels::pick::pick_rows`, its sums grouped by ranges of ids).
+/// The sums are grouped in [`DRAW_RANGES`] ranges of ids. [`Sampler`]
+/// draws this way where no top-k, top-p or min-p cuts (after any bias and
+/// penalties), and a GPU decoder the same way on the device
+/// (`kernels::pick::pick_rows`): the same f32 operations in the same
+/// order, so the two draw the same token wherever their `exp` agree.
 pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
-    let t = temperature;
+    let (t, vocab) = (temperature, logits.len());
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let probs: Vec<f32> = logits.iter().map(|&l| (l / t - max / t).exp()).collect();
-    draw_at(&probs, u, |i| i as u32)
+    let weight = |l: f32| (l / t - max / t).exp();
+    let (range, sums) = range_sums(logits, t, max);
+    let r = u * sums.iter().fold(0.0f32, |a, &s| a + s);
+    let mut before = 0.0f32;
+    for (k, &s) in sums.iter().enumerate() {
+        let next = before + s;
+        if r < next {
+            // The range's own sum again, in its order: it passes r by
+            // its end at the latest (its last id otherwise).
+            let (lo, hi) = (k * range, ((k + 1) * range).min(vocab));
+            let mut acc = 0.0f32;
+            for (i, &l) in logits[lo..hi].iter().enumerate() {
+                acc += weight(l);
+                if r < before + acc {
+                    return (lo + i) as u32;
+                }
+            }
+            return (hi - 1) as u32;
+        }
+        before = next;
+    }
+    vocab.saturating_sub(1) as u32
+}
+
+/// Ranges of ids whose weights [`draw_temperature`] sums apart: the units
+/// of a GPU's picking cube (`kernels::pick::PICK_THREADS`), so that both
+/// sides round alike.
+pub const DRAW_RANGES: usize = 256;
+
+/// The ids a range of [`DRAW_RANGES`] holds, and each range's sum of
+/// `exp(l / t - max / t)` in id order: a row's weights grouped as a GPU
+/// groups them (`kernels::pick::range_masses`). One f32 running sum over
+/// ~50k ids stops growing by the tail's weights once it is large (each
+/// below half its ulp): its draws crossed `u` tens of ids from the
+/// grouped sums' on real logits, and its mass left the tail out.
+fn range_sums(logits: &[f32], t: f32, max: f32) -> (usize, Vec<f32>) {
+    let range = logits.len().div_ceil(DRAW_RANGES).max(1);
+    let weight = |l: f32| (l / t - max / t).exp();
+    (range, logits.chunks(range).map(|c| c.iter().fold(0.0, |a, &l| a + weight(l))).collect())
+}
+
+/// The whole row's sum of `exp(l / t - max / t)` ([`range_sums`] added in
+/// order): a draw's normaliser at temperature `t`, as a GPU sums it.
+fn row_mass(logits: &[f32], t: f32, max: f32) -> f32 {
+    range_sums(logits, t, max).1.iter().fold(0.0f32, |a, &s| a + s)
 }
 
 /// Index `i` drawn with probability proportional to `probs[i]` at `u`.
@@ -281,7 +326,7 @@ pub fn top_candidates(logits: &[f32], temperature: f32) -> TopCandidates {
     let cand = top_n(logits, TOP_CANDIDATES);
     let t = temperature;
     let best = cand.first().map_or(0.0, |c| c.1);
-    let total = if t > 0.0 { mass(logits.iter().copied(), t, best / t) } else { 0.0 };
+    let total = if t > 0.0 { row_mass(logits, t, best) } else { 0.0 };
     TopCandidates { cand, mass: total, unit_mass: unit_mass(logits, best), known: vec![] }
 }
 
@@ -563,7 +608,7 @@ impl Sampler {
         let z = if complete {
             mass(cand.iter().map(|c| c.1), t, max)
         } else if k == logits.len() {
-            mass(logits.iter().copied(), t, max)
+            row_mass(logits, t, cand[0].1)
         } else {
             mass(top_n(logits, k).iter().map(|c| c.1), t, max)
         };

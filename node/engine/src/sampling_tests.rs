@@ -325,6 +325,32 @@ fn draw_temperature_follows_the_cumulative_mass() {
     assert_eq!(draw_temperature(&logits, 0.05, 0.99), 1);
 }
 
+/// A draw that lands in a long tail of small weights after a few large
+/// ones: one f32 running sum stops growing there (each weight is below
+/// half its ulp) and drew the last id, 630 ulps of the sum past `u`'s
+/// crossing; the grouped sums' crossing lies within a few dozen ulps of
+/// the exact (f64) one (each range's sum rounds once as it is added).
+#[test]
+fn a_draw_in_a_long_tail_finds_its_token() {
+    let vocab = 49_152;
+    let mut logits = vec![-18.0f32; vocab];
+    logits[..10].fill(0.0);
+    let w: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
+    let total: f64 = w.iter().sum();
+    // The ten best hold all but 7.5e-5 of the mass.
+    for u in [0.99994f32, 0.99996, 0.99999] {
+        let tok = draw_temperature(&logits, 1.0, u) as usize;
+        let r = u as f64 * total;
+        let before: f64 = w[..tok].iter().sum();
+        let ulp = 10f32.next_up() as f64 - 10.0;
+        assert!(tok > 10 && tok < vocab - 1, "u {u}: {tok}");
+        assert!((before - r).abs() < 32.0 * ulp, "u {u}: token {tok}, {before} against {r}");
+    }
+    // Ties in a grouped sum: the ranges split the vocabulary evenly.
+    assert_eq!(draw_temperature(&[0.0; 5], 1.0, 0.5), 2);
+    assert_eq!(draw_temperature(&[], 1.0, 0.5), 0);
+}
+
 /// A temperature too small for `l / t` (a subnormal one overflowed every
 /// probability to NaN and drew the last id) samples greedily, draws
 /// nothing from the RNG, and is picked as an argmax; from

@@ -146,11 +146,23 @@ fn the_device_check_of_the_cpu_against_itself_agrees_exactly() {
     // And with a nucleus (top-p 0.9), and with penalties and a bias, the same.
     assert_eq!(r.decode_nucleus.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
     assert_eq!(r.decode_penalized.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
-    for d in r.decode_sampled.iter().chain(&r.decode_nucleus).chain(&r.decode_penalized) {
+    // And with those and logprobs: the same tokens and logprobs.
+    assert_eq!(r.decode_logprobs.iter().map(|d| d.batch).collect::<Vec<_>>(), [1, 3]);
+    let sampled = r.decode_sampled.iter().chain(&r.decode_nucleus).chain(&r.decode_penalized);
+    for d in sampled.clone().chain(&r.decode_logprobs) {
         assert!(d.tokens > 0 && d.tokens_per_s > 0.0, "{d:?}");
         // The CPU returns every row's logits: none is read after its step.
         assert_eq!(d.rows_read_after, 0, "{d:?}");
         assert_eq!((d.streams_equal, d.streams_match_cpu), (d.batch, d.batch), "{d:?}");
+    }
+    for d in r.decode.iter().chain(sampled) {
+        assert_eq!(d.logprobs, None, "no logprobs asked for: {d:?}");
+    }
+    for d in &r.decode_logprobs {
+        // Every stream's first 4 tokens (the CPU stream's length) compared.
+        let l = d.logprobs.as_ref().expect("logprobs compared");
+        assert_eq!((l.tokens, l.top_ids_equal), (4 * d.batch, 4 * d.batch), "{d:?}");
+        assert!(l.bit_equal && l.max_abs_delta == 0.0, "{d:?}");
     }
     // Graphs are a GPU decoder's; the CPU has no eager twin to measure.
     assert!(!r.graphs && r.decode_eager.is_empty(), "{r:?}");

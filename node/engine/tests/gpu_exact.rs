@@ -187,3 +187,97 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
     assert!(decode_rows >= 8 && prefill_rows >= 300, "{decode_rows} / {prefill_rows}");
     assert_eq!(fused_steps, 2, "decode steps with RoPE inside the attention");
 }
+
+/// The exact decoder behind the batch scheduler streams the CPU engine's
+/// tokens bit for bit, whatever a step does beside the logits on the
+/// device: a bias and penalties added before a greedy pick, a draw and a
+/// top-p draw; a JSON grammar's mask, alone and beside penalties. Every
+/// stream asks for logprobs, so the device selects the candidates they
+/// come from before its additions (`Pick::Scored`) or of the masked row
+/// (`Pick::Top`); all five run in one batch. The logprobs list the CPU's
+/// ids in its order, their values within 1e-5: their normaliser is summed
+/// in f32 on the device (in ranges, then a tree), in f64 on the CPU.
+#[test]
+fn the_exact_decoder_streams_the_cpu_engines_logprobs_beside_additions_and_masks() {
+    use gcs_engine::backend::{ComputeDevice, GpuOptions};
+    use gcs_engine::sampling::{Logprobs, SamplingOptions};
+    use gcs_engine::{cpu_device, BatchConfig, BatchEngine, ChatMessage, Engine, Grammar};
+    use gcs_engine::{Prompt, SeqEvent, SeqRequest};
+    let Some(path) = common::smollm_path() else { return };
+    let e = Engine::load(&path, &cpu_device()).unwrap();
+    let ids = e.prompt_tokens(&[ChatMessage::new("user", "Describe a cat as JSON.")]).unwrap();
+    let penalized = |temperature, top_p| SamplingOptions {
+        temperature,
+        top_p,
+        seed: 11,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.3,
+        logit_bias: vec![(13, -2.0), (28, 1.5), (330, -1.0)],
+        ..Default::default()
+    };
+    let drawn = SamplingOptions { temperature: 1.0, seed: 3, ..Default::default() };
+    let asks = [
+        (penalized(0.0, 1.0), None),
+        (penalized(1.0, 1.0), None),
+        (penalized(0.8, 0.9), None),
+        (drawn, Some(Grammar::JsonObject)),
+        (penalized(0.0, 1.0), Some(Grammar::JsonObject)),
+    ];
+    let run = |engine: &BatchEngine| {
+        let streams: Vec<_> = asks
+            .iter()
+            .map(|(sampling, grammar)| {
+                let mut r = SeqRequest::new(Prompt::Tokens(ids.clone()), 8);
+                (r.sampling, r.grammar, r.logprobs) = (sampling.clone(), grammar.clone(), Some(4));
+                engine.submit(r).unwrap()
+            })
+            .collect();
+        let out: Vec<(Vec<u32>, Vec<Logprobs>)> = streams
+            .into_iter()
+            .map(|s| {
+                let (mut toks, mut lps) = (vec![], vec![]);
+                loop {
+                    match s.recv().unwrap() {
+                        SeqEvent::Delta { token_ids, logprobs, .. } => {
+                            toks.extend(token_ids);
+                            lps.extend(logprobs);
+                        }
+                        SeqEvent::Done(_) => break (toks, lps),
+                        SeqEvent::Error(e) => panic!("{e}"),
+                    }
+                }
+            })
+            .collect();
+        out
+    };
+    let cfg = BatchConfig { max_running: 8, kv_blocks: 64, ..BatchConfig::default() };
+    let exact = GpuOptions { exact: Some(true), ..Default::default() };
+    let gpu =
+        BatchEngine::start_on(e, BatchConfig { gpu: exact, ..cfg.clone() }, ComputeDevice::Wgpu(0))
+            .unwrap();
+    let cpu = BatchEngine::start(Engine::load(&path, &cpu_device()).unwrap(), cfg);
+    let (g, c) = (run(&gpu), run(&cpu));
+    for (i, ((gt, gl), (ct, cl))) in g.iter().zip(&c).enumerate() {
+        eprintln!("stream {i}: GPU {gt:?}, CPU {ct:?}");
+        assert!(!gt.is_empty() && gl.len() == gt.len(), "stream {i}");
+        assert_eq!(gt, ct, "stream {i}'s tokens");
+        let ids = |l: &[Logprobs]| {
+            l.iter().map(|x| x.top.iter().map(|t| t.token).collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(gl), ids(cl), "stream {i}'s alternatives");
+        for (x, y) in gl.iter().zip(cl) {
+            let pairs = std::iter::once((&x.chosen, &y.chosen)).chain(x.top.iter().zip(&y.top));
+            for (a, b) in pairs {
+                assert!((a.logprob - b.logprob).abs() <= 1e-5, "stream {i}: {x:?} against {y:?}");
+            }
+        }
+        let same = gl.iter().zip(cl).filter(|(x, y)| x == y).count();
+        eprintln!("stream {i}: {same} of {} tokens' logprobs bit-equal", gl.len());
+        // Under a grammar only the allowed alternatives are listed.
+        let listed = |n: usize| n == 4 || (asks[i].1.is_some() && n > 0);
+        assert!(gl.iter().all(|l| listed(l.top.len()) && l.chosen.logprob <= 0.0), "stream {i}");
+    }
+    // The grammar's mask was applied: the penalised greedy stream under
+    // it is not the one without it.
+    assert_ne!(g[0].0, g[4].0);
+}

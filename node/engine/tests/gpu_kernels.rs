@@ -962,11 +962,12 @@ fn pick_rows_at_temperature_0_is_the_host_argmax_with_ties() {
 
 /// Temperature draws on the device against the host's
 /// `draw_temperature` at the same uniforms: rows of 1,000, 5,000 and
-/// 49,152 logits (SmolLM2's vocabulary), temperatures from 0.3 to 1.5,
-/// greedy rows in the same launch. The device groups its running sum by
-/// ranges of ids, so a draw may differ only where the uniform's point
-/// lies within rounding of a boundary between two tokens (checked in f64);
-/// u = 0 draws the first token. Dropping the temperature from the
+/// 49,152 logits (SmolLM2's vocabulary), and 49,152 with a long tail,
+/// temperatures from 0.3 to 1.5, greedy rows in the same launch. Both
+/// group their running sums by the same ranges of ids, so a draw may
+/// differ only where an `exp` of the device's rounds differently right at
+/// a boundary between two tokens (checked in f64); u = 0 draws the first
+/// token. Dropping the temperature from the
 /// kernel's weights, or choosing the range after the one the draw falls
 /// in, makes it fail.
 #[test]
@@ -975,14 +976,28 @@ fn pick_rows_draws_as_the_host_at_the_same_uniforms() {
     let c = client();
     let mut rng = Rng(0x0d2a_3b11);
     let (mut same, mut all) = (0, 0);
-    for vocab in [1000usize, 5000, 49_152] {
+    // Rows shaped like a model's too: 16 ids first that hold most of the
+    // mass, then a long tail of small weights that draws at u near 1 land
+    // in, where one running sum over the row rounds far from the grouped
+    // sums (they drew tokens tens of ids apart).
+    for (vocab, tail) in [(1000usize, false), (5000, false), (49_152, false), (49_152, true)] {
         let rows = 24;
-        let l: Vec<f32> = rng.vec(rows * vocab).iter().map(|v| v * 6.0).collect();
+        let l: Vec<f32> = (0..rows * vocab)
+            .map(|i| match (tail, i % vocab < 16) {
+                (false, _) => rng.f() * 6.0,
+                (true, true) => rng.f() * 0.5,
+                (true, false) => rng.f() - 12.0,
+            })
+            .collect();
         let mut pick = vec![];
         for r in 0..rows {
             let t = [0.3f32, 0.7, 1.0, 1.5][r % 4];
             // Every sixth row greedy; row 1 draws at u = 0.
-            let u = if r == 1 { 0.0 } else { (rng.f() + 1.0) / 2.0 };
+            let u = match (r, tail) {
+                (1, _) => 0.0,
+                (_, false) => (rng.f() + 1.0) / 2.0,
+                (_, true) => 0.97 + 0.015 * (rng.f() + 1.0),
+            };
             pick.extend(if r % 6 == 5 { [0.0, u, 0.0, 0.0] } else { [t, u, 0.0, 0.0] });
         }
         let logits = DeviceBuf::upload(&c, &l);

@@ -607,6 +607,8 @@ pub fn adjust_rows(
 // One candidate per unit of the picking cube (`top::select_top`'s sort),
 // as many as the host's sampler takes.
 const _: () = assert!(top::TOP_N == pick::PICK_THREADS);
+// A draw's ranges of ids, as the host's `sampling::draw_temperature` sums them.
+const _: () = assert!(crate::sampling::DRAW_RANGES == pick::PICK_THREADS);
 const _: () = assert!(top::TOP_N == crate::sampling::TOP_CANDIDATES);
 const _: () = assert!(pick::PICK_STRIDE == crate::backend::rows::PICK_STRIDE);
 

@@ -127,9 +127,10 @@ pub const PICK_STRIDE: usize = 4;
 /// `exp(l / t - max / t)` passes `u` times the whole sum, the last id
 /// when rounding leaves none. The running sum is grouped by ranges of ids
 /// (unit `k` sums range `k` in order, unit 0 adds the ranges in order and
-/// scans the range the draw falls in), so it may round differently from
-/// the host's one sum: a draw right at a boundary between two tokens can
-/// differ, as a greedy token can where float logits differ. With `t > 0`
+/// scans the range the draw falls in) as the host's groups it, so the two
+/// round alike: a draw differs only where the device's `exp` differs from
+/// the host's by an ulp right at a boundary between two tokens (as a
+/// greedy token can where float logits differ). With `t > 0`
 /// and `u < 0` (a draw the host finishes) the argmax. `chosen[r]` = the
 /// logit of `out[r]` (a token's logprob without its row).
 ///
