@@ -84,9 +84,9 @@ pub struct LogprobAgreement {
     /// Largest |Δ logprob|, of the chosen tokens and of the alternatives
     /// both sides list at one rank.
     pub max_abs_delta: f32,
-    /// Every logprob compared is the CPU's bit for bit (the CPU against
-    /// itself; a GPU sums the normaliser in f32, the CPU in f64, so its
-    /// logprobs differ in the last bits even in the CPU's arithmetic).
+    /// Every logprob compared is the CPU's bit for bit: expected in the
+    /// CPU's arithmetic (both sides sum the normaliser alike), unless the
+    /// device's `exp` rounds a weight differently by an ulp.
     pub bit_equal: bool,
 }
 

@@ -176,7 +176,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
     let (t, vocab) = (temperature, logits.len());
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let weight = |l: f32| (l / t - max / t).exp();
     let (range, sums) = range_sums(logits, t, max);
     let r = u * sums.iter().fold(0.0f32, |a, &s| a + s);
     let mut before = 0.0f32;
@@ -188,7 +187,7 @@ pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
             let (lo, hi) = (k * range, ((k + 1) * range).min(vocab));
             let mut acc = 0.0f32;
             for (i, &l) in logits[lo..hi].iter().enumerate() {
-                acc += weight(l);
+                acc += weight(l, t, max);
                 if r < before + acc {
                     return (lo + i) as u32;
                 }
@@ -213,8 +212,14 @@ pub const DRAW_RANGES: usize = 256;
 /// grouped sums' on real logits, and its mass left the tail out.
 fn range_sums(logits: &[f32], t: f32, max: f32) -> (usize, Vec<f32>) {
     let range = logits.len().div_ceil(DRAW_RANGES).max(1);
-    let weight = |l: f32| (l / t - max / t).exp();
-    (range, logits.chunks(range).map(|c| c.iter().fold(0.0, |a, &l| a + weight(l))).collect())
+    let sum = |c: &[f32]| c.iter().fold(0.0, |a, &l| a + weight(l, t, max));
+    (range, logits.chunks(range).map(sum).collect())
+}
+
+/// A logit's unnormalised probability at temperature `t` (`max` the
+/// row's best logit): `exp(l / t - max / t)`, as the device's `weight`.
+fn weight(l: f32, t: f32, max: f32) -> f32 {
+    (l / t - max / t).exp()
 }
 
 /// The whole row's sum of `exp(l / t - max / t)` ([`range_sums`] added in
@@ -263,9 +268,13 @@ pub fn logprobs_with(top: &TopCandidates, chosen: u32, logit: f32, n: usize) -> 
     })
 }
 
-/// `Σ exp(l - max)` over `logits`, in f64 (the logprobs' normaliser).
+/// `Σ exp(l - max)` over `logits` (the logprobs' normaliser), summed as a
+/// GPU sums it ([`row_mass`] at temperature 1), so that a device's
+/// logprobs are the host's. (Until session 34 the host summed in f64;
+/// the f32 sums' rounding, about 1e-6 relative, moves a logprob by a few
+/// of its ulps at most.)
 fn unit_mass(logits: &[f32], max: f32) -> f64 {
-    logits.iter().map(|&l| ((l - max) as f64).exp()).sum()
+    f64::from(row_mass(logits, 1.0, max))
 }
 
 /// `log Σ exp(l)` from the best logit `max` and [`unit_mass`].

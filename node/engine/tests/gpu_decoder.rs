@@ -200,18 +200,7 @@ fn the_batch_scheduler_serves_from_the_gpu_decoder() {
     // tokens, each the best of its alternatives.
     let mut r = SeqRequest::new(Prompt::Tokens(ids.to_vec()), 6);
     (r.ignore_eos, r.logprobs) = (true, Some(2));
-    let s = gpu.submit(r).unwrap();
-    let (mut toks, mut lps) = (vec![], vec![]);
-    loop {
-        match s.recv().unwrap() {
-            SeqEvent::Delta { token_ids, logprobs, .. } => {
-                toks.extend(token_ids);
-                lps.extend(logprobs);
-            }
-            SeqEvent::Done(_) => break,
-            SeqEvent::Error(e) => panic!("{e}"),
-        }
-    }
+    let (toks, lps) = common::tokens_and_logprobs(gpu.submit(r).unwrap());
     assert_eq!(toks, g, "greedy with logprobs");
     assert_eq!(lps.len(), 6);
     for (lp, &t) in lps.iter().zip(&toks) {

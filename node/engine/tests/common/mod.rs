@@ -81,3 +81,20 @@ macro_rules! delegate_decoder {
 }
 #[allow(unused_imports)]
 pub(crate) use delegate_decoder;
+
+/// A stream's tokens and logprobs, read to its end (its error panics).
+pub fn tokens_and_logprobs(
+    s: gcs_engine::SeqStream,
+) -> (Vec<u32>, Vec<gcs_engine::sampling::Logprobs>) {
+    let (mut toks, mut lps) = (vec![], vec![]);
+    loop {
+        match s.recv().expect("the stream ended without its last event") {
+            gcs_engine::SeqEvent::Delta { token_ids, logprobs, .. } => {
+                toks.extend(token_ids);
+                lps.extend(logprobs);
+            }
+            gcs_engine::SeqEvent::Done(_) => return (toks, lps),
+            gcs_engine::SeqEvent::Error(e) => panic!("{e}"),
+        }
+    }
+}
