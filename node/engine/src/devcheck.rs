@@ -440,9 +440,8 @@ fn decode_figures(
         .map_err(backend_err)?;
     // Warm-up: every kernel compiled before anything is timed.
     engine.measure_decode(4)?;
-    let mut decode = vec![];
+    let (mut decode, greedy) = (vec![], Ask::default());
     for &b in &cfg.batches {
-        let greedy = Ask::default();
         decode.push(measure(&engine, short, b.max(1), cfg.decode_tokens, cpu_ref, &greedy)?);
     }
     Ok((engine, decode))

@@ -327,8 +327,8 @@ fn draw_temperature_follows_the_cumulative_mass() {
 
 /// A draw that lands in a long tail of small weights after a few large
 /// ones: one f32 running sum stops growing there (each weight is below
-/// half its ulp) and drew the last id, 630 ulps of the sum past `u`'s
-/// crossing; the grouped sums' crossing lies within a few dozen ulps of
+/// half its ulp), so its total left the tail out and it drew inside the
+/// ten best; the grouped sums' crossing lies within a few dozen ulps of
 /// the exact (f64) one (each range's sum rounds once as it is added).
 #[test]
 fn a_draw_in_a_long_tail_finds_its_token() {
