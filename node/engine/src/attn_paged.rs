@@ -28,6 +28,7 @@ use crate::numerics::{dot16, ggml_expf, reduce16, vec_dot_f16_order};
 
 mod decode;
 mod isa;
+pub mod weights;
 
 use isa::{Isa, Scalar};
 
@@ -513,14 +514,19 @@ fn softmax<I: Isa>(p: &mut [f32], max: f32) {
     }
 }
 
-/// `x[l] = ggml_expf(x[l] - max)`, vectorised on the common range (the
+/// `x[l] = ggml_expf(x[l] - max)` ([`exp_lanes`]).
+#[inline(always)]
+fn exp16<I: Isa>(x: &mut [f32; L], max: f32) {
+    *x = exp_lanes::<I>(I::sub(I::ld(x), I::splat(max)));
+}
+
+/// `ggml_expf` of each lane of `xv`, vectorised on the common range (the
 /// scalar routine's `scalef` fast branch, the same operations lane by
 /// lane), the lanes outside it (masked `-inf`, underflow) by the routine.
 #[inline(always)]
-fn exp16<I: Isa>(x: &mut [f32; L], max: f32) {
+fn exp_lanes<I: Isa>(xv: I::V) -> [f32; L] {
     let c = |bits: u32| I::splat(f32::from_bits(bits));
     let r = c(0x4b40_0000);
-    let xv = I::sub(I::ld(x), I::splat(max));
     let z = I::fma(xv, c(0x3fb8_aa3b), r);
     let n = I::sub(z, r);
     // -n exactly (a multiplication by -1 keeps the sign of zero).
@@ -539,15 +545,16 @@ fn exp16<I: Isa>(x: &mut [f32; L], max: f32) {
     let mut y = [0f32; L];
     I::st(I::mul(j, I::pow2(n)), &mut y);
     if I::outside(n, -126.0, 127.0) {
-        let mut nn = [0f32; L];
+        let (mut nn, mut xs) = ([0f32; L], [0f32; L]);
         I::st(n, &mut nn);
+        I::st(xv, &mut xs);
         for l in 0..L {
             if !(-126.0..=127.0).contains(&nn[l]) {
-                y[l] = ggml_expf(x[l] - max);
+                y[l] = ggml_expf(xs[l]);
             }
         }
     }
-    *x = y;
+    y
 }
 
 #[cfg(test)]

@@ -85,8 +85,8 @@ pub struct LogprobAgreement {
     /// both sides list at one rank.
     pub max_abs_delta: f32,
     /// Every logprob compared is the CPU's bit for bit: expected in the
-    /// CPU's arithmetic (both sides sum the normaliser alike), unless the
-    /// device's `exp` rounds a weight differently by an ulp.
+    /// CPU's arithmetic (both sides weigh and sum the normaliser alike,
+    /// ggml's `expf` on both).
     pub bit_equal: bool,
 }
 

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::attn_paged::weights::exp_weights;
 use crate::error::{EngineError, Result};
 
 /// Basic sampling parameters (kept for existing callers; see
@@ -166,13 +167,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// The token plain temperature sampling draws at `u` (uniform in [0, 1)):
-/// the first id whose running sum of `exp(l / t - max / t)`, in id order,
-/// passes `u` times the whole sum; the last id when rounding leaves none.
-/// The sums are grouped in [`DRAW_RANGES`] ranges of ids. [`Sampler`]
-/// draws this way where no top-k, top-p or min-p cuts (after any bias and
-/// penalties), and a GPU decoder the same way on the device
-/// (`kernels::pick::pick_rows`): the same f32 operations in the same
-/// order, so the two draw the same token wherever their `exp` agree.
+/// the first id whose running sum of the weights `exp(l / t - max / t)`
+/// (ggml's `expf`: [`exp_weights`]), in id order, passes `u` times the
+/// whole sum; the last id when rounding leaves none. The sums are grouped
+/// in [`DRAW_RANGES`] ranges of ids. [`Sampler`] draws this way where no
+/// top-k, top-p or min-p cuts (after any bias and penalties), and a GPU
+/// decoder the same way on the device (`kernels::pick::pick_rows`): the
+/// same f32 operations in the same order, so the two draw the same token
+/// from the same logits.
 pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
     let (t, vocab) = (temperature, logits.len());
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -185,9 +187,11 @@ pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
             // The range's own sum again, in its order: it passes r by
             // its end at the latest (its last id otherwise).
             let (lo, hi) = (k * range, ((k + 1) * range).min(vocab));
+            let mut w = vec![0f32; hi - lo];
+            exp_weights(&logits[lo..hi], t, max, &mut w);
             let mut acc = 0.0f32;
-            for (i, &l) in logits[lo..hi].iter().enumerate() {
-                acc += weight(l, t, max);
+            for (i, &x) in w.iter().enumerate() {
+                acc += x;
                 if r < before + acc {
                     return (lo + i) as u32;
                 }
@@ -204,26 +208,28 @@ pub fn draw_temperature(logits: &[f32], temperature: f32, u: f32) -> u32 {
 /// sides round alike.
 pub const DRAW_RANGES: usize = 256;
 
-/// The ids a range of [`DRAW_RANGES`] holds, and each range's sum of
-/// `exp(l / t - max / t)` in id order: a row's weights grouped as a GPU
-/// groups them (`kernels::pick::range_masses`). One f32 running sum over
-/// ~50k ids stops growing by the tail's weights once it is large (each
-/// below half its ulp): its draws crossed `u` tens of ids from the
+/// The ids a range of [`DRAW_RANGES`] holds, and each range's sum of the
+/// weights ([`exp_weights`]) in id order: a row's weights grouped as a
+/// GPU groups them (`kernels::pick::range_masses`). One f32 running sum
+/// over ~50k ids stops growing by the tail's weights once it is large
+/// (each below half its ulp): its draws crossed `u` tens of ids from the
 /// grouped sums' on real logits, and its mass left the tail out.
 fn range_sums(logits: &[f32], t: f32, max: f32) -> (usize, Vec<f32>) {
     let range = logits.len().div_ceil(DRAW_RANGES).max(1);
-    let sum = |c: &[f32]| c.iter().fold(0.0, |a, &l| a + weight(l, t, max));
-    (range, logits.chunks(range).map(sum).collect())
+    let mut w = vec![0f32; range];
+    let sums = logits
+        .chunks(range)
+        .map(|c| {
+            let w = &mut w[..c.len()];
+            exp_weights(c, t, max, w);
+            w.iter().fold(0.0f32, |a, &x| a + x)
+        })
+        .collect();
+    (range, sums)
 }
 
-/// A logit's unnormalised probability at temperature `t` (`max` the
-/// row's best logit): `exp(l / t - max / t)`, as the device's `weight`.
-fn weight(l: f32, t: f32, max: f32) -> f32 {
-    (l / t - max / t).exp()
-}
-
-/// The whole row's sum of `exp(l / t - max / t)` ([`range_sums`] added in
-/// order): a draw's normaliser at temperature `t`, as a GPU sums it.
+/// The whole row's sum of the weights ([`range_sums`] added in order): a
+/// draw's normaliser at temperature `t`, as a GPU sums it.
 fn row_mass(logits: &[f32], t: f32, max: f32) -> f32 {
     range_sums(logits, t, max).1.iter().fold(0.0f32, |a, &s| a + s)
 }
@@ -268,11 +274,11 @@ pub fn logprobs_with(top: &TopCandidates, chosen: u32, logit: f32, n: usize) -> 
     })
 }
 
-/// `Σ exp(l - max)` over `logits` (the logprobs' normaliser), summed as a
-/// GPU sums it ([`row_mass`] at temperature 1), so that a device's
-/// logprobs are the host's. (Until session 34 the host summed in f64;
-/// the f32 sums' rounding, about 1e-6 relative, moves a logprob by a few
-/// of its ulps at most.)
+/// `Σ exp(l - max)` over `logits` (the logprobs' normaliser), with ggml's
+/// `expf` and summed as a GPU sums it ([`row_mass`] at temperature 1), so
+/// that a device's logprobs are the host's. (Until session 34 the host
+/// summed libm's `exp` in f64; the f32 sums' rounding, about 1e-6
+/// relative, moves a logprob by a few of its ulps at most.)
 fn unit_mass(logits: &[f32], max: f32) -> f64 {
     f64::from(row_mass(logits, 1.0, max))
 }

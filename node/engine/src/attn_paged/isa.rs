@@ -22,6 +22,8 @@ pub(super) trait Isa {
     /// and then every probability is NaN on each path).
     fn max(a: Self::V, b: Self::V) -> Self::V;
     fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`, correctly rounded (the sampler's `l / t`).
+    fn div(a: Self::V, b: Self::V) -> Self::V;
     /// `2^n` of integer-valued lanes clamped to `-126..=127`, as
     /// `f32::from_bits(((n.clamp(-126.0, 127.0) as i32 + 127) as u32) << 23)`
     /// (lanes whose `n` is outside or NaN are recomputed by the caller).
@@ -80,6 +82,10 @@ impl Isa for Scalar {
     #[inline(always)]
     fn sub(a: [f32; L], b: [f32; L]) -> [f32; L] {
         std::array::from_fn(|l| a[l] - b[l])
+    }
+    #[inline(always)]
+    fn div(a: [f32; L], b: [f32; L]) -> [f32; L] {
+        std::array::from_fn(|l| a[l] / b[l])
     }
     #[inline(always)]
     fn pow2(n: [f32; L]) -> [f32; L] {
@@ -160,6 +166,10 @@ pub(super) mod x86 {
             unsafe { [_mm256_sub_ps(a[0], b[0]), _mm256_sub_ps(a[1], b[1])] }
         }
         #[inline(always)]
+        fn div(a: Self::V, b: Self::V) -> Self::V {
+            unsafe { [_mm256_div_ps(a[0], b[0]), _mm256_div_ps(a[1], b[1])] }
+        }
+        #[inline(always)]
         fn pow2(n: Self::V) -> Self::V {
             unsafe {
                 let one = |n: __m256| {
@@ -235,6 +245,10 @@ pub(super) mod x86 {
         #[inline(always)]
         fn sub(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_div_ps(a, b) }
         }
         #[inline(always)]
         fn pow2(n: __m512) -> __m512 {

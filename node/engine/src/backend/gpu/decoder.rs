@@ -545,9 +545,9 @@ impl GpuDecoder {
         if self.device_pick {
             let vocab = self.shape.vocab;
             if let Some(a) = &io.adjust {
-                launch::adjust_rows(cl, &io.logits, a, &io.pick, vocab);
+                launch::adjust_rows(cl, &io.logits, a, &io.pick, vocab, self.wide_fma());
             }
-            launch::pick_rows(cl, &io.logits, &io.pick, &io.picked, vocab);
+            launch::pick_rows(cl, &io.logits, &io.pick, &io.picked, vocab, self.wide_fma());
         }
     }
 

@@ -491,13 +491,15 @@ pub fn add_rms_norm_q8(
 /// `ids[r]` = row `r`'s token of `logits[rows, vocab]`: its argmax, or its
 /// draw at the `[temperature, uniform, candidates, _]` of `pick[4r..]`,
 /// and `chosen[r]` its logit; with `candidates` 1 also its best
-/// candidates and masses in `top[r * TOP_STRIDE..]` ([`pick::pick_rows`]).
+/// candidates and masses in `top[r * TOP_STRIDE..]` ([`pick::pick_rows`];
+/// `wide_fma` on wgpu, whose `fma` may round twice).
 pub fn pick_rows(
     c: &Client,
     logits: &DeviceBuf<f32>,
     pick: &DeviceBuf<f32>,
     out: &Picked,
     vocab: usize,
+    wide_fma: bool,
 ) {
     let Picked { ids, chosen, top } = out;
     debug_assert!(top.len() >= ids.len() * TOP_STRIDE && vocab <= top::TOP_MAX_VOCAB);
@@ -513,6 +515,7 @@ pub fn pick_rows(
         chosen.arg(),
         top.arg(),
         vocab,
+        wide_fma,
     );
 }
 
@@ -573,13 +576,15 @@ impl AdjustBufs {
 }
 
 /// Each of the first `off.len() − 1` rows of `logits` masked and added
-/// to, a scored row's candidates selected between ([`pick::adjust_rows`]).
+/// to, a scored row's candidates selected between ([`pick::adjust_rows`];
+/// `wide_fma` as [`pick_rows`]).
 pub fn adjust_rows(
     c: &Client,
     logits: &DeviceBuf<f32>,
     a: &AdjustBufs,
     pick: &DeviceBuf<f32>,
     vocab: usize,
+    wide_fma: bool,
 ) {
     let rows = a.off.len() - 1;
     debug_assert!(logits.len() >= rows * vocab && a.mask_off.len() == rows + 1);
@@ -601,6 +606,7 @@ pub fn adjust_rows(
         a.scored.arg(),
         f32::NEG_INFINITY,
         vocab,
+        wide_fma,
     );
 }
 

@@ -136,20 +136,21 @@ impl GpuDecoder {
             launch::matmul(&cl, &self.lm_head, &io.hl, n, &io.logits);
             Ok(())
         })?;
+        let wide = self.wide_fma();
         time("pick (argmax)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &io.pick, &io.picked, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &io.pick, &io.picked, self.shape.vocab, wide);
             Ok(())
         })?;
         // Every row drawing at temperature 1 instead (the OpenAI default).
         let draws = DeviceBuf::upload(&cl, &[1.0f32, 0.5, 0.0, 0.0].repeat(n));
         time("pick (temperature draw)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &draws, &io.picked, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &draws, &io.picked, self.shape.vocab, wide);
             Ok(())
         })?;
         // Every row a top-p draw instead: its best candidates selected.
         let tops = DeviceBuf::upload(&cl, &[1.0f32, -1.0, 1.0, 0.0].repeat(n));
         time("pick (top candidates)", &mut || {
-            launch::pick_rows(&cl, &io.logits, &tops, &io.picked, self.shape.vocab);
+            launch::pick_rows(&cl, &io.logits, &tops, &io.picked, self.shape.vocab, wide);
             Ok(())
         })?;
         // The bias and penalty additions before a pick: none (what every
@@ -158,7 +159,7 @@ impl GpuDecoder {
         let vocab = self.shape.vocab;
         if let Some(a) = &io.adjust {
             time("adjust (none)", &mut || {
-                launch::adjust_rows(&cl, &io.logits, a, &io.pick, vocab);
+                launch::adjust_rows(&cl, &io.logits, a, &io.pick, vocab, wide);
                 Ok(())
             })?;
         }
@@ -176,14 +177,14 @@ impl GpuDecoder {
         let off: Vec<u32> = (0..=n as u32).map(|r| r * row.len() as u32).collect();
         let many = bufs(&off, &row.repeat(n), &vec![0u32; n + 1], &[0u32]);
         time("adjust (300 a row)", &mut || {
-            launch::adjust_rows(&cl, &io.logits, &many, &io.pick, vocab);
+            launch::adjust_rows(&cl, &io.logits, &many, &io.pick, vocab, wide);
             Ok(())
         })?;
         // The same with logprobs: each row's candidates selected before
         // its additions (`Pick::Scored`).
         let scored = DeviceBuf::upload(&cl, &[0.0f32, 0.0, 0.0, 1.0].repeat(n));
         time("adjust (300 a row, scored)", &mut || {
-            launch::adjust_rows(&cl, &io.logits, &many, &scored, vocab);
+            launch::adjust_rows(&cl, &io.logits, &many, &scored, vocab, wide);
             Ok(())
         })?;
         // Every row under a grammar mask that allows every token (each
@@ -192,7 +193,7 @@ impl GpuDecoder {
         let mask_off: Vec<u32> = (0..=n as u32).map(|r| r * w as u32).collect();
         let masked = bufs(&vec![0u32; n + 1], &[0u32], &mask_off, &vec![u32::MAX; n * w]);
         time("adjust (grammar mask)", &mut || {
-            launch::adjust_rows(&cl, &io.logits, &masked, &io.pick, vocab);
+            launch::adjust_rows(&cl, &io.logits, &masked, &io.pick, vocab, wide);
             Ok(())
         })?;
         // Each matmul kernel on the largest two (they give the same bits;

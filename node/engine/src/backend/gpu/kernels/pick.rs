@@ -5,6 +5,7 @@
 
 use cubecl::prelude::*;
 
+use super::exact::ggml_expf;
 use super::top::{select_top, TOP_N, TOP_STRIDE};
 
 /// Units per cube of [`adjust_rows`]: one a candidate, as
@@ -39,8 +40,8 @@ fn allowed(words: &[u32], m0: usize, m1: usize, t: usize) -> bool {
 /// Where the row is scored (`pick[r * PICK_STRIDE + 3]`, a sequence with
 /// logprobs: `backend::Pick::Scored`), its candidates and masses between
 /// the mask and the additions, in `scored[r * TOP_STRIDE..]` as
-/// [`pick_rows`] writes a row's (the mass at a temperature 0). Launch
-/// with `CubeCount (rows)`, `CubeDim (ADJUST_THREADS)`.
+/// [`pick_rows`] writes a row's (the mass at a temperature 0; `wide` as
+/// there). Launch with `CubeCount (rows)`, `CubeDim (ADJUST_THREADS)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn adjust_rows(
@@ -55,6 +56,7 @@ pub fn adjust_rows(
     scored: &mut [f32],
     ninf: f32,
     vocab: usize,
+    #[comptime] wide: bool,
 ) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
@@ -75,7 +77,7 @@ pub fn adjust_rows(
         // The masked row whole before it is scored, scored before the
         // additions change it.
         sync_cube();
-        score_row(&*logits, base, vocab, tid, scored, row * TOP_STRIDE);
+        score_row(&*logits, base, vocab, tid, scored, row * TOP_STRIDE, wide);
         sync_cube();
     }
     let (lo, hi) = (off[row] as usize, off[row + 1] as usize);
@@ -128,11 +130,11 @@ pub const PICK_STRIDE: usize = 4;
 /// when rounding leaves none. The running sum is grouped by ranges of ids
 /// (unit `k` sums range `k` in order, unit 0 adds the ranges in order and
 /// scans the range the draw falls in) as the host's groups it, so the two
-/// round alike: a draw differs only where the device's `exp` differs from
-/// the host's by an ulp right at a boundary between two tokens (as a
-/// greedy token can where float logits differ). With `t > 0`
+/// round alike, and the weights are the host's bits ([`weight`]): from
+/// the same logits the two draw the same token. With `t > 0`
 /// and `u < 0` (a draw the host finishes) the argmax. `chosen[r]` = the
-/// logit of `out[r]` (a token's logprob without its row).
+/// logit of `out[r]` (a token's logprob without its row). `wide` where
+/// `fma` may round twice (wgpu: [`super::q8::fused`]).
 ///
 /// With `sel = 1` (a top-k / top-p / min-p draw, or logprobs), also the
 /// row's best candidates ([`select_top`]) in `top[r * TOP_STRIDE..]`,
@@ -151,6 +153,7 @@ pub fn pick_rows(
     chosen: &mut [f32],
     top: &mut [f32],
     vocab: usize,
+    #[comptime] wide: bool,
 ) {
     let row = CUBE_POS_X as usize;
     let tid = UNIT_POS_X as usize;
@@ -163,7 +166,7 @@ pub fn pick_rows(
     let at = row * TOP_STRIDE;
     if t > 0.0 || sel {
         let max = logits[base + best as usize];
-        let sums = range_masses(logits, base, vocab, tid, t, max, sel);
+        let sums = range_masses(logits, base, vocab, tid, t, max, sel, wide);
         if tid == 0 {
             let (mut total, mut total1) = (0.0f32.runtime(), 0.0f32.runtime());
             for k in 0..PICK_THREADS {
@@ -177,7 +180,7 @@ pub fn pick_rows(
             let range = (vocab + PICK_THREADS - 1) / PICK_THREADS;
             let mut tok = best;
             if t > 0.0 && u >= 0.0 {
-                tok = draw_in_ranges(logits, base, vocab, &sums, range, t, max, u * total);
+                tok = draw_in_ranges(logits, base, vocab, &sums, range, t, max, u * total, wide);
             }
             out[row] = tok;
             chosen[row] = logits[base + tok as usize];
@@ -196,10 +199,18 @@ pub fn pick_rows(
 /// in `top[at..]` (the mass at a temperature 0). Every unit of a
 /// `PICK_THREADS`-unit cube calls it.
 #[cube]
-fn score_row(logits: &[f32], base: usize, vocab: usize, tid: usize, top: &mut [f32], at: usize) {
+fn score_row(
+    logits: &[f32],
+    base: usize,
+    vocab: usize,
+    tid: usize,
+    top: &mut [f32],
+    at: usize,
+    #[comptime] wide: bool,
+) {
     let best = row_argmax(logits, base, vocab, tid);
     let max = logits[base + best as usize];
-    let sums = range_masses(logits, base, vocab, tid, 0.0, max, true);
+    let sums = range_masses(logits, base, vocab, tid, 0.0, max, true, wide);
     if tid == 0 {
         let mut total1 = 0.0f32.runtime();
         for k in 0..PICK_THREADS {
@@ -282,6 +293,7 @@ fn range_masses(
     t: f32,
     max: f32,
     unit: bool,
+    #[comptime] wide: bool,
 ) -> Shared<[f32]> {
     let range = (vocab + PICK_THREADS - 1) / PICK_THREADS;
     let lo = select(tid * range < vocab, tid * range, vocab);
@@ -292,10 +304,10 @@ fn range_masses(
     while i < hi {
         let l = logits[base + i];
         if t > 0.0 {
-            s += weight(l, t, max);
+            s += weight(l, t, max, wide);
         }
         if unit {
-            s1 += weight(l, 1.0, max);
+            s1 += weight(l, 1.0, max, wide);
         }
         i += 1;
     }
@@ -319,6 +331,7 @@ fn draw_in_ranges(
     t: f32,
     max: f32,
     r: f32,
+    #[comptime] wide: bool,
 ) -> u32 {
     // The first range whose end passes r, and the sum before it.
     let (mut hit, mut before, mut sum) =
@@ -341,7 +354,7 @@ fn draw_in_ranges(
         tok = (hi - 1) as u32;
         let mut i = lo;
         while i < hi {
-            acc += weight(logits[base + i], t, max);
+            acc += weight(logits[base + i], t, max, wide);
             if !found && r < before + acc {
                 tok = i as u32;
                 found = true;
@@ -352,10 +365,13 @@ fn draw_in_ranges(
     tok
 }
 
-/// A logit's unnormalised probability at temperature `t` (the host's
-/// `exp(l / t - max / t)`); one function, so both passes over a range
-/// compute the same bits.
+/// A logit's unnormalised probability at temperature `t`,
+/// `exp(l / t - max / t)` by ggml's `expf` as the host's
+/// `attn_paged::weights::exp_weight`: IEEE operations only, so the two
+/// give the same bits (the platform's `exp` may not: CUDA's `expf` is
+/// within 2 ulp). One function, so both passes over a range compute the
+/// same bits. `wide` where `fma` may round twice (wgpu).
 #[cube]
-fn weight(l: f32, t: f32, max: f32) -> f32 {
-    f32::exp(l / t - max / t)
+fn weight(l: f32, t: f32, max: f32, #[comptime] wide: bool) -> f32 {
+    ggml_expf(l / t - max / t, wide)
 }
