@@ -128,6 +128,10 @@ t = time.time()
 r = call("/chat/completions", {"model": model, "max_tokens": 16, "temperature": 0,
                                "messages": [{"role": "user", "content": "Name a colour."}]})
 r["check"] = {"listed_after_s": listed, "request_s": time.time() - t}
+# Written after each answer: a step cut by its timeout keeps what it got.
+def save():
+    json.dump(r, open(sys.argv[1], "w"), indent=1)
+save()
 # OpenAI's default request (temperature 1), seeded: its tokens drawn on the device;
 # then with a nucleus: each draw finished from the device's best candidates;
 # then with penalties and a bias, added on the device before it draws; then
@@ -149,8 +153,13 @@ for name, extra in (("sampled", {}), ("nucleus", {"top_p": 0.9}), ("penalized", 
             r["check"][name]["logprobs"] = s["choices"][0]["logprobs"]
     except Exception as e:
         r["check"][name] = {"error": repr(e)}
-json.dump(r, open(sys.argv[1], "w"), indent=1)
-print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], r["check"])
+    save()
+# The log gets each answer without its logprobs (16 tokens' alternatives
+# are ~10 KB, most of what a device call's output tail shows); the JSON
+# has them.
+brief = {k: {kk: (f"{len(vv['content'])} tokens" if kk == "logprobs" else vv) for kk, vv in v.items()}
+         if isinstance(v, dict) else v for k, v in r["check"].items()}
+print("served:", json.dumps(r["choices"][0]["message"]["content"]), r["usage"], brief)
 PY
   rc=$?
   kill "$node" 2>/dev/null; wait "$node" 2>/dev/null

@@ -68,7 +68,8 @@ pub struct DecodeFigure {
     pub rows_read_after: u64,
     /// Streams with logprobs ([`decode_logprobs`](CheckReport)): their
     /// logprobs against the CPU engine's, over each stream's tokens up to
-    /// its first that differs from the CPU's.
+    /// and including its first that differs from the CPU's (whose
+    /// alternatives come from the same context as the CPU's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobAgreement>,
 }
@@ -91,6 +92,22 @@ pub struct LogprobAgreement {
 }
 
 impl LogprobAgreement {
+    /// Streams `ids` with their logprobs `lps` against the CPU's
+    /// `reference`: each stream's logprobs while the tokens before them
+    /// are the CPU's. In float arithmetic a draw can leave the CPU's
+    /// stream at its first token (synthetic weights' logits are flat),
+    /// and that token's alternatives are still comparable.
+    fn of(ids: &[Vec<u32>], lps: &[Vec<Logprobs>], reference: &Stream) -> Self {
+        let mut a = LogprobAgreement { bit_equal: true, ..Default::default() };
+        for (t, l) in ids.iter().zip(lps) {
+            let same = t.iter().zip(&reference.ids).take_while(|(x, y)| x == y).count();
+            for (g, w) in l.iter().zip(&reference.logprobs).take(same + 1) {
+                a.add(g, w);
+            }
+        }
+        a
+    }
+
     /// Adds one token's logprobs `got` against the CPU's `want`.
     fn add(&mut self, got: &Logprobs, want: &Logprobs) {
         let pairs =
@@ -582,17 +599,7 @@ fn measure(
     let want = &reference.ids;
     let k = want.len().min(tokens);
     let streams_match_cpu = ids.iter().filter(|t| t.len() >= k && t[..k] == want[..k]).count();
-    // Each stream's logprobs while its tokens are the CPU's.
-    let logprobs = ask.logprobs.map(|_| {
-        let mut a = LogprobAgreement { bit_equal: true, ..Default::default() };
-        for (t, l) in ids.iter().zip(&lps) {
-            let same = t.iter().zip(want).take_while(|(x, y)| x == y).count();
-            for (g, w) in l.iter().zip(&reference.logprobs).take(same) {
-                a.add(g, w);
-            }
-        }
-        a
-    });
+    let logprobs = ask.logprobs.map(|_| LogprobAgreement::of(&ids, &lps, reference));
     Ok(DecodeFigure {
         batch,
         tokens: counted,
@@ -621,3 +628,6 @@ fn first_token(engine: &BatchEngine, prompt: &[u32]) -> Result<Duration> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

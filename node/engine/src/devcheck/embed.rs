@@ -66,7 +66,9 @@ pub fn run(dir: &Path, device: ComputeDevice, batches: &[usize]) -> Result<Embed
         .zip(&b)
         .map(|(x, y)| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>())
         .fold(f32::INFINITY, f32::min);
-    let time = |e: &Embedder, bs: &[usize]| bs.iter().map(|&bt| rate(e, &texts, bt)).collect::<Result<Vec<_>>>();
+    let time = |e: &Embedder, bs: &[usize]| {
+        bs.iter().map(|&bt| rate(e, &texts, bt)).collect::<Result<Vec<_>>>()
+    };
     Ok(EmbedFigure {
         backend: backend::burn_backend_name(device).into(),
         texts: n,
@@ -84,7 +86,8 @@ mod tests {
     #[test]
     fn texts_vary_in_length_and_are_fixed() {
         assert_eq!(text(3), text(3));
-        let lens: std::collections::BTreeSet<usize> = (0..64).map(|i| text(i).split(' ').count()).collect();
+        let lens: std::collections::BTreeSet<usize> =
+            (0..64).map(|i| text(i).split(' ').count()).collect();
         assert!(lens.len() > 20, "{lens:?}");
     }
 }

@@ -44,7 +44,14 @@ struct Weights {
 fn weights(s: NaiveShape, device: &Device) -> Weights {
     let w = |r, c| Tensor::<2>::random([r, c], Distribution::Uniform(-0.05, 0.05), device);
     let layers = (0..s.layers)
-        .map(|_| [w(s.hidden, s.qkv), w(s.hidden, s.hidden), w(s.hidden, 2 * s.inter), w(s.inter, s.hidden)])
+        .map(|_| {
+            [
+                w(s.hidden, s.qkv),
+                w(s.hidden, s.hidden),
+                w(s.hidden, 2 * s.inter),
+                w(s.inter, s.hidden),
+            ]
+        })
         .collect();
     Weights { layers, head: w(s.hidden, s.vocab) }
 }
@@ -56,7 +63,8 @@ fn step(s: NaiveShape, w: &Weights, mut x: Tensor<2>) -> Vec<i64> {
         let qkv = x.clone().matmul(wqkv.clone());
         x = x + qkv.slice([0..b, 0..s.hidden]).matmul(wo.clone());
         let gu = x.clone().matmul(wgu.clone());
-        let act = silu(gu.clone().slice([0..b, 0..s.inter])) * gu.slice([0..b, s.inter..2 * s.inter]);
+        let act =
+            silu(gu.clone().slice([0..b, 0..s.inter])) * gu.slice([0..b, s.inter..2 * s.inter]);
         x = x + act.matmul(wd.clone());
     }
     let ids = x.matmul(w.head.clone()).argmax(1);
@@ -69,7 +77,11 @@ pub fn run(s: NaiveShape, device: &Device, batches: &[usize], steps: usize) -> V
     batches
         .iter()
         .map(|&batch| {
-            let x = Tensor::<2>::random([batch.max(1), s.hidden], Distribution::Uniform(-1.0, 1.0), device);
+            let x = Tensor::<2>::random(
+                [batch.max(1), s.hidden],
+                Distribution::Uniform(-1.0, 1.0),
+                device,
+            );
             for _ in 0..2 {
                 step(s, &w, x.clone());
             }
