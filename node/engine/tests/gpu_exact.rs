@@ -195,10 +195,8 @@ fn exact_rope_and_attention_equal_the_cpu_pool_bit_for_bit() {
 /// stream asks for logprobs, so the device selects the candidates they
 /// come from before its additions (`Pick::Scored`) or of the masked row
 /// (`Pick::Top`); all five run in one batch. The logprobs are the CPU's
-/// bit for bit too: both sides sum the normaliser in the same ranges
-/// (`sampling::range_sums`), and lavapipe's `exp` agrees with the host's
-/// here (a GPU's may not, by an ulp: the device check reports
-/// `max_abs_delta`).
+/// bit for bit too: both sides weigh the logits by ggml's `expf` and sum
+/// the normaliser in the same ranges (`sampling::range_sums`).
 #[test]
 fn the_exact_decoder_streams_the_cpu_engines_logprobs_beside_additions_and_masks() {
     use gcs_engine::backend::{ComputeDevice, GpuOptions};
