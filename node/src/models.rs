@@ -15,8 +15,12 @@ use gcs_protocol::{ApiType, ModelInfo};
 pub const BACKEND: &str = "burn-flex";
 /// The engine build registrations advertise (`models[].engine_build`): a
 /// stream is continued only on a worker whose build matches. The engine
-/// crate shares the workspace version; no git id is built in.
-pub const ENGINE_BUILD: &str = concat!("gcs-engine ", env!("CARGO_PKG_VERSION"));
+/// crate shares the workspace version, which does not change between
+/// commits, so the build also names the engine's output revision
+/// (`gcs_engine::output_revision!`, bumped whenever outputs change); no git
+/// id is built in.
+pub const ENGINE_BUILD: &str =
+    concat!("gcs-engine ", env!("CARGO_PKG_VERSION"), "+out.", gcs_engine::output_revision!());
 
 /// One model of the catalogue.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -81,7 +81,10 @@ fn a_workers_registration_names_its_engine_build_and_model_file() {
     let hosted = gcs_node::models::available(&dir, &["gnus-auto".into()]).unwrap();
     let m = &hosted[0];
     assert_eq!(m.engine_build, gcs_node::models::ENGINE_BUILD);
-    assert_eq!(m.engine_build, format!("gcs-engine {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        m.engine_build,
+        format!("gcs-engine {}+out.{}", env!("CARGO_PKG_VERSION"), gcs_engine::OUTPUT_REVISION)
+    );
     assert_eq!(m.model_hash, SMOLLM2_BLAKE3);
     // A signed registration carrying them validates and round-trips.
     use gcs_protocol::samples::{self, Params};

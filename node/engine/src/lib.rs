@@ -62,6 +62,24 @@ pub use scheduler::{
 };
 pub use tokenizer::ChatMessage;
 
+/// The revision of what the engine outputs: the tokens, text and logprobs
+/// a request and its seed give. An interrupted stream is continued only on
+/// a worker advertising the lost holder's engine build, and the crate
+/// version stays the same between commits, so the build names this too
+/// (`gcs-node`'s `ENGINE_BUILD`). Bump it with any change that alters an
+/// output on any backend: `tests/output_revision.rs` pins a fingerprint of
+/// the CPU backend's outputs to it and fails until it is bumped. A macro so
+/// that `concat!` can build the advertised string at compile time.
+#[macro_export]
+macro_rules! output_revision {
+    () => {
+        "1"
+    };
+}
+
+/// [`output_revision!`] as a constant.
+pub const OUTPUT_REVISION: &str = output_revision!();
+
 /// The default CPU device (burn's Flex backend).
 pub fn cpu_device() -> burn::tensor::Device {
     burn::tensor::Device::flex()

@@ -46,7 +46,7 @@ pub struct ModelInfo {
     /// (extension, omitted when 0 so older signatures are unchanged).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub vocab_size: u32,
-    /// Engine build that serves it, e.g. `gcs-engine 0.1.0`: a stream is
+    /// Engine build that serves it, e.g. `gcs-engine 0.1.0+out.1`: a stream is
     /// continued only on a worker of the same build (specs/lifecycle.md,
     /// exact continuation). Extension, omitted when empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
