@@ -27,8 +27,8 @@ use gcs_engine::{
 /// `output_revision!()` in node/engine/src/lib.rs and pin the printed
 /// fingerprints here with the new revision.
 const PINNED_REVISION: &str = "1";
-const SMOLLM2: &str = "436a909ffa61039329acc0e150a234f9e9e8f386be2a6a79439d01b0a5b0fe6d";
-const GEMMA3: &str = "278ab7ad11735bdb35c84e2af7be597ee5effefe70977cb0f99a225092133ea9";
+const SMOLLM2: &str = "8ce361093663eb5161a8a4873bb92cc2c2b7d00be1220aeec6b96dc0faf0267d";
+const GEMMA3: &str = "f6eca3c1bbb7e6a2a817f9072b88202a1b7e69a134e9abfc0731b435a3573cab";
 
 /// Tokens a request may generate: enough for several draws under each
 /// knob, few enough to keep the test at seconds.
@@ -91,6 +91,9 @@ fn requests(grammars: bool) -> Vec<(&'static str, SeqRequest)> {
     let mut stopped = base("Why is the sky blue?", seeded(0.7, 3), None);
     stopped.stop = vec![" the".into(), "\n".into()];
     v.push(("stop string", stopped));
+    // Submitted with n = 2 (`fingerprint`): the samples' seeds and their
+    // shared prompt blocks.
+    v.push(("n = 2", base("Name a colour and a fruit.", seeded(0.9, 21), Some(1))));
     if grammars {
         let mut g = base("Describe a cat as a JSON object.", seeded(0.7, 8), Some(2));
         g.grammar = Some(Grammar::JsonObject);
@@ -143,12 +146,20 @@ fn fingerprint(model: &str, path: &Path) -> String {
     let reqs = requests(batch.grammars().is_some());
     // Submitted together: the outputs are the same whatever else is in the
     // batch (the engine's determinism contract), so batching them is fine.
-    let streams: Vec<_> = reqs.iter().map(|(_, r)| batch.submit(r.clone()).unwrap()).collect();
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|(name, r)| {
+            let n = if *name == "n = 2" { 2 } else { 1 };
+            (*name, batch.submit_n(r.clone(), n).unwrap())
+        })
+        .collect();
     let mut all = blake3::Hasher::new();
-    for ((name, _), s) in reqs.iter().zip(streams) {
-        let (d, end) = digest(s);
-        eprintln!("{model}: {name}: {} ({end})", &d.to_hex()[..16]);
-        all.update(d.as_bytes());
+    for (name, samples) in streams {
+        for (i, s) in samples.into_iter().enumerate() {
+            let (d, end) = digest(s);
+            eprintln!("{model}: {name} [{i}]: {} ({end})", &d.to_hex()[..16]);
+            all.update(d.as_bytes());
+        }
     }
     all.finalize().to_hex().to_string()
 }
