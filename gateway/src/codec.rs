@@ -52,14 +52,48 @@ pub fn logprobs(lp: &[TokenLogprob]) -> Value {
     json!({"content": content, "refusal": null})
 }
 
-/// One choice of a blocking answer; `logprobs` is `null` unless asked for
-/// (chat only).
+/// The legacy completions `logprobs` object for these tokens: parallel
+/// `tokens`, `token_logprobs`, `top_logprobs` (token → logprob: the
+/// alternatives, and the chosen token, which OpenAI always includes) and
+/// `text_offset`. An offset counts the characters of the completion before
+/// the token, from `chars` (carried from chunk to chunk of a stream): the
+/// UTF-8 lead bytes before it, so a token holding part of a character does
+/// not shift the offsets after it.
+pub fn legacy_logprobs(lp: &[TokenLogprob], chars: &mut usize) -> Value {
+    let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for t in lp {
+        tokens.push(json!(t.token));
+        values.push(json!(t.logprob));
+        let mut top = Map::new();
+        for a in &t.top {
+            top.entry(a.token.clone()).or_insert(json!(a.logprob));
+        }
+        top.entry(t.token.clone()).or_insert(json!(t.logprob));
+        tops.push(Value::Object(top));
+        offsets.push(json!(*chars));
+        *chars += t.bytes.iter().filter(|&&b| b & 0xC0 != 0x80).count();
+    }
+    json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+           "text_offset": offsets})
+}
+
+/// The `logprobs` object of `api` for these tokens: chat's or the legacy
+/// completions' ([`legacy_logprobs`], whose offsets continue from `chars`).
+pub fn logprobs_of(api: ApiType, lp: &[TokenLogprob], chars: &mut usize) -> Value {
+    if api == ApiType::ChatCompletion {
+        logprobs(lp)
+    } else {
+        legacy_logprobs(lp, chars)
+    }
+}
+
+/// One choice of a blocking answer; `logprobs` is `null` unless asked for.
 pub fn choice(api: ApiType, index: usize, text: &str, logprobs: Value, finish: &str) -> Value {
     if api == ApiType::ChatCompletion {
         json!({"index": index, "message": {"role": "assistant", "content": text, "refusal": null},
                "logprobs": logprobs, "finish_reason": finish})
     } else {
-        json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
+        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
     }
 }
 
@@ -166,7 +200,8 @@ pub(crate) struct StreamShape {
     pub created: u64,
     pub model: String,
     pub include_usage: bool,
-    /// Chat `logprobs: true`: text chunks carry them.
+    /// Chat `logprobs: true` or a completion's `logprobs: N`: text chunks
+    /// carry them.
     pub logprobs: bool,
     /// A request with tools: the text is read for calls, at most this many.
     pub tools: Option<usize>,
@@ -193,7 +228,7 @@ impl StreamShape {
             }
             json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
         } else {
-            json!({"index": index, "text": content.unwrap_or(""), "logprobs": null,
+            json!({"index": index, "text": content.unwrap_or(""), "logprobs": logprobs,
                    "finish_reason": finish})
         };
         self.wrap(vec![choice])
@@ -249,6 +284,46 @@ mod tests {
             (Some(3), Some(8))
         );
         assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 2);
+    }
+
+    #[test]
+    fn legacy_logprobs_are_parallel_lists_with_character_offsets() {
+        use gcs_protocol::TopLogprob;
+        let tok = |s: &str, b: &[u8], lp: f32, top: &[(&str, f32)]| TokenLogprob {
+            token: s.into(),
+            logprob: lp,
+            bytes: b.to_vec(),
+            top: top
+                .iter()
+                .map(|&(t, l)| TopLogprob { token: t.into(), logprob: l, bytes: t.into() })
+                .collect(),
+        };
+        // "é" split over two tokens (each lossy on its own), then " ok".
+        let lp = [
+            tok("Caf", b"Caf", -0.5, &[("Caf", -0.5), ("The", -1.5)]),
+            tok("\u{FFFD}", &[0xC3], -0.25, &[]),
+            tok("\u{FFFD}", &[0xA9], -0.125, &[]),
+            tok(" ok", b" ok", -2.0, &[("!", -0.375), (".", -1.0)]),
+        ];
+        let mut chars = 0;
+        let v = legacy_logprobs(&lp[..2], &mut chars);
+        let w = legacy_logprobs(&lp[2..], &mut chars);
+        assert_eq!(v["tokens"], json!(["Caf", "\u{FFFD}"]));
+        assert_eq!(v["token_logprobs"], json!([-0.5, -0.25]));
+        // "Café ok": the continuation byte adds no character.
+        assert_eq!(
+            (v["text_offset"].clone(), w["text_offset"].clone()),
+            (json!([0, 3]), json!([4, 4]))
+        );
+        assert_eq!(chars, 7);
+        // The chosen token is always among the top ones, once.
+        assert_eq!(v["top_logprobs"][0], json!({"Caf": -0.5, "The": -1.5}));
+        assert_eq!(w["top_logprobs"][1], json!({"!": -0.375, ".": -1.0, " ok": -2.0}));
+        assert_eq!(v["top_logprobs"][1], json!({"\u{FFFD}": -0.25}));
+        // Chat keeps its own shape.
+        assert!(logprobs_of(ApiType::ChatCompletion, &lp, &mut 0)["content"].is_array());
+        let c = choice(ApiType::Completion, 0, "x", w.clone(), "stop");
+        assert_eq!(c["logprobs"], w);
     }
 
     #[test]

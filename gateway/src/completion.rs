@@ -165,8 +165,11 @@ async fn generate(
         .map(|(i, c)| {
             let finish =
                 c.finish.map_or_else(|| codec::result_finish(&c.result), |x| x.as_str().into());
-            let lp =
-                if g.job.logprobs.is_some() { codec::logprobs(&c.logprobs) } else { Value::Null };
+            let lp = if g.job.logprobs.is_some() {
+                codec::logprobs_of(api, &c.logprobs, &mut 0)
+            } else {
+                Value::Null
+            };
             match &g.job.tools {
                 // The signed text is read for calls here, as the stream reads it.
                 Some(t) => codec::tools_choice(i, &c.text, lp, &finish, t.max_calls.into(), &id),

@@ -53,8 +53,9 @@ pub struct Generation {
     pub sampling: Sampling,
     /// Stop strings (at most 4).
     pub stop: Vec<String>,
-    /// Chat `logprobs: true`: the number of alternatives per token
-    /// (`top_logprobs`, 0 to 20); `None` when not asked.
+    /// The number of alternatives per token: chat's `top_logprobs` with
+    /// `logprobs: true`, a completion's `logprobs` (0 to 20); `None` when
+    /// not asked.
     pub logprobs: Option<u8>,
     /// `response_format` json_object / json_schema: the worker compiles it
     /// into a grammar that masks the sampled tokens (absent in version 1).

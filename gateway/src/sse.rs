@@ -170,6 +170,9 @@ struct Choice {
     reader: Option<CallReader>,
     /// Log-probabilities not yet sent with a content delta (tools only).
     pending_lp: Vec<gcs_protocol::TokenLogprob>,
+    /// Characters of the text sent so far, for a completion's
+    /// `logprobs.text_offset`.
+    chars: usize,
 }
 
 /// The whole stream's state.
@@ -339,7 +342,7 @@ fn chunk(
     } else if text.is_some() || (!ch.role_sent && shape.api == ApiType::ChatCompletion) {
         let role = !ch.role_sent;
         let lp = if shape.logprobs && text.is_some() {
-            codec::logprobs(&c.delta.logprobs)
+            codec::logprobs_of(shape.api, &c.delta.logprobs, &mut ch.chars)
         } else {
             Value::Null
         };

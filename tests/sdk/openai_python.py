@@ -153,13 +153,32 @@ def logprobs():
     expect_error(openai.BadRequestError, 400, "invalid_value",
                  lambda: client.chat.completions.create(model=CHAT, messages=MSG, top_logprobs=2),
                  param="top_logprobs")
-    # The legacy completions shape is not produced: ignored (26.15.2), or
-    # refused by name under gnus.strict.
-    legacy = client.completions.create(model=CHAT, prompt="Hi", logprobs=2, max_tokens=2)
-    assert legacy.choices[0].logprobs is None, legacy
-    expect_error(openai.BadRequestError, 400, "unsupported_parameter",
-                 lambda: client.completions.create(model=CHAT, prompt="Hi", logprobs=2,
-                                                   extra_body={"gnus": {"strict": True}}),
+    # Legacy completions: parallel lists; the chosen token is always among
+    # the top ones (greedy: the most likely); offsets count characters.
+    legacy = client.completions.create(model=CHAT, prompt="The sky is", logprobs=2, max_tokens=6,
+                                       temperature=0, logit_bias=NO_EOS)
+    c, lg = legacy.choices[0], legacy.choices[0].logprobs
+    n = legacy.usage.completion_tokens
+    assert n == 6 and len(lg.tokens) == len(lg.token_logprobs) == len(lg.top_logprobs) \
+        == len(lg.text_offset) == n, lg
+    assert "".join(lg.tokens) == c.text, (lg.tokens, c.text)
+    assert lg.text_offset == [len("".join(lg.tokens[:i])) for i in range(n)], lg.text_offset
+    for tok, v, top in zip(lg.tokens, lg.token_logprobs, lg.top_logprobs):
+        assert v <= 0 and top[tok] == v == max(top.values()) and len(top) == 2, (tok, v, top)
+    s = client.completions.create(model=CHAT, prompt="The sky is", logprobs=2, max_tokens=6,
+                                  temperature=0, logit_bias=NO_EOS, stream=True)
+    toks, offsets, text = [], [], ""
+    for ch in s:
+        if ch.choices:
+            text += ch.choices[0].text
+            if ch.choices[0].logprobs is not None:
+                toks += ch.choices[0].logprobs.tokens
+                offsets += ch.choices[0].logprobs.text_offset
+    assert (toks, offsets, text) == (lg.tokens, lg.text_offset, c.text), (toks, offsets, text)
+    assert client.completions.create(model=CHAT, prompt="Hi", max_tokens=2).choices[0].logprobs \
+        is None
+    expect_error(openai.BadRequestError, 400, "invalid_value",
+                 lambda: client.completions.create(model=CHAT, prompt="Hi", logprobs=21),
                  param="logprobs")
 
 

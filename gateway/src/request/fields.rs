@@ -59,6 +59,7 @@ const COMPLETION: &[&str] = &[
     "stream",
     "stream_options",
     "user",
+    "logprobs",
     "response_format",
     "gnus",
 ];
@@ -73,7 +74,6 @@ fn honoured_as_default(api: ApiType, k: &str, v: &Value) -> bool {
         (ApiType::Completion, "echo") => v == &Value::Bool(false),
         (ApiType::Completion, "best_of") => v.as_u64() == Some(1),
         (ApiType::Completion, "suffix") => v.as_str().is_some_and(str::is_empty),
-        (ApiType::Completion, "logprobs") => v == &Value::Bool(false),
         _ => false,
     }
 }

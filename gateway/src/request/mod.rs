@@ -293,9 +293,11 @@ fn generation(
         (ApiType::ChatCompletion, Some(_)) => {
             return Err(ApiError::invalid("logprobs", "'logprobs' must be a boolean"))
         }
-        // The legacy shape (token_logprobs, text_offset) is not produced:
-        // ignored (refused under gnus.strict) by the field table.
-        (_, Some(_)) => None,
+        // Legacy completions: `logprobs` is the number of alternatives
+        // (OpenAI documents at most 5; the engine gives up to 20, as vLLM).
+        (_, Some(_)) => {
+            uint(body, "logprobs", 0, crate::validate::MAX_TOP_LOGPROBS.into())?.map(|n| n as u8)
+        }
     };
     let constraint = format::response_format(body)?;
     let tools = if api == ApiType::ChatCompletion {

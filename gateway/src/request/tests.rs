@@ -157,6 +157,30 @@ fn the_job_carries_typed_parameters() {
 }
 
 #[test]
+fn a_completions_logprobs_is_its_number_of_alternatives() {
+    let with = |v: serde_json::Value| {
+        let body = json!({"model": "m", "prompt": "once", "logprobs": v}).to_string();
+        parse(ApiType::Completion, body.as_bytes()).map(|p| generation(p).job.logprobs)
+    };
+    assert_eq!(with(json!(3)).unwrap(), Some(3));
+    assert_eq!(with(json!(0)).unwrap(), Some(0));
+    assert_eq!(with(json!(20)).unwrap(), Some(20));
+    assert_eq!(with(json!(null)).unwrap(), None);
+    assert_eq!(with(json!(false)).unwrap(), None);
+    for bad in [json!(21), json!(true), json!(-1), json!(2.5), json!("3")] {
+        let e = with(bad.clone()).unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.code.as_str()),
+            (Some("logprobs"), "invalid_value"),
+            "{bad}"
+        );
+    }
+    // Applied, so not refused under gnus.strict.
+    let strict = json!({"model": "m", "prompt": "x", "logprobs": 2, "gnus": {"strict": true}});
+    assert!(parse(ApiType::Completion, strict.to_string().as_bytes()).is_ok());
+}
+
+#[test]
 fn a_completion_prompt_is_text_with_defaults() {
     let p = parse(ApiType::Completion, br#"{"model":"m","prompt":["once"]}"#).unwrap();
     let p = generation(p);
