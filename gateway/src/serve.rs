@@ -36,7 +36,8 @@ pub struct TlsFiles {
 #[error("TLS: {0}")]
 pub struct TlsError(String);
 
-/// Loads the certificate and key into a rustls acceptor (HTTP/1.1 ALPN).
+/// Loads the certificate and key into a rustls acceptor (ALPN: `h2`, then
+/// `http/1.1`).
 pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
         .map_err(|e| TlsError(format!("{}: {e}", files.cert.display())))?
@@ -54,7 +55,9 @@ pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| TlsError(e.to_string()))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // HTTP/2 first: a client offering both gets it (the connection builder
+    // serves either, with the same limits as h2c).
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 

@@ -2,8 +2,9 @@
 //! slowloris connections are closed after the header timeout, a silent TLS
 //! client after the handshake timeout, an idle keep-alive connection after
 //! the idle limit (a request in flight is never cut), connections beyond the
-//! cap are closed at accept while the earlier ones stay usable, and HTTP/2
-//! advertises the stream limit. Traffic goes to 127.0.0.1 only.
+//! cap are closed at accept while the earlier ones stay usable, HTTP/2
+//! advertises the stream limit, and TLS offers HTTP/2 (ALPN `h2`) beside
+//! HTTP/1.1. Traffic goes to 127.0.0.1 only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::atomic::Ordering;
@@ -220,6 +221,80 @@ async fn a_silent_tls_client_is_closed_after_the_handshake_timeout() {
     assert!(
         t >= handshake - Duration::from_millis(50) && t <= handshake + Duration::from_millis(1500)
     );
+}
+
+/// One HTTP/2 frame: (type, flags, stream, payload).
+async fn read_frame<S: AsyncReadExt + Unpin>(s: &mut S) -> (u8, u8, u32, Vec<u8>) {
+    let mut head = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(3), s.read_exact(&mut head)).await.unwrap().unwrap();
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await.unwrap();
+    (head[3], head[4], stream, payload)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_offers_http2_and_serves_a_request_over_it() {
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let files = gcs_gateway::TlsFiles {
+        cert: dir.path().join("cert.pem"),
+        key: dir.path().join("key.pem"),
+    };
+    std::fs::write(&files.cert, ck.cert.pem()).unwrap();
+    std::fs::write(&files.key, ck.key_pair.serialize_pem()).unwrap();
+    let addr = start(limits(), Some(gcs_gateway::serve::acceptor(&files).unwrap())).await;
+    let mut roots = RootCertStore::empty();
+    roots.add(ck.cert.der().clone()).unwrap();
+    let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let connect = |alpn: Vec<Vec<u8>>| {
+        let mut cfg = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+        cfg.alpn_protocols = alpn;
+        let c = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            c.connect("localhost".try_into().unwrap(), tcp).await.unwrap()
+        }
+    };
+    // A client offering both is given HTTP/2, and served over it.
+    let mut s = connect(vec![b"h2".to_vec(), b"http/1.1".to_vec()]).await;
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    // GET /ok (HPACK: :method GET, :scheme https, :path and :authority
+    // as literals with indexed names), END_STREAM | END_HEADERS.
+    let mut block = vec![0x82, 0x87, 0x44, 3];
+    block.extend_from_slice(b"/ok");
+    block.extend_from_slice(&[0x41, 9]);
+    block.extend_from_slice(b"localhost");
+    let mut frame = vec![0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1];
+    frame.extend_from_slice(&block);
+    s.write_all(&frame).await.unwrap();
+    let (mut status, mut body) = (None, Vec::new());
+    while status.is_none() || body.is_empty() {
+        match read_frame(&mut s).await {
+            // SETTINGS from the server: acknowledged.
+            (4, 0, 0, _) => s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap(),
+            (1, _, 1, block) => status = block.first().copied(),
+            (0, _, 1, data) => body.extend_from_slice(&data),
+            _ => {}
+        }
+    }
+    // 0x88 is HPACK's static entry `:status 200`.
+    assert_eq!((status, body.as_slice()), (Some(0x88), &b"ok"[..]));
+    // A client offering only HTTP/1.1 keeps it.
+    let mut s = connect(vec![b"http/1.1".to_vec()]).await;
+    assert_eq!(s.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    s.write_all(b"GET /ok HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -282,6 +282,14 @@ fn openai_sdks_curl_nginx_and_slow_clients_against_real_nodes() {
     );
     assert!(t.child.try_wait().unwrap().is_none(), "the TLS gateway exited");
     assert!(https_models().contains("\"gnus-auto\""), "HTTPS after a plain-HTTP request");
+    // A client offering HTTP/2 (ALPN h2) is served over it.
+    let out = Command::new("curl")
+        .args(["-sk", "--http2", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_version}"])
+        .args(["-H", &format!("Authorization: Bearer {key_t}")])
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "2", "HTTPS /v1/models over HTTP/2");
     eprintln!("HTTPS gateway: ok");
     let (status, metrics) = a.get("/metrics");
     assert_eq!(status, 200);
