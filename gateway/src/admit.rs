@@ -341,7 +341,9 @@ pub(crate) async fn admit(
             .or(key.first_token_timeout_ms)
             .unwrap_or(c.first_token_timeout_ms),
         idle_stream_timeout_ms: t.idle_ms.or(key.idle_timeout_ms).unwrap_or(c.idle_timeout_ms),
-        wall_timeout_ms: t.wall_ms.or(key.wall_timeout_ms).unwrap_or(c.wall_timeout_ms),
+        wall_timeout_ms: t.wall_ms.or(key.wall_timeout_ms).unwrap_or_else(|| {
+            default_wall_ms(c.wall_timeout_ms, max_tokens, served.decode_tokens_per_s)
+        }),
         max_continuations: common.continuation.max_continuations(),
         ..JobLimits::default()
     };
@@ -414,6 +416,31 @@ fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -
         || state.backend.registrations().iter().any(|r| {
             r.status != gcs_protocol::NodeStatus::Offline && r.model(model).is_some() && fits(r)
         })
+}
+
+/// The most a model's speed stretches the default wall timeout to.
+pub(crate) const MAX_DEFAULT_WALL_MS: u64 = 30 * 60 * 1000;
+/// How many times its decode time at the model's median advertised speed
+/// a request's default wall timeout allows: batching, a prompt to prefill
+/// and a busier worker all slow one stream.
+const WALL_HEADROOM: f64 = 4.0;
+
+/// The default wall timeout of a request for `max_tokens` of a model whose
+/// workers advertise a median decode speed of `tokens_per_s` (0: none
+/// advertised): the configured one, or long enough for `max_tokens` at
+/// that speed with [`WALL_HEADROOM`], up to [`MAX_DEFAULT_WALL_MS`], so a
+/// slow model's long answer is not cut while it still streams (the idle
+/// timeout still ends a stalled one). Liars need a majority of the
+/// model's workers to move the median, and moving it only lengthens the
+/// default within the cap or leaves the configured one; a request or key
+/// that sets its own wall timeout keeps it.
+pub(crate) fn default_wall_ms(configured_ms: u64, max_tokens: u64, tokens_per_s: f64) -> u64 {
+    if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) {
+        return configured_ms;
+    }
+    let needed = max_tokens as f64 / tokens_per_s * WALL_HEADROOM * 1000.0;
+    // `as` saturates; the cap bounds what a low advertised speed can ask.
+    configured_ms.max((needed.ceil() as u64).min(MAX_DEFAULT_WALL_MS))
 }
 
 /// A key's metered lifetime use, from its usage records.

@@ -18,8 +18,9 @@ pub struct Served {
     /// Distinct workers that advertise it as `info` says.
     pub workers: usize,
     /// The median of the decode speeds (tokens/s) those workers measured
-    /// for it; 0 when none advertises one. Informational only (a client's
-    /// hint, never an admission or routing input): a worker may lie, and
+    /// for it; 0 when none advertises one. A client's hint, and the length
+    /// of a long request's default wall timeout (`admit::default_wall_ms`,
+    /// capped), never an admission or routing input: a worker may lie, and
     /// the median needs a majority of liars to move.
     pub decode_tokens_per_s: f64,
 }

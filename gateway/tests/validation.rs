@@ -79,3 +79,40 @@ async fn a_workers_client_error_refusal_is_a_400() {
         assert!(v["error"]["message"].as_str().unwrap().contains("context"), "{v}");
     }
 }
+
+/// A model's default wall timeout stretches with its workers' advertised
+/// decode speed: `max_tokens` at that speed four times over, between the
+/// configured default and 30 minutes; a request's own limit wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_models_long_answer_gets_a_longer_default_wall_timeout() {
+    for (speed, cases) in [
+        (
+            40.0,
+            vec![
+                // 0.4 s of decoding: the configured default.
+                (json!({"max_tokens": 4}), 120_000),
+                // 100 s of decoding, four times over.
+                (json!({"max_tokens": 4000}), 400_000),
+                (json!({"max_tokens": 4000, "gnus": {"limits": {"wall_timeout_ms": 5000}}}), 5_000),
+            ],
+        ),
+        // A (lying) crawl asks for hours: capped at 30 minutes.
+        (0.5, vec![(json!({"max_tokens": 4000}), 1_800_000)]),
+        // None advertised: the configured default.
+        (0.0, vec![(json!({"max_tokens": 4000}), 120_000)]),
+    ] {
+        let net = Net::new(Script::Stream {
+            first_after: Duration::from_millis(5),
+            gap: Duration::from_millis(1),
+            tokens: 2,
+        });
+        *net.decode_speed.lock().unwrap() = speed;
+        let (addr, key, _dir) = gateway(net.clone(), GatewayConfig::default(), None).await;
+        for (i, (extra, want)) in cases.iter().enumerate() {
+            let a = exchange(addr, &post(CHAT, Some(&key), &with(extra.clone(), false))).await;
+            assert_eq!(a.status, 200, "{}", a.body);
+            let got = net.jobs.lock().unwrap()[i].limits.wall_timeout_ms;
+            assert_eq!(got, *want, "{speed} tokens/s, {extra}");
+        }
+    }
+}

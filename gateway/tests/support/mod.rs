@@ -64,6 +64,8 @@ pub struct Net {
     /// The tasks `cancel_task` was asked to cancel (each is then reported
     /// cancelled by `collect`).
     pub tasks_cancelled: Mutex<Vec<String>>,
+    /// The chat model's decode speed the registration advertises (0: none).
+    pub decode_speed: Mutex<f64>,
     next: AtomicUsize,
 }
 
@@ -79,6 +81,7 @@ impl Net {
             found: Mutex::default(),
             progress: Mutex::default(),
             tasks_cancelled: Mutex::default(),
+            decode_speed: Mutex::new(0.0),
             next: AtomicUsize::new(0),
         })
     }
@@ -235,7 +238,9 @@ impl Backend for Net {
     }
 
     fn registrations(&self) -> Vec<NodeRegistration> {
-        vec![registration()]
+        let mut r = registration();
+        r.models[0].decode_tokens_per_s = *self.decode_speed.lock().unwrap();
+        vec![r]
     }
 
     fn record_parent(
