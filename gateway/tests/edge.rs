@@ -202,8 +202,9 @@ async fn connections_beyond_the_cap_are_closed_at_accept() {
     assert!(text.contains("gcs_http_connections_open "), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_tls_client_is_closed_after_the_handshake_timeout() {
+/// A self-signed certificate for `localhost`, and the gateway's acceptor
+/// for it (its files live in the returned directory).
+fn self_signed() -> (rcgen::CertifiedKey, TlsAcceptor, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let files = gcs_gateway::TlsFiles {
@@ -213,6 +214,12 @@ async fn a_silent_tls_client_is_closed_after_the_handshake_timeout() {
     std::fs::write(&files.cert, ck.cert.pem()).unwrap();
     std::fs::write(&files.key, ck.key_pair.serialize_pem()).unwrap();
     let tls = gcs_gateway::serve::acceptor(&files).unwrap();
+    (ck, tls, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_tls_client_is_closed_after_the_handshake_timeout() {
+    let (_ck, tls, _dir) = self_signed();
     let handshake = Duration::from_millis(500);
     let addr = start(EdgeLimits { tls_handshake_timeout: handshake, ..limits() }, Some(tls)).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -237,15 +244,8 @@ async fn read_frame<S: AsyncReadExt + Unpin>(s: &mut S) -> (u8, u8, u32, Vec<u8>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_offers_http2_and_serves_a_request_over_it() {
     use tokio_rustls::rustls::{ClientConfig, RootCertStore};
-    let dir = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let files = gcs_gateway::TlsFiles {
-        cert: dir.path().join("cert.pem"),
-        key: dir.path().join("key.pem"),
-    };
-    std::fs::write(&files.cert, ck.cert.pem()).unwrap();
-    std::fs::write(&files.key, ck.key_pair.serialize_pem()).unwrap();
-    let addr = start(limits(), Some(gcs_gateway::serve::acceptor(&files).unwrap())).await;
+    let (ck, tls, _dir) = self_signed();
+    let addr = start(limits(), Some(tls)).await;
     let mut roots = RootCertStore::empty();
     roots.add(ck.cert.der().clone()).unwrap();
     let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
