@@ -419,7 +419,7 @@ fn routable(state: &AppState, model: &str, tenant: &str, network: RoutingMode) -
 }
 
 /// The most a model's speed stretches the default wall timeout to.
-pub(crate) const MAX_DEFAULT_WALL_MS: u64 = 30 * 60 * 1000;
+const MAX_DEFAULT_WALL_MS: u64 = 30 * 60 * 1000;
 /// How many times its decode time at the model's median advertised speed
 /// a request's default wall timeout allows: batching, a prompt to prefill
 /// and a busier worker all slow one stream.
@@ -434,7 +434,7 @@ const WALL_HEADROOM: f64 = 4.0;
 /// model's workers to move the median, and moving it only lengthens the
 /// default within the cap or leaves the configured one; a request or key
 /// that sets its own wall timeout keeps it.
-pub(crate) fn default_wall_ms(configured_ms: u64, max_tokens: u64, tokens_per_s: f64) -> u64 {
+fn default_wall_ms(configured_ms: u64, max_tokens: u64, tokens_per_s: f64) -> u64 {
     if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) {
         return configured_ms;
     }

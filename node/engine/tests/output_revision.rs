@@ -42,15 +42,16 @@ fn seeded(temperature: f32, seed: u64) -> SamplingOptions {
     SamplingOptions { temperature, seed, ..SamplingOptions::default() }
 }
 
-/// The pinned requests: each sampling path a stream can take.
-fn requests() -> Vec<(&'static str, SeqRequest)> {
+/// The pinned requests, each with its number of samples: each sampling
+/// path a stream can take.
+fn requests() -> Vec<(&'static str, SeqRequest, usize)> {
     let base = |q: &str, s: SamplingOptions, logprobs: Option<usize>| {
         let mut r = SeqRequest::new(chat(q), TOKENS);
         r.sampling = s;
         r.logprobs = logprobs;
         r
     };
-    let mut v = vec![
+    let mut v: Vec<(&'static str, SeqRequest)> = vec![
         ("greedy", base("Why is the sky blue?", SamplingOptions::greedy(), Some(5))),
         ("temperature", base("Write a haiku about the sea.", seeded(0.8, 11), Some(3))),
         (
@@ -91,13 +92,14 @@ fn requests() -> Vec<(&'static str, SeqRequest)> {
     let mut stopped = base("Why is the sky blue?", seeded(0.7, 3), None);
     stopped.stop = vec![" the".into(), "\n".into()];
     v.push(("stop string", stopped));
-    // Submitted with n = 2 (`fingerprint`): the samples' seeds and their
-    // shared prompt blocks.
-    v.push(("n = 2", base("Name a colour and a fruit.", seeded(0.9, 21), Some(1))));
     let mut g = base("Describe a cat as a JSON object.", seeded(0.7, 8), Some(2));
     g.grammar = Some(Grammar::JsonObject);
     v.push(("json object", g));
-    v
+    let mut all: Vec<_> = v.into_iter().map(|(name, r)| (name, r, 1)).collect();
+    // Two samples: their seeds and their shared prompt blocks.
+    let two = base("Name a colour and a fruit.", seeded(0.9, 21), Some(1));
+    all.insert(6, ("n = 2", two, 2));
+    all
 }
 
 /// Everything a client sees of one stream, as bytes, and a line saying
@@ -146,13 +148,8 @@ fn fingerprint(model: &str, path: &Path) -> String {
     let reqs = requests();
     // Submitted together: the outputs are the same whatever else is in the
     // batch (the engine's determinism contract), so batching them is fine.
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|(name, r)| {
-            let n = if *name == "n = 2" { 2 } else { 1 };
-            (*name, batch.submit_n(r.clone(), n).unwrap())
-        })
-        .collect();
+    let streams: Vec<_> =
+        reqs.iter().map(|(name, r, n)| (*name, batch.submit_n(r.clone(), *n).unwrap())).collect();
     let mut all = blake3::Hasher::new();
     for (name, samples) in streams {
         for (i, s) in samples.into_iter().enumerate() {
